@@ -1,0 +1,38 @@
+# `make demo` and `make test` are the whole set-up on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-fast bench lint format clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/attnlab demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadfile
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -x -m "not slow"
+
+bench: $(STAMP)
+	$(PY) benchmarks/attention.py
+	$(PY) benchmarks/train_throughput.py
+	$(PY) benchmarks/generate.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache

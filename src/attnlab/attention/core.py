@@ -1,0 +1,322 @@
+"""Scaled dot-product attention and the masks that go with it.
+
+    Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V
+
+Shape legend: B batch, H heads, Hkv key/value heads, Tq queries, Tk keys, D key width (d_k),
+Dv value width (d_v). Leading dimensions ``...`` are any batch/head dimensions.
+
+Mask convention (the only one in attnlab): a boolean ``mask`` is ``True`` where a query may attend
+to a key. ``is_causal=True`` adds the causal constraint; with ``Tq < Tk`` (decoding with a KV cache)
+the queries are the *last* ``Tq`` positions, so query ``i`` sees keys ``0 .. Tk - Tq + i``. A float
+``bias`` (ALiBi, relative-position bias) is added to the scores. Masks become an additive −inf only
+inside the math path. A query row with no allowed key produces zeros, never NaN.
+
+Backends, chosen in :func:`scaled_dot_product_attention` and nowhere else:
+
+- ``math``: the explicit formula above; the readable reference, can return the weights.
+- ``sdpa``: PyTorch's fused ``torch.nn.functional.scaled_dot_product_attention``.
+- further backends (``tiled``, ``window``, ``linear``) register themselves through
+  :func:`register_backend` from :mod:`attnlab.attention.tiled` and :mod:`attnlab.attention.efficient`.
+- ``auto``: ``sdpa`` unless the weights are requested, then ``math``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "scaled_dot_product_attention",
+    "causal_mask",
+    "padding_mask",
+    "key_padding_mask",
+    "combine_masks",
+    "repeat_kv",
+    "register_backend",
+    "available_backends",
+]
+
+# name -> fn(q, k, v, *, mask, bias, is_causal, scale, dropout_p, return_weights, **options)
+#         returning (out, weights_or_None). q/k/v already validated; k/v may have fewer heads (GQA).
+_BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {}
+# backends that can return attention weights
+_WEIGHT_BACKENDS: set[str] = set()
+
+
+def register_backend(
+    name: str, fn: Callable[..., tuple[Tensor, Tensor | None]], *, returns_weights: bool = False
+) -> None:
+    """Make ``fn`` selectable as ``backend=name``.
+
+    ``fn(q, k, v, *, mask, bias, is_causal, scale, dropout_p, return_weights, **options)`` must return
+    ``(out, weights or None)``. k/v may carry fewer heads than q (grouped-query attention).
+    """
+    _BACKENDS[name] = fn
+    if returns_weights:
+        _WEIGHT_BACKENDS.add(name)
+
+
+def available_backends() -> list[str]:
+    """Names accepted by ``backend=`` (besides ``auto``)."""
+    _load_optional_backends()
+    return sorted(_BACKENDS)
+
+
+def _load_optional_backends() -> None:
+    # Optional backends live in their own files; importing them registers them.
+    import importlib
+
+    for mod in ("attnlab.attention.tiled", "attnlab.attention.efficient"):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as err:  # pragma: no cover - only while a file is missing
+            if err.name != mod:
+                raise
+
+
+# ----------------------------------------------------------------------------------------------
+# masks
+
+
+def causal_mask(n_q: int, n_k: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
+    """Boolean ``(n_q, n_k)`` mask, ``True`` on and below the (bottom-right aligned) diagonal.
+
+    With ``n_k > n_q`` the queries are the last ``n_q`` positions of the key sequence, as when
+    decoding with a KV cache.
+    """
+    n_k = n_q if n_k is None else n_k
+    offset = n_k - n_q
+    return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def padding_mask(lengths: Tensor | list[int], max_len: int | None = None) -> Tensor:
+    """Boolean ``(B, max_len)`` mask, ``True`` for the first ``lengths[b]`` (real) positions."""
+    lengths = torch.as_tensor(lengths)
+    if lengths.dim() != 1:
+        raise ValueError(f"lengths must be 1-D (B,), got shape {tuple(lengths.shape)}")
+    max_len = int(lengths.max()) if max_len is None else max_len
+    if int(lengths.max()) > max_len:
+        raise ValueError(f"a length {int(lengths.max())} exceeds max_len={max_len}")
+    return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
+
+
+def key_padding_mask(lengths_or_mask: Tensor | list[int], max_len: int | None = None) -> Tensor:
+    """Key padding as an attention mask ``(B, 1, 1, Tk)`` that broadcasts over heads and queries.
+
+    Accepts either lengths ``(B,)`` or a boolean ``(B, Tk)`` "is real token" mask.
+    """
+    t = torch.as_tensor(lengths_or_mask)
+    if t.dtype != torch.bool:
+        t = padding_mask(t, max_len)
+    if t.dim() != 2:
+        raise ValueError(f"key padding mask must be (B, Tk), got shape {tuple(t.shape)}")
+    return t[:, None, None, :]
+
+
+def combine_masks(*masks: Tensor | None) -> Tensor | None:
+    """Logical AND of boolean masks with broadcasting; ``None`` entries are ignored."""
+    out: Tensor | None = None
+    for m in masks:
+        if m is None:
+            continue
+        if m.dtype != torch.bool:
+            raise ValueError(f"masks must be boolean (True = may attend), got {m.dtype}")
+        out = m if out is None else out & m
+    return out
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, Hkv, T, D) -> (B, Hkv·n_rep, T, D); KV head j serves query heads j·n_rep … (j+1)·n_rep−1."""
+    if n_rep == 1:
+        return x
+    return x.repeat_interleave(n_rep, dim=-3)
+
+
+# ----------------------------------------------------------------------------------------------
+# the math path (reference)
+
+
+def _math_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    is_causal: bool,
+    scale: float,
+    dropout_p: float,
+    return_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    n_rep = q.shape[-3] // k.shape[-3] if q.dim() >= 3 and k.dim() >= 3 else 1
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., Tq, Tk)
+    if bias is not None:
+        scores = scores + bias
+    allowed = _allowed(mask, is_causal, q.shape[-2], k.shape[-2], q.device)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        # a row with no allowed key: softmax over all -inf is NaN; give it zeros instead
+        empty_row = ~allowed.any(dim=-1, keepdim=True)
+        scores = scores.masked_fill(empty_row, 0.0)
+    weights = scores.softmax(dim=-1)
+    if allowed is not None:
+        weights = weights.masked_fill(empty_row, 0.0)
+    attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    out = attn @ v  # (..., Tq, Dv)
+    return out, (weights if return_weights else None)
+
+
+def _allowed(
+    mask: Tensor | None, is_causal: bool, n_q: int, n_k: int, device: torch.device
+) -> Tensor | None:
+    allowed = mask
+    if is_causal:
+        allowed = combine_masks(allowed, causal_mask(n_q, n_k, device=device))
+    return allowed
+
+
+def _sdpa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    is_causal: bool,
+    scale: float,
+    dropout_p: float,
+    return_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    if return_weights:
+        raise ValueError("backend 'sdpa' (fused kernel) cannot return attention weights; "
+                         "use backend='math' or 'auto'")
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    gqa = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
+    if gqa and q.dim() != 4:
+        k, v = repeat_kv(k, q.shape[-3] // k.shape[-3]), repeat_kv(v, q.shape[-3] // k.shape[-3])
+        gqa = False
+    # torch's is_causal is top-left aligned; ours is bottom-right, so build the mask when they differ
+    use_flag = is_causal and mask is None and bias is None and n_q == n_k
+    allowed = None if use_flag else _allowed(mask, is_causal, n_q, n_k, q.device)
+    attn_mask: Tensor | None = allowed
+    empty_row = None
+    if allowed is not None:
+        empty_row = ~allowed.any(dim=-1, keepdim=True)
+        # a fully masked row would give NaN: let it attend everywhere, zero it afterwards
+        allowed = allowed | empty_row
+        attn_mask = allowed
+    if bias is not None:
+        attn_mask = bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
+        attn_mask = attn_mask.to(q.dtype)
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=use_flag, scale=scale,
+        **({"enable_gqa": True} if gqa else {}),
+    )
+    if empty_row is not None:
+        out = out.masked_fill(empty_row, 0.0)
+    return out, None
+
+
+register_backend("math", _math_attention, returns_weights=True)
+register_backend("sdpa", _sdpa_attention)
+
+
+# ----------------------------------------------------------------------------------------------
+# the public entry point
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    backend: str = "auto",
+    return_weights: bool = False,
+    bias: Tensor | None = None,
+    **options: Any,
+) -> Tensor | tuple[Tensor, Tensor]:
+    """softmax(Q Kᵀ · scale + bias, masked) V, through the chosen backend.
+
+    Args:
+        q: queries ``(..., Tq, D)``; with 4-D inputs ``(B, H, Tq, D)``.
+        k: keys ``(..., Tk, D)``; may have fewer heads than q (``H % Hkv == 0``, grouped-query).
+        v: values ``(..., Tk, Dv)``; same leading shape as k.
+        mask: boolean, broadcastable to ``(..., Tq, Tk)``; ``True`` = may attend.
+        is_causal: also forbid keys after the query (bottom-right aligned when ``Tq != Tk``).
+        scale: multiplies the scores; default ``1/√D``.
+        dropout_p: dropout on the attention weights (pass 0.0 at evaluation).
+        backend: ``auto`` | ``math`` | ``sdpa`` | any registered backend (see
+            :func:`available_backends`).
+        return_weights: also return the ``(..., Tq, Tk)`` weights (math-type backends only).
+        bias: float tensor added to the scores, broadcastable to ``(..., Tq, Tk)`` (ALiBi, relative
+            position bias).
+        **options: backend-specific options (``block_size`` for ``tiled``, ``window`` for ``window``...).
+
+    Returns:
+        ``out (..., Tq, Dv)``, or ``(out, weights)`` when ``return_weights``.
+
+    Raises:
+        ValueError: mismatched shapes or widths, a mask that does not broadcast, an unknown backend,
+            or a backend that cannot honour the request.
+    """
+    _check_inputs(q, k, v, mask, bias)
+    if backend == "auto":
+        backend = "math" if return_weights else "sdpa"
+    if backend not in _BACKENDS:
+        _load_optional_backends()
+    if backend not in _BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}; choose from "
+                         f"{['auto', *available_backends()]}")
+    if return_weights and backend not in _WEIGHT_BACKENDS:
+        raise ValueError(f"backend {backend!r} cannot return attention weights "
+                         f"(return_weights=True); use backend='math'")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    out, weights = _BACKENDS[backend](
+        q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
+        return_weights=return_weights, **options,
+    )
+    return (out, weights) if return_weights else out
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None) -> None:
+    if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
+        raise ValueError(f"q, k, v need at least 2 dims (..., T, D); got q{tuple(q.shape)} "
+                         f"k{tuple(k.shape)} v{tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same width d_k: q{tuple(q.shape)} vs k{tuple(k.shape)}")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"k and v must agree in all but the last dim: k{tuple(k.shape)} vs v{tuple(v.shape)}")
+    if q.dim() != k.dim():
+        raise ValueError(f"q and k must have the same rank: q{tuple(q.shape)} vs k{tuple(k.shape)}")
+    if q.dim() >= 3:
+        hq, hk = q.shape[-3], k.shape[-3]
+        if hq % hk != 0:
+            raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk}): "
+                             f"q{tuple(q.shape)} k{tuple(k.shape)}")
+        if q.shape[:-3] != k.shape[:-3]:
+            raise ValueError(f"q and k batch dims differ: q{tuple(q.shape)} vs k{tuple(k.shape)}")
+    scores_shape = (*q.shape[:-1], k.shape[-2])
+    for name, t in (("mask", mask), ("bias", bias)):
+        if t is None:
+            continue
+        if name == "mask" and t.dtype != torch.bool:
+            raise ValueError(f"mask must be boolean (True = may attend), got dtype {t.dtype}; "
+                             "pass additive float scores as bias=")
+        try:
+            if torch.broadcast_shapes(t.shape, scores_shape) != torch.Size(scores_shape):
+                raise RuntimeError
+        except RuntimeError:
+            raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to the scores "
+                             f"(..., Tq, Tk) = {scores_shape}") from None

@@ -1,0 +1,205 @@
+"""Multi-head attention: self or cross, grouped-query, QK-norm, RoPE/ALiBi, KV cache.
+
+    head_i = Attention(X W_Qⁱ, C W_Kⁱ, C W_Vⁱ),   MHA(X, C) = Concat(head_1 … head_H) W_O
+
+with C = X for self-attention. All heads are computed by one batched matmul per projection, never a
+loop. Grouped-query attention (GQA) gives the H query heads only Hkv key/value heads, each shared
+by H/Hkv query heads (Hkv = 1 is multi-query attention, MQA).
+
+Shape legend: B batch, T query length, S key/value (context) length, C model width d_model,
+H query heads, Hkv key/value heads, D head_dim.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.attention.cache import KVCache
+from attnlab.attention.core import scaled_dot_product_attention
+from attnlab.layers.norm import make_norm
+from attnlab.layers.position import RotaryEmbedding, alibi_bias, alibi_slopes
+
+__all__ = ["MultiHeadAttention", "PositionName"]
+
+PositionName = Literal["none", "rope", "alibi"]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention.
+
+    Args:
+        d_model: width C of the queries' input (and of the output).
+        n_heads: number of query heads H.
+        n_kv_heads: key/value heads Hkv (default H; 1 = MQA; H must be a multiple).
+        head_dim: per-head width D (default ``d_model // n_heads``).
+        cross: cross-attention: queries from x, keys/values from a separate ``context``.
+        context_dim: width of the context (cross-attention only; default ``d_model``).
+        bias: biases in the Q/K/V projections.
+        out_bias: bias in the output projection (default: same as ``bias``).
+        qk_norm: ``None`` | ``"rmsnorm"`` | ``"layernorm"``: normalise q and k per head.
+        qk_norm_eps: ε of the QK-norm.
+        dropout: dropout on the attention weights (training only).
+        position: ``none`` | ``rope`` | ``alibi``: relative positions applied inside attention.
+        rope_theta: RoPE's base θ.
+        backend: attention backend (see :func:`attnlab.attention.scaled_dot_product_attention`).
+        backend_options: extra options for the backend (``block_size``, ``window``...).
+
+    Raises:
+        ValueError: widths or head counts that do not fit together.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        cross: bool = False,
+        context_dim: int | None = None,
+        bias: bool = True,
+        out_bias: bool | None = None,
+        qk_norm: str | None = None,
+        qk_norm_eps: float = 1e-6,
+        dropout: float = 0.0,
+        position: str = "none",
+        rope_theta: float = 10000.0,
+        backend: str = "auto",
+        backend_options: dict | None = None,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_heads < 1 or n_kv_heads < 1:
+            raise ValueError(f"n_heads and n_kv_heads must be positive, got {n_heads}, {n_kv_heads}")
+        if head_dim is None:
+            if d_model % n_heads != 0:
+                raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+            head_dim = d_model // n_heads
+        if n_heads % n_kv_heads != 0:
+            raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
+        if position not in ("none", "rope", "alibi"):
+            raise ValueError(f"unknown position {position!r}; choose 'none', 'rope' or 'alibi'")
+        if cross and position != "none":
+            raise ValueError("cross-attention takes no relative positions (position must be 'none')")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"attention dropout must be in [0, 1), got {dropout}")
+        self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = d_model, n_heads, n_kv_heads, head_dim
+        self.cross = cross
+        self.position = position
+        self.dropout = dropout
+        self.backend = backend
+        self.backend_options = dict(backend_options or {})
+        kw = {"device": device, "dtype": dtype}
+        q_width, kv_width = n_heads * head_dim, n_kv_heads * head_dim
+        if cross:
+            self.context_dim = d_model if context_dim is None else context_dim
+            self.q_proj = nn.Linear(d_model, q_width, bias=bias, **kw)
+            self.kv_proj = nn.Linear(self.context_dim, 2 * kv_width, bias=bias, **kw)  # K | V
+        else:
+            if context_dim is not None and context_dim != d_model:
+                raise ValueError("context_dim is for cross-attention (cross=True)")
+            self.context_dim = d_model
+            self.qkv = nn.Linear(d_model, q_width + 2 * kv_width, bias=bias, **kw)  # Q | K | V
+        self.out_proj = nn.Linear(q_width, d_model, bias=bias if out_bias is None else out_bias, **kw)
+        if qk_norm is None:
+            self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
+        else:
+            self.q_norm = make_norm(qk_norm, head_dim, eps=qk_norm_eps, **kw)
+            self.k_norm = make_norm(qk_norm, head_dim, eps=qk_norm_eps, **kw)
+        self.rope = RotaryEmbedding(head_dim, theta=rope_theta) if position == "rope" else None
+        if position == "alibi":
+            self.register_buffer("alibi_slopes", alibi_slopes(n_heads), persistent=False)
+
+    def make_cache(self, batch_size: int, max_seq_len: int, *, device=None, dtype=None) -> KVCache:
+        """An empty KV cache sized for this layer."""
+        w = self.out_proj.weight
+        return KVCache(batch_size, self.n_kv_heads, max_seq_len, self.head_dim,
+                       device=device or w.device, dtype=dtype or w.dtype)
+
+    def forward(
+        self,
+        x: Tensor,
+        context: Tensor | None = None,
+        *,
+        mask: Tensor | None = None,
+        is_causal: bool = False,
+        positions: Tensor | None = None,
+        bias: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``x (B, T, C)`` to itself or to ``context (B, S, context_dim)``.
+
+        Args:
+            x: query input.
+            context: keys/values input for cross-attention (ignored once a cross cache is filled).
+            mask: boolean, broadcastable to ``(B, H, T, S)``; True = may attend. With a cache, S
+                counts the cached keys too.
+            is_causal: causal self-attention (bottom-right aligned with a cache).
+            positions: absolute positions ``(T,)`` or ``(B, T)`` of the queries for RoPE/ALiBi;
+                default ``cache.length + arange(T)``.
+            bias: extra additive scores broadcastable to ``(B, H, T, S)``.
+            cache: KV cache: self-attention appends this step's keys/values; cross-attention fills
+                it once from ``context`` and reuses it.
+            need_weights: return the attention weights ``(B, H, T, S)`` (math backend).
+
+        Returns:
+            ``(out (B, T, C), weights or None)``.
+        """
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(f"x must be (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
+        B, T, _ = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        past = 0 if cache is None else cache.length
+        if self.cross:
+            q = self.q_proj(x)
+            if cache is not None and cache.length > 0:
+                k, v = cache.get()
+            else:
+                if context is None:
+                    raise ValueError("cross-attention needs a context (B, S, context_dim)")
+                if context.dim() != 3 or context.shape[0] != B or context.shape[-1] != self.context_dim:
+                    raise ValueError(f"context must be (B={B}, S, context_dim={self.context_dim}), "
+                                     f"got {tuple(context.shape)}")
+                k, v = self.kv_proj(context).split(Hkv * D, dim=-1)
+                k = k.view(B, -1, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
+                v = v.view(B, -1, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
+                k = self.k_norm(k)
+                if cache is not None:
+                    k, v = cache.update(k, v)
+            q = self.q_norm(q.view(B, T, H, D).transpose(1, 2))  # (B, H, T, D)
+        else:
+            if context is not None:
+                raise ValueError("self-attention takes no context; build with cross=True")
+            q, k, v = self.qkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
+            q = self.q_norm(q.view(B, T, H, D).transpose(1, 2))  # (B, H, T, D)
+            k = self.k_norm(k.view(B, T, Hkv, D).transpose(1, 2))  # (B, Hkv, T, D)
+            v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+            if self.position != "none" and positions is None:
+                positions = torch.arange(past, past + T, device=x.device)
+            if self.rope is not None:
+                q, k = self.rope(q, k, positions, positions)
+            if cache is not None:
+                k, v = cache.update(k, v)  # (B, Hkv, past + T, D)
+            if self.position == "alibi":
+                S = k.shape[-2]
+                k_pos = torch.arange(S, device=x.device)
+                q_pos = positions if positions.dim() == 1 else positions[:, None]
+                if q_pos.dim() == 1:
+                    alibi = alibi_bias(self.alibi_slopes, q_pos, k_pos)  # (H, T, S)
+                else:  # per-row positions (B, T)
+                    alibi = alibi_bias(self.alibi_slopes, positions[:, None, :], k_pos)  # (B, H, T, S)
+                bias = alibi if bias is None else bias + alibi
+        result = scaled_dot_product_attention(
+            q, k, v, mask=mask, is_causal=is_causal, bias=bias,
+            dropout_p=self.dropout if self.training else 0.0,
+            backend=self.backend, return_weights=need_weights, **self.backend_options,
+        )
+        out, weights = result if need_weights else (result, None)
+        out = out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H·D)
+        return self.out_proj(out), weights

@@ -1,0 +1,71 @@
+"""``attnlab <verb>``: a thin command line over the library.
+
+Each family of commands lives in ``attnlab.commands.<family>`` and adds its sub-commands through
+``register(groups)``; this file only assembles the parser and turns user errors into one clear line
+and exit status 2 (``--debug`` shows the full traceback instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from attnlab.errors import UserError
+
+COMMAND_MODULES = [
+    "attnlab.commands.lm",
+    "attnlab.commands.translate",
+    "attnlab.commands.vision",
+    "attnlab.commands.multimodal",
+    "attnlab.commands.efficient",
+    "attnlab.commands.interop",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attnlab",
+        description="Attention and Transformers end to end: train, generate, translate, classify, "
+        "caption, ask, convert, benchmark and run the lecture's experiments.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    top = parser.add_subparsers(dest="command", metavar="<command>", required=True)
+    train = top.add_parser("train", help="train a model; see 'attnlab train <task> --help'")
+    experiment = top.add_parser("experiment", help="run one of the lecture's claims as a measurement")
+    groups = {
+        "top": top,
+        "train": train.add_subparsers(dest="task", metavar="<task>", required=True),
+        "experiment": experiment.add_subparsers(dest="experiment", metavar="<name>", required=True),
+    }
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(groups)
+    from attnlab.commands import add_eval_parser
+
+    add_eval_parser(top)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        rc = args.func(args)
+    except (UserError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+            PermissionError) as err:
+        if args.debug:
+            raise
+        print(f"attnlab: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnlab: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

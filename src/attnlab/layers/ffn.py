@@ -1,0 +1,83 @@
+"""Position-wise feed-forward networks: MLP (ReLU / GELU / tanh-GELU) and SwiGLU.
+
+    MLP(x)    = act(x W₁ + b₁) W₂ + b₂                    (hidden = 4·d_model by default)
+    SwiGLU(x) = (SiLU(x W₁) ⊙ x W₂) W₃                    (Shazeer 2020; Llama's FFN)
+
+Shapes: x ``(..., d_model)`` -> ``(..., d_model)``; the same weights act on every position.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["MLP", "SwiGLU", "ACTIVATIONS", "Activation"]
+
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
+
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
+    "silu": F.silu,
+}
+
+
+class MLP(nn.Module):
+    """Two linear layers with an activation between them.
+
+    Args:
+        d_model: input and output width.
+        hidden: inner width (default ``4 * d_model``).
+        activation: ``relu`` | ``gelu`` | ``gelu_tanh`` | ``silu``.
+        bias: use biases in both layers.
+        dropout: dropout on the output.
+    """
+
+    def __init__(self, d_model: int, hidden: int | None = None, *, activation: str = "gelu",
+                 bias: bool = True, dropout: float = 0.0, device=None, dtype=None) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}")
+        hidden = 4 * d_model if hidden is None else hidden
+        self.fc1 = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
+        self.fc2 = nn.Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
+        self.act = ACTIVATIONS[activation]
+        self.activation = activation
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.fc2(self.act(self.fc1(x))))
+
+
+class SwiGLU(nn.Module):
+    """Gated FFN ``(SiLU(x W₁) ⊙ x W₂) W₃``.
+
+    The lecture's W₁, W₂, W₃ are ``gate``, ``up`` and ``down`` here (HF Llama's gate_proj, up_proj,
+    down_proj; Meta's w1, w3, w2).
+
+    Args:
+        d_model: input and output width.
+        hidden: inner width (Llama uses about 8/3 · d_model so parameters match a 4× MLP).
+        bias: use biases (Llama does not).
+        dropout: dropout on the output.
+    """
+
+    def __init__(self, d_model: int, hidden: int | None = None, *, bias: bool = False,
+                 dropout: float = 0.0, device=None, dtype=None) -> None:
+        super().__init__()
+        hidden = _swiglu_hidden(d_model) if hidden is None else hidden
+        self.gate = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
+        self.up = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
+        self.down = nn.Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.down(F.silu(self.gate(x)) * self.up(x)))
+
+
+def _swiglu_hidden(d_model: int, multiple_of: int = 8) -> int:
+    h = int(8 * d_model / 3)
+    return multiple_of * ((h + multiple_of - 1) // multiple_of)
