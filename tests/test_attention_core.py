@@ -28,7 +28,7 @@ ATOL = 1e-5
 
 
 def _worked_example_inputs():
-    """Scores e = (3.2, 2.8, 0.1, -1.0) as q·k with q = (1,), scale 1; values h1..h4 from the notes."""
+    """Scores e = (3.2, 2.8, 0.1, -1.0) as q·k (q = (1,), scale 1); values h1..h4 from the notes."""
     scores = torch.tensor([3.2, 2.8, 0.1, -1.0], dtype=torch.float64)
     q = torch.ones(1, 1, dtype=torch.float64)  # (Tq=1, D=1)
     k = scores[:, None]  # (Tk=4, D=1): q·k_j = e_j
@@ -174,7 +174,8 @@ def test_causal_weights_above_diagonal_are_exactly_zero():
 
 
 def test_mask_helpers():
-    torch.testing.assert_close(causal_mask(3), torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]]).bool())
+    tri = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]]).bool()
+    torch.testing.assert_close(causal_mask(3), tri)
     torch.testing.assert_close(causal_mask(2, 4), torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]]).bool())
     pm = padding_mask([2, 0, 3], 4)
     torch.testing.assert_close(pm, torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 0]]).bool())

@@ -188,12 +188,11 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.update(k, v)  # (B, Hkv, past + T, D)
             if self.position == "alibi":
                 S = k.shape[-2]
-                k_pos = torch.arange(S, device=x.device)
-                q_pos = positions if positions.dim() == 1 else positions[:, None]
-                if q_pos.dim() == 1:
-                    alibi = alibi_bias(self.alibi_slopes, q_pos, k_pos)  # (H, T, S)
-                else:  # per-row positions (B, T)
-                    alibi = alibi_bias(self.alibi_slopes, positions[:, None, :], k_pos)  # (B, H, T, S)
+                # the newest key is this step's last query, so key j sits at position
+                # last_query_pos - (S - 1 - j); left padding shifts keys and queries alike
+                last = positions[..., -1:]  # (1,) or (B, 1)
+                k_pos = torch.arange(S, device=x.device) - (S - 1) + last  # (S,) or (B, S)
+                alibi = alibi_bias(self.alibi_slopes, positions, k_pos)  # (H, T, S) | (B, H, T, S)
                 bias = alibi if bias is None else bias + alibi
         result = scaled_dot_product_attention(
             q, k, v, mask=mask, is_causal=is_causal, bias=bias,
