@@ -1,0 +1,210 @@
+"""Tokenizers: characters, or byte-level BPE trained locally with Hugging Face ``tokenizers``.
+
+Both have ``encode(text) -> list[int]``, ``decode(ids) -> str``, ``vocab_size``, ``save(dir)``
+(``tokenizer.json`` in a run directory) and ``fingerprint`` (a hash of the saved form, so cached
+token ids are keyed by the exact tokenizer). :func:`load_tokenizer` reads either kind back.
+
+- Character level: the vocabulary is the sorted set of characters in the training text. Text with
+  a character outside it cannot be encoded; that is a user error naming the characters.
+- Byte-level BPE (GPT-2's scheme): text is UTF-8 bytes mapped to 256 printable symbols, and merges
+  of frequent pairs are learned up to ``vocab_size``. Every string can be encoded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from attnlab.errors import RunDirError, UserError
+
+__all__ = ["CharTokenizer", "ByteBPETokenizer", "load_tokenizer", "train_tokenizer",
+           "TOKENIZER_FILE"]
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class CharTokenizer:
+    """One id per character of a fixed alphabet.
+
+    Args:
+        chars: the alphabet, in id order (duplicates are not allowed).
+    """
+
+    type = "char"
+
+    def __init__(self, chars: list[str] | str) -> None:
+        chars = list(chars)
+        if not chars:
+            raise UserError("a character tokenizer needs at least one character")
+        if len(set(chars)) != len(chars) or any(len(c) != 1 for c in chars):
+            raise UserError("character vocabulary must be distinct single characters")
+        self.chars = chars
+        self.stoi = {c: i for i, c in enumerate(chars)}
+
+    @classmethod
+    def train(cls, text: str) -> CharTokenizer:
+        """The sorted set of characters in ``text``."""
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of the characters of ``text``.
+
+        Raises:
+            UserError: ``text`` has characters outside the vocabulary (named in the message).
+        """
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError:
+            unknown = sorted(set(text) - set(self.stoi))
+            shown = ", ".join(repr(c) for c in unknown[:10]) + (" …" if len(unknown) > 10 else "")
+            raise UserError(f"{len(unknown)} character(s) not in this model's character vocabulary "
+                            f"({self.vocab_size} characters): {shown}") from None
+
+    def decode(self, ids) -> str:
+        try:
+            return "".join(self.chars[int(i)] for i in ids)
+        except IndexError:
+            raise UserError(f"token id out of range (vocabulary {self.vocab_size})") from None
+
+    def to_json(self) -> str:
+        return json.dumps({"type": "char", "chars": self.chars}, ensure_ascii=False)
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        from attnlab.runs import atomic_write_text
+
+        path = Path(directory) / TOKENIZER_FILE
+        atomic_write_text(path, self.to_json())
+        return path
+
+
+class ByteBPETokenizer:
+    """Byte-level BPE (as GPT-2) on top of a ``tokenizers.Tokenizer``.
+
+    Args:
+        tokenizer: a trained ``tokenizers.Tokenizer`` with a ByteLevel pre-tokenizer and decoder.
+    """
+
+    type = "bpe"
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int = 512) -> ByteBPETokenizer:
+        """Learn merges on ``text`` until ``vocab_size`` tokens (at least the 256 byte symbols).
+
+        Raises:
+            UserError: ``vocab_size`` below 256.
+        """
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+        if vocab_size < 256:
+            raise UserError("a byte-level BPE vocabulary needs at least 256 tokens (one per "
+                            f"byte); "
+                            f"got --vocab-size {vocab_size}")
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                      special_tokens=[])
+        # feed lines in chunks: the trainer counts words per chunk, order does not matter
+        lines = text.splitlines(keepends=True)
+        chunks = ["".join(lines[i:i + 200]) for i in range(0, len(lines), 200)]
+        tok.train_from_iterator(chunks, trainer=trainer)
+        return cls(tok)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(texts)]
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def to_json(self) -> str:
+        return self.tokenizer.to_str()
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        from attnlab.runs import atomic_write_text
+
+        path = Path(directory) / TOKENIZER_FILE
+        atomic_write_text(path, self.to_json())
+        return path
+
+    @classmethod
+    def from_json(cls, text: str) -> ByteBPETokenizer:
+        from tokenizers import Tokenizer
+
+        return cls(Tokenizer.from_str(text))
+
+
+def train_tokenizer(kind: str, text: str,
+                    vocab_size: int = 512) -> CharTokenizer | ByteBPETokenizer:
+    """Train a ``char`` or ``bpe`` tokenizer on ``text``.
+
+    Raises:
+        UserError: unknown kind or unusable vocabulary size.
+    """
+    if kind == "char":
+        return CharTokenizer.train(text)
+    if kind == "bpe":
+        return ByteBPETokenizer.train(text, vocab_size)
+    raise UserError(f"unknown tokenizer {kind!r}; choose 'char' or 'bpe'")
+
+
+def tokenizer_from_json(text: str, source: str = "tokenizer") -> CharTokenizer | ByteBPETokenizer:
+    """Rebuild a tokenizer from the text of its ``tokenizer.json``.
+
+    Raises:
+        RunDirError: the text is not a tokenizer attnlab wrote.
+    """
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise RunDirError(f"{source} is corrupted: {err}") from None
+    if not isinstance(data, dict):
+        raise RunDirError(f"{source} is not an attnlab tokenizer (neither char nor BPE)")
+    if data.get("type") == "char" and isinstance(data.get("chars"), list):
+        return CharTokenizer(data["chars"])
+    if isinstance(data.get("model"), dict):
+        try:
+            return ByteBPETokenizer.from_json(text)
+        except Exception as err:  # tokenizers raises its own exception type
+            raise RunDirError(f"{source} is not a readable tokenizer: {err}") from None
+    raise RunDirError(f"{source} is not an attnlab tokenizer (neither char nor BPE)")
+
+
+def load_tokenizer(run_dir: str | os.PathLike) -> CharTokenizer | ByteBPETokenizer:
+    """The tokenizer saved in a run directory.
+
+    Raises:
+        RunDirError: the file is missing, corrupted or foreign.
+    """
+    path = Path(run_dir) / TOKENIZER_FILE
+    if not path.exists():
+        raise RunDirError(f"{str(run_dir)!r} has no {TOKENIZER_FILE}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise RunDirError(f"{path} is corrupted: {err}") from None
+    return tokenizer_from_json(text, str(path))
