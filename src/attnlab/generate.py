@@ -1,0 +1,214 @@
+"""Autoregressive sampling: greedy, temperature, top-k, top-p, with a KV cache.
+
+At each step the model gives logits for the next token; we pick one and feed it back:
+
+    greedy       argmax_v logits_v                               (temperature = 0)
+    temperature  sample from softmax(logits / τ)
+    top-k        keep the k largest logits, renormalise
+    top-p        keep the smallest set of tokens whose probability sums to ≥ p (nucleus)
+
+With the KV cache (the default) the prompt is encoded once and every later step feeds only the new
+token, reusing the keys/values of earlier positions: O(S) per token instead of O(S²).
+Prompts of different lengths go in one batch left-padded with ``attention_mask`` (True = real
+token); a padded prompt yields the same tokens as the prompt alone. Once the context
+(``max_seq_len``) is full, the oldest tokens are dropped and the window is encoded again.
+
+Shape legend: B batch, T prompt length, V vocab.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.errors import UserError
+
+__all__ = ["generate", "stream_generate", "sample_next", "left_pad"]
+
+
+def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+    """Pick the next token ``(B,)`` from ``logits (B, V)``.
+
+    Args:
+        temperature: 0 = greedy (argmax); otherwise logits are divided by it before sampling.
+        top_k: sample among the ``top_k`` most likely tokens only.
+        top_p: sample from the smallest set whose probabilities sum to at least ``top_p``.
+        generator: torch generator for reproducible sampling.
+    """
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # drop a token when the tokens before it already reach top_p (the first is always kept)
+        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Batch token lists of different lengths: ``(idx (B, T), attention_mask (B, T))``."""
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise UserError("every prompt needs at least one token")
+    T = max(len(p) for p in prompts)
+    idx = torch.full((len(prompts), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(prompts), T, dtype=torch.bool)
+    for b, p in enumerate(prompts):
+        idx[b, T - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+        mask[b, T - len(p):] = True
+    return idx, mask
+
+
+def _check(model: nn.Module, idx: Tensor, max_new_tokens: int, temperature: float,
+           top_k: int | None, top_p: float | None, attention_mask: Tensor | None) -> int:
+    if idx.dim() != 2 or idx.shape[1] == 0:
+        raise UserError(f"idx must be a non-empty (B, T) batch of ids, got {tuple(idx.shape)}")
+    if max_new_tokens < 0:
+        raise UserError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if temperature < 0:
+        raise UserError(f"temperature must be >= 0, got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise UserError(f"top_k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise UserError(f"top_p must be in (0, 1], got {top_p}")
+    if attention_mask is not None and attention_mask.shape != idx.shape:
+        raise UserError(f"attention_mask {tuple(attention_mask.shape)} must match idx "
+                        f"{tuple(idx.shape)}")
+    ctx = model.config.max_seq_len
+    if idx.shape[1] > ctx:
+        raise UserError(f"the prompt has {idx.shape[1]} tokens but the model's context is "
+                        f"{ctx} (max_seq_len); shorten the prompt")
+    vocab = getattr(model.config, "vocab_size", None)
+    if vocab is not None and idx.numel() and (int(idx.max()) >= vocab or int(idx.min()) < 0):
+        raise UserError(f"token ids must be in [0, {vocab}), got {int(idx.min())}..{int(idx.max())}"
+                        )
+    return ctx
+
+
+@torch.no_grad()
+def stream_generate(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop: int | Sequence[int] | None = None,
+    attention_mask: Tensor | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> Iterator[Tensor]:
+    """Yield the next token of every row, ``(B,)``, one step at a time (see :func:`generate`)."""
+    ctx = _check(model, idx, max_new_tokens, temperature, top_k, top_p, attention_mask)
+    device = next(model.parameters()).device
+    stop_list = [] if stop is None else [stop] if isinstance(stop, int) else list(stop)
+    stop_ids = torch.as_tensor(stop_list, dtype=torch.long, device=device)
+    tokens = idx.to(device)
+    mask = (torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None
+            else attention_mask.to(device=device, dtype=torch.bool))
+    has_padding = not bool(mask.all())
+    use_cache = use_cache and hasattr(model, "make_caches")
+    finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=device)
+    start = 0  # first column of the context window
+    caches, cached = None, 0  # caches hold columns [start, cached)
+    was_training = model.training
+    model.eval()
+    try:
+        for _ in range(max_new_tokens):
+            L = tokens.shape[1]
+            if L - start > ctx:  # context full: slide the window, re-encode it
+                start = L - (ctx - ctx // 4 if use_cache else ctx)
+                caches = None
+            window_mask = mask[:, start:] if has_padding else None
+            kwargs = {} if window_mask is None else {"attention_mask": window_mask}
+            if use_cache:
+                if caches is None:
+                    caches = model.make_caches(tokens.shape[0], ctx)
+                    cached = start
+                logits = model(tokens[:, cached:], caches=caches, **kwargs)[:, -1]  # (B, V)
+                cached = L
+            else:
+                logits = model(tokens[:, start:], **kwargs)[:, -1]  # (B, V)
+            nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p,
+                              generator=generator)
+            if stop_ids.numel():
+                nxt = torch.where(finished, stop_ids[0], nxt)  # finished rows repeat the stop id
+                finished |= torch.isin(nxt, stop_ids)
+            yield nxt
+            tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+            mask = torch.cat([mask, torch.ones_like(nxt[:, None], dtype=torch.bool)], dim=1)
+            if stop_ids.numel() and bool(finished.all()):
+                return
+    finally:
+        model.train(was_training)
+
+
+def generate(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop: int | Sequence[int] | None = None,
+    attention_mask: Tensor | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    callback: Callable[[Tensor], None] | None = None,
+) -> Tensor:
+    """Continue each prompt by up to ``max_new_tokens`` tokens.
+
+    Args:
+        model: a language model with ``config.max_seq_len`` (a :class:`attnlab.DecoderLM`; other
+            models without ``make_caches`` are run without a cache).
+        idx: prompts ``(B, T)``, left-padded when their lengths differ.
+        max_new_tokens: tokens to add.
+        temperature: 0 = greedy; >0 samples from softmax(logits / temperature).
+        top_k: restrict sampling to the k most likely tokens.
+        top_p: nucleus sampling threshold.
+        stop: token id(s) that end a row; generation ends when every row has stopped, and rows
+            that stopped earlier are filled with the (first) stop id.
+        attention_mask: ``(B, T)`` bool, True = real token (left padding).
+        use_cache: use a KV cache (default); False recomputes the whole window every step.
+        generator: torch generator for reproducible sampling.
+        callback: called with each step's new tokens ``(B,)`` (streaming).
+
+    Returns:
+        ``(B, T + n)`` token ids: the prompts (as given, padding included) and the new tokens.
+
+    Raises:
+        UserError: a prompt longer than the context, bad sampling settings, ids outside the vocab.
+    """
+    out = [idx]
+    for nxt in stream_generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k,
+                               top_p=top_p, stop=stop, attention_mask=attention_mask,
+                               use_cache=use_cache, generator=generator):
+        if callback is not None:
+            callback(nxt)
+        out.append(nxt[:, None].to(idx.device))
+    return torch.cat(out, dim=1)
+
+
+class _CallableModule(types.ModuleType):
+    """``attnlab.generate`` names both this module and its main function; once the module has been
+    imported, Python binds the package attribute to the module. Making the module callable keeps
+    ``attnlab.generate(model, idx, n)`` working whichever of the two the name resolves to."""
+
+    def __call__(self, *args, **kwargs) -> Tensor:
+        return generate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
