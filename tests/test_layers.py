@@ -1,0 +1,80 @@
+"""Norms and feed-forward layers against torch.nn and their formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from attnlab.layers import MLP, LayerNorm, RMSNorm, SwiGLU, make_norm
+
+
+def _randomise(module: nn.Module) -> None:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_()
+
+
+@pytest.mark.parametrize("eps", [1e-6, 0.5])
+def test_rmsnorm_equals_torch_rmsnorm(eps):
+    ours, ref = RMSNorm(24, eps=eps), nn.RMSNorm(24, eps=eps)
+    _randomise(ours)
+    ref.weight.data.copy_(ours.weight)
+    x = torch.randn(3, 5, 24) * 3 + 1
+    torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-6)
+
+
+def test_rmsnorm_has_epsilon_inside_the_square_root():
+    x = torch.randn(4, 8, dtype=torch.float64)
+    eps = 0.7  # large, so inside vs outside the root differ clearly
+    by_hand = x / torch.sqrt((x**2).mean(-1, keepdim=True) + eps)
+    torch.testing.assert_close(RMSNorm(8, eps=eps).double()(x), by_hand)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_layernorm_equals_torch_layernorm(bias):
+    ours, ref = LayerNorm(24, eps=1e-5, bias=bias), nn.LayerNorm(24, eps=1e-5, bias=bias)
+    _randomise(ours)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 5, 24) * 3 + 1
+    torch.testing.assert_close(ours(x), ref(x), rtol=1e-5, atol=1e-6)
+    assert (ours.bias is None) == (not bias)
+
+
+def test_make_norm_by_name():
+    assert isinstance(make_norm("layernorm", 8, bias=False), LayerNorm)
+    assert isinstance(make_norm("rmsnorm", 8, eps=1e-3), RMSNorm)
+    with pytest.raises(ValueError, match="'batchnorm'"):
+        make_norm("batchnorm", 8)
+
+
+@pytest.mark.parametrize(
+    ("activation", "formula"),
+    [
+        ("relu", lambda h: h.clamp(min=0)),
+        ("gelu", lambda h: 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))),
+        ("gelu_tanh", lambda h: 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi)
+                                                          * (h + 0.044715 * h**3)))),
+        ("silu", lambda h: h * torch.sigmoid(h)),
+    ],
+)
+def test_mlp_is_act_of_x_w1_then_w2(activation, formula):
+    mlp = MLP(8, activation=activation).double()
+    assert mlp.fc1.weight.shape == (32, 8)  # 4× hidden by default
+    x = torch.randn(5, 8, dtype=torch.float64)
+    h = x @ mlp.fc1.weight.T + mlp.fc1.bias
+    torch.testing.assert_close(mlp(x), formula(h) @ mlp.fc2.weight.T + mlp.fc2.bias)
+    with pytest.raises(ValueError, match="'tanh'"):
+        MLP(8, activation="tanh")
+
+
+def test_swiglu_is_silu_gate_times_up_then_down():
+    ffn = SwiGLU(12, 20).double()
+    x = torch.randn(4, 12, dtype=torch.float64)
+    a, b = x @ ffn.gate.weight.T, x @ ffn.up.weight.T
+    torch.testing.assert_close(ffn(x), (a * torch.sigmoid(a) * b) @ ffn.down.weight.T)
+    # default width ≈ 8/3·d_model (so the three matrices match a 4× MLP's two), rounded up to 8
+    assert SwiGLU(96).gate.weight.shape[0] == 256
+    assert ffn.gate.bias is None
