@@ -1,0 +1,164 @@
+"""AdamW with weight-decay groups, and the learning-rate schedules.
+
+Weight decay pulls weights towards zero; it makes sense for the matrices of linear maps, not for
+gains and biases of norms, biases, embeddings or positional tables (shrinking those only hurts), so
+they go into a second group with ``weight_decay=0`` (nanoGPT ``configure_optimizers``; timm
+``param_groups_weight_decay``).
+
+Schedules (``step`` = number of optimizer steps already taken, so the first step has ``step=0``;
+``W`` = warm-up steps, ``S`` = total steps, ``lr`` = peak rate, ``lr_min = lr * min_lr_ratio``):
+
+- ``cosine``: ``lr * (step+1)/W`` for ``step < W``, then
+  ``lr_min + ½ (lr - lr_min) (1 + cos(π p))`` with ``p = (step - W) / (S - W)``.
+- ``inverse_sqrt`` (Vaswani et al. 2017, §5.3, rescaled so the peak is ``lr``):
+  ``lr * min(s/W, sqrt(W/s))`` with ``s = step + 1``: linear up to ``lr`` at ``s = W``, then ∝ 1/√s.
+- ``constant``: the same linear warm-up, then ``lr``.
+
+With a wall-clock budget (``max_time``) the cosine progress is measured in time instead:
+``p = (t - t_W) / (1 - t_W)`` with ``t = elapsed / max_time`` and ``t_W`` the value of ``t`` when
+the warm-up ended; a warm-up given as ``warmup_frac`` is then also a fraction of the time.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from attnlab.train.config import TrainConfig
+
+__all__ = ["param_groups", "make_optimizer", "LRSchedule", "no_decay"]
+
+# Name pieces that mark embeddings, positional tables and learned tokens (cls_token, mask_token,
+# relative_position_bias_table): excluded from weight decay whatever their shape.
+_NO_DECAY_MARKERS = ("emb", "pos")
+_NO_DECAY_SUFFIXES = ("token",)
+
+
+def no_decay(name: str, param: nn.Parameter) -> bool:
+    """True if the parameter ``name`` should not be weight-decayed.
+
+    Rule: tensors with fewer than 2 dimensions (biases, norm gains), or a dotted name piece that
+    contains ``emb`` or ``pos`` or ends in ``token``.
+    """
+    if param.ndim < 2:
+        return True
+    for piece in name.split("."):
+        piece = piece.lower()
+        if any(m in piece for m in _NO_DECAY_MARKERS) or piece.endswith(_NO_DECAY_SUFFIXES):
+            return True
+    return False
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Split the trainable parameters of ``model`` into a decayed and a non-decayed group.
+
+    Excluded from decay: :func:`no_decay` names, weights of ``nn.Embedding`` and of normalisation
+    layers (any module whose class name contains ``Norm``), and names listed by an optional
+    ``model.no_weight_decay()`` (the timm convention). Shared (tied) parameters appear once, under
+    their first name.
+
+    Returns:
+        ``[{"params": [...], "weight_decay": weight_decay, "names": [...]},
+        {"params": [...], "weight_decay": 0.0, "names": [...]}]`` (empty groups dropped).
+    """
+    extra = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    exempt: set[int] = set()
+    for mod_name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) or "Norm" in type(module).__name__:
+            exempt.update(id(p) for p in module.parameters(recurse=False))
+        if mod_name in extra:
+            exempt.update(id(p) for p in module.parameters())
+    decay, keep = ([], []), ([], [])
+    for name, p in model.named_parameters():  # named_parameters() yields a tied tensor once
+        if not p.requires_grad:
+            continue
+        skip = id(p) in exempt or name in extra or no_decay(name, p)
+        group = keep if skip else decay
+        group[0].append(p)
+        group[1].append(name)
+    groups = [
+        {"params": decay[0], "names": decay[1], "weight_decay": weight_decay},
+        {"params": keep[0], "names": keep[1], "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device | None = None
+                   ) -> torch.optim.AdamW:
+    """AdamW over :func:`param_groups` with ``cfg.lr``, ``cfg.betas``, ``cfg.weight_decay``.
+
+    The fused CUDA kernel is used when the parameters live on a GPU.
+    """
+    groups = param_groups(model, cfg.weight_decay)
+    if not groups:
+        raise ValueError("the model has no trainable parameters")
+    fused = device is not None and device.type == "cuda"
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), fused=fused or None)
+    return opt
+
+
+class LRSchedule:
+    """The learning rate as a function of the step (and, for timed runs, the elapsed fraction).
+
+    Explicit rather than a ``torch.optim.lr_scheduler`` so that a wall-clock budget can drive it;
+    the trainer calls :meth:`apply` before every optimizer step. Its only state is ``t_W`` (the
+    time fraction at which a step-counted warm-up ended in a timed run), saved for ``--resume``.
+    """
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.peak = cfg.lr
+        self.floor = cfg.lr * cfg.min_lr_ratio
+        self.warmup = cfg.warmup  # steps, or None for a time-fraction warm-up
+        self.warmup_end_t: float | None = None
+
+    def __call__(self, step: int, t: float | None = None) -> float:
+        """Learning rate for the optimizer step with index ``step`` (0-based).
+
+        Args:
+            step: optimizer steps already taken.
+            t: elapsed fraction of the time budget (timed runs only), in [0, 1].
+        """
+        cfg = self.cfg
+        if cfg.schedule == "inverse_sqrt":
+            s, w = step + 1, self.warmup
+            return self.peak * min(s / w, math.sqrt(w / s))
+        # linear warm-up (in steps, or in time for a time-fraction warm-up)
+        if self.warmup is None:
+            wf = cfg.warmup_frac
+            if t is not None and t < wf:
+                return self.peak * t / wf
+            start = wf
+        else:
+            if step < self.warmup:
+                return self.peak * (step + 1) / self.warmup
+            start = None
+        if cfg.schedule == "constant":
+            return self.peak
+        # cosine decay from peak to floor
+        if cfg.timed:
+            if start is None:
+                if self.warmup_end_t is None:
+                    self.warmup_end_t = t
+                start = self.warmup_end_t
+            p = (t - start) / max(1.0 - start, 1e-12)
+        else:
+            p = (step - self.warmup) / max(cfg.steps - self.warmup, 1)
+        p = min(max(p, 0.0), 1.0)
+        return self.floor + 0.5 * (self.peak - self.floor) * (1.0 + math.cos(math.pi * p))
+
+    def apply(self, optimizer: torch.optim.Optimizer, step: int, t: float | None = None) -> float:
+        """Set the learning rate of every parameter group; return it."""
+        lr = self(step, t)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def state_dict(self) -> dict:
+        return {"warmup_end_t": self.warmup_end_t}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.warmup_end_t = state.get("warmup_end_t")
+
