@@ -1,0 +1,145 @@
+"""TransformerBlock: pre/post-norm composition, parity with torch's encoder and decoder layers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from attnlab.attention import key_padding_mask, padding_mask
+from attnlab.layers import build_block
+
+ATOL = 1e-5
+B, T, S, C, H, FF = 2, 6, 5, 16, 4, 40
+
+
+def _randomise_norms(module: nn.Module) -> None:
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "norm" in name:
+                p.normal_()
+
+
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"norm": "rmsnorm", "ffn": "swiglu", "position": "rope", "n_kv_heads": 2, "bias": False},
+        {"ffn": "moe", "n_experts": 4, "top_k": 2, "position": "alibi", "qk_norm": "rmsnorm"},
+    ],
+)
+def test_block_is_the_pre_or_post_norm_composition(norm_position, options):
+    block = build_block(C, H, norm_position=norm_position, **options).eval()
+    _randomise_norms(block)
+    x = torch.randn(B, T, C)
+
+    def attn(h):
+        return block.attn(h, is_causal=True)[0]
+
+    if norm_position == "pre":  # x + Sublayer(Norm(x))
+        h = x + attn(block.norm1(x))
+        expected = h + block.ffn(block.norm2(h))
+    else:  # Norm(x + Sublayer(x))
+        h = block.norm1(x + attn(x))
+        expected = block.norm2(h + block.ffn(h))
+    torch.testing.assert_close(block(x, is_causal=True), expected, rtol=0, atol=ATOL)
+
+
+def _copy_mha(ours, ref: nn.MultiheadAttention) -> None:
+    E = ref.embed_dim
+    with torch.no_grad():
+        if hasattr(ours, "qkv"):
+            ours.qkv.weight.copy_(ref.in_proj_weight)
+            ours.qkv.bias.copy_(ref.in_proj_bias)
+        else:
+            ours.q_proj.weight.copy_(ref.in_proj_weight[:E])
+            ours.q_proj.bias.copy_(ref.in_proj_bias[:E])
+            ours.kv_proj.weight.copy_(ref.in_proj_weight[E:])
+            ours.kv_proj.bias.copy_(ref.in_proj_bias[E:])
+        ours.out_proj.load_state_dict(ref.out_proj.state_dict())
+
+
+def _copy_common(block, ref) -> None:
+    _copy_mha(block.attn, ref.self_attn)
+    block.ffn.fc1.load_state_dict(ref.linear1.state_dict())
+    block.ffn.fc2.load_state_dict(ref.linear2.state_dict())
+    block.norm1.load_state_dict(ref.norm1.state_dict())
+
+
+def _torch_causal(n: int) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool).triu(1)  # torch: True = not allowed
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_self_attention_block_equals_torch_encoder_layer(norm_first):
+    ref = nn.TransformerEncoderLayer(C, H, FF, dropout=0.0, activation="relu", batch_first=True,
+                                     norm_first=norm_first)
+    _randomise_norms(ref)
+    ref.train()  # dropout is 0; training mode keeps torch off its fused inference fast path
+    block = build_block(C, H, ffn="mlp", ffn_hidden=FF, activation="relu", norm="layernorm",
+                        norm_eps=ref.norm1.eps, norm_position="pre" if norm_first else "post")
+    _copy_common(block, ref)
+    block.norm2.load_state_dict(ref.norm2.state_dict())
+    x = torch.randn(B, T, C)
+    real = padding_mask([6, 4], T)
+    expected = ref(x, src_mask=_torch_causal(T), src_key_padding_mask=~real)
+    out = block(x, mask=key_padding_mask(real), is_causal=True)
+    torch.testing.assert_close(out, expected, rtol=0, atol=ATOL)
+    expected = ref(x)  # bidirectional, no padding
+    torch.testing.assert_close(block(x), expected, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cross_attention_block_equals_torch_decoder_layer(norm_first):
+    ref = nn.TransformerDecoderLayer(C, H, FF, dropout=0.0, activation="relu", batch_first=True,
+                                     norm_first=norm_first)
+    _randomise_norms(ref)
+    ref.train()
+    block = build_block(C, H, ffn="mlp", ffn_hidden=FF, activation="relu", norm="layernorm",
+                        norm_eps=ref.norm1.eps, norm_position="pre" if norm_first else "post",
+                        cross_attention=True)
+    _copy_common(block, ref)
+    _copy_mha(block.cross_attn, ref.multihead_attn)
+    block.norm_cross.load_state_dict(ref.norm2.state_dict())  # torch: norm2 follows cross-attn
+    block.norm2.load_state_dict(ref.norm3.state_dict())
+    x, memory = torch.randn(B, T, C), torch.randn(B, S, C)
+    real = padding_mask([5, 3], S)
+    expected = ref(x, memory, tgt_mask=_torch_causal(T), memory_key_padding_mask=~real)
+    out = block(x, is_causal=True, context=memory, context_mask=key_padding_mask(real),
+                need_weights=True)
+    torch.testing.assert_close(out, expected, rtol=0, atol=ATOL)
+    # the weights of this call are kept for inspection
+    assert block.attn_weights.shape == (B, H, T, T) and block.cross_weights.shape == (B, H, T, S)
+    assert (block.cross_weights[1, :, :, 3:] == 0).all()
+
+
+def test_decoder_block_with_caches_equals_full_pass():
+    block = build_block(C, H, position="rope", cross_attention=True, context_dim=12,
+                        norm_position="pre").eval()
+    x, memory = torch.randn(B, T, C), torch.randn(B, S, 12)
+    full = block(x, is_causal=True, context=memory)
+    cache, cross_cache = block.attn.make_cache(B, T), block.cross_attn.make_cache(B, S)
+    steps = [block(x[:, t:t + 1], is_causal=True, cache=cache, cross_cache=cross_cache,
+                   context=memory if t == 0 else None) for t in range(T)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=ATOL)
+
+
+def test_residual_dropout_only_in_training():
+    block = build_block(C, H, dropout=0.5)
+    x = torch.randn(B, T, C)
+    block.eval()
+    torch.testing.assert_close(block(x), block(x))
+    block.train()
+    assert not torch.allclose(block(x), block(x))
+
+
+def test_block_errors():
+    with pytest.raises(ValueError, match="'middle'"):
+        build_block(C, H, norm_position="middle")
+    with pytest.raises(ValueError, match="'conv'"):
+        build_block(C, H, ffn="conv")
+    with pytest.raises(ValueError, match="context"):
+        build_block(C, H, cross_attention=True)(torch.randn(B, T, C))
+    with pytest.raises(ValueError, match=r"d_model \(16\).*n_heads \(3\)"):
+        build_block(C, 3)
