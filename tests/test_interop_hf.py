@@ -12,10 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
-
-transformers = pytest.importorskip("transformers")
+import transformers  # noqa: E402  (test extra, pinned in pyproject)
 
 from attnlab.interop import from_hf, to_hf  # noqa: E402
 

@@ -407,7 +407,17 @@ _FAMILIES = {
         _llama_like_to_hf_sd,
     ),
 }
-SUPPORTED_ARCHITECTURES = tuple(f.architecture for f in _FAMILIES.values())
+# vision models: the conversions live beside the models (attnlab.models.vit / .swin)
+_VISION_ARCHITECTURES = {
+    "ViTModel": "vit",
+    "ViTForImageClassification": "vit",
+    "SwinModel": "swin",
+    "SwinForImageClassification": "swin",
+}
+SUPPORTED_ARCHITECTURES = (
+    *(f.architecture for f in _FAMILIES.values()),
+    *_VISION_ARCHITECTURES,
+)
 
 
 # ---- HF -> attnlab --------------------------------------------------------------------------
@@ -559,7 +569,10 @@ def _family_of_config(hf: dict) -> str:
     for f in _FAMILIES.values():
         if f.architecture in archs:
             return f.name
-    if not archs and hf.get("model_type") in _FAMILIES:
+    for arch, family in _VISION_ARCHITECTURES.items():
+        if arch in archs:
+            return family
+    if not archs and hf.get("model_type") in (*_FAMILIES, *_VISION_ARCHITECTURES.values()):
         return hf["model_type"]
     what = ", ".join(archs) if archs else f"model_type {hf.get('model_type')!r}"
     raise UserError(
@@ -689,7 +702,10 @@ def _resolve_dtype(dtype: torch.dtype | str | None, hf: dict) -> torch.dtype:
 
 
 def from_hf(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None) -> nn.Module:
-    """Load a local Hugging Face GPT-2 / Llama / Mixtral checkpoint as a DecoderLM (eval mode).
+    """Load a local Hugging Face checkpoint as an attnlab model (eval mode).
+
+    GPT-2, Llama and Mixtral become a :class:`attnlab.DecoderLM`; ViT and Swin (``...Model`` or
+    ``...ForImageClassification``) the vision models of :mod:`attnlab.models.vit` / ``.swin``.
 
     Args:
         path: folder with ``config.json`` and ``model.safetensors`` (or shards plus
@@ -698,7 +714,7 @@ def from_hf(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None) 
             the dtype recorded in config.json.
 
     Returns:
-        The :class:`attnlab.DecoderLM`. Its ``hf_config`` attribute keeps the checkpoint's
+        The model. Its ``hf_config`` attribute keeps the checkpoint's
         ``config.json`` (e.g. ``eos_token_id`` for generation). The tokenizer is separate:
         :func:`load_hf_tokenizer`.
 
@@ -710,6 +726,8 @@ def from_hf(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None) 
 
     path = _check_dir(path)
     hf = read_hf_config(path)
+    if _family_of_config(hf) in ("vit", "swin"):
+        return _vision_from_hf(path, hf, _resolve_dtype(dtype, hf))
     family, cfg = hf_to_model_config(hf)
     target_dtype = _resolve_dtype(dtype, hf)
     files = _weight_files(path)
@@ -745,6 +763,53 @@ def from_hf(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None) 
     missing = [m for m in missing if not (cfg.tie_embeddings and m == "lm_head.weight")]
     if missing or unexpected:  # a mapping bug, not a user error: the names were checked above
         raise RuntimeError(f"internal mapping error: missing {missing}, unexpected {unexpected}")
+    model.hf_config = hf
+    return model.eval()
+
+
+def _vision_from_hf(path: Path, hf: dict, dtype: torch.dtype) -> nn.Module:
+    """ViT / Swin through the vision modules' own converters, after the same name/shape check.
+
+    Old (transformers < 5.9) key names are accepted: the check compares the file's names after the
+    vision module's renaming with the names its exporter writes for the configured model.
+    """
+    if _family_of_config(hf) == "vit":
+        from attnlab.models import vit as mod
+
+        config_from_hf, build, export = mod.vit_config_from_hf, mod.VisionTransformer, mod.vit_to_hf
+        from_sd, prefix, rename = mod.vit_from_hf_state_dict, "vit.", mod._rename_vit_keys
+    else:
+        from attnlab.models import swin as mod
+
+        config_from_hf, build = mod.swin_config_from_hf, mod.SwinTransformer
+        export, from_sd = mod.swin_to_hf, mod.swin_from_hf_state_dict
+        prefix, rename = "swin.", mod._rename_swin_keys
+    files = _weight_files(path)
+    file_shapes = _tensor_shapes(files)
+    shape_probe = {n: torch.empty(0) for n in file_shapes}  # names only: picks the head/pooler
+    try:
+        cfg = config_from_hf(hf, shape_probe)
+        _, expected = export(build(cfg))
+    except (TypeError, ValueError) as err:
+        raise UserError(f"config.json describes a model attnlab cannot build: {err}") from None
+
+    def _strip(k: str, p: str) -> str:
+        return k[len(p) :] if k.startswith(p) else k
+
+    def canonical(names) -> dict[str, str]:  # canonical name -> file name
+        return rename({_strip(n, prefix): n for n in names})
+
+    canon = canonical(file_shapes)
+    dropped = set(file_shapes) - set(canon.values())  # buffers the module ignores on purpose
+    expected_shapes = {_strip(n, prefix): tuple(t.shape) for n, t in expected.items()}
+    got = {c: file_shapes[f] for c, f in canon.items()}
+    _validate(path, expected_shapes, got, canon, set())
+    sd = {n: t.to(dtype) for n, t in read_hf_weights(path).items() if n not in dropped}
+    try:
+        model = from_sd(hf, sd)
+    except RuntimeError as err:  # load_state_dict; the check above should have caught it
+        raise UserError(f"the weights in {str(path)!r} do not fit the model: {err}") from None
+    model = model.to(dtype)
     model.hf_config = hf
     return model.eval()
 
@@ -842,16 +907,43 @@ def _drop_zero_bias_group(hf_cfg: dict, sd: dict[str, Tensor], src: dict) -> Non
 
 
 def load_hf_tokenizer(path: str | os.PathLike):
-    """The ``tokenizers.Tokenizer`` in ``path/tokenizer.json``, or None when there is none."""
+    """The tokenizer in ``path/tokenizer.json``, or None when there is none.
+
+    Returns attnlab's tokenizer interface (``encode(text) -> list[int]``, ``decode(ids)``,
+    ``vocab_size``) around the ``tokenizers.Tokenizer`` (``.tokenizer``), the same object
+    ``attnlab.load`` gives for a run directory holding that file.
+
+    Raises:
+        UserError: the file is not a readable ``tokenizers`` JSON.
+    """
+    from attnlab.data.tokenizers import ByteBPETokenizer
+
     tok_path = _check_dir(path) / TOKENIZER_NAME
     if not tok_path.exists():
         return None
-    from tokenizers import Tokenizer
-
     try:
-        return Tokenizer.from_file(str(tok_path))
+        text = tok_path.read_text(encoding="utf-8")
+        data = json.loads(text)
+        if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+            raise ValueError("no 'model' section")
+        return ByteBPETokenizer.from_json(text)
     except Exception as err:  # tokenizers raises its own exception type
-        raise UserError(f"cannot read {tok_path}: {err}") from None
+        raise UserError(f"{tok_path} is not a Hugging Face tokenizer.json: {err}") from None
+
+
+def _tokenizer_json(tokenizer) -> str | None:
+    """The ``tokenizer.json`` text of a tokenizer given to :func:`to_hf` (None for none)."""
+    if tokenizer is None:
+        return None
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return Path(tokenizer).read_text(encoding="utf-8")
+    inner = getattr(tokenizer, "tokenizer", tokenizer)  # attnlab's BPE wraps a tokenizers object
+    if hasattr(inner, "to_str"):
+        return inner.to_str()
+    raise UserError(
+        f"a {type(tokenizer).__name__} has no Hugging Face tokenizer.json form; pass a "
+        "tokenizers.Tokenizer, an attnlab byte-level BPE tokenizer or a tokenizer.json path"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -871,13 +963,14 @@ def to_hf(
 ) -> Path:
     """Write ``model`` as a Hugging Face checkpoint folder (``config.json`` + safetensors).
 
-    ``transformers.AutoModelForCausalLM.from_pretrained(path)`` loads the result.
+    ``transformers.AutoModelForCausalLM.from_pretrained(path)`` loads the result (for ViT / Swin:
+    ``AutoModel`` or ``AutoModelForImageClassification``).
 
     Args:
-        model: a DecoderLM expressible as GPT-2, Llama or Mixtral.
+        model: a DecoderLM expressible as GPT-2, Llama or Mixtral, or a ViT / Swin model.
         path: output folder (created).
-        tokenizer: a ``tokenizers.Tokenizer`` (saved as ``tokenizer.json``) or a path to a
-            ``tokenizer.json`` file to copy.
+        tokenizer: a ``tokenizers.Tokenizer`` or attnlab byte-level BPE tokenizer (saved as
+            ``tokenizer.json``), or the path of a Hugging Face ``tokenizer.json`` to copy.
         overwrite: replace an existing checkpoint in ``path``.
         moe_layout: Mixtral expert layout, ``per_expert`` (default, readable by every
             transformers version) or ``fused``.
@@ -890,7 +983,8 @@ def to_hf(
         The output folder.
 
     Raises:
-        UserError: a model no supported architecture expresses, or an existing checkpoint.
+        UserError: a model no supported architecture expresses, a tokenizer with no
+            ``tokenizer.json`` form, or an existing checkpoint.
     """
     from safetensors.torch import save_file
 
@@ -903,13 +997,23 @@ def to_hf(
         raise UserError(
             f"{str(path)!r} is not empty; pass overwrite=True (--overwrite) to replace it"
         )
-    hf_cfg = model_config_to_hf(model)
-    src = getattr(model, "hf_config", None) or {}
-    hf_cfg.update({k: src[k] for k in HF_GENERATION_KEYS if k in src})
-    hf_cfg.update(extra_config or {})
-    sd = attnlab_to_hf_state_dict(model, moe_layout=moe_layout)
-    if hf_cfg["model_type"] == "llama" and hf_cfg.get("attention_bias"):
-        _drop_zero_bias_group(hf_cfg, sd, src)
+    kind = getattr(model, "kind", None)
+    if kind in ("vit", "swin"):
+        if kind == "vit":
+            from attnlab.models.vit import vit_to_hf as export
+        else:
+            from attnlab.models.swin import swin_to_hf as export
+        hf_cfg, sd = export(model)
+        hf_cfg.update(extra_config or {})
+    else:
+        hf_cfg = model_config_to_hf(model)
+        src = getattr(model, "hf_config", None) or {}
+        hf_cfg.update({k: src[k] for k in HF_GENERATION_KEYS if k in src})
+        hf_cfg.update(extra_config or {})
+        sd = attnlab_to_hf_state_dict(model, moe_layout=moe_layout)
+        if hf_cfg["model_type"] == "llama" and hf_cfg.get("attention_bias"):
+            _drop_zero_bias_group(hf_cfg, sd, src)
+    tok_json = _tokenizer_json(tokenizer)
     # safetensors refuses tensors sharing storage (q/k/v are views of one qkv weight)
     sd = {n: t.detach().to(dtype or t.dtype).contiguous().clone() for n, t in sd.items()}
     hf_cfg["dtype"] = str(next(iter(sd.values())).dtype).removeprefix("torch.")
@@ -937,16 +1041,8 @@ def to_hf(
             weight_map.update(dict.fromkeys(shard, fname))
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         atomic_write_text(path / INDEX_NAME, json.dumps(index, indent=2) + "\n")
-    if tokenizer is not None:
-        if isinstance(tokenizer, (str, os.PathLike)):
-            atomic_write_text(path / TOKENIZER_NAME, Path(tokenizer).read_text())
-        elif hasattr(tokenizer, "to_str"):
-            atomic_write_text(path / TOKENIZER_NAME, tokenizer.to_str())
-        else:
-            raise UserError(
-                f"tokenizer must be a tokenizers.Tokenizer or a path to tokenizer.json, "
-                f"got {type(tokenizer).__name__}"
-            )
+    if tok_json is not None:
+        atomic_write_text(path / TOKENIZER_NAME, tok_json)
     # config.json last: a folder without it is visibly incomplete
     atomic_write_text(path / CONFIG_NAME, json.dumps(hf_cfg, indent=2, sort_keys=True) + "\n")
     return path
