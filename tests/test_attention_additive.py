@@ -16,8 +16,9 @@ def _by_hand(attn: AdditiveAttention, s: torch.Tensor, h: torch.Tensor, real: to
     W_s, W_h, b_h, v = attn.W_s.weight, attn.W_h.weight, attn.W_h.bias, attn.v.weight[0]
     contexts, weights = [], []
     for b in range(h.shape[0]):
-        scores = [float(v @ torch.tanh(W_s @ s[b] + W_h @ h[b, j] + b_h))
-                  for j in range(h.shape[1])]
+        scores = [
+            float(v @ torch.tanh(W_s @ s[b] + W_h @ h[b, j] + b_h)) for j in range(h.shape[1])
+        ]
         exps = [math.exp(e) if real[b, j] else 0.0 for j, e in enumerate(scores)]
         a = torch.tensor([x / sum(exps) for x in exps], dtype=h.dtype)
         weights.append(a)

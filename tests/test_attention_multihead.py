@@ -54,11 +54,18 @@ def test_self_attention_equals_torch_multihead_attention(masks):
     real = padding_mask([6, 4, 2], T)  # True = real token
     use_pad = "padding" in masks
     use_causal = "causal" in masks
-    ref_out, ref_w = ref(x, x, x, key_padding_mask=~real if use_pad else None,
-                         attn_mask=_torch_causal(T) if use_causal else None,
-                         need_weights=True, average_attn_weights=False)
-    out, w = ours(x, mask=key_padding_mask(real) if use_pad else None, is_causal=use_causal,
-                  need_weights=True)
+    ref_out, ref_w = ref(
+        x,
+        x,
+        x,
+        key_padding_mask=~real if use_pad else None,
+        attn_mask=_torch_causal(T) if use_causal else None,
+        need_weights=True,
+        average_attn_weights=False,
+    )
+    out, w = ours(
+        x, mask=key_padding_mask(real) if use_pad else None, is_causal=use_causal, need_weights=True
+    )
     torch.testing.assert_close(out, ref_out, rtol=0, atol=ATOL)
     torch.testing.assert_close(w, ref_w, rtol=0, atol=ATOL)
     # the fused backend gives the same output
@@ -76,15 +83,17 @@ def test_cross_attention_equals_torch_multihead_attention(context_dim):
     _copy_cross_attention(ours, ref)
     x, ctx = torch.randn(B, T, C), torch.randn(B, S, context_dim)
     real = padding_mask([7, 3], S)
-    ref_out, ref_w = ref(x, ctx, ctx, key_padding_mask=~real, need_weights=True,
-                         average_attn_weights=False)
+    ref_out, ref_w = ref(
+        x, ctx, ctx, key_padding_mask=~real, need_weights=True, average_attn_weights=False
+    )
     out, w = ours(x, ctx, mask=key_padding_mask(real), need_weights=True)
     assert out.shape == (B, T, C) and w.shape == (B, H, T, S)
     torch.testing.assert_close(out, ref_out, rtol=0, atol=ATOL)
     torch.testing.assert_close(w, ref_w, rtol=0, atol=ATOL)
     ours.backend = "sdpa"
-    torch.testing.assert_close(ours(x, ctx, mask=key_padding_mask(real))[0], ref_out,
-                               rtol=0, atol=ATOL)
+    torch.testing.assert_close(
+        ours(x, ctx, mask=key_padding_mask(real))[0], ref_out, rtol=0, atol=ATOL
+    )
 
 
 def test_gqa_equals_full_attention_with_repeated_kv_heads():
@@ -104,8 +113,9 @@ def test_gqa_equals_full_attention_with_repeated_kv_heads():
         mha.qkv.bias.copy_(torch.cat([bq, rep(bk), rep(bv)]))
         mha.out_proj.load_state_dict(gqa.out_proj.state_dict())
     x = torch.randn(2, 5, C)
-    torch.testing.assert_close(gqa(x, is_causal=True)[0], mha(x, is_causal=True)[0],
-                               rtol=0, atol=ATOL)
+    torch.testing.assert_close(
+        gqa(x, is_causal=True)[0], mha(x, is_causal=True)[0], rtol=0, atol=ATOL
+    )
     assert gqa.qkv.weight.shape[0] == (H + 2 * Hkv) * D
 
 
@@ -149,8 +159,10 @@ def test_cross_attention_cache_is_filled_once_and_reused():
     real = padding_mask([6, 4], S)
     full, _ = mha(x, ctx, mask=key_padding_mask(real))
     cache = mha.make_cache(B, S)
-    steps = [mha(x[:, t:t + 1], ctx if t == 0 else None, mask=key_padding_mask(real),
-                 cache=cache)[0] for t in range(T)]
+    steps = [
+        mha(x[:, t : t + 1], ctx if t == 0 else None, mask=key_padding_mask(real), cache=cache)[0]
+        for t in range(T)
+    ]
     assert cache.length == S
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=ATOL)
 
@@ -185,10 +197,20 @@ def test_left_padding_with_per_row_positions_matches_unpadded(position):
     torch.testing.assert_close(out[0, n_pad:], ref[0], rtol=0, atol=ATOL)
     # the same through the cache: prefill all but the last token, then one step
     cache = mha.make_cache(2, n_pad + T)
-    mha(batch[:, :-1], mask=key_padding_mask(real[:, :-1]), is_causal=True,
-        positions=positions[:, :-1], cache=cache)
-    last, _ = mha(batch[:, -1:], mask=key_padding_mask(real), is_causal=True,
-                  positions=positions[:, -1:], cache=cache)
+    mha(
+        batch[:, :-1],
+        mask=key_padding_mask(real[:, :-1]),
+        is_causal=True,
+        positions=positions[:, :-1],
+        cache=cache,
+    )
+    last, _ = mha(
+        batch[:, -1:],
+        mask=key_padding_mask(real),
+        is_causal=True,
+        positions=positions[:, -1:],
+        cache=cache,
+    )
     torch.testing.assert_close(last[0, 0], ref[0, -1], rtol=0, atol=ATOL)
 
 
@@ -228,7 +250,7 @@ def test_causal_output_at_i_ignores_later_tokens():
     x = torch.randn(2, 8, 16)
     i = 3
     x2 = x.clone()
-    x2[:, i + 1:] = torch.randn(2, 8 - i - 1, 16)
+    x2[:, i + 1 :] = torch.randn(2, 8 - i - 1, 16)
     out, _ = mha(x, is_causal=True)
     out2, _ = mha(x2, is_causal=True)
     torch.testing.assert_close(out2[:, : i + 1], out[:, : i + 1], rtol=0, atol=1e-6)

@@ -73,12 +73,21 @@ def _torch_causal(n: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_self_attention_block_equals_torch_encoder_layer(norm_first):
-    ref = nn.TransformerEncoderLayer(C, H, FF, dropout=0.0, activation="relu", batch_first=True,
-                                     norm_first=norm_first)
+    ref = nn.TransformerEncoderLayer(
+        C, H, FF, dropout=0.0, activation="relu", batch_first=True, norm_first=norm_first
+    )
     _randomise_norms(ref)
     ref.train()  # dropout is 0; training mode keeps torch off its fused inference fast path
-    block = build_block(C, H, ffn="mlp", ffn_hidden=FF, activation="relu", norm="layernorm",
-                        norm_eps=ref.norm1.eps, norm_position="pre" if norm_first else "post")
+    block = build_block(
+        C,
+        H,
+        ffn="mlp",
+        ffn_hidden=FF,
+        activation="relu",
+        norm="layernorm",
+        norm_eps=ref.norm1.eps,
+        norm_position="pre" if norm_first else "post",
+    )
     _copy_common(block, ref)
     block.norm2.load_state_dict(ref.norm2.state_dict())
     x = torch.randn(B, T, C)
@@ -92,13 +101,22 @@ def test_self_attention_block_equals_torch_encoder_layer(norm_first):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_cross_attention_block_equals_torch_decoder_layer(norm_first):
-    ref = nn.TransformerDecoderLayer(C, H, FF, dropout=0.0, activation="relu", batch_first=True,
-                                     norm_first=norm_first)
+    ref = nn.TransformerDecoderLayer(
+        C, H, FF, dropout=0.0, activation="relu", batch_first=True, norm_first=norm_first
+    )
     _randomise_norms(ref)
     ref.train()
-    block = build_block(C, H, ffn="mlp", ffn_hidden=FF, activation="relu", norm="layernorm",
-                        norm_eps=ref.norm1.eps, norm_position="pre" if norm_first else "post",
-                        cross_attention=True)
+    block = build_block(
+        C,
+        H,
+        ffn="mlp",
+        ffn_hidden=FF,
+        activation="relu",
+        norm="layernorm",
+        norm_eps=ref.norm1.eps,
+        norm_position="pre" if norm_first else "post",
+        cross_attention=True,
+    )
     _copy_common(block, ref)
     _copy_mha(block.cross_attn, ref.multihead_attn)
     block.norm_cross.load_state_dict(ref.norm2.state_dict())  # torch: norm2 follows cross-attn
@@ -106,8 +124,9 @@ def test_cross_attention_block_equals_torch_decoder_layer(norm_first):
     x, memory = torch.randn(B, T, C), torch.randn(B, S, C)
     real = padding_mask([5, 3], S)
     expected = ref(x, memory, tgt_mask=_torch_causal(T), memory_key_padding_mask=~real)
-    out = block(x, is_causal=True, context=memory, context_mask=key_padding_mask(real),
-                need_weights=True)
+    out = block(
+        x, is_causal=True, context=memory, context_mask=key_padding_mask(real), need_weights=True
+    )
     torch.testing.assert_close(out, expected, rtol=0, atol=ATOL)
     # the weights of this call are kept for inspection
     assert block.attn_weights.shape == (B, H, T, T) and block.cross_weights.shape == (B, H, T, S)
@@ -115,13 +134,22 @@ def test_cross_attention_block_equals_torch_decoder_layer(norm_first):
 
 
 def test_decoder_block_with_caches_equals_full_pass():
-    block = build_block(C, H, position="rope", cross_attention=True, context_dim=12,
-                        norm_position="pre").eval()
+    block = build_block(
+        C, H, position="rope", cross_attention=True, context_dim=12, norm_position="pre"
+    ).eval()
     x, memory = torch.randn(B, T, C), torch.randn(B, S, 12)
     full = block(x, is_causal=True, context=memory)
     cache, cross_cache = block.attn.make_cache(B, T), block.cross_attn.make_cache(B, S)
-    steps = [block(x[:, t:t + 1], is_causal=True, cache=cache, cross_cache=cross_cache,
-                   context=memory if t == 0 else None) for t in range(T)]
+    steps = [
+        block(
+            x[:, t : t + 1],
+            is_causal=True,
+            cache=cache,
+            cross_cache=cross_cache,
+            context=memory if t == 0 else None,
+        )
+        for t in range(T)
+    ]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=ATOL)
 
 

@@ -55,8 +55,10 @@ def test_make_norm_by_name():
     [
         ("relu", lambda h: h.clamp(min=0)),
         ("gelu", lambda h: 0.5 * h * (1 + torch.erf(h / math.sqrt(2)))),
-        ("gelu_tanh", lambda h: 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi)
-                                                          * (h + 0.044715 * h**3)))),
+        (
+            "gelu_tanh",
+            lambda h: 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3))),
+        ),
         ("silu", lambda h: h * torch.sigmoid(h)),
     ],
 )

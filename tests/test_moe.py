@@ -50,7 +50,7 @@ def test_flops_per_token_grow_top_k_times(expert, top_k):
 def _expert_by_hand(moe: MoE, e: int, x: torch.Tensor) -> torch.Tensor:
     w_in, w_out = moe.w_in[e], moe.w_out[e]
     if moe.expert == "swiglu":
-        gate, up = w_in[:moe.hidden], w_in[moe.hidden:]
+        gate, up = w_in[: moe.hidden], w_in[moe.hidden :]
         return (F.silu(x @ gate.T) * (x @ up.T)) @ w_out.T
     return F.gelu(x @ w_in.T) @ w_out.T
 
@@ -67,8 +67,9 @@ def test_each_token_mixes_exactly_top_k_experts(expert, top_k):
         probs = torch.softmax(token @ moe.router.weight.T, dim=-1)
         chosen = probs.argsort(descending=True)[:top_k]
         weights = probs[chosen] / probs[chosen].sum()
-        expected.append(sum(w * _expert_by_hand(moe, int(e), token) for w, e in zip(weights,
-                                                                                       chosen)))
+        expected.append(
+            sum(w * _expert_by_hand(moe, int(e), token) for w, e in zip(weights, chosen))
+        )
     torch.testing.assert_close(out.reshape(-1, C), torch.stack(expected))
     # and a single token's output depends on the weights of exactly top_k experts
     moe(x[:1, :1]).sum().backward()

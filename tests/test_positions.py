@@ -30,8 +30,13 @@ def _rope_score(rope: RotaryEmbedding, q: torch.Tensor, k: torch.Tensor, m: int,
 
 
 @settings(max_examples=30, deadline=None)
-@given(m=st.integers(0, 200), n=st.integers(0, 200), shift=st.integers(-150, 300),
-       theta=st.sampled_from([10000.0, 500000.0]), seed=st.integers(0, 1000))
+@given(
+    m=st.integers(0, 200),
+    n=st.integers(0, 200),
+    shift=st.integers(-150, 300),
+    theta=st.sampled_from([10000.0, 500000.0]),
+    seed=st.integers(0, 1000),
+)
 def test_rope_score_depends_only_on_the_offset(m, n, shift, theta, seed):
     shift = max(shift, -min(m, n))  # keep positions non-negative
     gen = torch.Generator().manual_seed(seed)
@@ -47,7 +52,7 @@ def test_rope_score_changes_with_the_offset():
     q, k = torch.randn(1, 1, 1, 32), torch.randn(1, 1, 1, 32)
     rope = RotaryEmbedding(32)
     scores = [_rope_score(rope, q, k, 10 + d, 10) for d in range(5)]
-    assert min(abs(a - b) for i, a in enumerate(scores) for b in scores[i + 1:]) > 1e-3
+    assert min(abs(a - b) for i, a in enumerate(scores) for b in scores[i + 1 :]) > 1e-3
 
 
 def test_rope_equals_rotate_half_pairs_by_hand():
@@ -113,7 +118,7 @@ def test_sinusoidal_shift_is_one_linear_map_for_all_positions(k):
     torch.testing.assert_close(M_t.T @ M_t, torch.eye(d, dtype=torch.float64), rtol=0, atol=1e-4)
     off_block = M_t.clone()
     for i in range(0, d, 2):
-        off_block[i:i + 2, i:i + 2] = 0
+        off_block[i : i + 2, i : i + 2] = 0
     assert off_block.abs().max() < 1e-4
 
 
@@ -166,7 +171,7 @@ def test_alibi_slopes_power_of_two_are_geometric(n):
     ],
 )
 def test_alibi_slopes_for_other_head_counts_follow_the_paper(n, exponents):
-    expected = torch.tensor([2.0 ** -e for e in exponents])
+    expected = torch.tensor([2.0**-e for e in exponents])
     torch.testing.assert_close(alibi_slopes(n), expected, rtol=1e-6, atol=0)
 
 
