@@ -1,0 +1,244 @@
+"""Swin: parity with Hugging Face SwinModel / SwinForImageClassification, the shifted-window mask
+and relative-position index against the paper's constructions, window locality, patch merging,
+presets and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnlab.errors import UserError
+from attnlab.models.swin import (
+    PatchMerging,
+    RelativePositionBias,
+    SwinBlock,
+    SwinConfig,
+    SwinTransformer,
+    shifted_window_mask,
+    swin_from_hf_state_dict,
+    swin_to_hf,
+    window_partition,
+    window_reverse,
+)
+
+transformers = pytest.importorskip("transformers")
+
+
+def _rerandomise(model: torch.nn.Module) -> None:
+    """HF zeroes biases and the relative-position tables: random values expose mapping bugs."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0, 0.05)
+
+
+def _hf_swin(cls, **kw):
+    # stage resolutions 16 and 8 with 4×4 windows: both stages have shifted blocks with masks
+    cfg = transformers.SwinConfig(image_size=32, patch_size=2, num_channels=3, embed_dim=16,
+                                  depths=[2, 2], num_heads=[2, 4], window_size=4, mlp_ratio=2.0,
+                                  num_labels=10, attn_implementation="eager", **kw)
+    model = cls(cfg).eval()
+    _rerandomise(model)
+    return model
+
+
+def test_swin_model_matches_hf_features_and_pooled_output():
+    hf = _hf_swin(transformers.SwinModel, use_absolute_embeddings=True)
+    ours = swin_from_hf_state_dict(hf.config.to_dict(), hf.state_dict()).eval()
+    assert ours.config.absolute_positions and ours.config.num_classes == 0
+    assert [b.shift for s in ours.stages for b in s.blocks] == [0, 2, 0, 2]
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = hf(x)
+        torch.testing.assert_close(ours.features(x), ref.last_hidden_state, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours.pooled_features(x), ref.pooler_output, atol=1e-5, rtol=0)
+    assert ours.features(x).shape == (2, 8 * 8, 32)
+
+
+def test_swin_classifier_matches_hf_logits_and_round_trips():
+    hf = _hf_swin(transformers.SwinForImageClassification)
+    sd = hf.state_dict()
+    ours = swin_from_hf_state_dict(hf.config.to_dict(), sd).eval()
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-5, rtol=0)
+    cfg, back = swin_to_hf(ours)
+    assert sorted(back) == sorted(sd)
+    for k in sd:
+        assert torch.equal(back[k], sd[k]), k
+    hf2 = transformers.SwinForImageClassification(
+        transformers.SwinConfig(**cfg, attn_implementation="eager")).eval()
+    hf2.load_state_dict(back, strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(hf2(x).logits, hf(x).logits, atol=1e-6, rtol=0)
+
+
+def test_swin_accepts_old_key_names_and_stored_index():
+    hf = _hf_swin(transformers.SwinForImageClassification)
+    renames = {"attention.q_proj": "attention.self.query",
+               "attention.k_proj": "attention.self.key",
+               "attention.v_proj": "attention.self.value",
+               "attention.relative_position_bias.relative_position_bias_table":
+                   "attention.self.relative_position_bias_table",
+               "attention.o_proj": "attention.output.dense",
+               "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}
+    old = {}
+    for k, v in hf.state_dict().items():
+        for new, was in renames.items():
+            k = k.replace(new, was)
+        old[k] = v
+    for name in list(old):  # transformers 5.0–5.6 stored the index as a persistent buffer
+        if name.endswith("relative_position_bias_table"):
+            old[name.replace("_bias_table", "_index")] = torch.zeros(16, 16, dtype=torch.long)
+    ours = swin_from_hf_state_dict(hf.config.to_dict(), old).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-5, rtol=0)
+
+
+def _paper_mask(H: int, W: int, w: int, s: int) -> torch.Tensor:
+    """The Swin reference code's construction: label 9 slices, compare labels inside windows."""
+    img = torch.zeros(1, H, W, 1)
+    cnt = 0
+    for hs in (slice(0, -w), slice(-w, -s), slice(-s, None)):
+        for ws in (slice(0, -w), slice(-w, -s), slice(-s, None)):
+            img[:, hs, ws, :] = cnt
+            cnt += 1
+    win = window_partition(img, w).squeeze(-1)  # (nW, w²)
+    diff = win[:, None, :] - win[:, :, None]
+    return diff == 0
+
+
+@pytest.mark.parametrize("H,w,s", [(8, 4, 2), (12, 4, 2), (14, 7, 3)])
+def test_shifted_window_mask_matches_the_paper_construction(H, w, s):
+    mask = shifted_window_mask(H, H, w, s)
+    assert torch.equal(mask, _paper_mask(H, H, w, s))
+    # windows away from the wrapped bottom/right edges are unmasked; the corner one is split in 4
+    assert mask[0].all()
+    allowed = mask[-1].sum(-1)  # keys each query of the corner window may see
+    assert set(allowed.tolist()) == {a * b for a in (w - s, s) for b in (w - s, s)}
+
+
+def test_relative_position_index_formula():
+    w = 3
+    rpb = RelativePositionBias(w, n_heads=2)
+    coords = [(r, c) for r in range(w) for c in range(w)]
+    for i, (ri, ci) in enumerate(coords):
+        for j, (rj, cj) in enumerate(coords):
+            assert rpb.index[i, j] == (ri - rj + w - 1) * (2 * w - 1) + (ci - cj + w - 1)
+    with torch.no_grad():
+        rpb.table.copy_(torch.randn_like(rpb.table))
+    bias = rpb()
+    assert bias.shape == (2, w * w, w * w)
+    # same offset -> same bias
+    assert torch.equal(bias[:, 0, 4], bias[:, 4, 8])  # (0,0)-(1,1) and (1,1)-(2,2)
+
+
+def test_window_partition_and_reverse_are_inverse():
+    x = torch.randn(2, 8, 12, 5)
+    win = window_partition(x, 4)
+    assert win.shape == (2 * 2 * 3, 16, 5)
+    assert torch.equal(win[0], x[0, :4, :4].reshape(16, 5))  # first window, row-major
+    assert torch.equal(win[1], x[0, :4, 4:8].reshape(16, 5))
+    assert torch.equal(window_reverse(win, 4, 8, 12), x)
+
+
+def test_patch_merging_concatenates_2x2_neighbours_in_hf_order():
+    pm = PatchMerging(dim=3, resolution=4)
+    x = torch.randn(1, 16, 3)
+    grid = x.view(1, 4, 4, 3)
+    expected_in = torch.cat([grid[:, 0::2, 0::2], grid[:, 1::2, 0::2], grid[:, 0::2, 1::2],
+                             grid[:, 1::2, 1::2]], dim=-1).view(1, 4, 12)
+    torch.testing.assert_close(pm(x), pm.reduction(pm.norm(expected_in)))
+    assert pm(x).shape == (1, 4, 6)  # H·W/4 tokens, 2C channels
+
+
+def _block(shift: int) -> SwinBlock:
+    blk = SwinBlock(8, 2, resolution=8, window_size=4, shift=shift, mlp_ratio=2.0,
+                    activation="gelu", norm_eps=1e-5, qkv_bias=True, dropout=0.0,
+                    attn_dropout=0.0, drop_path=0.0, backend="auto").eval()
+    with torch.no_grad():
+        blk.rel_pos.table.normal_()
+    return blk
+
+
+def test_window_attention_is_local_and_bidirectional():
+    blk = _block(shift=0)
+    x = torch.randn(1, 64, 8)
+    y = x.clone().view(1, 8, 8, 8)
+    y[:, 7, 7] += torch.randn(8)  # last token: bottom-right window
+    y = y.view(1, 64, 8)
+    with torch.no_grad():
+        a, b = blk(x), blk(y)
+    a, b = a.view(8, 8, 8), b.view(8, 8, 8)
+    # tokens of other windows are untouched ...
+    assert torch.equal(a[:4], b[:4]) and torch.equal(a[:, :4], b[:, :4])
+    # ... and the first token of its window (row 4, col 4) sees it: no causal mask
+    assert (a[4, 4] - b[4, 4]).abs().max() > 1e-4
+
+
+def test_shifted_block_connects_windows_but_not_wrapped_edges():
+    blk = _block(shift=2)
+    x = torch.randn(1, 64, 8)
+    grid = x.clone().view(1, 8, 8, 8)
+    grid[:, 3, 3] += torch.randn(8)  # a token at the corner of the top-left regular window
+    with torch.no_grad():
+        a, b = blk(x).view(8, 8, 8), blk(grid.view(1, 64, 8)).view(8, 8, 8)
+    changed = (a - b).abs().amax(-1) > 1e-6
+    # the shifted window covering rows/cols 2..5 now links it to (4, 4) across the old border
+    assert changed[4, 4] and changed[2, 2]
+    # the bottom-right corner is rolled next to the top-left, but the mask keeps them apart
+    grid2 = x.clone().view(1, 8, 8, 8)
+    grid2[:, 7, 7] += torch.randn(8)
+    with torch.no_grad():
+        c = blk(grid2.view(1, 64, 8)).view(8, 8, 8)
+    assert torch.equal(a[0, 0], c[0, 0]) and torch.equal(a[1, 1], c[1, 1])
+
+
+def test_whole_model_first_token_sees_last_pixel():
+    model = SwinTransformer(SwinConfig.preset("tiny")).eval()
+    x = torch.randn(1, 1, 8, 8)
+    y = x.clone()
+    y[..., -1, -1] += 1.0
+    with torch.no_grad():
+        assert (model.features(x)[:, 0] - model.features(y)[:, 0]).abs().max() > 1e-5
+
+
+def test_swin_t_preset_is_the_paper_geometry():
+    cfg = SwinConfig.preset("swin-t")
+    assert cfg.stage_resolutions == [56, 28, 14, 7] and cfg.stage_dims == [96, 192, 384, 768]
+    small = SwinConfig.preset("swin-t", embed_dim=8, n_heads=[1, 1, 1, 1], depths=[1, 1, 2, 1])
+    model = SwinTransformer(small).eval()
+    assert [b.shift for s in model.stages for b in s.blocks] == [0, 0, 0, 3, 0]  # 7×7: no shift
+    with torch.no_grad():
+        assert model.features(torch.randn(1, 3, 224, 224)).shape == (1, 49, 64)
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_presets_forward_backward_every_parameter_gets_a_gradient(name):
+    cfg = SwinConfig.preset(name)
+    model = SwinTransformer(cfg)
+    x = torch.randn(2, cfg.in_channels, cfg.image_size, cfg.image_size)
+    out = model(x)
+    assert out.shape == (2, cfg.num_classes) and torch.isfinite(out).all()
+    out.square().mean().backward()
+    for n, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, n
+    assert SwinConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_bad_sizes_name_the_values():
+    with pytest.raises(ValueError, match=r"resolution 6×6.*not divisible by window_size=4"):
+        SwinConfig(image_size=12, patch_size=2, window_size=4, depths=[2], n_heads=[2])
+    with pytest.raises(ValueError, match="image_size=30 is not divisible by patch_size=4"):
+        SwinConfig(image_size=30, patch_size=4)
+    with pytest.raises(ValueError, match="odd"):
+        SwinConfig(image_size=12, patch_size=1, window_size=3, depths=[1, 1, 1, 1],
+                   n_heads=[1, 1, 1, 1])
+    model = SwinTransformer(SwinConfig.preset("tiny"))
+    with pytest.raises(UserError, match=r"8×8 images, got 16×16"):
+        model(torch.randn(1, 1, 16, 16))
+    with pytest.raises(UserError, match="got 3 channels"):
+        model(torch.randn(1, 3, 8, 8))
