@@ -151,3 +151,167 @@ def test_run_directory_contents_and_learning(tmp_path):
     assert res.val_loss < val_recs[0]["val_loss"] < math.log(4)
     assert (d / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(d.glob(".*"))  # atomic writes leave no temporary files behind
+
+
+def _interrupted_then_resumed(tmp_path, cfg, interrupt_at, dropout):
+    run = tmp_path / "resumed"
+    task = ToyTask(interrupt_at=interrupt_at)
+    task.grad_accum = cfg.grad_accum
+    with pytest.raises(KeyboardInterrupt):
+        train(make_model(dropout=dropout), task, cfg, run)
+    state = torch.load(run / "state.pt", weights_only=True)
+    assert state["progress"]["step"] == interrupt_at  # Ctrl-C checkpointed the completed steps
+    model = make_model(seed=123, dropout=dropout)  # different init: the weights must be loaded
+    return train(model, ToyTask(), cfg, run, resume=True), model
+
+
+@pytest.mark.parametrize("interrupt_at", [4, 7])  # at a checkpoint / between checkpoints
+def test_resume_is_exact(tmp_path, interrupt_at):
+    """A run stopped after k steps and resumed gives the same losses, lr and weights as one
+    uninterrupted run (cosine schedule, dropout on: optimizer, schedule and RNG are restored)."""
+    cfg = base_cfg(steps=12, eval_every=4, grad_accum=2)
+    ref_model = make_model(dropout=0.2)
+    ref = train(ref_model, ToyTask(), cfg, tmp_path / "ref")
+    res, model = _interrupted_then_resumed(tmp_path, cfg, interrupt_at, dropout=0.2)
+    got, want = train_losses(res), train_losses(ref)
+    assert [s for s, _ in got] == [s for s, _ in want] == list(range(1, 13))
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, want)) <= 1e-6
+    lrs = lambda r: [h["lr"] for h in r.history if "loss" in h]  # noqa: E731
+    assert lrs(res) == lrs(ref)
+    vals = lambda r: [(h["step"], h["val_loss"]) for h in r.history if "val_loss" in h]  # noqa: E731
+    assert [s for s, _ in vals(res)] == [4, 8, 12]
+    assert max(abs(a[1] - b[1]) for a, b in zip(vals(res), vals(ref))) <= 1e-6
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+    assert res.steps == 12
+
+
+def test_n_steps_then_resume_n_steps_equals_2n(tmp_path):
+    """steps=N, then resume with steps=2N == steps=2N in one go (a schedule that does not
+    depend on the run length: constant after warm-up)."""
+    cfg = lambda n: base_cfg(steps=n, schedule="constant", eval_every=5)  # noqa: E731
+    ref = train(make_model(dropout=0.2), ToyTask(), cfg(10), tmp_path / "ref")
+    train(make_model(dropout=0.2), ToyTask(), cfg(5), tmp_path / "run")
+    res = train(make_model(dropout=0.2), ToyTask(), cfg(10), tmp_path / "run", resume=True)
+    got, want = train_losses(res), train_losses(ref)
+    assert len(got) == 10
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, want)) <= 1e-6
+    # resuming a finished run is a no-op that reports it
+    again = train(make_model(dropout=0.2), ToyTask(), cfg(10), tmp_path / "run", resume=True)
+    assert again.steps == 10 and train_losses(again) == got
+
+
+def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
+    """NaN at the 5th step: TrainingDiverged names step 5; the step-3 checkpoint is intact."""
+    from safetensors import safe_open
+
+    run = tmp_path / "run"
+    cfg = base_cfg(steps=12, eval_every=3, log_every=4)
+    with pytest.raises(TrainingDiverged, match=r"at step 5\b.*loss is nan.*step 3") as info:
+        train(make_model(), ToyTask(nan_at=4), cfg, run)
+    assert isinstance(info.value, UserError)
+    with safe_open(str(run / "model.safetensors"), "pt") as f:
+        assert f.metadata()["step"] == "3"
+        assert all(torch.isfinite(f.get_tensor(k)).all() for k in f.keys())
+    assert torch.load(run / "state.pt", weights_only=True)["progress"]["step"] == 3
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in records) == 4  # nothing from the diverged steps
+    # the kept checkpoint resumes
+    res = train(make_model(), ToyTask(), cfg, run, resume=True)
+    assert res.steps == 12 and math.isfinite(res.final_train_loss)
+
+
+def test_existing_run_dir_is_protected(tmp_path):
+    run = tmp_path / "run"
+    cfg = base_cfg(steps=2, eval_every=2)
+    train(make_model(), ToyTask(), cfg, run)
+    before = (run / "model.safetensors").read_bytes()
+    with pytest.raises(RunDirError, match="already exists.*--resume.*--overwrite"):
+        train(make_model(seed=1), ToyTask(), cfg, run)
+    assert (run / "model.safetensors").read_bytes() == before
+    (run / "stale.txt").write_text("from an older run")
+    train(make_model(seed=1), ToyTask(), cfg, run, overwrite=True)
+    assert not (run / "stale.txt").exists()
+    assert (run / "model.safetensors").read_bytes() != before
+
+    foreign = tmp_path / "not_a_run"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("precious")
+    with pytest.raises(RunDirError, match="not an attnlab run"):
+        train(make_model(), ToyTask(), cfg, foreign, overwrite=True)
+    assert (foreign / "thesis.tex").read_text() == "precious"
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    train(make_model(), ToyTask(), cfg, empty)  # an empty directory is fine
+
+    with pytest.raises(RunDirError, match="cannot resume"):
+        train(make_model(), ToyTask(), cfg, tmp_path / "missing", resume=True)
+    with pytest.raises(UserError, match="resume.*overwrite"):
+        train(make_model(), ToyTask(), cfg, run, resume=True, overwrite=True)
+    other = ToyModel(ToyConfig(d_hidden=32))
+    with pytest.raises(RunDirError, match="differs in \\['d_hidden'\\]"):
+        train(other, ToyTask(), cfg, run, resume=True)
+
+
+def test_time_budget_stops_on_time_and_fits_schedule(tmp_path):
+    """max_time: stops once the budget is spent; cosine progress runs on elapsed/max_time, so
+    the last learning rate is near the floor whatever the step count."""
+    budget = 1.0
+    cfg = base_cfg(steps=None, max_time=budget, warmup_steps=2, eval_every=10_000, min_lr_ratio=0.1)
+    res = train(make_model(), ToyTask(delay=0.01), cfg, tmp_path / "run")
+    assert budget <= res.elapsed < budget + 0.75
+    assert res.steps >= 10
+    lrs = [r["lr"] for r in res.history if "loss" in r]
+    assert lrs[1] == pytest.approx(cfg.lr)  # end of the 2-step warm-up: peak
+    assert all(a >= b for a, b in zip(lrs[1:], lrs[2:]))  # then decaying
+    assert lrs[-1] < 0.25 * cfg.lr
+    assert [r["step"] for r in res.history if "val_loss" in r] == [res.steps]  # final validation
+
+
+def test_bf16_autocast_runs_forward_in_bf16(tmp_path):
+    seen = []
+
+    class Spy(ToyTask):
+        def loss(self, model, batch, cfg):
+            seen.append(model(batch["x"]).dtype)
+            return super().loss(model, batch, cfg)
+
+    model = make_model()
+    res = train(model, Spy(), base_cfg(steps=3, amp="bf16"), tmp_path / "run")
+    assert set(seen) == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # fp32 master weights
+    assert math.isfinite(res.final_train_loss)
+
+
+def test_gradient_accumulation_and_clipping_match_a_reference_loop(tmp_path):
+    """The trainer's step == explicit loop: micro-batches averaged, clip_grad_norm_ on the
+    accumulated gradient, then AdamW. Clipping is active (the unclipped loop ends elsewhere)."""
+    clip = 0.05
+    cfg = base_cfg(steps=5, grad_accum=2, grad_clip=clip, weight_decay=0.0, schedule="constant",
+                   warmup_steps=0, eval_every=100)
+    model = make_model()
+    res = train(model, ToyTask(), cfg, tmp_path / "run")
+    assert all(r["grad_norm"] > clip for r in res.history if "grad_norm" in r)
+
+    def reference(clip_to):
+        ref = make_model()
+        opt = torch.optim.AdamW(ref.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=0.0)
+        task = ToyTask()
+        for step in range(cfg.steps):
+            opt.zero_grad()
+            for micro in range(cfg.grad_accum):
+                batch = task.get_batch("train", step * cfg.grad_accum + micro,
+                                       cfg.batch_size // cfg.grad_accum)
+                loss, _ = task.loss(ref, batch, cfg)
+                (loss / cfg.grad_accum).backward()
+            if clip_to is not None:
+                torch.nn.utils.clip_grad_norm_(ref.parameters(), clip_to)
+            opt.step()
+        return ref
+
+    clipped, unclipped = reference(clip), reference(None)
+    for p, q in zip(model.parameters(), clipped.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+    assert max((p - q).abs().max() for p, q in zip(model.parameters(),
+                                                  unclipped.parameters())) > 1e-4
