@@ -198,8 +198,12 @@ def _scatter_band(weights, n, c, L, Tq, Tk, pad_left, pad_right, start) -> Tenso
 
 
 def elu_feature_map(x: Tensor) -> Tensor:
-    """φ(x) = elu(x) + 1, positive (Katharopoulos et al. 2020)."""
-    return F.elu(x) + 1.0
+    """φ(x) = elu(x) + 1, positive (Katharopoulos et al. 2020).
+
+    Written as x + 1 (x > 0) or exp(x) (x ≤ 0): the same function, but 1 + (exp(x) − 1) would
+    round to exactly 0 in fp32 below x ≈ −17 and leave a query with nothing to attend to.
+    """
+    return torch.where(x > 0, x + 1.0, torch.exp(x.clamp(max=0.0)))
 
 
 _PROJECTIONS: dict[tuple, Tensor] = {}
