@@ -45,7 +45,57 @@ __all__ = [
     "chrf",
     "evaluate_pairs",
     "default_max_len",
+    "build_model",
+    "train_defaults",
 ]
+
+
+def build_model(kind: str, src_vocab_size: int, tgt_vocab_size: int, *, preset: str | None = None,
+                max_seq_len: int | None = None, **overrides) -> nn.Module:
+    """A fresh ``rnn`` / ``rnn-attn`` / ``transformer`` model sized for the vocabularies.
+
+    Args:
+        kind: model kind.
+        src_vocab_size, tgt_vocab_size: from the data's vocabularies.
+        preset: size preset of the family (default ``small``).
+        max_seq_len: transformer: position/cache capacity (ignored by the RNNs).
+        **overrides: config fields (``cell="lstm"``, ``norm_position="pre"``...).
+
+    Raises:
+        UserError: unknown kind, preset or config field for this kind.
+    """
+    from attnlab.models.rnn import AttnRNNSeq2Seq, RNNSeq2Seq, RNNSeq2SeqConfig
+    from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+
+    families = {"rnn": (RNNSeq2Seq, RNNSeq2SeqConfig),
+                "rnn-attn": (AttnRNNSeq2Seq, RNNSeq2SeqConfig),
+                "transformer": (Seq2SeqTransformer, Seq2SeqConfig)}
+    if kind not in families:
+        raise UserError(f"unknown translation model {kind!r}; choose from {sorted(families)}")
+    cls, cfg_cls = families[kind]
+    fields = cfg_cls.__dataclass_fields__
+    bad = sorted(set(overrides) - set(fields))
+    if bad:
+        raise UserError(f"option(s) {bad} do not apply to model {kind!r}")
+    if max_seq_len is not None and "max_seq_len" in fields:
+        overrides["max_seq_len"] = max_seq_len
+    try:
+        cfg = cfg_cls.preset(preset or "small", src_vocab_size=src_vocab_size,
+                             tgt_vocab_size=tgt_vocab_size, **overrides)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    return cls(cfg)
+
+
+def train_defaults(kind: str) -> dict:
+    """Training settings that differ by family (applied where the user gave none).
+
+    Transformer: label smoothing 0.1, the paper's warm-up + inverse-square-root schedule and Adam
+    betas (0.9, 0.98). RNNs: no smoothing, cosine schedule.
+    """
+    if kind == "transformer":
+        return {"label_smoothing": 0.1, "schedule": "inverse_sqrt", "betas": (0.9, 0.98)}
+    return {"label_smoothing": 0.0, "schedule": "cosine"}
 
 
 @dataclass
@@ -306,11 +356,11 @@ def exact_match(hyps: Sequence[str], refs: Sequence[str]) -> float:
     return sum(" ".join(h.split()) == " ".join(r.split()) for h, r in zip(hyps, refs)) / len(refs)
 
 
-def bleu(hyps: Sequence[str], refs: Sequence[str]) -> float:
-    """Corpus BLEU (sacrebleu, 13a tokenisation), 0-100."""
+def bleu(hyps: Sequence[str], refs: Sequence[str], *, tokenize: str = "13a") -> float:
+    """Corpus BLEU (sacrebleu), 0-100; ``tokenize="none"`` for pre-tokenised text."""
     import sacrebleu
 
-    return float(sacrebleu.corpus_bleu(list(hyps), [list(refs)]).score)
+    return float(sacrebleu.corpus_bleu(list(hyps), [list(refs)], tokenize=tokenize).score)
 
 
 def chrf(hyps: Sequence[str], refs: Sequence[str]) -> float:
@@ -326,10 +376,14 @@ def evaluate_pairs(model: nn.Module, vocabs: TranslationVocabs, pairs: Sequence[
                    max_len: int | None = None) -> dict:
     """Translate the sources of ``pairs`` and score them against the targets.
 
-    Unknown source tokens become ``<unk>`` here (held-out data may contain unseen words).
+    BLEU is computed over the target vocabulary's tokens (words, BPE pieces or characters, both
+    sides tokenised the same way): Italian and German numbers are single compound words, so
+    word-level BLEU would only repeat exact match. chrF works on the detokenised text. Unknown
+    source tokens become ``<unk>`` here (held-out data may contain unseen words).
 
     Returns:
-        ``{"exact_match", "bleu", "chrf", "n", "hypotheses"}``.
+        ``{"exact_match", "bleu", "chrf", "n", "hypotheses", "correct"}``; ``bleu`` is None when
+        no reference has four tokens.
     """
     was_training = model.training
     res = translate_texts(model, vocabs, [s for s, _ in pairs], beam=beam, alpha=alpha,
@@ -337,5 +391,15 @@ def evaluate_pairs(model: nn.Module, vocabs: TranslationVocabs, pairs: Sequence[
     model.train(was_training)
     hyps = [r.text for r in res]
     refs = [vocabs.normalizer(t) for _, t in pairs]
-    return {"exact_match": exact_match(hyps, refs), "bleu": bleu(hyps, refs),
-            "chrf": chrf(hyps, refs), "n": len(pairs), "hypotheses": hyps}
+
+    def toks(text: str) -> str:
+        return " ".join(vocabs.tgt.tokenize(text))
+
+    ref_toks = [toks(r) for r in refs]
+    # BLEU-4 needs 4-grams: with only shorter references it is undefined (None), not 0
+    has_4grams = any(len(r.split()) >= 4 for r in ref_toks)
+    return {"exact_match": exact_match(hyps, refs),
+            "bleu": (bleu([toks(h) for h in hyps], ref_toks, tokenize="none")
+                     if has_4grams else None),
+            "chrf": chrf(hyps, refs), "n": len(pairs), "hypotheses": hyps,
+            "correct": [" ".join(h.split()) == " ".join(r.split()) for h, r in zip(hyps, refs)]}

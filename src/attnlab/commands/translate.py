@@ -1,5 +1,243 @@
-"""Command-line sub-commands for this family (placeholder until implemented)."""
+"""``attnlab train translate``, ``attnlab translate``, ``attnlab experiment bottleneck``, and eval.
+
+    attnlab train translate --task numbers --lang de --model transformer --out runs/de \
+        --max-time 300
+    attnlab translate runs/de "twenty one" --beam 4 --attention align.png
+    attnlab translate runs/de --file sentences.txt
+    attnlab eval runs/de
+    attnlab experiment bottleneck --max-time 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from attnlab.errors import UserError
+
+MODEL_KINDS = ("rnn", "rnn-attn", "transformer")
 
 
 def register(groups) -> None:
-    """Add this family's sub-commands to ``groups`` (see attnlab.commands)."""
+    """Add the translation sub-commands to ``groups`` (see attnlab.commands)."""
+    from attnlab.commands import register_evaluator
+    from attnlab.train import add_train_args
+
+    p = groups["train"].add_parser(
+        "translate", help="train a translation model (RNN, RNN + attention, Transformer)",
+        description="Train an encoder-decoder on generated numbers/dates or a TSV parallel file. "
+        "Defaults: transformer = label smoothing 0.1, inverse-square-root schedule with warm-up, "
+        "Adam betas (0.9, 0.98); RNNs = cosine schedule, no smoothing.")
+    d = p.add_argument_group("data")
+    d.add_argument("--task", choices=["numbers", "dates", "tsv"], default="numbers",
+                   help="numbers: English number words -> --lang words; dates: human-written "
+                   "dates -> ISO; tsv: your own source<TAB>target file (--data)")
+    d.add_argument("--lang", default="it", help="numbers: target language (it, fr, de, ...)")
+    d.add_argument("--low", type=int, default=0, help="numbers: smallest number (default 0)")
+    d.add_argument("--high", type=int, default=999_999,
+                   help="numbers: largest number; controls source length (default 999999)")
+    d.add_argument("--n-examples", type=int, default=20_000,
+                   help="numbers/dates: pairs to generate (default 20000)")
+    d.add_argument("--data", help="tsv: path of the parallel file")
+    d.add_argument("--src-level", choices=["word", "char", "bpe"], default=None,
+                   help="source vocabulary level (default per task)")
+    d.add_argument("--tgt-level", choices=["word", "char", "bpe"], default=None,
+                   help="target vocabulary level (default per task)")
+    d.add_argument("--bpe-vocab", type=int, default=200, help="BPE vocabulary size")
+    d.add_argument("--max-len", type=int, default=64,
+                   help="drop pairs longer than this many tokens (default 64)")
+    d.add_argument("--keep-case", action="store_true", help="do not lower-case the text")
+    m = p.add_argument_group("model")
+    m.add_argument("--model", choices=MODEL_KINDS, default="transformer")
+    m.add_argument("--preset", default=None,
+                   help="model size preset (transformer: tiny, small, vaswani, vaswani-big; "
+                   "rnn: tiny, small, base; default: small)")
+    m.add_argument("--cell", choices=["gru", "lstm"], default=None, help="RNN cell (default gru)")
+    m.add_argument("--norm-position", choices=["pre", "post"], default=None,
+                   help="transformer: post-norm (paper, default) or pre-norm")
+    m.add_argument("--position", choices=["sinusoidal", "learned", "rope", "none"], default=None,
+                   help="transformer: positions (default sinusoidal)")
+    add_train_args(p, steps=2000, batch_size=64, lr=1e-3, warmup=200, eval_every=250,
+                   label_smoothing=None, schedule=None)
+    p.set_defaults(func=_run_train)
+
+    t = groups["top"].add_parser(
+        "translate", help="translate sentences with a trained run",
+        description="Translate sentences (arguments or --file, one per line) with a run made by "
+        "'attnlab train translate'; print one translation per line.")
+    t.add_argument("run_dir", help="run directory")
+    t.add_argument("text", nargs="*", help="sentence(s) to translate")
+    t.add_argument("--file", help="translate every non-empty line of this file ('-' = stdin)")
+    t.add_argument("--beam", type=int, default=1, help="beam width (1 = greedy; default 1)")
+    t.add_argument("--alpha", type=float, default=0.6,
+                   help="length penalty exponent for beam search (default 0.6; 0 = none)")
+    t.add_argument("--attention", metavar="PNG",
+                   help="write the alignment heatmap of the (single) sentence to PNG "
+                   "(transformer: head average of --layer, plus PNG-stem.layerN.png per layer)")
+    t.add_argument("--layer", type=int, default=-1, help="transformer: layer for --attention")
+    t.add_argument("--weights", choices=["best", "last"], default="best")
+    t.add_argument("--allow-unk", action="store_true",
+                   help="translate sentences with unknown words instead of refusing")
+    t.add_argument("--batch-size", type=int, default=64)
+    t.add_argument("--scores", action="store_true", help="print the score after each line")
+    t.set_defaults(func=_run_translate)
+
+    e = groups["experiment"].add_parser(
+        "bottleneck", help="fixed-context RNN vs RNN + attention vs Transformer by source length",
+        description="Train rnn, rnn-attn and transformer on the numbers task with the same "
+        "budget; report exact match and BLEU by source length (table + plot).")
+    e.add_argument("--out", default="runs/bottleneck", help="output directory")
+    e.add_argument("--lang", default="it")
+    e.add_argument("--high", type=int, default=999_999_999,
+                   help="largest number (sets the longest source; default 999999999)")
+    e.add_argument("--n-examples", type=int, default=30_000)
+    e.add_argument("--max-time", type=float, default=None,
+                   help="seconds of training per model (default: use --steps)")
+    e.add_argument("--steps", type=int, default=1500, help="steps per model (default 1500)")
+    e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--device", default="auto")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--overwrite", action="store_true")
+    e.add_argument("--no-progress", dest="progress", action="store_false")
+    e.set_defaults(func=_run_bottleneck)
+
+    for kind in MODEL_KINDS:
+        register_evaluator(kind, _run_eval)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from attnlab.data.translation import DataConfig, TranslationTask, build_data
+    from attnlab.train import train, train_config_from_args
+    from attnlab.translate import build_model, train_defaults
+
+    data = build_data(DataConfig(
+        task=args.task, lang=args.lang, low=args.low, high=args.high, n_examples=args.n_examples,
+        path=args.data, src_level=args.src_level, tgt_level=args.tgt_level,
+        bpe_vocab_size=args.bpe_vocab, max_len=args.max_len, lowercase=not args.keep_case,
+        seed=args.seed))
+    overrides = {k: v for k, v in {"cell": args.cell, "norm_position": args.norm_position,
+                                   "position": args.position}.items() if v is not None}
+    model = build_model(args.model, len(data.src_vocab), len(data.tgt_vocab), preset=args.preset,
+                        max_seq_len=2 * max(data.stats["max_src_len"], data.stats["max_tgt_len"])
+                        + 16, **overrides)
+    defaults = train_defaults(args.model)
+    fill = {k: v for k, v in defaults.items() if getattr(args, k, None) is None}
+    cfg = train_config_from_args(args, **fill)
+    task = TranslationTask(data)
+    result = train(model, task, cfg, args.out, resume=args.resume, overwrite=args.overwrite)
+    last = result.history[-1] if result.history else {}
+    extra = "".join(f", {k} {last[k]:.3f}" for k in ("val_exact", "val_bleu") if k in last)
+    print(f"trained {args.model} ({sum(p.numel() for p in model.parameters()):,} parameters) "
+          f"for {result.steps} steps in {result.elapsed:.0f}s: train loss "
+          f"{result.final_train_loss:.3f}, val loss {result.val_loss}{extra}")
+    print(f"run saved in {result.run_dir}; try: attnlab translate {result.run_dir} "
+          f"\"{data.splits['test'][0][0]}\"")
+    return 0
+
+
+def _load(run_dir: str, weights: str):
+    from attnlab import runs
+
+    name = "best.safetensors" if weights == "best" else "model.safetensors"
+    if not (Path(run_dir) / name).exists():
+        name = "model.safetensors"
+    model, vocabs = runs.load(run_dir, weights=name)
+    if vocabs is None:
+        raise UserError(f"{run_dir} has no vocabulary (vocab.json)")
+    return model, vocabs
+
+
+def _read_inputs(args: argparse.Namespace) -> list[str]:
+    texts = list(args.text)
+    if args.file:
+        if args.file == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            path = Path(args.file)
+            if not path.is_file():
+                raise UserError(f"{path}: no such file")
+            try:
+                lines = path.read_text(encoding="utf-8").splitlines()
+            except UnicodeDecodeError:
+                raise UserError(f"{path}: not valid UTF-8 text") from None
+        texts += [line for line in lines if line.strip()]
+    if not texts:
+        raise UserError("nothing to translate: give a sentence or --file")
+    return texts
+
+
+def _run_translate(args: argparse.Namespace) -> int:
+    from attnlab.translate import translate_texts
+
+    if args.beam < 1:
+        raise UserError(f"--beam must be at least 1, got {args.beam}")
+    texts = _read_inputs(args)
+    if args.attention and len(texts) != 1:
+        raise UserError(f"--attention draws one sentence; got {len(texts)}")
+    model, vocabs = _load(args.run_dir, args.weights)
+    res = translate_texts(model, vocabs, texts, beam=args.beam, alpha=args.alpha,
+                          batch_size=args.batch_size, need_weights=bool(args.attention),
+                          strict=not args.allow_unk)
+    for r in res:
+        print(f"{r.text}\t{r.score:.3f}" if args.scores else r.text)
+    if args.attention:
+        _plot_alignment(model, res[0], args.attention, args.layer)
+    return 0
+
+
+def _plot_alignment(model, r, path: str, layer: int) -> None:
+    from attnlab.viz.attention import plot_attention, plot_attention_grid
+
+    if r.alignment is None:
+        raise UserError(f"model kind {model.kind!r} has no attention to draw (the fixed-context "
+                        "rnn sees only the final encoder state); use rnn-attn or transformer")
+    a = r.alignment  # (L, H, T, S)
+    L = a.shape[0]
+    if not -L <= layer < L:
+        raise UserError(f"--layer {layer} out of range for {L} decoder layers")
+    title = f"{r.source} → {r.text}"
+    if L == 1 and a.shape[1] == 1:
+        plot_attention(a[0, 0], path, rows=r.out_tokens, cols=r.src_tokens, title=title)
+        print(f"alignment written to {path}")
+        return
+    plot_attention(a[layer].mean(0), path, rows=r.out_tokens, cols=r.src_tokens,
+                   title=f"{title} (layer {layer % L}, head average)")
+    stem = Path(path)
+    for i in range(L):
+        p = stem.with_name(f"{stem.stem}.layer{i}{stem.suffix or '.png'}")
+        plot_attention_grid(a[i], p, rows=r.out_tokens, cols=r.src_tokens,
+                            title=f"cross-attention, layer {i}")
+    print(f"alignment written to {path} (+ {L} per-layer head grids next to it)")
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    from attnlab.data.translation import read_tsv
+    from attnlab.translate import evaluate_pairs
+
+    model, vocabs = _load(args.run_dir, args.weights)
+    path = Path(args.run_dir) / "heldout.tsv"
+    pairs = read_tsv(path)
+    if args.max_batches is not None:
+        pairs = pairs[: args.max_batches * args.batch_size]
+    res = evaluate_pairs(model, vocabs, pairs, batch_size=args.batch_size)
+    b = "n/a (targets shorter than 4 tokens)" if res["bleu"] is None else f"{res['bleu']:.2f}"
+    print(f"held-out ({res['n']} sentences, greedy): exact match {res['exact_match']:.4f}, "
+          f"BLEU {b}, chrF {res['chrf']:.2f}")
+    return 0
+
+
+def _run_bottleneck(args: argparse.Namespace) -> int:
+    from attnlab.experiments.bottleneck import BottleneckConfig, format_table, run_bottleneck
+
+    cfg = BottleneckConfig(lang=args.lang, high=args.high, n_examples=args.n_examples,
+                           steps=args.steps, max_time=args.max_time, batch_size=args.batch_size,
+                           device=args.device, seed=args.seed, progress=args.progress)
+    result = run_bottleneck(cfg, args.out, overwrite=args.overwrite)
+    print(format_table(result))
+    print(f"\n{result['summary']}")
+    print(f"table, plot and results.json in {args.out}")
+    return 0

@@ -639,7 +639,7 @@ class TranslationTask:
                           "".join(f"{s}\t{t}\n" for s, t in self.data.splits["test"]))
 
     def evaluate(self, model) -> dict[str, float]:
-        """Greedy exact match and BLEU on the first ``eval_examples`` validation sentences."""
+        """Greedy exact match, chrF and BLEU on the first ``eval_examples`` validation sentences."""
         if self.eval_examples <= 0 or not self.data.splits["val"]:
             return {}
         from attnlab.translate import evaluate_pairs
@@ -648,7 +648,10 @@ class TranslationTask:
                                    self.data.config.normalizer(), self.max_tgt_len)
         res = evaluate_pairs(model, vocabs, self.data.splits["val"][: self.eval_examples],
                              beam=1, batch_size=128)
-        return {"val_exact": res["exact_match"], "val_bleu": res["bleu"]}
+        out = {"val_exact": res["exact_match"], "val_chrf": res["chrf"]}
+        if res["bleu"] is not None:
+            out["val_bleu"] = res["bleu"]
+        return out
 
 
 @dataclass
