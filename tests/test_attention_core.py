@@ -59,8 +59,8 @@ def test_worked_example_context_vector(backend):
         [sum(a[j] * h[j, c].item() for j in range(4)) for c in range(2)], dtype=torch.float64
     )
     torch.testing.assert_close(context, by_hand, rtol=0, atol=1e-12)
-    # The notes quote c1 ≈ (0.89, 0.25), obtained from their 2-digit weights; the exact context is
-    # (0.884, 0.263), so the notes' hand arithmetic is good to about 0.015.
+    # The notes quote c1 ≈ (0.89, 0.25). The exact context is (0.884, 0.263), and even the notes'
+    # own rounded weights give (0.888, 0.265): their second coordinate is ~0.013 off, hence 0.015.
     assert torch.allclose(context, torch.tensor([0.89, 0.25], dtype=torch.float64), atol=0.015)
     # almost all of it comes from h1 ("We") and h2 ("see")
     assert a[0] + a[1] > 0.96
