@@ -171,3 +171,22 @@ def test_block_errors():
         build_block(C, H, cross_attention=True)(torch.randn(B, T, C))
     with pytest.raises(ValueError, match=r"d_model \(16\).*n_heads \(3\)"):
         build_block(C, 3)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"norm_position": "post", "cross_attention": True, "context_dim": 12},
+        {"ffn": "swiglu", "norm": "rmsnorm", "qk_norm": "layernorm", "position": "rope"},
+        {"ffn": "moe", "n_experts": 4, "top_k": 2, "activation": "silu", "position": "alibi"},
+    ],
+)
+def test_every_parameter_gets_a_finite_gradient(options):
+    block = build_block(C, H, **options)
+    context = torch.randn(B, S, 12) if options.get("cross_attention") else None
+    out = block(torch.randn(B, 16, C), is_causal=True, context=context)
+    loss = out.pow(2).mean() + getattr(block.ffn, "aux_loss", 0.0)
+    loss.backward()
+    for name, p in block.named_parameters():
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
