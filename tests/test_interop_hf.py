@@ -13,9 +13,10 @@ import json
 from pathlib import Path
 
 import torch
-import transformers  # noqa: E402  (test extra, pinned in pyproject)
+import transformers  # test extra, pinned in pyproject
 
-from attnlab.interop import from_hf, to_hf  # noqa: E402
+from attnlab.generate import generate
+from attnlab.interop import from_hf, to_hf
 
 V = 97  # vocabulary of every tiny reference model
 ATOL = 1e-4
@@ -122,14 +123,10 @@ def ours_logits(model, ids, mask):
         return model(ids, attention_mask=mask)
 
 
-def greedy(model, ids, mask, n):
-    """Greedy decoding with a plain loop (full recompute each step)."""
-    with torch.no_grad():
-        for _ in range(n):
-            nxt = model(ids, attention_mask=mask)[:, -1].argmax(-1, keepdim=True)  # (B, 1)
-            ids = torch.cat([ids, nxt], dim=1)
-            mask = torch.cat([mask, torch.ones_like(nxt, dtype=torch.bool)], dim=1)
-    return ids[:, -n:]
+def greedy(model, ids, mask, n, use_cache=True):
+    """attnlab.generate at temperature 0 (greedy), with or without the KV cache."""
+    out = generate(model, ids, n, temperature=0.0, attention_mask=mask, use_cache=use_cache)
+    return out[:, ids.shape[1] :]
 
 
 def hf_greedy(hf_model, ids, mask, n):
@@ -160,7 +157,9 @@ def check_family(hf_model, src: Path, tmp_path: Path, *, padding: bool = True):
     assert (ours2 - ref2).abs().max().item() < ATOL
     # 2) greedy generation, 20 new tokens, token-identical
     p_ids, p_mask = batch(seed=3, B=2, T=8, pads=(0, 3) if padding else (0, 0))
-    assert torch.equal(greedy(model, p_ids, p_mask, 20), hf_greedy(hf_model, p_ids, p_mask, 20))
+    expected = hf_greedy(hf_model, p_ids, p_mask, 20)
+    assert torch.equal(greedy(model, p_ids, p_mask, 20), expected)
+    assert torch.equal(greedy(model, p_ids, p_mask, 20, use_cache=False), expected)
     # 3) to_hf -> transformers loads it -> same weights and logits
     out = to_hf(model, tmp_path / "exported")
     back = transformers.AutoModelForCausalLM.from_pretrained(

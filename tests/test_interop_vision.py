@@ -11,11 +11,11 @@ import re
 
 import pytest
 import torch
-import transformers  # noqa: E402  (test extra, pinned in pyproject)
+import transformers  # test extra, pinned in pyproject
 
-from attnlab.errors import UserError  # noqa: E402
-from attnlab.interop import from_hf, to_hf  # noqa: E402
-from test_interop_hf import randomise  # noqa: E402
+from attnlab.errors import UserError
+from attnlab.interop import from_hf, to_hf
+from test_interop_hf import randomise
 
 
 def build_vit():

@@ -1,5 +1,160 @@
-"""Command-line sub-commands for this family (placeholder until implemented)."""
+"""``attnlab convert``: Hugging Face checkpoint folders to attnlab run directories and back.
+
+    attnlab convert --from-hf DIR --out runs/NAME     # then attnlab generate / eval runs/NAME
+    attnlab convert --to-hf runs/NAME --out DIR       # transformers' from_pretrained(DIR) loads it
+
+(``attnlab generate --from-hf DIR`` lives with the other LM commands and calls
+:func:`attnlab.interop.load_hf_lm`.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from attnlab.errors import RunDirError, UserError
+
+_SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+}
+
+
+def parse_size(text: str) -> int:
+    """``"2GB"`` / ``"500MB"`` / ``"4096"`` -> bytes."""
+    t = text.strip().upper().replace(" ", "")
+    num = t.rstrip("KMGIB")
+    unit = t[len(num) :]
+    try:
+        value = float(num)
+    except ValueError:
+        value = -1.0
+    if unit not in _SIZE_UNITS or value <= 0:
+        raise UserError(f"--max-shard-size must look like 500MB, 2GB or a byte count, got {text!r}")
+    return int(value * _SIZE_UNITS[unit])
+
+
+def _n_params(model) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def _from_hf(args: argparse.Namespace) -> int:
+    from attnlab.interop.hf import HF_GENERATION_KEYS, TOKENIZER_NAME, from_hf, load_hf_tokenizer
+    from attnlab.runs import atomic_write_text, save_model
+
+    src, out = Path(args.from_hf), Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.overwrite:
+        raise RunDirError(f"{str(out)!r} already exists; pass --overwrite to replace it")
+    model = from_hf(src, dtype=args.dtype)
+    tok = load_hf_tokenizer(src)  # validates tokenizer.json before anything is written
+    hf = model.hf_config
+    arch = (hf.get("architectures") or [hf.get("model_type")])[0]
+    config = {
+        "kind": model.kind,
+        "model": model.config.to_dict(),
+        "source": {
+            "format": "huggingface",
+            "path": str(src.resolve()),
+            "architecture": arch,
+            **{k: hf[k] for k in HF_GENERATION_KEYS if k in hf},
+        },
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("best.safetensors", "state.pt", "metrics.jsonl", TOKENIZER_NAME):
+        (out / stale).unlink(missing_ok=True)
+    save_model(model, out / "model.safetensors")
+    if tok is not None:
+        shutil.copyfile(src / TOKENIZER_NAME, out / TOKENIZER_NAME)
+    atomic_write_text(out / "config.json", json.dumps(config, indent=2) + "\n")
+    print(
+        f"converted {arch} ({_n_params(model):,} parameters) from {src} into {out}"
+        + ("" if tok is not None else " (no tokenizer.json found)")
+    )
+    return 0
+
+
+def _to_hf(args: argparse.Namespace) -> int:
+    from attnlab.data.tokenizers import CharTokenizer, load_tokenizer
+    from attnlab.interop.hf import HF_GENERATION_KEYS, TOKENIZER_NAME, to_hf
+    from attnlab.runs import load_model, read_config
+
+    run = Path(args.to_hf)
+    cfg = read_config(run)
+    weights = "best.safetensors" if args.weights == "best" else "model.safetensors"
+    if not (run / weights).exists():
+        weights = "model.safetensors"
+    model = load_model(run, weights=weights)
+    source = cfg.get("source") or {}
+    extra = {k: source[k] for k in HF_GENERATION_KEYS if k in source}
+    tok, note = None, ""
+    if (run / TOKENIZER_NAME).exists():
+        tok = run / TOKENIZER_NAME  # copied verbatim when it is a Hugging Face tokenizer.json
+        if isinstance(load_tokenizer(run), CharTokenizer):
+            tok, note = None, " (character tokenizer not exported: it has no tokenizer.json form)"
+    out = to_hf(
+        model,
+        args.out,
+        tokenizer=tok,
+        overwrite=args.overwrite,
+        moe_layout=args.moe_layout,
+        extra_config=extra,
+        max_shard_size=parse_size(args.max_shard_size) if args.max_shard_size else None,
+    )
+    arch = json.loads((out / "config.json").read_text())["architectures"][0]
+    print(
+        f"wrote {arch} ({_n_params(model):,} parameters) from {run} ({weights}) into {out}" + note
+    )
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    return _from_hf(args) if args.from_hf else _to_hf(args)
 
 
 def register(groups) -> None:
-    """Add this family's sub-commands to ``groups`` (see attnlab.commands)."""
+    """Add ``attnlab convert``."""
+    p = groups["top"].add_parser(
+        "convert",
+        help="convert Hugging Face checkpoint folders to attnlab runs and back",
+        description="Convert between Hugging Face checkpoint folders (config.json + safetensors, "
+        "sharded or not; GPT-2, Llama, Mixtral, ViT, Swin) and attnlab run directories. "
+        "Only local files are read.",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-hf", metavar="DIR", help="Hugging Face checkpoint folder to import")
+    src.add_argument("--to-hf", metavar="RUN_DIR", help="attnlab run directory to export")
+    p.add_argument("--out", required=True, help="run directory (--from-hf) or folder (--to-hf)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16", "auto"],
+        help="--from-hf: parameter dtype (auto = the checkpoint's; default float32)",
+    )
+    p.add_argument(
+        "--weights",
+        choices=["last", "best"],
+        default="last",
+        help="--to-hf: which checkpoint of the run (default last)",
+    )
+    p.add_argument(
+        "--moe-layout",
+        choices=["per_expert", "fused"],
+        default="per_expert",
+        help="--to-hf, Mixtral: block_sparse_moe.experts.N.w1/w2/w3 (default, what "
+        "save_pretrained writes) or fused mlp.experts.gate_up_proj",
+    )
+    p.add_argument(
+        "--max-shard-size",
+        default=None,
+        help="--to-hf: split the weights into shards of this size (e.g. 2GB)",
+    )
+    p.set_defaults(func=_convert)

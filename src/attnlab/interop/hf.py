@@ -52,6 +52,7 @@ __all__ = [
     "from_hf",
     "to_hf",
     "load_hf_tokenizer",
+    "load_hf_lm",
     "read_hf_config",
     "read_hf_weights",
     "hf_to_model_config",
@@ -929,6 +930,37 @@ def load_hf_tokenizer(path: str | os.PathLike):
         return ByteBPETokenizer.from_json(text)
     except Exception as err:  # tokenizers raises its own exception type
         raise UserError(f"{tok_path} is not a Hugging Face tokenizer.json: {err}") from None
+
+
+def load_hf_lm(
+    path: str | os.PathLike,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None,
+):
+    """``(model, tokenizer)`` of a Hugging Face causal-LM folder, ready for generation.
+
+    What ``attnlab generate --from-hf DIR`` runs. The model's ``hf_config["eos_token_id"]`` is the
+    checkpoint's end-of-text id (an int, a list, or None) to pass as ``stop``.
+
+    Raises:
+        UserError: not a GPT-2 / Llama / Mixtral checkpoint, or no ``tokenizer.json`` beside it.
+    """
+    hf = read_hf_config(path)
+    if _family_of_config(hf) not in _FAMILIES:
+        raise UserError(
+            f"{str(path)!r} holds a {_family_of_config(hf)} model, not a language "
+            f"model; text generation needs one of "
+            f"{', '.join(f.architecture for f in _FAMILIES.values())}"
+        )
+    tok = load_hf_tokenizer(path)
+    if tok is None:
+        raise UserError(
+            f"{str(path)!r} has no {TOKENIZER_NAME}; generating text needs the "
+            "checkpoint's tokenizer beside its weights"
+        )
+    model = from_hf(path, dtype=dtype).to(device)
+    return model, tok
 
 
 def _tokenizer_json(tokenizer) -> str | None:
