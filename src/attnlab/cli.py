@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     top = parser.add_subparsers(dest="command", metavar="<command>", required=True)
     train = top.add_parser("train", help="train a model; see 'attnlab train <task> --help'")
-    experiment = top.add_parser("experiment", help="run one of the lecture's claims as a measurement")
+    experiment = top.add_parser(
+        "experiment", help="run one of the lecture's claims as a measurement"
+    )
     groups = {
         "top": top,
         "train": train.add_subparsers(dest="task", metavar="<task>", required=True),
@@ -51,12 +53,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
     try:
         rc = args.func(args)
-    except (UserError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-            PermissionError) as err:
+    except (
+        UserError,
+        ValueError,
+        FileNotFoundError,
+        NotADirectoryError,
+        IsADirectoryError,
+        PermissionError,
+    ) as err:
         if args.debug:
             raise
         print(f"attnlab: error: {err}", file=sys.stderr)

@@ -71,8 +71,11 @@ class ModelKind:
 _KINDS: dict[str, ModelKind] = {}
 
 
-def register_kind(name: str, build: Callable[[dict], nn.Module],
-                  load_tokenizer: Callable[[Path], Any] | None = None) -> None:
+def register_kind(
+    name: str,
+    build: Callable[[dict], nn.Module],
+    load_tokenizer: Callable[[Path], Any] | None = None,
+) -> None:
     """Register a model family under ``name`` (the ``kind`` in config.json)."""
     _KINDS[name] = ModelKind(name, build, load_tokenizer)
 
@@ -88,7 +91,9 @@ def _find_kind(name: str) -> ModelKind:
             if name in _KINDS:
                 break
     if name not in _KINDS:
-        raise RunDirError(f"unknown model kind {name!r} in config.json; known kinds: {sorted(_KINDS)}")
+        raise RunDirError(
+            f"unknown model kind {name!r} in config.json; known kinds: {sorted(_KINDS)}"
+        )
     return _KINDS[name]
 
 
@@ -121,7 +126,9 @@ def atomic_save(path: str | os.PathLike, writer: Callable[[str], None]) -> None:
     """Call ``writer(tmp_path)`` then rename the result onto ``path`` (for torch.save, PNGs...)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix or ".tmp")
+    fd, tmp = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix or ".tmp"
+    )
     os.close(fd)
     try:
         writer(tmp)
@@ -162,8 +169,12 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> None:
     atomic_save(path, lambda tmp: st_save_model(model, tmp))
 
 
-def load_model(run_dir: str | os.PathLike, *, weights: str = "model.safetensors",
-               map_location: str | torch.device = "cpu") -> nn.Module:
+def load_model(
+    run_dir: str | os.PathLike,
+    *,
+    weights: str = "model.safetensors",
+    map_location: str | torch.device = "cpu",
+) -> nn.Module:
     """Rebuild the model of a run directory from its config and weights (eval mode)."""
     from safetensors.torch import load_model as st_load_model
 
@@ -173,8 +184,9 @@ def load_model(run_dir: str | os.PathLike, *, weights: str = "model.safetensors"
     try:
         model = kind.build(cfg["model"])
     except (TypeError, KeyError) as err:
-        raise RunDirError(f"{run_dir / 'config.json'}: model config does not fit kind "
-                          f"{cfg['kind']!r}: {err}") from None
+        raise RunDirError(
+            f"{run_dir / 'config.json'}: model config does not fit kind {cfg['kind']!r}: {err}"
+        ) from None
     wpath = run_dir / weights
     if not wpath.exists():
         raise RunDirError(f"{str(run_dir)!r} has no weights file {weights}")
@@ -183,13 +195,19 @@ def load_model(run_dir: str | os.PathLike, *, weights: str = "model.safetensors"
     except Exception as err:  # safetensors raises several types on a corrupted file
         raise RunDirError(f"cannot read weights {wpath}: {err}") from None
     if missing or unexpected:
-        raise RunDirError(f"weights {wpath} do not match the model: missing {sorted(missing)[:5]}, "
-                          f"unexpected {sorted(unexpected)[:5]}")
+        raise RunDirError(
+            f"weights {wpath} do not match the model: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(unexpected)[:5]}"
+        )
     return model.eval()
 
 
-def load(run_dir: str | os.PathLike, *, weights: str = "model.safetensors",
-         map_location: str | torch.device = "cpu") -> tuple[nn.Module, Any]:
+def load(
+    run_dir: str | os.PathLike,
+    *,
+    weights: str = "model.safetensors",
+    map_location: str | torch.device = "cpu",
+) -> tuple[nn.Module, Any]:
     """``(model, tokenizer)`` from a run directory; the tokenizer is ``None`` for kinds without one."""
     model = load_model(run_dir, weights=weights, map_location=map_location)
     kind = _find_kind(read_config(run_dir)["kind"])

@@ -25,8 +25,9 @@ class AdditiveAttention(nn.Module):
         attn_dim: width A of the hidden scoring layer (default ``key_dim``).
     """
 
-    def __init__(self, query_dim: int, key_dim: int, attn_dim: int | None = None, *,
-                 device=None, dtype=None) -> None:
+    def __init__(
+        self, query_dim: int, key_dim: int, attn_dim: int | None = None, *, device=None, dtype=None
+    ) -> None:
         super().__init__()
         attn_dim = key_dim if attn_dim is None else attn_dim
         kw = {"device": device, "dtype": dtype}
@@ -38,8 +39,14 @@ class AdditiveAttention(nn.Module):
         """``W_h h`` for all source positions ``(B, S, A)``; compute once per source sentence."""
         return self.W_h(keys)
 
-    def forward(self, query: Tensor, keys: Tensor, mask: Tensor | None = None, *,
-                keys_proj: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        query: Tensor,
+        keys: Tensor,
+        mask: Tensor | None = None,
+        *,
+        keys_proj: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """Score every source position for the decoder state(s).
 
         Args:
@@ -57,9 +64,13 @@ class AdditiveAttention(nn.Module):
         if keys.dim() != 3 or keys.shape[0] != query.shape[0]:
             raise ValueError(f"keys must be (B={query.shape[0]}, S, Dh), got {tuple(keys.shape)}")
         if mask is not None and mask.shape != keys.shape[:2]:
-            raise ValueError(f"mask must be (B, S) = {tuple(keys.shape[:2])}, got {tuple(mask.shape)}")
+            raise ValueError(
+                f"mask must be (B, S) = {tuple(keys.shape[:2])}, got {tuple(mask.shape)}"
+            )
         kp = self.W_h(keys) if keys_proj is None else keys_proj  # (B, S, A)
-        e = self.v(torch.tanh(self.W_s(query)[:, :, None, :] + kp[:, None, :, :])).squeeze(-1)  # (B, T, S)
+        e = self.v(torch.tanh(self.W_s(query)[:, :, None, :] + kp[:, None, :, :])).squeeze(
+            -1
+        )  # (B, T, S)
         if mask is not None:
             e = e.masked_fill(~mask[:, None, :], float("-inf"))
             empty = ~mask.any(dim=-1)[:, None, None]  # (B, 1, 1)

@@ -25,15 +25,30 @@ class KVCache(nn.Module):
         head_dim: D (keys and values share it).
     """
 
-    def __init__(self, batch_size: int, n_kv_heads: int, max_seq_len: int, head_dim: int, *,
-                 device=None, dtype=torch.float32, v_dim: int | None = None) -> None:
+    def __init__(
+        self,
+        batch_size: int,
+        n_kv_heads: int,
+        max_seq_len: int,
+        head_dim: int,
+        *,
+        device=None,
+        dtype=torch.float32,
+        v_dim: int | None = None,
+    ) -> None:
         super().__init__()
         self.max_seq_len = max_seq_len
         v_dim = head_dim if v_dim is None else v_dim
-        self.register_buffer("k", torch.zeros(batch_size, n_kv_heads, max_seq_len, head_dim,
-                                              device=device, dtype=dtype), persistent=False)
-        self.register_buffer("v", torch.zeros(batch_size, n_kv_heads, max_seq_len, v_dim,
-                                              device=device, dtype=dtype), persistent=False)
+        self.register_buffer(
+            "k",
+            torch.zeros(batch_size, n_kv_heads, max_seq_len, head_dim, device=device, dtype=dtype),
+            persistent=False,
+        )
+        self.register_buffer(
+            "v",
+            torch.zeros(batch_size, n_kv_heads, max_seq_len, v_dim, device=device, dtype=dtype),
+            persistent=False,
+        )
         self.length = 0
 
     def update(self, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
@@ -41,10 +56,12 @@ class KVCache(nn.Module):
         t = k_new.shape[-2]
         end = self.length + t
         if end > self.max_seq_len:
-            raise ValueError(f"KV cache overflow: {self.length} cached + {t} new > "
-                             f"max_seq_len={self.max_seq_len}")
-        self.k[:, :, self.length:end] = k_new.to(self.k.dtype)
-        self.v[:, :, self.length:end] = v_new.to(self.v.dtype)
+            raise ValueError(
+                f"KV cache overflow: {self.length} cached + {t} new > "
+                f"max_seq_len={self.max_seq_len}"
+            )
+        self.k[:, :, self.length : end] = k_new.to(self.k.dtype)
+        self.v[:, :, self.length : end] = v_new.to(self.v.dtype)
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 

@@ -83,7 +83,9 @@ def _load_optional_backends() -> None:
 # masks
 
 
-def causal_mask(n_q: int, n_k: int | None = None, *, device: torch.device | str | None = None) -> Tensor:
+def causal_mask(
+    n_q: int, n_k: int | None = None, *, device: torch.device | str | None = None
+) -> Tensor:
     """Boolean ``(n_q, n_k)`` mask, ``True`` on and below the (bottom-right aligned) diagonal.
 
     With ``n_k > n_q`` the queries are the last ``n_q`` positions of the key sequence, as when
@@ -194,8 +196,10 @@ def _sdpa_attention(
     return_weights: bool,
 ) -> tuple[Tensor, Tensor | None]:
     if return_weights:
-        raise ValueError("backend 'sdpa' (fused kernel) cannot return attention weights; "
-                         "use backend='math' or 'auto'")
+        raise ValueError(
+            "backend 'sdpa' (fused kernel) cannot return attention weights; "
+            "use backend='math' or 'auto'"
+        )
     n_q, n_k = q.shape[-2], k.shape[-2]
     gqa = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
     if gqa and q.dim() != 4:
@@ -215,7 +219,13 @@ def _sdpa_attention(
         attn_mask = bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
         attn_mask = attn_mask.to(q.dtype)
     out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=use_flag, scale=scale,
+        q,
+        k,
+        v,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=use_flag,
+        scale=scale,
         **({"enable_gqa": True} if gqa else {}),
     )
     if empty_row is not None:
@@ -275,36 +285,57 @@ def scaled_dot_product_attention(
     if backend not in _BACKENDS:
         _load_optional_backends()
     if backend not in _BACKENDS:
-        raise ValueError(f"unknown attention backend {backend!r}; choose from "
-                         f"{['auto', *available_backends()]}")
+        raise ValueError(
+            f"unknown attention backend {backend!r}; choose from {['auto', *available_backends()]}"
+        )
     if return_weights and backend not in _WEIGHT_BACKENDS:
-        raise ValueError(f"backend {backend!r} cannot return attention weights "
-                         f"(return_weights=True); use backend='math'")
+        raise ValueError(
+            f"backend {backend!r} cannot return attention weights "
+            f"(return_weights=True); use backend='math'"
+        )
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     out, weights = _BACKENDS[backend](
-        q, k, v, mask=mask, bias=bias, is_causal=is_causal, scale=scale, dropout_p=dropout_p,
-        return_weights=return_weights, **options,
+        q,
+        k,
+        v,
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        scale=scale,
+        dropout_p=dropout_p,
+        return_weights=return_weights,
+        **options,
     )
     return (out, weights) if return_weights else out
 
 
-def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None) -> None:
+def _check_inputs(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None
+) -> None:
     if q.dim() < 2 or k.dim() < 2 or v.dim() < 2:
-        raise ValueError(f"q, k, v need at least 2 dims (..., T, D); got q{tuple(q.shape)} "
-                         f"k{tuple(k.shape)} v{tuple(v.shape)}")
+        raise ValueError(
+            f"q, k, v need at least 2 dims (..., T, D); got q{tuple(q.shape)} "
+            f"k{tuple(k.shape)} v{tuple(v.shape)}"
+        )
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same width d_k: q{tuple(q.shape)} vs k{tuple(k.shape)}")
+        raise ValueError(
+            f"q and k must have the same width d_k: q{tuple(q.shape)} vs k{tuple(k.shape)}"
+        )
     if k.shape[:-1] != v.shape[:-1]:
-        raise ValueError(f"k and v must agree in all but the last dim: k{tuple(k.shape)} vs v{tuple(v.shape)}")
+        raise ValueError(
+            f"k and v must agree in all but the last dim: k{tuple(k.shape)} vs v{tuple(v.shape)}"
+        )
     if q.dim() != k.dim():
         raise ValueError(f"q and k must have the same rank: q{tuple(q.shape)} vs k{tuple(k.shape)}")
     if q.dim() >= 3:
         hq, hk = q.shape[-3], k.shape[-3]
         if hq % hk != 0:
-            raise ValueError(f"query heads ({hq}) must be a multiple of key/value heads ({hk}): "
-                             f"q{tuple(q.shape)} k{tuple(k.shape)}")
+            raise ValueError(
+                f"query heads ({hq}) must be a multiple of key/value heads ({hk}): "
+                f"q{tuple(q.shape)} k{tuple(k.shape)}"
+            )
         if q.shape[:-3] != k.shape[:-3]:
             raise ValueError(f"q and k batch dims differ: q{tuple(q.shape)} vs k{tuple(k.shape)}")
     scores_shape = (*q.shape[:-1], k.shape[-2])
@@ -312,11 +343,15 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Te
         if t is None:
             continue
         if name == "mask" and t.dtype != torch.bool:
-            raise ValueError(f"mask must be boolean (True = may attend), got dtype {t.dtype}; "
-                             "pass additive float scores as bias=")
+            raise ValueError(
+                f"mask must be boolean (True = may attend), got dtype {t.dtype}; "
+                "pass additive float scores as bias="
+            )
         try:
             if torch.broadcast_shapes(t.shape, scores_shape) != torch.Size(scores_shape):
                 raise RuntimeError
         except RuntimeError:
-            raise ValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to the scores "
-                             f"(..., Tq, Tk) = {scores_shape}") from None
+            raise ValueError(
+                f"{name} of shape {tuple(t.shape)} does not broadcast to the scores "
+                f"(..., Tq, Tk) = {scores_shape}"
+            ) from None

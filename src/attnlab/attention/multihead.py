@@ -75,7 +75,9 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if n_heads < 1 or n_kv_heads < 1:
-            raise ValueError(f"n_heads and n_kv_heads must be positive, got {n_heads}, {n_kv_heads}")
+            raise ValueError(
+                f"n_heads and n_kv_heads must be positive, got {n_heads}, {n_kv_heads}"
+            )
         if head_dim is None:
             if d_model % n_heads != 0:
                 raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
@@ -85,10 +87,17 @@ class MultiHeadAttention(nn.Module):
         if position not in ("none", "rope", "alibi"):
             raise ValueError(f"unknown position {position!r}; choose 'none', 'rope' or 'alibi'")
         if cross and position != "none":
-            raise ValueError("cross-attention takes no relative positions (position must be 'none')")
+            raise ValueError(
+                "cross-attention takes no relative positions (position must be 'none')"
+            )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"attention dropout must be in [0, 1), got {dropout}")
-        self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = d_model, n_heads, n_kv_heads, head_dim
+        self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = (
+            d_model,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        )
         self.cross = cross
         self.position = position
         self.dropout = dropout
@@ -105,7 +114,9 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("context_dim is for cross-attention (cross=True)")
             self.context_dim = d_model
             self.qkv = nn.Linear(d_model, q_width + 2 * kv_width, bias=bias, **kw)  # Q | K | V
-        self.out_proj = nn.Linear(q_width, d_model, bias=bias if out_bias is None else out_bias, **kw)
+        self.out_proj = nn.Linear(
+            q_width, d_model, bias=bias if out_bias is None else out_bias, **kw
+        )
         if qk_norm is None:
             self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
         else:
@@ -118,8 +129,14 @@ class MultiHeadAttention(nn.Module):
     def make_cache(self, batch_size: int, max_seq_len: int, *, device=None, dtype=None) -> KVCache:
         """An empty KV cache sized for this layer."""
         w = self.out_proj.weight
-        return KVCache(batch_size, self.n_kv_heads, max_seq_len, self.head_dim,
-                       device=device or w.device, dtype=dtype or w.dtype)
+        return KVCache(
+            batch_size,
+            self.n_kv_heads,
+            max_seq_len,
+            self.head_dim,
+            device=device or w.device,
+            dtype=dtype or w.dtype,
+        )
 
     def forward(
         self,
@@ -163,9 +180,15 @@ class MultiHeadAttention(nn.Module):
             else:
                 if context is None:
                     raise ValueError("cross-attention needs a context (B, S, context_dim)")
-                if context.dim() != 3 or context.shape[0] != B or context.shape[-1] != self.context_dim:
-                    raise ValueError(f"context must be (B={B}, S, context_dim={self.context_dim}), "
-                                     f"got {tuple(context.shape)}")
+                if (
+                    context.dim() != 3
+                    or context.shape[0] != B
+                    or context.shape[-1] != self.context_dim
+                ):
+                    raise ValueError(
+                        f"context must be (B={B}, S, context_dim={self.context_dim}), "
+                        f"got {tuple(context.shape)}"
+                    )
                 k, v = self.kv_proj(context).split(Hkv * D, dim=-1)
                 k = k.view(B, -1, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
                 v = v.view(B, -1, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
@@ -195,9 +218,16 @@ class MultiHeadAttention(nn.Module):
                 alibi = alibi_bias(self.alibi_slopes, positions, k_pos)  # (H, T, S) | (B, H, T, S)
                 bias = alibi if bias is None else bias + alibi
         result = scaled_dot_product_attention(
-            q, k, v, mask=mask, is_causal=is_causal, bias=bias,
+            q,
+            k,
+            v,
+            mask=mask,
+            is_causal=is_causal,
+            bias=bias,
             dropout_p=self.dropout if self.training else 0.0,
-            backend=self.backend, return_weights=need_weights, **self.backend_options,
+            backend=self.backend,
+            return_weights=need_weights,
+            **self.backend_options,
         )
         out, weights = result if need_weights else (result, None)
         out = out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H·D)

@@ -24,12 +24,19 @@ def register_evaluator(kind: str, fn: Callable[[argparse.Namespace], int]) -> No
 
 
 def add_eval_parser(top) -> None:
-    p = top.add_parser("eval", help="evaluate a trained run on its held-out split",
-                       description="Evaluate a run directory: loss/perplexity for language models, "
-                       "accuracy for classifiers, exact match/BLEU for translation.")
+    p = top.add_parser(
+        "eval",
+        help="evaluate a trained run on its held-out split",
+        description="Evaluate a run directory: loss/perplexity for language models, "
+        "accuracy for classifiers, exact match/BLEU for translation.",
+    )
     p.add_argument("run_dir", help="run directory written by 'attnlab train'")
-    p.add_argument("--weights", choices=["last", "best"], default="best",
-                   help="which checkpoint to evaluate (default: best, falling back to last)")
+    p.add_argument(
+        "--weights",
+        choices=["last", "best"],
+        default="best",
+        help="which checkpoint to evaluate (default: best, falling back to last)",
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-batches", type=int, default=None, help="limit the evaluation size")
     p.set_defaults(func=_run_eval)

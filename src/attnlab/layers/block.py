@@ -39,9 +39,18 @@ class TransformerBlock(nn.Module):
         dropout: residual dropout on each sub-layer's output.
     """
 
-    def __init__(self, attn: MultiHeadAttention, ffn: nn.Module, norm1: nn.Module, norm2: nn.Module,
-                 *, cross_attn: MultiHeadAttention | None = None, norm_cross: nn.Module | None = None,
-                 norm_position: str = "pre", dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        attn: MultiHeadAttention,
+        ffn: nn.Module,
+        norm1: nn.Module,
+        norm2: nn.Module,
+        *,
+        cross_attn: MultiHeadAttention | None = None,
+        norm_cross: nn.Module | None = None,
+        norm_position: str = "pre",
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         if norm_position not in ("pre", "post"):
             raise ValueError(f"norm_position must be 'pre' or 'post', got {norm_position!r}")
@@ -88,8 +97,14 @@ class TransformerBlock(nn.Module):
         """
 
         def self_attention(h: Tensor) -> Tensor:
-            out, w = self.attn(h, mask=mask, is_causal=is_causal, positions=positions, cache=cache,
-                               need_weights=need_weights)
+            out, w = self.attn(
+                h,
+                mask=mask,
+                is_causal=is_causal,
+                positions=positions,
+                cache=cache,
+                need_weights=need_weights,
+            )
             self.attn_weights = w
             return out
 
@@ -99,8 +114,9 @@ class TransformerBlock(nn.Module):
                 raise ValueError("this block has cross-attention: pass context=(B, S, C)")
 
             def cross_attention(h: Tensor) -> Tensor:
-                out, w = self.cross_attn(h, context, mask=context_mask, cache=cross_cache,
-                                         need_weights=need_weights)
+                out, w = self.cross_attn(
+                    h, context, mask=context_mask, cache=cross_cache, need_weights=need_weights
+                )
                 self.cross_weights = w
                 return out
 
@@ -141,16 +157,31 @@ def build_block(
     ``moe``, ``norm`` is ``layernorm`` | ``rmsnorm``, ``position`` is ``none`` | ``rope`` | ``alibi``.
     """
     kw = {"device": device, "dtype": dtype}
-    attn_kw = dict(n_kv_heads=n_kv_heads, head_dim=head_dim, bias=bias, qk_norm=qk_norm,
-                   dropout=attn_dropout, backend=backend, backend_options=backend_options, **kw)
+    attn_kw = dict(
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        bias=bias,
+        qk_norm=qk_norm,
+        dropout=attn_dropout,
+        backend=backend,
+        backend_options=backend_options,
+        **kw,
+    )
     attn = MultiHeadAttention(d_model, n_heads, position=position, rope_theta=rope_theta, **attn_kw)
     if ffn == "mlp":
         ffn_mod: nn.Module = MLP(d_model, ffn_hidden, activation=activation, bias=bias, **kw)
     elif ffn == "swiglu":
         ffn_mod = SwiGLU(d_model, ffn_hidden, bias=bias, **kw)
     elif ffn == "moe":
-        ffn_mod = MoE(d_model, ffn_hidden or 4 * d_model, n_experts, top_k,
-                      expert="swiglu" if activation == "silu" else "mlp", activation=activation, **kw)
+        ffn_mod = MoE(
+            d_model,
+            ffn_hidden or 4 * d_model,
+            n_experts,
+            top_k,
+            expert="swiglu" if activation == "silu" else "mlp",
+            activation=activation,
+            **kw,
+        )
     else:
         raise ValueError(f"unknown ffn {ffn!r}; choose 'mlp', 'swiglu' or 'moe'")
 
@@ -161,5 +192,13 @@ def build_block(
     if cross_attention:
         cross = MultiHeadAttention(d_model, n_heads, cross=True, context_dim=context_dim, **attn_kw)
         norm_cross = make()
-    return TransformerBlock(attn, ffn_mod, make(), make(), cross_attn=cross, norm_cross=norm_cross,
-                            norm_position=norm_position, dropout=dropout)
+    return TransformerBlock(
+        attn,
+        ffn_mod,
+        make(),
+        make(),
+        cross_attn=cross,
+        norm_cross=norm_cross,
+        norm_position=norm_position,
+        dropout=dropout,
+    )

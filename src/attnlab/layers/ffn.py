@@ -36,11 +36,22 @@ class MLP(nn.Module):
         dropout: dropout on the output.
     """
 
-    def __init__(self, d_model: int, hidden: int | None = None, *, activation: str = "gelu",
-                 bias: bool = True, dropout: float = 0.0, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        hidden: int | None = None,
+        *,
+        activation: str = "gelu",
+        bias: bool = True,
+        dropout: float = 0.0,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}")
+            raise ValueError(
+                f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}"
+            )
         hidden = 4 * d_model if hidden is None else hidden
         self.fc1 = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
         self.fc2 = nn.Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
@@ -65,8 +76,16 @@ class SwiGLU(nn.Module):
         dropout: dropout on the output.
     """
 
-    def __init__(self, d_model: int, hidden: int | None = None, *, bias: bool = False,
-                 dropout: float = 0.0, device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        hidden: int | None = None,
+        *,
+        bias: bool = False,
+        dropout: float = 0.0,
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         hidden = _swiglu_hidden(d_model) if hidden is None else hidden
         self.gate = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)

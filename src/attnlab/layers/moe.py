@@ -49,8 +49,18 @@ class MoE(nn.Module):
     of tokens routed to each expert.
     """
 
-    def __init__(self, d_model: int, hidden: int, n_experts: int, top_k: int = 2, *,
-                 expert: str = "swiglu", activation: str = "gelu", device=None, dtype=None) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        hidden: int,
+        n_experts: int,
+        top_k: int = 2,
+        *,
+        expert: str = "swiglu",
+        activation: str = "gelu",
+        device=None,
+        dtype=None,
+    ) -> None:
         super().__init__()
         if not 1 <= top_k <= n_experts:
             raise ValueError(f"top_k must be in [1, n_experts={n_experts}], got {top_k}")
@@ -58,7 +68,12 @@ class MoE(nn.Module):
             raise ValueError(f"unknown expert {expert!r}; choose 'swiglu' or 'mlp'")
         kw = {"device": device, "dtype": dtype}
         self.d_model, self.hidden, self.n_experts, self.top_k, self.expert = (
-            d_model, hidden, n_experts, top_k, expert)
+            d_model,
+            hidden,
+            n_experts,
+            top_k,
+            expert,
+        )
         self.router = nn.Linear(d_model, n_experts, bias=False, **kw)
         n_in = 2 * hidden if expert == "swiglu" else hidden
         self.w_in = nn.Parameter(torch.empty(n_experts, n_in, d_model, **kw))  # gate | up, or fc1

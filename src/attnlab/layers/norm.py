@@ -28,8 +28,9 @@ class LayerNorm(nn.Module):
         bias: learn β as well as γ.
     """
 
-    def __init__(self, dim: int, *, eps: float = 1e-5, bias: bool = True,
-                 device=None, dtype=None) -> None:
+    def __init__(
+        self, dim: int, *, eps: float = 1e-5, bias: bool = True, device=None, dtype=None
+    ) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
@@ -66,8 +67,9 @@ class RMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
-def make_norm(name: str, dim: int, *, eps: float = 1e-5, bias: bool = True,
-              device=None, dtype=None) -> nn.Module:
+def make_norm(
+    name: str, dim: int, *, eps: float = 1e-5, bias: bool = True, device=None, dtype=None
+) -> nn.Module:
     """Build a norm by name: ``layernorm`` | ``rmsnorm`` (``bias`` is ignored by RMSNorm)."""
     if name == "layernorm":
         return LayerNorm(dim, eps=eps, bias=bias, device=device, dtype=dtype)

@@ -54,7 +54,9 @@ class SinusoidalPositionalEmbedding(nn.Module):
     def __init__(self, max_seq_len: int, dim: int, *, base: float = 10000.0) -> None:
         super().__init__()
         self.max_seq_len = max_seq_len
-        self.register_buffer("table", sinusoidal_table(max_seq_len, dim, base=base), persistent=False)
+        self.register_buffer(
+            "table", sinusoidal_table(max_seq_len, dim, base=base), persistent=False
+        )
 
     def forward(self, positions: Tensor) -> Tensor:
         _check_positions(positions, self.max_seq_len)

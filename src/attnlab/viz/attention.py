@@ -21,9 +21,14 @@ def _plt():
     return plt
 
 
-def plot_attention(weights: torch.Tensor, path: str | os.PathLike, *,
-                   rows: Sequence[str] | None = None, cols: Sequence[str] | None = None,
-                   title: str | None = None) -> None:
+def plot_attention(
+    weights: torch.Tensor,
+    path: str | os.PathLike,
+    *,
+    rows: Sequence[str] | None = None,
+    cols: Sequence[str] | None = None,
+    title: str | None = None,
+) -> None:
     """Write a heatmap of ``weights (n_rows, n_cols)`` to ``path`` (PNG).
 
     Args:
@@ -52,9 +57,14 @@ def plot_attention(weights: torch.Tensor, path: str | os.PathLike, *,
     plt.close(fig)
 
 
-def plot_attention_grid(weights: torch.Tensor, path: str | os.PathLike, *,
-                        rows: Sequence[str] | None = None, cols: Sequence[str] | None = None,
-                        title: str | None = None) -> None:
+def plot_attention_grid(
+    weights: torch.Tensor,
+    path: str | os.PathLike,
+    *,
+    rows: Sequence[str] | None = None,
+    cols: Sequence[str] | None = None,
+    title: str | None = None,
+) -> None:
     """Heads side by side: ``weights (H, n_rows, n_cols)``, plus their average as the last panel."""
     w = torch.as_tensor(weights).detach().float().cpu()
     if w.dim() != 3:
