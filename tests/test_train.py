@@ -58,8 +58,15 @@ class ToyTask:
     KeyboardInterrupt when the batch of that step is requested; ``delay`` sleeps per batch.
     """
 
-    def __init__(self, seed: int = 0, d_in: int = 8, n_classes: int = 4, nan_at: int | None = None,
-                 interrupt_at: int | None = None, delay: float = 0.0):
+    def __init__(
+        self,
+        seed: int = 0,
+        d_in: int = 8,
+        n_classes: int = 4,
+        nan_at: int | None = None,
+        interrupt_at: int | None = None,
+        delay: float = 0.0,
+    ):
         self.seed, self.d_in, self.n_classes = seed, d_in, n_classes
         self.teacher = torch.randn(d_in, n_classes, generator=torch.Generator().manual_seed(seed))
         self.nan_at, self.interrupt_at, self.delay = nan_at, interrupt_at, delay
@@ -113,8 +120,17 @@ def make_model(seed: int = 0, dropout: float = 0.0) -> ToyModel:
 
 
 def base_cfg(**kw) -> TrainConfig:
-    values = dict(steps=12, batch_size=16, lr=3e-2, warmup_steps=3, eval_every=6, eval_batches=2,
-                  log_every=1, progress=False, device="cpu")
+    values = dict(
+        steps=12,
+        batch_size=16,
+        lr=3e-2,
+        warmup_steps=3,
+        eval_every=6,
+        eval_batches=2,
+        log_every=1,
+        progress=False,
+        device="cpu",
+    )
     values.update(kw)
     return TrainConfig(**values)
 
@@ -133,8 +149,15 @@ def test_run_directory_contents_and_learning(tmp_path):
     res = train(make_model(), task, base_cfg(steps=30, eval_every=10), tmp_path / "run")
     d = res.run_dir
     names = sorted(p.name for p in d.iterdir())
-    assert names == ["best.safetensors", "config.json", "labels.json", "loss.png",
-                     "metrics.jsonl", "model.safetensors", "state.pt"]
+    assert names == [
+        "best.safetensors",
+        "config.json",
+        "labels.json",
+        "loss.png",
+        "metrics.jsonl",
+        "model.safetensors",
+        "state.pt",
+    ]
     cfg = json.loads((d / "config.json").read_text())
     assert cfg["kind"] == "toy_mlp" and cfg["model"] == ToyConfig().to_dict()
     assert cfg["train"]["steps"] == 30 and cfg["task"] == {"name": "toy", "seed": 0}
@@ -288,8 +311,15 @@ def test_gradient_accumulation_and_clipping_match_a_reference_loop(tmp_path):
     """The trainer's step == explicit loop: micro-batches averaged, clip_grad_norm_ on the
     accumulated gradient, then AdamW. Clipping is active (the unclipped loop ends elsewhere)."""
     clip = 0.05
-    cfg = base_cfg(steps=5, grad_accum=2, grad_clip=clip, weight_decay=0.0, schedule="constant",
-                   warmup_steps=0, eval_every=100)
+    cfg = base_cfg(
+        steps=5,
+        grad_accum=2,
+        grad_clip=clip,
+        weight_decay=0.0,
+        schedule="constant",
+        warmup_steps=0,
+        eval_every=100,
+    )
     model = make_model()
     res = train(model, ToyTask(), cfg, tmp_path / "run")
     assert all(r["grad_norm"] > clip for r in res.history if "grad_norm" in r)
@@ -301,8 +331,9 @@ def test_gradient_accumulation_and_clipping_match_a_reference_loop(tmp_path):
         for step in range(cfg.steps):
             opt.zero_grad()
             for micro in range(cfg.grad_accum):
-                batch = task.get_batch("train", step * cfg.grad_accum + micro,
-                                       cfg.batch_size // cfg.grad_accum)
+                batch = task.get_batch(
+                    "train", step * cfg.grad_accum + micro, cfg.batch_size // cfg.grad_accum
+                )
                 loss, _ = task.loss(ref, batch, cfg)
                 (loss / cfg.grad_accum).backward()
             if clip_to is not None:
@@ -313,5 +344,6 @@ def test_gradient_accumulation_and_clipping_match_a_reference_loop(tmp_path):
     clipped, unclipped = reference(clip), reference(None)
     for p, q in zip(model.parameters(), clipped.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
-    assert max((p - q).abs().max() for p, q in zip(model.parameters(),
-                                                  unclipped.parameters())) > 1e-4
+    assert (
+        max((p - q).abs().max() for p, q in zip(model.parameters(), unclipped.parameters())) > 1e-4
+    )

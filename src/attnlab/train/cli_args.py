@@ -44,58 +44,143 @@ def add_train_args(parser: argparse.ArgumentParser, **defaults) -> argparse.Argu
         d[key] = value
 
     g = parser.add_argument_group("training")
-    g.add_argument("--out", default=d.get("out"), required="out" not in d, metavar="RUN_DIR",
-                   help="run directory for config, weights, metrics and loss curve"
-                   + (" (default: %(default)s)" if "out" in d else ""))
-    g.add_argument("--resume", action="store_true",
-                   help="continue the run saved in --out from its last checkpoint")
-    g.add_argument("--overwrite", action="store_true",
-                   help="delete the run in --out and start again")
-    g.add_argument("--steps", type=int, default=d["steps"],
-                   help="optimizer steps (default: %(default)s; ignored with --max-time)")
-    g.add_argument("--max-time", type=float, default=d["max_time"], metavar="SECONDS",
-                   help="train for this many wall-clock seconds instead of --steps; the "
-                   "learning-rate schedule fits itself to the budget")
-    g.add_argument("--batch-size", type=int, default=d["batch_size"],
-                   help="global examples per optimizer step (default: %(default)s)")
-    g.add_argument("--grad-accum", type=int, default=d["grad_accum"], metavar="N",
-                   help="split each step into N micro-batches (default: %(default)s)")
-    g.add_argument("--lr", type=float, default=d["lr"], help="peak learning rate "
-                   "(default: %(default)s)")
-    g.add_argument("--min-lr-ratio", type=float, default=d["min_lr_ratio"],
-                   help="cosine floor as a fraction of --lr (default: %(default)s)")
-    g.add_argument("--schedule", choices=SCHEDULES, default=d["schedule"],
-                   help="learning-rate schedule after warm-up (default: %(default)s)")
-    g.add_argument("--warmup", dest="warmup_steps", type=int, default=d["warmup_steps"],
-                   metavar="STEPS", help="linear warm-up steps (default: %(default)s)")
-    g.add_argument("--warmup-frac", type=float, default=d["warmup_frac"], metavar="FRACTION",
-                   help="warm-up as a fraction of the run (of the time with --max-time); "
-                   "overrides --warmup")
-    g.add_argument("--weight-decay", type=float, default=d["weight_decay"],
-                   help="AdamW weight decay (not on norms, biases, embeddings; "
-                   "default: %(default)s)")
-    g.add_argument("--grad-clip", type=_clip, default=d["grad_clip"], metavar="NORM",
-                   help="clip the global gradient norm (0 or none: off; default: %(default)s)")
-    g.add_argument("--label-smoothing", type=float, default=d["label_smoothing"],
-                   metavar="EPS", help="label smoothing of the cross-entropy "
-                   "(default: %(default)s)")
-    g.add_argument("--amp", choices=AMP_MODES, default=d["amp"],
-                   help="mixed precision: bf16 autocast (default: %(default)s)")
-    g.add_argument("--compile", action="store_true", default=d["compile"],
-                   help="torch.compile the model for training")
-    g.add_argument("--eval-every", type=int, default=d["eval_every"], metavar="STEPS",
-                   help="validate and checkpoint every STEPS steps and at the end "
-                   "(default: %(default)s)")
-    g.add_argument("--eval-batches", type=int, default=d["eval_batches"], metavar="N",
-                   help="validation batches per evaluation (default: %(default)s)")
-    g.add_argument("--log-every", type=int, default=d["log_every"], metavar="STEPS",
-                   help="steps between metrics.jsonl records (default: %(default)s)")
-    g.add_argument("--seed", type=int, default=d["seed"], help="random seed (default: "
-                   "%(default)s)")
-    g.add_argument("--device", default=d["device"],
-                   help="auto, cpu, cuda or cuda:N (default: %(default)s)")
-    g.add_argument("--no-progress", dest="progress", action="store_false",
-                   default=d["progress"], help="no progress bar")
+    g.add_argument(
+        "--out",
+        default=d.get("out"),
+        required="out" not in d,
+        metavar="RUN_DIR",
+        help="run directory for config, weights, metrics and loss curve"
+        + (" (default: %(default)s)" if "out" in d else ""),
+    )
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run saved in --out from its last checkpoint",
+    )
+    g.add_argument(
+        "--overwrite", action="store_true", help="delete the run in --out and start again"
+    )
+    g.add_argument(
+        "--steps",
+        type=int,
+        default=d["steps"],
+        help="optimizer steps (default: %(default)s; ignored with --max-time)",
+    )
+    g.add_argument(
+        "--max-time",
+        type=float,
+        default=d["max_time"],
+        metavar="SECONDS",
+        help="train for this many wall-clock seconds instead of --steps; the "
+        "learning-rate schedule fits itself to the budget",
+    )
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        default=d["batch_size"],
+        help="global examples per optimizer step (default: %(default)s)",
+    )
+    g.add_argument(
+        "--grad-accum",
+        type=int,
+        default=d["grad_accum"],
+        metavar="N",
+        help="split each step into N micro-batches (default: %(default)s)",
+    )
+    g.add_argument(
+        "--lr", type=float, default=d["lr"], help="peak learning rate (default: %(default)s)"
+    )
+    g.add_argument(
+        "--min-lr-ratio",
+        type=float,
+        default=d["min_lr_ratio"],
+        help="cosine floor as a fraction of --lr (default: %(default)s)",
+    )
+    g.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default=d["schedule"],
+        help="learning-rate schedule after warm-up (default: %(default)s)",
+    )
+    g.add_argument(
+        "--warmup",
+        dest="warmup_steps",
+        type=int,
+        default=d["warmup_steps"],
+        metavar="STEPS",
+        help="linear warm-up steps (default: %(default)s)",
+    )
+    g.add_argument(
+        "--warmup-frac",
+        type=float,
+        default=d["warmup_frac"],
+        metavar="FRACTION",
+        help="warm-up as a fraction of the run (of the time with --max-time); overrides --warmup",
+    )
+    g.add_argument(
+        "--weight-decay",
+        type=float,
+        default=d["weight_decay"],
+        help="AdamW weight decay (not on norms, biases, embeddings; default: %(default)s)",
+    )
+    g.add_argument(
+        "--grad-clip",
+        type=_clip,
+        default=d["grad_clip"],
+        metavar="NORM",
+        help="clip the global gradient norm (0 or none: off; default: %(default)s)",
+    )
+    g.add_argument(
+        "--label-smoothing",
+        type=float,
+        default=d["label_smoothing"],
+        metavar="EPS",
+        help="label smoothing of the cross-entropy (default: %(default)s)",
+    )
+    g.add_argument(
+        "--amp",
+        choices=AMP_MODES,
+        default=d["amp"],
+        help="mixed precision: bf16 autocast (default: %(default)s)",
+    )
+    g.add_argument(
+        "--compile",
+        action="store_true",
+        default=d["compile"],
+        help="torch.compile the model for training",
+    )
+    g.add_argument(
+        "--eval-every",
+        type=int,
+        default=d["eval_every"],
+        metavar="STEPS",
+        help="validate and checkpoint every STEPS steps and at the end (default: %(default)s)",
+    )
+    g.add_argument(
+        "--eval-batches",
+        type=int,
+        default=d["eval_batches"],
+        metavar="N",
+        help="validation batches per evaluation (default: %(default)s)",
+    )
+    g.add_argument(
+        "--log-every",
+        type=int,
+        default=d["log_every"],
+        metavar="STEPS",
+        help="steps between metrics.jsonl records (default: %(default)s)",
+    )
+    g.add_argument("--seed", type=int, default=d["seed"], help="random seed (default: %(default)s)")
+    g.add_argument(
+        "--device", default=d["device"], help="auto, cpu, cuda or cuda:N (default: %(default)s)"
+    )
+    g.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        default=d["progress"],
+        help="no progress bar",
+    )
     return parser
 
 

@@ -60,11 +60,14 @@ class TrainConfig:
         if self.max_time is not None and not self.max_time > 0:
             raise ValueError(f"max_time must be > 0 seconds, got {self.max_time!r}")
         if self.batch_size < 1 or self.grad_accum < 1:
-            raise ValueError(f"batch_size ({self.batch_size}) and grad_accum ({self.grad_accum}) "
-                             "must be >= 1")
+            raise ValueError(
+                f"batch_size ({self.batch_size}) and grad_accum ({self.grad_accum}) must be >= 1"
+            )
         if self.batch_size % self.grad_accum:
-            raise ValueError(f"batch_size ({self.batch_size}) must be divisible by grad_accum "
-                             f"({self.grad_accum})")
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be divisible by grad_accum "
+                f"({self.grad_accum})"
+            )
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
@@ -76,8 +79,10 @@ class TrainConfig:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
         if self.schedule == "inverse_sqrt" and (self.warmup or 0) < 1:
-            raise ValueError("the inverse_sqrt schedule needs a warm-up of at least one step, "
-                             f"(warmup_steps={self.warmup_steps}, warmup_frac={self.warmup_frac})")
+            raise ValueError(
+                "the inverse_sqrt schedule needs a warm-up of at least one step, "
+                f"(warmup_steps={self.warmup_steps}, warmup_frac={self.warmup_frac})"
+            )
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -89,8 +94,9 @@ class TrainConfig:
         if self.amp not in AMP_MODES:
             raise ValueError(f"amp must be one of {AMP_MODES}, got {self.amp!r}")
         if self.eval_every < 1 or self.log_every < 1:
-            raise ValueError(f"eval_every ({self.eval_every}) and log_every ({self.log_every}) "
-                             "must be >= 1")
+            raise ValueError(
+                f"eval_every ({self.eval_every}) and log_every ({self.log_every}) must be >= 1"
+            )
         if self.eval_batches < 0:
             raise ValueError(f"eval_batches must be >= 0, got {self.eval_batches}")
 

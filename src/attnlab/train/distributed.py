@@ -21,8 +21,19 @@ from torch.nn.parallel import DistributedDataParallel
 
 from attnlab.errors import UserError
 
-__all__ = ["DistInfo", "setup", "is_distributed", "get_rank", "get_world_size", "is_main",
-           "all_reduce_mean", "broadcast_float", "barrier", "wrap_ddp", "resolve_device"]
+__all__ = [
+    "DistInfo",
+    "setup",
+    "is_distributed",
+    "get_rank",
+    "get_world_size",
+    "is_main",
+    "all_reduce_mean",
+    "broadcast_float",
+    "barrier",
+    "wrap_ddp",
+    "resolve_device",
+]
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +89,12 @@ def setup(device: str = "auto") -> DistInfo:
             torch.cuda.set_device(dev)
         dist.init_process_group(backend=backend)
         atexit.register(_destroy)
-        log.info("joined process group: rank %d of %d, backend %s", dist.get_rank(),
-                 dist.get_world_size(), backend)
+        log.info(
+            "joined process group: rank %d of %d, backend %s",
+            dist.get_rank(),
+            dist.get_world_size(),
+            backend,
+        )
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, dev)
 
 

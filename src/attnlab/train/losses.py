@@ -11,8 +11,9 @@ from torch import Tensor
 __all__ = ["cross_entropy"]
 
 
-def cross_entropy(logits: Tensor, targets: Tensor, *, ignore_index: int = -100,
-                  label_smoothing: float = 0.0) -> Tensor:
+def cross_entropy(
+    logits: Tensor, targets: Tensor, *, ignore_index: int = -100, label_smoothing: float = 0.0
+) -> Tensor:
     """Mean cross-entropy over the targets that are not ``ignore_index``.
 
     With label smoothing ε (Szegedy et al. 2016) the target distribution is
@@ -35,13 +36,20 @@ def cross_entropy(logits: Tensor, targets: Tensor, *, ignore_index: int = -100,
         ValueError: if the shapes do not fit.
     """
     if logits.shape[:-1] != targets.shape:
-        raise ValueError(f"cross_entropy: logits {tuple(logits.shape)} need targets of shape "
-                         f"{tuple(logits.shape[:-1])}, got {tuple(targets.shape)}")
+        raise ValueError(
+            f"cross_entropy: logits {tuple(logits.shape)} need targets of shape "
+            f"{tuple(logits.shape[:-1])}, got {tuple(targets.shape)}"
+        )
     flat_logits = logits.reshape(-1, logits.shape[-1]).float()  # (N, V)
     flat_targets = targets.reshape(-1)  # (N,)
     # sum / count instead of reduction="mean": no NaN when every target is ignored, and no
     # host-device synchronisation to check for that case
-    total = F.cross_entropy(flat_logits, flat_targets, ignore_index=ignore_index,
-                            label_smoothing=label_smoothing, reduction="sum")
+    total = F.cross_entropy(
+        flat_logits,
+        flat_targets,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        reduction="sum",
+    )
     count = (flat_targets != ignore_index).sum().clamp_min(1)
     return total / count

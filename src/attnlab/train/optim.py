@@ -85,8 +85,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device | None = None
-                   ) -> torch.optim.AdamW:
+def make_optimizer(
+    model: nn.Module, cfg: TrainConfig, device: torch.device | None = None
+) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups` with ``cfg.lr``, ``cfg.betas``, ``cfg.weight_decay``.
 
     The fused CUDA kernel is used when the parameters live on a GPU.
@@ -161,4 +162,3 @@ class LRSchedule:
 
     def load_state_dict(self, state: dict) -> None:
         self.warmup_end_t = state.get("warmup_end_t")
-

@@ -26,8 +26,9 @@ class Task(Protocol):
     validation (e.g. BLEU, accuracy on a probe set); they are logged next to ``val_loss``.
     """
 
-    def get_batch(self, split: str, step: int, batch_size: int, rank: int = 0,
-                  world: int = 1) -> Any:
+    def get_batch(
+        self, split: str, step: int, batch_size: int, rank: int = 0, world: int = 1
+    ) -> Any:
         """This rank's share of the global batch number ``step`` of ``split``.
 
         Deterministic in (task seed, split, step). The trainer asks for
@@ -67,6 +68,12 @@ def to_device(obj: Any, device: torch.device | str) -> Any:
     if isinstance(obj, (list, tuple)):
         return type(obj)(to_device(v, device) for v in obj)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: to_device(getattr(obj, f.name), device)
-                                           for f in dataclasses.fields(obj) if f.init})
+        return dataclasses.replace(
+            obj,
+            **{
+                f.name: to_device(getattr(obj, f.name), device)
+                for f in dataclasses.fields(obj)
+                if f.init
+            },
+        )
     return obj

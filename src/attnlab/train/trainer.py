@@ -107,9 +107,13 @@ def _capture_rng() -> dict:
     state = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
-        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]),
-                  "cached_gaussian": float(np_state[4])},
+        "numpy": {
+            "name": np_state[0],
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -120,8 +124,15 @@ def _restore_rng(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"],
-                         n["has_gauss"], n["cached_gaussian"]))
+    np.random.set_state(
+        (
+            n["name"],
+            n["keys"].numpy().astype(np.uint32),
+            n["pos"],
+            n["has_gauss"],
+            n["cached_gaussian"],
+        )
+    )
     cuda = state.get("cuda")
     if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda)
@@ -163,16 +174,22 @@ def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
     if resume:
         missing = [f for f in (CONFIG_FILE, LAST_FILE, STATE_FILE) if not (run_dir / f).exists()]
         if missing:
-            raise RunDirError(f"cannot resume {str(run_dir)!r}: no checkpoint there (missing "
-                              f"{', '.join(missing)})")
+            raise RunDirError(
+                f"cannot resume {str(run_dir)!r}: no checkpoint there (missing "
+                f"{', '.join(missing)})"
+            )
         return
     if run_dir.exists() and any(run_dir.iterdir()):
         if not overwrite:
-            raise RunDirError(f"run directory {str(run_dir)!r} already exists; resume it "
-                              "(--resume) or start again in its place (--overwrite)")
+            raise RunDirError(
+                f"run directory {str(run_dir)!r} already exists; resume it "
+                "(--resume) or start again in its place (--overwrite)"
+            )
         if not (run_dir / CONFIG_FILE).exists():
-            raise RunDirError(f"refusing to overwrite {str(run_dir)!r}: it is not an attnlab run "
-                              "directory (no config.json)")
+            raise RunDirError(
+                f"refusing to overwrite {str(run_dir)!r}: it is not an attnlab run "
+                "directory (no config.json)"
+            )
 
 
 def _save_weights(model: nn.Module, path: Path, step: int) -> None:
@@ -209,8 +226,15 @@ def _finite_or_none(x: float | None) -> float | None:
 # the loop
 
 
-def train(model: nn.Module, task: Task, cfg: TrainConfig, run_dir: str | Path, *,
-          resume: bool = False, overwrite: bool = False) -> TrainResult:
+def train(
+    model: nn.Module,
+    task: Task,
+    cfg: TrainConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+) -> TrainResult:
     """Train ``model`` on ``task`` and write the run directory.
 
     Args:
@@ -236,9 +260,11 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, run_dir: str | Path, *
     device, rank, world, main = info.device, info.rank, info.world, info.is_main
     micro_bs = cfg.batch_size // cfg.grad_accum
     if micro_bs % world:
-        raise UserError(f"batch_size {cfg.batch_size} does not split into grad_accum "
-                        f"{cfg.grad_accum} micro-batches over {world} processes "
-                        f"(need a multiple of {cfg.grad_accum * world})")
+        raise UserError(
+            f"batch_size {cfg.batch_size} does not split into grad_accum "
+            f"{cfg.grad_accum} micro-batches over {world} processes "
+            f"(need a multiple of {cfg.grad_accum * world})"
+        )
     kind, model_cfg = _model_identity(model)
 
     _check_run_dir(run_dir, resume, overwrite)
@@ -253,41 +279,70 @@ def train(model: nn.Module, task: Task, cfg: TrainConfig, run_dir: str | Path, *
     prog = _Progress()
     history: list[dict] = []
     if resume:
-        prog, history = _load_checkpoint(run_dir, model, optimizer, schedule, cfg, kind,
-                                         model_cfg, device, rank)
+        prog, history = _load_checkpoint(
+            run_dir, model, optimizer, schedule, cfg, kind, model_cfg, device, rank
+        )
     else:
         _seed_all(cfg.seed + rank)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        config = {"kind": kind, "model": model_cfg, "train": cfg.to_dict(),
-                  "task": task.config_dict()}
+        config = {
+            "kind": kind,
+            "model": model_cfg,
+            "train": cfg.to_dict(),
+            "task": task.config_dict(),
+        }
         runs.atomic_write_text(run_dir / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
         if not resume:
             task.save_artifacts(run_dir)
     n_params = sum(p.numel() for p in model.parameters())
-    log.info("training %s (%.2fM parameters) on %s x%d, %s", kind, n_params / 1e6, device, world,
-             f"{cfg.max_time:.0f} s" if cfg.timed else f"{cfg.steps} steps")
+    log.info(
+        "training %s (%.2fM parameters) on %s x%d, %s",
+        kind,
+        n_params / 1e6,
+        device,
+        world,
+        f"{cfg.max_time:.0f} s" if cfg.timed else f"{cfg.steps} steps",
+    )
 
     loop = _Loop(model, task, cfg, run_dir, optimizer, schedule, prog, history, info, micro_bs)
     loop.run()
-    return TrainResult(run_dir=run_dir, steps=prog.step, final_train_loss=prog.train_loss,
-                       best_val_loss=prog.best_val_loss, val_loss=prog.val_loss,
-                       history=history, elapsed=prog.elapsed)
+    return TrainResult(
+        run_dir=run_dir,
+        steps=prog.step,
+        final_train_loss=prog.train_loss,
+        best_val_loss=prog.best_val_loss,
+        val_loss=prog.val_loss,
+        history=history,
+        elapsed=prog.elapsed,
+    )
 
 
-def _load_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                     schedule: LRSchedule, cfg: TrainConfig, kind: str, model_cfg: dict,
-                     device: torch.device, rank: int) -> tuple[_Progress, list[dict]]:
+def _load_checkpoint(
+    run_dir: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    schedule: LRSchedule,
+    cfg: TrainConfig,
+    kind: str,
+    model_cfg: dict,
+    device: torch.device,
+    rank: int,
+) -> tuple[_Progress, list[dict]]:
     """Restore weights, optimizer, schedule, progress and (rank 0) random state from run_dir."""
     from safetensors.torch import load_model
 
     saved = runs.read_config(run_dir)
     if saved["kind"] != kind:
-        raise RunDirError(f"cannot resume {str(run_dir)!r}: it holds a {saved['kind']!r} model, "
-                          f"not {kind!r}")
+        raise RunDirError(
+            f"cannot resume {str(run_dir)!r}: it holds a {saved['kind']!r} model, not {kind!r}"
+        )
     if saved["model"] != model_cfg:
-        diff = sorted(k for k in set(saved["model"]) | set(model_cfg)
-                      if saved["model"].get(k) != model_cfg.get(k))
+        diff = sorted(
+            k
+            for k in set(saved["model"]) | set(model_cfg)
+            if saved["model"].get(k) != model_cfg.get(k)
+        )
         raise RunDirError(f"cannot resume {str(run_dir)!r}: the model config differs in {diff}")
     try:
         state = torch.load(run_dir / STATE_FILE, map_location="cpu", weights_only=True)
@@ -296,13 +351,17 @@ def _load_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opt
     step = state["progress"]["step"]
     weights_step = _weights_step(run_dir / LAST_FILE)
     if weights_step != step:
-        raise RunDirError(f"cannot resume {str(run_dir)!r}: {LAST_FILE} is from step "
-                          f"{weights_step} but {STATE_FILE} from step {step} (interrupted while "
-                          "saving?)")
+        raise RunDirError(
+            f"cannot resume {str(run_dir)!r}: {LAST_FILE} is from step "
+            f"{weights_step} but {STATE_FILE} from step {step} (interrupted while "
+            "saving?)"
+        )
     missing, unexpected = load_model(model, run_dir / LAST_FILE, strict=False, device=str(device))
     if missing or unexpected:
-        raise RunDirError(f"cannot resume: {LAST_FILE} does not match the model (missing "
-                          f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})")
+        raise RunDirError(
+            f"cannot resume: {LAST_FILE} does not match the model (missing "
+            f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
+        )
     decay = [g["weight_decay"] for g in optimizer.param_groups]
     try:
         optimizer.load_state_dict(state["optimizer"])
@@ -324,8 +383,9 @@ def _load_checkpoint(run_dir: Path, model: nn.Module, optimizer: torch.optim.Opt
 class _Loop:
     """The training loop of one :func:`train` call (a class only to share its state)."""
 
-    def __init__(self, model, task, cfg, run_dir, optimizer, schedule, prog, history, info,
-                 micro_bs):
+    def __init__(
+        self, model, task, cfg, run_dir, optimizer, schedule, prog, history, info, micro_bs
+    ):
         self.model: nn.Module = model
         self.task: Task = task
         self.cfg: TrainConfig = cfg
@@ -346,8 +406,11 @@ class _Loop:
 
         self.ddp = dist_utils.wrap_ddp(model, self.device)
         self.train_model = torch.compile(self.ddp) if cfg.compile else self.ddp
-        self.autocast = (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) \
-            if cfg.amp == "bf16" else contextlib.nullcontext
+        self.autocast = (
+            (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16))
+            if cfg.amp == "bf16"
+            else contextlib.nullcontext
+        )
 
     def elapsed(self) -> float:
         return self.base_elapsed + time.perf_counter() - self.start
@@ -403,8 +466,9 @@ class _Loop:
         metric_sums: dict[str, Any] = {}
         count = 0
         for micro in range(cfg.grad_accum):
-            batch = self.task.get_batch("train", step * cfg.grad_accum + micro, self.micro_bs,
-                                        self.rank, self.world)
+            batch = self.task.get_batch(
+                "train", step * cfg.grad_accum + micro, self.micro_bs, self.rank, self.world
+            )
             count += int(self.task.count(batch))
             batch = to_device(batch, self.device)
             last = micro == cfg.grad_accum - 1
@@ -437,8 +501,12 @@ class _Loop:
         rows = []
         for _, loss, _, _, metrics, count in self.pending:
             row = [loss.reshape(())]
-            row += [torch.as_tensor(metrics.get(k, float("nan")), dtype=torch.float32,
-                                    device=self.device).reshape(()) for k in keys]
+            row += [
+                torch.as_tensor(
+                    metrics.get(k, float("nan")), dtype=torch.float32, device=self.device
+                ).reshape(())
+                for k in keys
+            ]
             row.append(torch.tensor(float(count), device=self.device))
             rows.append(torch.stack([r.to(self.device, torch.float32) for r in row]))
         table = torch.stack(rows)  # (n_steps, 1 + n_metrics + 1)
@@ -452,14 +520,19 @@ class _Loop:
                 continue
             self.pending.clear()
             self._write_metrics()
-            what = (f"loss is {loss_i}" if not math.isfinite(loss_i)
-                    else f"gradient norm is {norm_i}")
-            kept = (f"the last good checkpoint (step {self.prog.last_ckpt_step}) is kept in "
-                    f"{str(self.run_dir)!r}" if self.prog.last_ckpt_step >= 0
-                    else "no checkpoint had been written yet")
+            what = (
+                f"loss is {loss_i}" if not math.isfinite(loss_i) else f"gradient norm is {norm_i}"
+            )
+            kept = (
+                f"the last good checkpoint (step {self.prog.last_ckpt_step}) is kept in "
+                f"{str(self.run_dir)!r}"
+                if self.prog.last_ckpt_step >= 0
+                else "no checkpoint had been written yet"
+            )
             raise TrainingDiverged(
                 f"training diverged at step {s}: the {what}; {kept}. Try a lower learning rate "
-                f"(lr={self.cfg.lr}), a longer warm-up or gradient clipping.")
+                f"(lr={self.cfg.lr}), a longer warm-up or gradient clipping."
+            )
         now = time.perf_counter()
         tokens = int(table[:, -1].sum().item() * self.world)
         self.prog.tokens += tokens
@@ -476,8 +549,10 @@ class _Loop:
         self.pending.clear()
         self.window_start = now
         if self.bar is not None:
-            self.bar.set_postfix_str(f"loss {rec['loss']:.4f}, {rec['tokens_per_s']:,.0f} tok/s, "
-                                     f"lr {rec['lr']:.2e}", refresh=False)
+            self.bar.set_postfix_str(
+                f"loss {rec['loss']:.4f}, {rec['tokens_per_s']:,.0f} tok/s, lr {rec['lr']:.2e}",
+                refresh=False,
+            )
         if now - self.metrics_written_at > _METRICS_FLUSH_SECONDS:
             self._write_metrics()
 
@@ -493,13 +568,22 @@ class _Loop:
         from tqdm.auto import tqdm
 
         if self.cfg.timed:
-            self.bar = tqdm(total=round(self.cfg.max_time), initial=min(
-                round(self.prog.elapsed), round(self.cfg.max_time)), unit="s", desc="train",
-                dynamic_ncols=True, bar_format="{l_bar}{bar}| {n:.0f}/{total_fmt}s "
-                "[{elapsed}<{remaining}{postfix}]")
+            self.bar = tqdm(
+                total=round(self.cfg.max_time),
+                initial=min(round(self.prog.elapsed), round(self.cfg.max_time)),
+                unit="s",
+                desc="train",
+                dynamic_ncols=True,
+                bar_format="{l_bar}{bar}| {n:.0f}/{total_fmt}s [{elapsed}<{remaining}{postfix}]",
+            )
         else:
-            self.bar = tqdm(total=self.cfg.steps, initial=self.prog.step, unit="step",
-                            desc="train", dynamic_ncols=True)
+            self.bar = tqdm(
+                total=self.cfg.steps,
+                initial=self.prog.step,
+                unit="step",
+                desc="train",
+                dynamic_ncols=True,
+            )
 
     def _advance_bar(self) -> None:
         if self.bar is None:
@@ -522,7 +606,7 @@ class _Loop:
                 batches = list(task.eval_batches(self.micro_bs, cfg.eval_batches))
                 # shard the batches over ranks, unless there are too few to give each rank one
                 shard = self.world > 1 and len(batches) >= self.world
-                mine = batches[self.rank::self.world] if shard else batches
+                mine = batches[self.rank :: self.world] if shard else batches
                 sums: dict[str, Tensor] = {}
                 for batch in mine:
                     with self.autocast():
@@ -532,8 +616,10 @@ class _Loop:
                         sums[k] = sums[k] + v if k in sums else v
                 if mine:
                     keys = sorted(sums)
-                    vec = torch.stack([sums[k] for k in keys] + [torch.tensor(
-                        float(len(mine)), device=self.device)])  # (n_metrics + 1,)
+                    vec = torch.stack(
+                        [sums[k] for k in keys]
+                        + [torch.tensor(float(len(mine)), device=self.device)]
+                    )  # (n_metrics + 1,)
                     if shard:
                         dist_utils.all_reduce_sum(vec)
                     vec = vec.cpu()
@@ -563,9 +649,11 @@ class _Loop:
                 prog.best_val_loss = prog.val_loss
                 improved = True
         if val:
-            rec = {"step": prog.step,
-                   **{k: _finite_or_none(v) for k, v in val.items()},
-                   "elapsed": round(self.elapsed(), 3)}
+            rec = {
+                "step": prog.step,
+                **{k: _finite_or_none(v) for k, v in val.items()},
+                "elapsed": round(self.elapsed(), 3),
+            }
             self.history.append(rec)
         self._checkpoint(_capture_rng(), best=improved)
         self.window_start = time.perf_counter()  # validation time is not training throughput
@@ -583,8 +671,12 @@ class _Loop:
         _save_weights(self.model, d / LAST_FILE, prog.step)
         if best:
             _save_weights(self.model, d / BEST_FILE, prog.step)
-        state = {"progress": vars(prog).copy(), "optimizer": self.optimizer.state_dict(),
-                 "schedule": self.schedule.state_dict(), "rng": rng}
+        state = {
+            "progress": vars(prog).copy(),
+            "optimizer": self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict(),
+            "rng": rng,
+        }
         runs.atomic_save(d / STATE_FILE, lambda tmp: torch.save(state, tmp))
         self._write_metrics()
         if self.history:

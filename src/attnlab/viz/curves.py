@@ -17,8 +17,9 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def plot_curves(metrics_jsonl_path: str | os.PathLike, png_path: str | os.PathLike, *,
-                title: str | None = None) -> None:
+def plot_curves(
+    metrics_jsonl_path: str | os.PathLike, png_path: str | os.PathLike, *, title: str | None = None
+) -> None:
     """Plot training loss and validation loss against the optimizer step, as a PNG.
 
     Training records are those with ``loss``, validation records those with ``val_loss`` (the
