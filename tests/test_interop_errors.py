@@ -170,3 +170,18 @@ def test_bad_tokenizer_json(tmp_path, llama_dir):
     (tmp_path / "tokenizer.json").write_text(json.dumps({"type": "char", "chars": ["a"]}))
     with pytest.raises(UserError, match="not a Hugging Face tokenizer.json"):
         load_hf_tokenizer(tmp_path)
+
+
+def test_corrupted_weights_file(tmp_path, llama_dir):
+    (tmp_path / "config.json").write_text((llama_dir / "config.json").read_text())
+    (tmp_path / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(UserError, match="cannot read .*model.safetensors as safetensors"):
+        from_hf(tmp_path)
+
+
+def test_per_expert_layout_missing_expert(tmp_path):
+    build_hf("mixtral", num_hidden_layers=1).save_pretrained(tmp_path / "src")
+    name = "model.layers.0.block_sparse_moe.experts.2.w2.weight"
+    bad = copy_checkpoint(tmp_path / "src", tmp_path / "bad", edit_weights=lambda sd: sd.pop(name))
+    with pytest.raises(UserError, match=r"missing tensors \(1\): " + name + r" \[32, 48\]"):
+        from_hf(bad)

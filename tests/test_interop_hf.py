@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import transformers  # test extra, pinned in pyproject
 
@@ -300,3 +301,22 @@ def test_dtype_option(tmp_path):
     model = from_hf(tmp_path / "hf", dtype="bfloat16")
     assert model.tok_emb.weight.dtype == torch.bfloat16
     assert from_hf(tmp_path / "hf", dtype="auto").tok_emb.weight.dtype == torch.float32
+
+
+def test_mixtral_sliding_window_caps_context(tmp_path):
+    """Within the window, sliding-window attention is full causal attention; attnlab limits the
+    context to the window, so every sequence it accepts is computed exactly."""
+    hf = build_hf("mixtral", sliding_window=12)
+    hf.save_pretrained(tmp_path / "hf")
+    model = from_hf(tmp_path / "hf")
+    assert model.config.max_seq_len == 12
+    ids, mask = batch(T=12)
+    assert (ours_logits(model, ids, mask)[mask] - hf_logits(hf, ids, mask)[mask]).abs().max() < ATOL
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model(torch.zeros(1, 13, dtype=torch.long))
+
+
+def test_transformers_is_the_pinned_version():
+    """Key names moved between 5.x releases: the references must come from the pinned one."""
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert f'"transformers=={transformers.__version__}"' in pyproject

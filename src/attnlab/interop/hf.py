@@ -1,5 +1,8 @@
 """Hugging Face checkpoints in and out: GPT-2, Llama and Mixtral as :class:`attnlab.DecoderLM`.
 
+(ViT and Swin folders go through the same reading, checking and writing code here; their tensor
+mappings live beside the models, in :mod:`attnlab.models.vit` and :mod:`attnlab.models.swin`.)
+
 A Hugging Face checkpoint is a local folder holding ``config.json`` and the weights, either one
 ``model.safetensors`` or shards listed by ``model.safetensors.index.json``; a ``tokenizer.json``
 beside them is read with the ``tokenizers`` library. Nothing is ever fetched from a hub.
@@ -582,10 +585,18 @@ def _family_of_config(hf: dict) -> str:
     )
 
 
-def _weight_files(path: Path) -> dict[str, Path]:
-    """Tensor name -> the safetensors file holding it (single file or sharded with an index)."""
+def _open(shard: Path):
+    """``safe_open`` with unreadable files reported as a UserError naming the file."""
     from safetensors import safe_open
 
+    try:
+        return safe_open(str(shard), "pt")
+    except Exception as err:  # safetensors raises its own error type for a corrupted file
+        raise UserError(f"cannot read {shard} as safetensors: {err}") from None
+
+
+def _weight_files(path: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it (single file or sharded with an index)."""
     index = path / INDEX_NAME
     if index.exists():
         try:
@@ -600,7 +611,7 @@ def _weight_files(path: Path) -> dict[str, Path]:
         files = {name: path / f for name, f in weight_map.items()}
         # the index must describe the shards truthfully
         for shard in sorted(set(files.values())):
-            with safe_open(str(shard), "pt") as f:
+            with _open(shard) as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                     if files.get(name) != shard:
                         raise UserError(
@@ -610,7 +621,7 @@ def _weight_files(path: Path) -> dict[str, Path]:
         return files
     single = path / WEIGHTS_NAME
     if single.exists():
-        with safe_open(str(single), "pt") as f:
+        with _open(single) as f:
             return {name: single for name in f.keys()}  # noqa: SIM118
     others = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".h5"))
     hint = f" (found {others}: only safetensors weights are read)" if others else ""
@@ -618,11 +629,9 @@ def _weight_files(path: Path) -> dict[str, Path]:
 
 
 def _tensor_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
-    from safetensors import safe_open
-
     shapes = {}
     for shard in sorted(set(files.values())):
-        with safe_open(str(shard), "pt") as f:
+        with _open(shard) as f:
             for name in f.keys():  # noqa: SIM118
                 shapes[name] = tuple(f.get_slice(name).get_shape())
     return shapes
@@ -630,8 +639,6 @@ def _tensor_shapes(files: dict[str, Path]) -> dict[str, tuple[int, ...]]:
 
 def read_hf_weights(path: str | os.PathLike, names: list[str] | None = None) -> dict[str, Tensor]:
     """Tensors of a checkpoint folder (all, or only ``names``), single file or sharded."""
-    from safetensors import safe_open
-
     files = _weight_files(_check_dir(path))
     names = list(files) if names is None else names
     out: dict[str, Tensor] = {}
@@ -639,7 +646,7 @@ def read_hf_weights(path: str | os.PathLike, names: list[str] | None = None) -> 
     for n in names:
         by_file.setdefault(files[n], []).append(n)
     for shard, ns in by_file.items():
-        with safe_open(str(shard), "pt") as f:
+        with _open(shard) as f:
             for n in ns:
                 out[n] = f.get_tensor(n)
     return out
@@ -671,6 +678,8 @@ def hf_to_model_config(hf: dict):
     from attnlab.config import ModelConfig
 
     family = _family_of_config(hf)
+    if family not in _FAMILIES:
+        raise UserError(f"a {family} checkpoint is not a language model; from_hf loads it")
     try:
         kwargs = _FAMILIES[family].config_from_hf(hf)
     except KeyError as err:
