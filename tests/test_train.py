@@ -224,6 +224,31 @@ def test_n_steps_then_resume_n_steps_equals_2n(tmp_path):
     assert again.steps == 10 and train_losses(again) == got
 
 
+def test_stop_after_then_resume_equals_one_run_with_cosine(tmp_path):
+    """stop_after=N of a 2N-step cosine run, then resume: the same as 2N steps in one go."""
+    cfg = base_cfg(steps=10, eval_every=4)
+    ref = train(make_model(dropout=0.2), ToyTask(), cfg, tmp_path / "ref")
+    part = train(make_model(dropout=0.2), ToyTask(), cfg, tmp_path / "run", stop_after=5)
+    assert part.steps == 5
+    res = train(make_model(dropout=0.2), ToyTask(), cfg, tmp_path / "run", resume=True)
+    got, want = train_losses(res), train_losses(ref)
+    assert len(got) == 10
+    assert max(abs(a - b) for (_, a), (_, b) in zip(got, want)) <= 1e-6
+
+
+def test_not_a_task_is_rejected(tmp_path):
+    with pytest.raises(TypeError, match="lacks \\['eval_batches'"):
+
+        class Half:
+            def get_batch(self, *a):
+                return None
+
+            def loss(self, *a):
+                return None
+
+        train(make_model(), Half(), base_cfg(), tmp_path / "run")
+
+
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
     """NaN at the 5th step: TrainingDiverged names step 5; the step-3 checkpoint is intact."""
     from safetensors import safe_open

@@ -21,9 +21,11 @@ Only rank 0 writes, always atomically (temporary file + rename).
 Exact resume: a batch depends only on (task seed, split, step), and ``state.pt`` holds the
 optimizer, the schedule, the step, the elapsed time and the torch / CUDA / Python / NumPy random
 states, while validation runs with the random state saved and restored. So a run stopped at a
-checkpoint (or with Ctrl-C, which saves one) and resumed reproduces the uninterrupted run; with a
-schedule that does not depend on the run length (``constant``) so does ``steps=N`` followed by
-a resume with ``steps=2N``.
+checkpoint (``stop_after``, or Ctrl-C, which saves one) and resumed reproduces the uninterrupted
+run. ``steps=N`` followed by a resume with ``steps=2N`` equals ``steps=2N`` only for a schedule
+that does not depend on the run length (``constant``, ``inverse_sqrt``): a cosine schedule of N
+steps has already decayed to its floor at step N. To train a cosine run in pieces, give the full
+length as ``steps`` and stop each piece with ``stop_after``.
 """
 
 from __future__ import annotations
@@ -158,6 +160,15 @@ def _rng_preserved():
 # run directory
 
 
+_TASK_METHODS = ("get_batch", "loss", "eval_batches", "count", "config_dict", "save_artifacts")
+
+
+def _check_task(task: Any) -> None:
+    missing = [m for m in _TASK_METHODS if not callable(getattr(task, m, None))]
+    if missing:
+        raise TypeError(f"{type(task).__name__} is not a training Task: it lacks {missing}")
+
+
 def _model_identity(model: nn.Module) -> tuple[str, dict]:
     kind = getattr(model, "kind", type(model).__name__)
     config = getattr(model, "config", None)
@@ -234,6 +245,7 @@ def train(
     *,
     resume: bool = False,
     overwrite: bool = False,
+    stop_after: int | None = None,
 ) -> TrainResult:
     """Train ``model`` on ``task`` and write the run directory.
 
@@ -245,6 +257,9 @@ def train(
         run_dir: where config.json, weights, state and metrics go.
         resume: continue the run saved in ``run_dir`` from its last checkpoint.
         overwrite: delete an existing run in ``run_dir`` and start again.
+        stop_after: end this session (validating and checkpointing) once this many steps are
+            done in total, as if interrupted; the schedule still runs to ``cfg.steps`` /
+            ``cfg.max_time``, and ``resume=True`` later continues exactly.
 
     Returns:
         A :class:`TrainResult`.
@@ -256,6 +271,9 @@ def train(
         UserError: the batch does not split over ranks and micro-batches, bad device, ...
     """
     run_dir = Path(run_dir)
+    _check_task(task)
+    if stop_after is not None and stop_after < 0:
+        raise ValueError(f"stop_after must be >= 0, got {stop_after}")
     info = dist_utils.setup(cfg.device)
     device, rank, world, main = info.device, info.rank, info.world, info.is_main
     micro_bs = cfg.batch_size // cfg.grad_accum
@@ -284,6 +302,12 @@ def train(
         )
     else:
         _seed_all(cfg.seed + rank)
+    if resume:
+        saved = runs.read_config(run_dir)
+        if saved.get("task") != json.loads(json.dumps(task.config_dict())):
+            log.warning("resuming %s with a different task config: the data may differ", run_dir)
+        if saved.get("train") != json.loads(json.dumps(cfg.to_dict())):
+            log.info("resuming %s with changed training settings", run_dir)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         config = {
@@ -306,6 +330,7 @@ def train(
     )
 
     loop = _Loop(model, task, cfg, run_dir, optimizer, schedule, prog, history, info, micro_bs)
+    loop.stop_after = stop_after
     loop.run()
     return TrainResult(
         run_dir=run_dir,
@@ -403,6 +428,7 @@ class _Loop:
         self.start = time.perf_counter()
         self.base_elapsed = prog.elapsed
         self.bar = None
+        self.stop_after: int | None = None
 
         self.ddp = dist_utils.wrap_ddp(model, self.device)
         self.train_model = torch.compile(self.ddp) if cfg.compile else self.ddp
@@ -434,6 +460,8 @@ class _Loop:
                     t = None
                     if prog.step >= cfg.steps:
                         break
+                if self.stop_after is not None and prog.step >= self.stop_after:
+                    break
                 lr = self.schedule.apply(self.optimizer, prog.step, t)
                 loss, grad_norm, metrics, count = self._step(prog.step)
                 updating = True
