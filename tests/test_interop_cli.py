@@ -105,3 +105,12 @@ def test_native_presets_export_to_transformers(tmp_path, preset):
     assert json.loads((tmp_path / "hf2" / "config.json").read_text()) == json.loads(
         (tmp_path / "hf" / "config.json").read_text()
     )
+
+
+def test_parse_shard_size():
+    from attnlab.commands.interop import parse_size
+
+    assert parse_size("2GB") == 2 * 10**9 and parse_size("500MiB") == 500 * 2**20
+    assert parse_size("4096") == 4096
+    with pytest.raises(attnlab.errors.UserError, match="--max-shard-size"):
+        parse_size("lots")

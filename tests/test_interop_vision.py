@@ -163,3 +163,25 @@ def test_vision_shape_mismatch_names_tensor(tmp_path):
     expect = r"layer\.0\.intermediate\.dense\.weight has shape \[48, 32\].*implies \[40, 32\]"
     with pytest.raises(UserError, match=expect):
         from_hf(tmp_path / "hf")
+
+
+def test_convert_cli_vision_run(tmp_path):
+    import attnlab
+    from attnlab.cli import main
+
+    hf = build_swin()
+    hf.save_pretrained(tmp_path / "hf")
+    run = tmp_path / "run"
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(run)]) == 0
+    model, _ = attnlab.load(run)
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert (model(images) - hf(pixel_values=images).logits).abs().max().item() < 1e-4
+    out = tmp_path / "out"
+    assert (
+        main(["convert", "--to-hf", str(run), "--out", str(out), "--max-shard-size", "20KB"]) == 0
+    )
+    assert (out / "model.safetensors.index.json").exists()
+    back = transformers.AutoModelForImageClassification.from_pretrained(out, dtype=torch.float32)
+    for k, v in hf.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
