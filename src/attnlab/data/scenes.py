@@ -780,14 +780,28 @@ class VQATask(_TaskBase):
                 break
             yield self._batch(sset, chunk)
 
-    def answer_frequency_baseline(self, split: str = "val") -> float:
-        """Accuracy of always giving the most frequent training answer (the majority class),
-        measured on the same type-balanced evaluation set the models are scored on."""
+    def answer_frequency_baseline(self, split: str = "val", *, per_type: bool = False,
+                                  n_samples: int = 4000) -> float:
+        """Accuracy of answering from training answer frequencies alone, on the fixed,
+        type-balanced evaluation set the models are scored on.
+
+        Args:
+            split: the evaluation split.
+            per_type: ``False``: always the single most frequent training answer; ``True``: the
+                most frequent answer of the question's type (a prior a blind model can learn).
+            n_samples: training questions counted.
+        """
         rng = _rng(self.seed + 1, "train", 0)
-        train_answers = Counter(qa.answer for _, qa in self._sample(self.sets("train"), rng, 4000))
-        top = train_answers.most_common(1)[0][0]
+        sample = self._sample(self.sets("train"), rng, n_samples)
+        overall = Counter(qa.answer for _, qa in sample).most_common(1)[0][0]
+        by_type = {t: Counter(qa.answer for _, qa in sample if qa.qtype == t).most_common(1)
+                   for t in QUESTION_TYPES}
         pairs = self.eval_pairs(split)
-        return sum(qa.answer == top for _, qa in pairs) / len(pairs)
+        hits = 0
+        for _, qa in pairs:
+            guess = by_type[qa.qtype][0][0] if per_type and by_type[qa.qtype] else overall
+            hits += qa.answer == guess
+        return hits / len(pairs)
 
     @torch.no_grad()
     def accuracy_by_type(self, model, split: str = "val", per_type: int | None = None,
