@@ -131,7 +131,7 @@ def window_attention(
     qc = qc.reshape(B, Hkv, n, g * c, D)
     kw = key_windows(k4.transpose(-2, -1), 0.0)  # (B, Hkv, D, n, L)
     vw = key_windows(v4.transpose(-2, -1), 0.0)  # (B, Hkv, Dv, n, L)
-    s = (qc @ kw.permute(0, 1, 3, 2, 4)) * scale  # (B, Hkv, n, g·c, L)
+    s = (qc * scale) @ kw.permute(0, 1, 3, 2, 4)  # (B, Hkv, n, g·c, L)
     s = s.view(B, Hkv, n, g, c, L)
 
     # in-band and existing keys: row r of a chunk sees columns r … r + left + right
@@ -148,9 +148,12 @@ def window_attention(
     if bias is not None:
         s = s + _band_rows(_to_heads(_flatten_lead(bias, lead), H, Hkv), key_windows, n, c, Tq,
                            0.0)
-    s = s.masked_fill(~allowed, float("-inf"))
+    s = s.masked_fill_(~allowed, float("-inf"))  # in place: one band-sized tensor, not two
     empty = ~allowed.any(dim=-1, keepdim=True)  # rows with no allowed key -> zeros, not NaN
-    weights = s.masked_fill(empty, 0.0).softmax(dim=-1).masked_fill(empty, 0.0)
+    if empty.any():
+        weights = s.masked_fill(empty, 0.0).softmax(dim=-1).masked_fill(empty, 0.0)
+    else:
+        weights = s.softmax(dim=-1)
     attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     out = attn.view(B, Hkv, n, g * c, L) @ vw.permute(0, 1, 3, 4, 2)  # (B, Hkv, n, g·c, Dv)
     out = out.view(B, Hkv, n, g, c, Dv).permute(0, 1, 3, 2, 4, 5)  # (B, Hkv, g, n, c, Dv)
