@@ -1,0 +1,196 @@
+"""Greedy and beam search: exhaustive optimum on hand-built models, width 1 = greedy, KV cache."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from attnlab.data.translation import END_ID, PAD_ID, START_ID
+from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from attnlab.translate import beam_search, greedy_decode, length_penalty
+
+# ids 0-3 are <pad> <start> <end> <unk>; the fake models' "words" are 4 and 5
+A, B = 4, 5
+V = 6
+
+
+class State:
+    def __init__(self, prefix: torch.Tensor, src: torch.Tensor):
+        self.prefix, self.src = prefix, src  # (N, t), (N, S)
+
+    def reorder(self, index):
+        return State(self.prefix.index_select(0, index), self.src.index_select(0, index))
+
+
+class TableModel(nn.Module):
+    """Next-token log-probabilities looked up by (source sentence, prefix): a fixed, hand-made or
+    seeded-random table, so every sequence's exact score is known."""
+
+    def __init__(self, table=None, seed=0):
+        super().__init__()
+        self.dummy = nn.Parameter(torch.zeros(1))
+        self.table, self.seed = table or {}, seed
+
+    def logits_for(self, src: tuple, prefix: tuple) -> torch.Tensor:
+        if prefix in self.table:
+            probs = torch.full((V,), 1e-9)
+            for tok, p in self.table[prefix].items():
+                probs[tok] = p
+            return probs.log()
+        g = torch.Generator().manual_seed(hash((self.seed, src, prefix)) % (2**31))
+        return torch.randn(V, generator=g) * 2.0
+
+    def start_decoding(self, src, src_mask, max_len):
+        return State(torch.zeros(src.shape[0], 0, dtype=torch.long), src)
+
+    def decode_step(self, prev, state, need_weights=False):
+        prefix = state.prefix if prev is None else torch.cat([state.prefix, prev[:, None]], 1)
+        rows = [self.logits_for(tuple(s.tolist()), tuple(p.tolist()[1:]))
+                for s, p in zip(state.src, prefix)]
+        return torch.stack(rows), State(prefix, state.src)
+
+
+def seq_logprob(model: TableModel, src: tuple, seq: tuple) -> float:
+    """Exact log p(seq) under the decoders' rule (<pad> and <start> are never generated)."""
+    total = 0.0
+    for t, tok in enumerate(seq):
+        logits = model.logits_for(src, seq[:t]).clone()
+        logits[PAD_ID] = logits[START_ID] = float("-inf")
+        total += float(logits.log_softmax(-1)[tok])
+    return total
+
+
+def brute_force(model: TableModel, src: tuple, max_len: int, alpha: float):
+    """Every output the decoders can produce: words then <end>, or max_len words."""
+    words = [A, B, 3]
+    best, best_seq = -math.inf, None
+    for n in range(max_len + 1):
+        for body in itertools.product(words, repeat=n):
+            seq = body + (END_ID,) if n < max_len else body
+            if not seq:
+                continue
+            lp = seq_logprob(model, src, seq)
+            score = lp / float(length_penalty(len(seq), alpha))
+            if score > best:
+                best, best_seq = score, list(seq)
+    return best_seq, best
+
+
+def sources(n=1, S=2):
+    src = torch.randint(4, 10, (n, S))
+    return src, torch.ones(n, S, dtype=torch.bool)
+
+
+def test_beam_beats_greedy_when_greedy_is_myopic():
+    """p(A)=0.6 but every continuation of A is uncertain; p(B)=0.4 then <end> is almost sure:
+    greedy takes A (best 0.6·0.4), beam 2 finds B <end> (0.4·0.95)."""
+    table = {(): {A: 0.6, B: 0.4},
+             (A,): {END_ID: 0.4, A: 0.3, B: 0.3},
+             (B,): {END_ID: 0.95, A: 0.05},
+             (A, END_ID): {}, (A, A): {END_ID: 1.0}, (A, B): {END_ID: 1.0}}
+    model = TableModel(table)
+    src, mask = sources()
+    g = greedy_decode(model, src, mask, max_len=3)[0]
+    b = beam_search(model, src, mask, beam=2, max_len=3, alpha=0.0)[0]
+    assert g.ids == [A, END_ID]
+    assert b.ids == [B, END_ID]
+    assert b.logprob == pytest.approx(math.log(0.4 * 0.95), abs=1e-5)
+    assert g.logprob == pytest.approx(math.log(0.6 * 0.4), abs=1e-5)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_wide_beam_finds_the_exhaustive_optimum(alpha, seed):
+    """With width >= the number of live hypotheses nothing is pruned: beam search must return
+    exactly the brute-force argmax of logprob / lp(length), for each sentence of a batch."""
+    model = TableModel(seed=seed)
+    src, mask = sources(n=3)
+    max_len = 4
+    hyps = beam_search(model, src, mask, beam=3**max_len, max_len=max_len, alpha=alpha)
+    for s, h in zip(src, hyps):
+        seq, score = brute_force(model, tuple(s.tolist()), max_len, alpha)
+        assert h.ids == seq
+        assert h.score == pytest.approx(score, abs=1e-4)
+        assert h.logprob == pytest.approx(seq_logprob(model, tuple(s.tolist()), tuple(seq)),
+                                          abs=1e-4)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_beam_never_scores_below_greedy_and_width_one_is_greedy(seed):
+    model = TableModel(seed=seed)
+    src, mask = sources(n=4)
+    g = greedy_decode(model, src, mask, max_len=5)
+    b1 = beam_search(model, src, mask, beam=1, max_len=5, alpha=0.0)
+    b3 = beam_search(model, src, mask, beam=3, max_len=5, alpha=0.0)
+    assert [h.ids for h in b1] == [h.ids for h in g]
+    for gh, bh in zip(g, b3):
+        assert bh.logprob >= gh.logprob - 1e-5
+
+
+def test_batched_beam_equals_one_sentence_at_a_time():
+    model = TableModel(seed=7)
+    src, mask = sources(n=5)
+    together = beam_search(model, src, mask, beam=3, max_len=5)
+    alone = [beam_search(model, src[i:i + 1], mask[i:i + 1], beam=3, max_len=5)[0]
+             for i in range(5)]
+    assert [h.ids for h in together] == [h.ids for h in alone]
+
+
+def _transformer():
+    cfg = Seq2SeqConfig.preset("tiny", src_vocab_size=15, tgt_vocab_size=11, dropout=0.0)
+    return Seq2SeqTransformer(cfg).eval()
+
+
+def _src(B=4, S=6):
+    lengths = torch.tensor([6, 4, 2, 5])[:B]
+    mask = torch.arange(S)[None] < lengths[:, None]
+    return torch.randint(4, 15, (B, S)).masked_fill(~mask, 0), mask
+
+
+def test_cached_greedy_equals_recomputing_the_whole_prefix():
+    """The KV-cached decoder produces the same tokens as full forward passes over the prefix."""
+    model = _transformer()
+    src, mask = _src()
+    hyps = greedy_decode(model, src, mask, max_len=8)
+    with torch.no_grad():
+        ys = torch.full((src.shape[0], 1), START_ID)
+        for _ in range(8):
+            logits = model(src, mask, ys)[:, -1]
+            logits[:, [PAD_ID, START_ID]] = float("-inf")
+            ys = torch.cat([ys, logits.argmax(-1, keepdim=True)], 1)
+    for b, h in enumerate(hyps):
+        ref = ys[b, 1:].tolist()
+        ref = ref[: ref.index(END_ID) + 1] if END_ID in ref else ref
+        assert h.ids == ref
+
+
+def test_transformer_width_one_is_greedy_and_alignments_have_one_row_per_output():
+    model = _transformer()
+    src, mask = _src()
+    g = greedy_decode(model, src, mask, max_len=7, need_weights=True)
+    b1 = beam_search(model, src, mask, beam=1, max_len=7, need_weights=True)
+    b4 = beam_search(model, src, mask, beam=4, max_len=7, need_weights=True)
+    assert [h.ids for h in g] == [h.ids for h in b1]
+    for hg, hb in zip(g, b1):
+        torch.testing.assert_close(hg.alignment, hb.alignment)
+    L, H = model.config.n_dec_layers, model.config.n_heads
+    for h, n in zip(b4, mask.sum(1).tolist()):
+        assert h.alignment.shape == (L, H, len(h.ids), src.shape[1])
+        assert h.alignment[..., n:].abs().sum() == 0  # no attention on padding
+        # the recorded rows are the cross-attention of the chosen hypothesis: re-run it
+        with torch.no_grad():
+            i = b4.index(h)
+            ys = torch.tensor([[START_ID, *h.ids[:-1]]])
+            model(src[i:i + 1], mask[i:i + 1], ys, need_weights=True)
+        torch.testing.assert_close(h.alignment, model.cross_attention()[:, 0], atol=1e-5,
+                                   rtol=1e-4)
+
+
+def test_length_penalty_is_gnmt():
+    assert float(length_penalty(1, 0.6)) == pytest.approx(1.0)
+    assert float(length_penalty(7, 0.6)) == pytest.approx((12 / 6) ** 0.6)
+    assert float(length_penalty(9, 0.0)) == 1.0
+    with pytest.raises(ValueError, match="beam width"):
+        beam_search(TableModel(), *sources(), beam=0, max_len=3)
