@@ -80,11 +80,22 @@ def test_load_hf_lm_for_generation(tmp_path):
     assert model.hf_config["eos_token_id"] == 0
 
 
-@pytest.mark.parametrize("preset", ["gpt2-tiny", "llama-tiny", "mixtral-tiny"])
-def test_native_presets_export_to_transformers(tmp_path, preset):
+@pytest.mark.parametrize(
+    "preset, overrides",
+    [
+        ("gpt2-tiny", {}),
+        ("gpt2-tiny", {"bias": False, "tie_embeddings": False, "activation": "relu"}),
+        ("llama-tiny", {}),
+        ("llama-tiny", {"n_kv_heads": 1, "tie_embeddings": True, "bias": True}),
+        ("mixtral-tiny", {}),
+    ],
+)
+def test_native_presets_export_to_transformers(tmp_path, preset, overrides):
     """A model attnlab built itself (derived widths, its own defaults) is the same function in
-    transformers after export, and the CLI exports its run directory."""
-    model = randomise(DecoderLM(ModelConfig.preset(preset, vocab_size=V, max_seq_len=32))).eval()
+    transformers after export, and the CLI exports its run directory. A bias-free GPT-2-style model
+    exports zero biases (the same function)."""
+    cfg = ModelConfig.preset(preset, vocab_size=V, max_seq_len=32, **overrides)
+    model = randomise(DecoderLM(cfg)).eval()
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.json").write_text(
@@ -99,8 +110,13 @@ def test_native_presets_export_to_transformers(tmp_path, preset):
     with torch.no_grad():
         assert (model(ids) - hf(input_ids=ids).logits).abs().max().item() < 1e-4
     again = from_hf(tmp_path / "hf")
-    for k, v in model.state_dict().items():
-        assert torch.equal(again.state_dict()[k], v), k
+    assert (again.config.n_kv_heads, again.config.tie_embeddings) == (
+        cfg.n_kv_heads,
+        cfg.tie_embeddings,
+    )
+    if cfg.bias or preset != "gpt2-tiny":
+        for k, v in model.state_dict().items():
+            assert torch.equal(again.state_dict()[k], v), k
     to_hf(again, tmp_path / "hf2")  # and once more, from the loaded copy
     assert json.loads((tmp_path / "hf2" / "config.json").read_text()) == json.loads(
         (tmp_path / "hf" / "config.json").read_text()

@@ -1056,7 +1056,7 @@ def to_hf(
             _drop_zero_bias_group(hf_cfg, sd, src)
     tok_json = _tokenizer_json(tokenizer)
     # safetensors refuses tensors sharing storage (q/k/v are views of one qkv weight)
-    sd = {n: t.detach().to(dtype or t.dtype).contiguous().clone() for n, t in sd.items()}
+    sd = {n: t.detach().to("cpu", dtype or t.dtype).contiguous().clone() for n, t in sd.items()}
     hf_cfg["dtype"] = str(next(iter(sd.values())).dtype).removeprefix("torch.")
     path.mkdir(parents=True, exist_ok=True)
     for old in path.glob("model*.safetensors*"):
