@@ -52,7 +52,7 @@ POSITIONS = ("learned", "sincos")
 # (Ti/S from DeiT) at 224×224 with 16×16 patches (196 tokens + class token).
 VIT_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(image_size=8, patch_size=2, in_channels=1, num_classes=10, d_model=64,
-                 n_layers=4, n_heads=4, ffn_hidden=128),
+                 n_layers=2, n_heads=4, ffn_hidden=128),
     "small": dict(image_size=32, patch_size=4, in_channels=3, num_classes=10, d_model=128,
                   n_layers=6, n_heads=4, ffn_hidden=256),
     "vit-ti16": dict(image_size=224, patch_size=16, in_channels=3, num_classes=1000, d_model=192,
@@ -92,7 +92,7 @@ class ViTConfig:
     in_channels: int = 1
     num_classes: int = 10
     d_model: int = 64
-    n_layers: int = 4
+    n_layers: int = 2
     n_heads: int = 4
     ffn_hidden: int | None = None
     activation: str = "gelu"

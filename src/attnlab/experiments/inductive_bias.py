@@ -1,0 +1,186 @@
+"""Inductive bias: a CNN and a ViT trained with the same budget on growing shares of the data.
+
+The lecture's claim: convolutions build in locality and translation equivariance, a ViT has to
+learn its spatial structure from data, so on small datasets the CNN wins and the gap narrows (and
+eventually reverses, at JFT-300M scale) as data grows. Here both models get the same optimizer,
+schedule, batch size and number of steps, with similar parameter counts, on fractions of one
+training set; the test set is always the same full split.
+
+``run_inductive_bias`` returns a table and writes ``results.json``, ``table.md`` and
+``inductive_bias.png`` (test accuracy against training-set size, one line per model).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.runs import atomic_save, atomic_write_text
+
+__all__ = ["InductiveBiasSettings", "run_inductive_bias", "format_table"]
+
+
+@dataclass
+class InductiveBiasSettings:
+    """What is compared and with which budget.
+
+    Attributes:
+        data: image source (``digits`` or ``shapes``; others need ``data_path``).
+        fractions: shares of the training split, at least three, increasing.
+        steps, batch_size, lr, warmup: the budget, identical for both models.
+        seeds: one run per seed (data subset, init and batch order change with it).
+        vit, cnn: overrides of the ``tiny`` (≤ 16 px) or ``small`` presets.
+    """
+
+    data: str = "digits"
+    data_path: str | None = None
+    image_size: int | None = None
+    fractions: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5, 1.0])
+    steps: int = 300
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup: int = 30
+    weight_decay: float = 0.05
+    seeds: list[int] = field(default_factory=lambda: [0])
+    vit: dict[str, Any] = field(default_factory=dict)
+    cnn: dict[str, Any] = field(default_factory=dict)
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        fr = [float(f) for f in self.fractions]
+        if len(fr) < 3:
+            raise ValueError(f"give at least three data fractions, got {fr}")
+        if any(not 0 < f <= 1 for f in fr) or sorted(fr) != fr or len(set(fr)) != len(fr):
+            raise ValueError(f"fractions must be increasing values in (0, 1], got {fr}")
+        self.fractions = fr
+        if not self.seeds:
+            raise ValueError("give at least one seed")
+
+
+def _build(kind: str, splits, overrides: dict[str, Any]):
+    from attnlab.models.cnn import CNNConfig, ResidualCNN
+    from attnlab.models.vit import VisionTransformer, ViTConfig
+
+    c, h, _ = splits.image_shape
+    preset = "tiny" if h <= 16 else "small"
+    common = dict(image_size=h, in_channels=c, num_classes=len(splits.classes))
+    if kind == "vit":
+        return VisionTransformer(ViTConfig.preset(preset, **{**common, **overrides}))
+    return ResidualCNN(CNNConfig.preset(preset, **{**common, **overrides}))
+
+
+def run_inductive_bias(settings: InductiveBiasSettings, out_dir: str | Path, *,
+                       progress: bool = False) -> dict[str, Any]:
+    """Train both models on every fraction (and seed) and measure test accuracy.
+
+    Args:
+        settings: see :class:`InductiveBiasSettings`.
+        out_dir: where the per-run directories and the summary files go.
+        progress: show the trainer's progress bars.
+
+    Returns:
+        ``{"settings", "runs": [per-run dicts], "table": [per fraction: n_train, vit/cnn mean
+        and std accuracy], "params": {"vit": n, "cnn": n}, "elapsed"}``.
+    """
+    from attnlab.data.images import ImageClassificationTask, load_image_data
+    from attnlab.train import TrainConfig, train
+
+    out = Path(out_dir)
+    t0 = time.perf_counter()
+    runs: list[dict[str, Any]] = []
+    params: dict[str, int] = {}
+    for seed in settings.seeds:
+        splits = load_image_data(settings.data, path=settings.data_path,
+                                 image_size=settings.image_size, seed=seed)
+        for frac in settings.fractions:
+            for kind in ("cnn", "vit"):
+                torch.manual_seed(seed)
+                model = _build(kind, splits, settings.vit if kind == "vit" else settings.cnn)
+                params[kind] = sum(p.numel() for p in model.parameters())
+                task = ImageClassificationTask(splits, seed=seed, train_fraction=frac)
+                cfg = TrainConfig(steps=settings.steps, batch_size=settings.batch_size,
+                                  lr=settings.lr, warmup_steps=settings.warmup,
+                                  weight_decay=settings.weight_decay, eval_every=settings.steps,
+                                  eval_batches=4, seed=seed, device=settings.device,
+                                  progress=progress)
+                t = time.perf_counter()
+                res = train(model, task, cfg, out / "runs" / f"{kind}_f{frac:g}_s{seed}",
+                            overwrite=True)
+                device = next(model.parameters()).device
+                acc, loss = task.test_accuracy(model, device=device)
+                train_acc, _ = task.test_accuracy(model, split="train", device=device)
+                runs.append({"model": kind, "fraction": frac, "seed": seed,
+                             "n_train": len(task.train_y), "test_acc": acc, "test_loss": loss,
+                             "train_acc_full_split": train_acc,
+                             "final_train_loss": res.final_train_loss,
+                             "seconds": time.perf_counter() - t})
+    table = []
+    for frac in settings.fractions:
+        row: dict[str, Any] = {"fraction": frac}
+        for kind in ("cnn", "vit"):
+            accs = [r["test_acc"] for r in runs if r["model"] == kind and r["fraction"] == frac]
+            row["n_train"] = next(r["n_train"] for r in runs if r["fraction"] == frac)
+            row[f"{kind}_acc"] = statistics.fmean(accs)
+            row[f"{kind}_std"] = statistics.pstdev(accs) if len(accs) > 1 else 0.0
+        row["gap"] = row["cnn_acc"] - row["vit_acc"]
+        table.append(row)
+    result = {"settings": settings.__dict__, "runs": runs, "table": table, "params": params,
+              "n_test": len(splits.test[1]), "elapsed": time.perf_counter() - t0}
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "results.json", json.dumps(result, indent=1))
+    atomic_write_text(out / "table.md", format_table(result) + "\n")
+    _plot(result, out / "inductive_bias.png")
+    return result
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """A markdown table: fraction, training images, CNN and ViT test accuracy, gap."""
+    s = result["settings"]
+    p = result["params"]
+    lines = [
+        f"data={s['data']}, {s['steps']} steps × batch {s['batch_size']}, lr {s['lr']}, "
+        f"seeds {s['seeds']}; CNN {p.get('cnn', 0):,} params, ViT {p.get('vit', 0):,} params; "
+        f"test set {result['n_test']} images",
+        "",
+        "| fraction | train images | CNN test acc | ViT test acc | CNN − ViT |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    def fmt(r: dict, k: str) -> str:
+        acc, std = r[k + "_acc"], r[k + "_std"]
+        return f"{acc:.3f} ± {std:.3f}" if std else f"{acc:.3f}"
+
+    for r in result["table"]:
+        lines.append(f"| {r['fraction']:g} | {r['n_train']} | {fmt(r, 'cnn')} | {fmt(r, 'vit')} | "
+                     f"{r['gap']:+.3f} |")
+    return "\n".join(lines)
+
+
+def _plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["table"]
+    n = [r["n_train"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for kind, label in (("cnn", "residual CNN"), ("vit", "ViT")):
+        acc = [r[f"{kind}_acc"] for r in rows]
+        err = [r[f"{kind}_std"] for r in rows]
+        ax.errorbar(n, acc, yerr=err, marker="o", capsize=3,
+                    label=f"{label} ({result['params'].get(kind, 0):,} params)")
+    ax.set_xscale("log")
+    ax.set_xlabel("training images")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"Same budget, growing data ({result['settings']['data']})")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
