@@ -1,0 +1,235 @@
+"""The fixed-context bottleneck, measured: accuracy by source length for rnn, rnn-attn, transformer.
+
+The lecture's claim: an encoder–decoder RNN whose decoder sees only the encoder's final state must
+squeeze the whole source through one fixed-size vector, so it degrades as sources get longer;
+Bahdanau attention (a new context at every output step) and the Transformer (cross-attention to
+every source position) do not. Here all three models are trained on the same ``numbers`` data
+(English number words of very different lengths -> Italian/French/German) with the same budget
+(optimizer steps or wall-clock seconds each), then scored on the held-out numbers grouped by
+source length in words: exact match and BLEU (over target tokens) per bucket.
+
+Outputs in the experiment directory: one run directory per model, ``results.json``,
+``table.md`` and ``bottleneck.png`` (exact match against source length, one line per model).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from attnlab.errors import RunDirError
+
+__all__ = ["BottleneckConfig", "run_bottleneck", "format_table", "summarise"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BottleneckConfig:
+    """Settings of the bottleneck experiment.
+
+    Args:
+        lang, low, high, n_examples: the numbers data (``high`` sets the longest source).
+        steps, max_time: the budget of each model (``max_time`` seconds wins when set).
+        batch_size: examples per step (same for all models).
+        models: which kinds to train.
+        rnn_preset, transformer_preset: model sizes.
+        rnn_lr, transformer_lr: peak learning rates (each family's usual setting).
+        bucket_width: source-length bucket width in words.
+        max_test: at most this many held-out sentences are decoded.
+        device, seed, progress: as for training.
+    """
+
+    lang: str = "it"
+    low: int = 0
+    high: int = 999_999_999
+    n_examples: int = 30_000
+    steps: int | None = 1500
+    max_time: float | None = None
+    batch_size: int = 64
+    models: tuple[str, ...] = ("rnn", "rnn-attn", "transformer")
+    rnn_preset: str = "small"
+    transformer_preset: str = "small"
+    rnn_lr: float = 2e-3
+    transformer_lr: float = 1e-3
+    bucket_width: int = 3
+    max_test: int = 2000
+    device: str = "auto"
+    seed: int = 0
+    progress: bool = True
+
+
+def _bucket(n: int, width: int) -> str:
+    lo = (n - 1) // width * width + 1
+    return f"{lo}-{lo + width - 1}"
+
+
+def run_bottleneck(cfg: BottleneckConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict:
+    """Train every model of ``cfg.models`` and score it by source-length bucket.
+
+    Returns:
+        ``{"config", "data", "models": {kind: {"overall": {...}, "buckets": {bucket: {...}},
+        "steps", "elapsed", "params"}}, "buckets": [...], "summary": str}``.
+
+    Raises:
+        RunDirError: ``out_dir`` already holds results and ``overwrite`` is not set.
+    """
+    from attnlab.data.translation import (
+        DataConfig,
+        TranslationTask,
+        TranslationVocabs,
+        build_data,
+    )
+    from attnlab.train import TrainConfig, train
+    from attnlab.translate import build_model, evaluate_pairs, train_defaults
+
+    out = Path(out_dir)
+    if (out / "results.json").exists() and not overwrite:
+        raise RunDirError(f"{out} already holds bottleneck results; pass --overwrite")
+    data = build_data(DataConfig(task="numbers", lang=cfg.lang, low=cfg.low, high=cfg.high,
+                                 n_examples=cfg.n_examples, seed=cfg.seed))
+    test = data.splits["test"][: cfg.max_test]
+    lengths = [len(s.split()) for s, _ in test]
+    bucket_of = [_bucket(n, cfg.bucket_width) for n in lengths]
+    buckets = sorted(set(bucket_of), key=lambda b: int(b.split("-")[0]))
+    vocabs = TranslationVocabs(data.src_vocab, data.tgt_vocab, data.config.normalizer(),
+                               int(data.stats["max_tgt_len"]))
+    max_seq = 2 * max(data.stats["max_src_len"], data.stats["max_tgt_len"]) + 16
+    results: dict = {"config": asdict(cfg), "data": data.stats, "buckets": buckets, "models": {}}
+    for kind in cfg.models:
+        is_tf = kind == "transformer"
+        model = build_model(kind, len(data.src_vocab), len(data.tgt_vocab),
+                            preset=cfg.transformer_preset if is_tf else cfg.rnn_preset,
+                            max_seq_len=max_seq)
+        tcfg = TrainConfig(steps=cfg.steps, max_time=cfg.max_time, batch_size=cfg.batch_size,
+                           lr=cfg.transformer_lr if is_tf else cfg.rnn_lr,
+                           warmup_steps=100 if is_tf else 20, eval_every=10**9, eval_batches=5,
+                           device=cfg.device, seed=cfg.seed, progress=cfg.progress,
+                           **train_defaults(kind))
+        task = TranslationTask(data, eval_examples=0)
+        log.info("bottleneck: training %s", kind)
+        res = train(model, task, tcfg, out / kind, overwrite=True)
+        ev = evaluate_pairs(model, vocabs, test, batch_size=256)
+        per: dict = {}
+        for b in buckets:
+            idx = [i for i, x in enumerate(bucket_of) if x == b]
+            sub = evaluate_subset(ev, vocabs, test, idx)
+            per[b] = {"n": len(idx), **sub}
+        results["models"][kind] = {
+            "overall": {k: ev[k] for k in ("exact_match", "bleu", "chrf", "n")},
+            "buckets": per, "steps": res.steps, "elapsed": res.elapsed,
+            "params": sum(p.numel() for p in model.parameters())}
+    results["summary"] = summarise(results)
+    out.mkdir(parents=True, exist_ok=True)
+    from attnlab.runs import atomic_write_text
+
+    atomic_write_text(out / "results.json", json.dumps(results, indent=2))
+    atomic_write_text(out / "table.md", format_table(results) + "\n\n" + results["summary"] + "\n")
+    plot_bottleneck(results, out / "bottleneck.png")
+    return results
+
+
+def evaluate_subset(ev: dict, vocabs, pairs, idx: list[int]) -> dict:
+    """Exact match and token BLEU of the hypotheses ``idx`` of an :func:`evaluate_pairs` result."""
+    from attnlab.translate import bleu
+
+    if not idx:
+        return {"exact_match": None, "bleu": None}
+
+    def toks(text: str) -> str:
+        return " ".join(vocabs.tgt.tokenize(text))
+
+    hyps = [toks(ev["hypotheses"][i]) for i in idx]
+    refs = [toks(vocabs.normalizer(pairs[i][1])) for i in idx]
+    has_4 = any(len(r.split()) >= 4 for r in refs)
+    return {"exact_match": sum(ev["correct"][i] for i in idx) / len(idx),
+            "bleu": bleu(hyps, refs, tokenize="none") if has_4 else None}
+
+
+def _fmt(x, pct: bool = False) -> str:
+    if x is None:
+        return "–"
+    return f"{100 * x:.1f}" if pct else f"{x:.1f}"
+
+
+def format_table(results: dict) -> str:
+    """A Markdown table: one row per source-length bucket, exact match % and BLEU per model."""
+    kinds = list(results["models"])
+    head = "| source words | n | " + " | ".join(f"{k} EM % | {k} BLEU" for k in kinds) + " |"
+    sep = "|" + "---|" * (2 + 2 * len(kinds))
+    rows = [head, sep]
+    for b in results["buckets"]:
+        n = results["models"][kinds[0]]["buckets"][b]["n"]
+        cells = []
+        for k in kinds:
+            r = results["models"][k]["buckets"][b]
+            cells += [_fmt(r["exact_match"], pct=True), _fmt(r["bleu"])]
+        rows.append(f"| {b} | {n} | " + " | ".join(cells) + " |")
+    cells = []
+    for k in kinds:
+        o = results["models"][k]["overall"]
+        cells += [_fmt(o["exact_match"], pct=True), _fmt(o["bleu"])]
+    rows.append(f"| all | {results['models'][kinds[0]]['overall']['n']} | "
+                + " | ".join(cells) + " |")
+    budget = ", ".join(f"{k}: {results['models'][k]['steps']} steps / "
+                       f"{results['models'][k]['elapsed']:.0f}s / "
+                       f"{results['models'][k]['params'] / 1e6:.2f}M params" for k in kinds)
+    return "\n".join(rows) + f"\n\nbudget — {budget}"
+
+
+def summarise(results: dict) -> str:
+    """One sentence per model: exact match on the shortest vs the longest well-populated bucket."""
+    kinds = list(results["models"])
+    populated = [b for b in results["buckets"]
+                 if results["models"][kinds[0]]["buckets"][b]["n"] >= 20] or results["buckets"]
+    first, last = populated[0], populated[-1]
+    parts = []
+    drops = {}
+    for k in kinds:
+        a = results["models"][k]["buckets"][first]["exact_match"] or 0.0
+        z = results["models"][k]["buckets"][last]["exact_match"] or 0.0
+        drops[k] = a - z
+        parts.append(f"{k}: {100 * a:.1f}% -> {100 * z:.1f}%")
+    text = (f"Exact match from {first}-word to {last}-word sources — " + "; ".join(parts) + ".")
+    if "rnn" in drops and len(drops) > 1:
+        others = {k: v for k, v in drops.items() if k != "rnn"}
+        worst_other = max(others.values())
+        if drops["rnn"] > worst_other + 0.05:
+            text += (" The fixed-context rnn loses the most accuracy as sources get longer "
+                     f"({100 * drops['rnn']:.1f} points vs at most {100 * worst_other:.1f} for "
+                     "the attention models): the bottleneck is visible.")
+        else:
+            text += (" In this run the fixed-context rnn does not degrade clearly more than the "
+                     f"attention models ({100 * drops['rnn']:.1f} points vs "
+                     f"{100 * worst_other:.1f}); longer sources or a smaller state would be needed "
+                     "to expose the bottleneck.")
+    return text
+
+
+def plot_bottleneck(results: dict, path: str | Path) -> None:
+    """Exact match (%) against source length bucket, one line per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnlab.runs import atomic_save
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    xs = results["buckets"]
+    for k, r in results["models"].items():
+        ys = [None if r["buckets"][b]["exact_match"] is None
+              else 100 * r["buckets"][b]["exact_match"] for b in xs]
+        ax.plot(range(len(xs)), ys, marker="o", label=k)
+    ax.set_xticks(range(len(xs)), xs)
+    ax.set_xlabel("source length (English words)")
+    ax.set_ylabel("held-out exact match (%)")
+    ax.set_ylim(-2, 102)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(f"fixed context vs attention (numbers, en→{results['config']['lang']})")
+    fig.tight_layout()
+    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
