@@ -56,6 +56,20 @@ def test_cross_attention_weights_are_distributions_over_image_tokens(encoder):
     torch.testing.assert_close(maps.sum(-1), torch.ones(Y, B, H, L))
 
 
+@pytest.mark.parametrize("arch,encoder,features", [("lstm", "cnn", "penultimate"),
+                                                   ("lstm", "vit", "logits"),
+                                                   ("transformer", "cnn", "penultimate"),
+                                                   ("transformer", "vit", "penultimate")])
+def test_every_trainable_parameter_gets_a_gradient(arch, encoder, features):
+    """Parameters the caption never depends on are frozen (DDP needs all others used)."""
+    m = tiny(arch, encoder=encoder, features=features).train()
+    m(torch.rand(2, 3, 32, 32), tokens(2)).logsumexp(-1).sum().backward()
+    missing = [k for k, p in m.named_parameters()
+               if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)]
+    assert not missing
+    assert any(p.requires_grad for p in m.encoder.parameters())
+
+
 def test_captions_depend_on_the_image():
     for arch in ("lstm", "transformer"):
         m = tiny(arch)

@@ -48,6 +48,7 @@ __all__ = [
     "caption_images",
     "caption_metrics",
     "pretrain_encoder",
+    "freeze_unused",
 ]
 
 ENCODERS = ("cnn", "vit")
@@ -162,6 +163,24 @@ def build_image_encoder(name: str, image_size: int, width: int, depth: int, *, p
     raise ValueError(f"unknown encoder {name!r}; choose from {ENCODERS}")
 
 
+def freeze_unused(encoder: nn.Module, reads: str) -> None:
+    """Stop gradients into encoder parts a model never reads (DDP requires every trainable
+    parameter to take part in the loss).
+
+    Args:
+        encoder: from :func:`build_image_encoder`.
+        reads: ``features`` (grid/patch tokens), ``pooled`` (penultimate vector) or ``logits``.
+    """
+    if reads == "logits":
+        return
+    if hasattr(encoder, "head"):
+        encoder.head.requires_grad_(False)
+    from attnlab.models.cnn import ResidualCNN
+
+    if reads == "features" and isinstance(encoder, ResidualCNN):
+        encoder.norm.requires_grad_(False)  # only the pooled vector is normalised
+
+
 class _Captioner(nn.Module):
     """What both captioners share: the image encoder, freezing, and the image-size check."""
 
@@ -175,6 +194,9 @@ class _Captioner(nn.Module):
                                            num_classes=c.num_classes)
         if c.freeze_encoder:
             self.encoder.requires_grad_(False)
+        reads = "features" if c.arch == "transformer" else (
+            "logits" if c.features == "logits" else "pooled")
+        freeze_unused(self.encoder, reads)
 
     def train(self, mode: bool = True) -> _Captioner:
         super().train(mode)
@@ -519,6 +541,8 @@ def pretrain_encoder(encoder: nn.Module, sset, steps: int, *, batch_size: int = 
     n_fit = max(1, int(0.8 * len(sset)))
     rng = np.random.default_rng(seed)
     device = next(encoder.parameters()).device
+    trainable = {n: p.requires_grad for n, p in encoder.named_parameters()}
+    encoder.requires_grad_(True)  # the classifier head too, even if the captioner won't read it
     opt = torch.optim.AdamW(encoder.parameters(), lr=lr, weight_decay=0.0)
     encoder.train()
     for _ in range(steps):
@@ -528,6 +552,8 @@ def pretrain_encoder(encoder: nn.Module, sset, steps: int, *, batch_size: int = 
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    for n, p in encoder.named_parameters():
+        p.requires_grad_(trainable[n])
     encoder.eval()
     with torch.no_grad():
         idx = np.arange(n_fit, len(sset)) if n_fit < len(sset) else np.arange(len(sset))
