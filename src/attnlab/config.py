@@ -68,23 +68,29 @@ class ModelConfig:
         for name in ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        for name, value, choices in (("ffn", self.ffn, _FFNS),
-                                     ("activation", self.activation, _ACTIVATIONS),
-                                     ("norm", self.norm, _NORMS),
-                                     ("norm_position", self.norm_position, ("pre", "post")),
-                                     ("position", self.position, _POSITIONS),
-                                     ("qk_norm", self.qk_norm, (None, *_NORMS))):
+        for name, value, choices in (
+            ("ffn", self.ffn, _FFNS),
+            ("activation", self.activation, _ACTIVATIONS),
+            ("norm", self.norm, _NORMS),
+            ("norm_position", self.norm_position, ("pre", "post")),
+            ("position", self.position, _POSITIONS),
+            ("qk_norm", self.qk_norm, (None, *_NORMS)),
+        ):
             if value not in choices:
                 raise ValueError(f"unknown {name} {value!r}; choose from {list(choices)}")
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads != 0:
-            raise ValueError(f"n_heads ({self.n_heads}) must be a positive multiple of n_kv_heads "
-                             f"({self.n_kv_heads})")
+            raise ValueError(
+                f"n_heads ({self.n_heads}) must be a positive multiple of n_kv_heads "
+                f"({self.n_kv_heads})"
+            )
         if self.head_dim is None:
             if self.d_model % self.n_heads != 0:
-                raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads "
-                                 f"({self.n_heads}), or set head_dim")
+                raise ValueError(
+                    f"d_model ({self.d_model}) must be divisible by n_heads "
+                    f"({self.n_heads}), or set head_dim"
+                )
             self.head_dim = self.d_model // self.n_heads
         if self.head_dim < 1:
             raise ValueError(f"head_dim must be positive, got {self.head_dim}")
@@ -98,16 +104,19 @@ class ModelConfig:
         if self.ffn_hidden < 1:
             raise ValueError(f"ffn_hidden must be positive, got {self.ffn_hidden}")
         if self.ffn == "moe" and not 1 <= self.top_k <= self.n_experts:
-            raise ValueError(f"top_k ({self.top_k}) must be between 1 and n_experts "
-                             f"({self.n_experts})")
+            raise ValueError(
+                f"top_k ({self.top_k}) must be between 1 and n_experts ({self.n_experts})"
+            )
         if self.moe_aux_coef < 0:
             raise ValueError(f"moe_aux_coef must be >= 0, got {self.moe_aux_coef}")
         for name in ("dropout", "attn_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_theta <= 0:
-            raise ValueError(f"norm_eps, init_std and rope_theta must be positive, got "
-                             f"{self.norm_eps}, {self.init_std}, {self.rope_theta}")
+            raise ValueError(
+                f"norm_eps, init_std and rope_theta must be positive, got "
+                f"{self.norm_eps}, {self.init_std}, {self.rope_theta}"
+            )
         if not isinstance(self.backend_options, dict):
             raise ValueError(f"backend_options must be a dict, got {self.backend_options!r}")
 
@@ -152,10 +161,25 @@ class ModelConfig:
         return L * (attn + ffn) + emb + pos
 
 
-_GPT2 = dict(ffn="mlp", activation="gelu_tanh", norm="layernorm", norm_eps=1e-5, position="learned",
-             bias=True, tie_embeddings=True)
-_LLAMA = dict(ffn="swiglu", activation="silu", norm="rmsnorm", norm_eps=1e-6, position="rope",
-              bias=False, tie_embeddings=False, rope_theta=10000.0)
+_GPT2 = dict(
+    ffn="mlp",
+    activation="gelu_tanh",
+    norm="layernorm",
+    norm_eps=1e-5,
+    position="learned",
+    bias=True,
+    tie_embeddings=True,
+)
+_LLAMA = dict(
+    ffn="swiglu",
+    activation="silu",
+    norm="rmsnorm",
+    norm_eps=1e-6,
+    position="rope",
+    bias=False,
+    tie_embeddings=False,
+    rope_theta=10000.0,
+)
 _MIXTRAL = dict(_LLAMA, ffn="moe", norm_eps=1e-5, rope_theta=1e6, moe_aux_coef=0.01)
 
 #: Named presets. ``tiny`` runs in CPU seconds; ``*-small`` are GPT-2-small sized (124M for gpt2).
@@ -163,17 +187,47 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(_GPT2, vocab_size=256, max_seq_len=128, d_model=64, n_layers=2, n_heads=4),
     "gpt2-tiny": dict(_GPT2, vocab_size=256, max_seq_len=128, d_model=64, n_layers=2, n_heads=4),
     "gpt2-mini": dict(_GPT2, vocab_size=256, max_seq_len=128, d_model=128, n_layers=4, n_heads=4),
-    "gpt2-small": dict(_GPT2, vocab_size=50257, max_seq_len=1024, d_model=768, n_layers=12,
-                       n_heads=12),
+    "gpt2-small": dict(
+        _GPT2, vocab_size=50257, max_seq_len=1024, d_model=768, n_layers=12, n_heads=12
+    ),
     "gpt2": dict(_GPT2, vocab_size=50257, max_seq_len=1024, d_model=768, n_layers=12, n_heads=12),
-    "llama-tiny": dict(_LLAMA, vocab_size=256, max_seq_len=128, d_model=64, n_layers=2, n_heads=4,
-                       n_kv_heads=2),
-    "llama-mini": dict(_LLAMA, vocab_size=256, max_seq_len=128, d_model=128, n_layers=4, n_heads=4,
-                       n_kv_heads=2),
-    "llama-small": dict(_LLAMA, vocab_size=32000, max_seq_len=1024, d_model=768, n_layers=12,
-                        n_heads=12, n_kv_heads=4),
-    "mixtral-tiny": dict(_MIXTRAL, vocab_size=256, max_seq_len=128, d_model=64, n_layers=2,
-                         n_heads=4, n_kv_heads=2, n_experts=4, top_k=2, ffn_hidden=96),
-    "mixtral-small": dict(_MIXTRAL, vocab_size=32000, max_seq_len=1024, d_model=512, n_layers=8,
-                          n_heads=8, n_kv_heads=2, n_experts=8, top_k=2, ffn_hidden=1024),
+    "llama-tiny": dict(
+        _LLAMA, vocab_size=256, max_seq_len=128, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2
+    ),
+    "llama-mini": dict(
+        _LLAMA, vocab_size=256, max_seq_len=128, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2
+    ),
+    "llama-small": dict(
+        _LLAMA,
+        vocab_size=32000,
+        max_seq_len=1024,
+        d_model=768,
+        n_layers=12,
+        n_heads=12,
+        n_kv_heads=4,
+    ),
+    "mixtral-tiny": dict(
+        _MIXTRAL,
+        vocab_size=256,
+        max_seq_len=128,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        n_experts=4,
+        top_k=2,
+        ffn_hidden=96,
+    ),
+    "mixtral-small": dict(
+        _MIXTRAL,
+        vocab_size=32000,
+        max_seq_len=1024,
+        d_model=512,
+        n_layers=8,
+        n_heads=8,
+        n_kv_heads=2,
+        n_experts=8,
+        top_k=2,
+        ffn_hidden=1024,
+    ),
 }

@@ -30,8 +30,14 @@ from attnlab.errors import UserError
 __all__ = ["generate", "stream_generate", "sample_next", "left_pad"]
 
 
-def sample_next(logits: Tensor, *, temperature: float = 1.0, top_k: int | None = None,
-                top_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
+def sample_next(
+    logits: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> Tensor:
     """Pick the next token ``(B,)`` from ``logits (B, V)``.
 
     Args:
@@ -65,13 +71,20 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor,
     idx = torch.full((len(prompts), T), pad_id, dtype=torch.long)
     mask = torch.zeros(len(prompts), T, dtype=torch.bool)
     for b, p in enumerate(prompts):
-        idx[b, T - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
-        mask[b, T - len(p):] = True
+        idx[b, T - len(p) :] = torch.as_tensor(list(p), dtype=torch.long)
+        mask[b, T - len(p) :] = True
     return idx, mask
 
 
-def _check(model: nn.Module, idx: Tensor, max_new_tokens: int, temperature: float,
-           top_k: int | None, top_p: float | None, attention_mask: Tensor | None) -> int:
+def _check(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    attention_mask: Tensor | None,
+) -> int:
     if idx.dim() != 2 or idx.shape[1] == 0:
         raise UserError(f"idx must be a non-empty (B, T) batch of ids, got {tuple(idx.shape)}")
     if max_new_tokens < 0:
@@ -83,16 +96,20 @@ def _check(model: nn.Module, idx: Tensor, max_new_tokens: int, temperature: floa
     if top_p is not None and not 0.0 < top_p <= 1.0:
         raise UserError(f"top_p must be in (0, 1], got {top_p}")
     if attention_mask is not None and attention_mask.shape != idx.shape:
-        raise UserError(f"attention_mask {tuple(attention_mask.shape)} must match idx "
-                        f"{tuple(idx.shape)}")
+        raise UserError(
+            f"attention_mask {tuple(attention_mask.shape)} must match idx {tuple(idx.shape)}"
+        )
     ctx = model.config.max_seq_len
     if idx.shape[1] > ctx:
-        raise UserError(f"the prompt has {idx.shape[1]} tokens but the model's context is "
-                        f"{ctx} (max_seq_len); shorten the prompt")
+        raise UserError(
+            f"the prompt has {idx.shape[1]} tokens but the model's context is "
+            f"{ctx} (max_seq_len); shorten the prompt"
+        )
     vocab = getattr(model.config, "vocab_size", None)
     if vocab is not None and idx.numel() and (int(idx.max()) >= vocab or int(idx.min()) < 0):
-        raise UserError(f"token ids must be in [0, {vocab}), got {int(idx.min())}..{int(idx.max())}"
-                        )
+        raise UserError(
+            f"token ids must be in [0, {vocab}), got {int(idx.min())}..{int(idx.max())}"
+        )
     return ctx
 
 
@@ -116,8 +133,11 @@ def stream_generate(
     stop_list = [] if stop is None else [stop] if isinstance(stop, int) else list(stop)
     stop_ids = torch.as_tensor(stop_list, dtype=torch.long, device=device)
     tokens = idx.to(device)
-    mask = (torch.ones_like(tokens, dtype=torch.bool) if attention_mask is None
-            else attention_mask.to(device=device, dtype=torch.bool))
+    mask = (
+        torch.ones_like(tokens, dtype=torch.bool)
+        if attention_mask is None
+        else attention_mask.to(device=device, dtype=torch.bool)
+    )
     has_padding = not bool(mask.all())
     use_cache = use_cache and hasattr(model, "make_caches")
     finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=device)
@@ -141,8 +161,9 @@ def stream_generate(
                 cached = L
             else:
                 logits = model(tokens[:, start:], **kwargs)[:, -1]  # (B, V)
-            nxt = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p,
-                              generator=generator)
+            nxt = sample_next(
+                logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+            )
             if stop_ids.numel():
                 nxt = torch.where(finished, stop_ids[0], nxt)  # finished rows repeat the stop id
                 finished |= torch.isin(nxt, stop_ids)
@@ -193,9 +214,18 @@ def generate(
         UserError: a prompt longer than the context, bad sampling settings, ids outside the vocab.
     """
     out = [idx]
-    for nxt in stream_generate(model, idx, max_new_tokens, temperature=temperature, top_k=top_k,
-                               top_p=top_p, stop=stop, attention_mask=attention_mask,
-                               use_cache=use_cache, generator=generator):
+    for nxt in stream_generate(
+        model,
+        idx,
+        max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        stop=stop,
+        attention_mask=attention_mask,
+        use_cache=use_cache,
+        generator=generator,
+    ):
         if callback is not None:
             callback(nxt)
         out.append(nxt[:, None].to(idx.device))

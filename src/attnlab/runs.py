@@ -46,6 +46,7 @@ __all__ = [
 # Modules that register kinds when imported; load() imports them on demand.
 _KIND_MODULES = [
     "attnlab.models.lm",
+    "attnlab.models.rnn_lm",
     "attnlab.models.rnn",
     "attnlab.models.seq2seq",
     "attnlab.models.vit",

@@ -110,8 +110,10 @@ def load_corpus(source: str, *, max_chars: int | None = None) -> Corpus:
     else:
         path = Path(source).expanduser()
         if not path.exists():
-            raise UserError(f"unknown corpus {source!r}: not a built-in corpus "
-                            f"({', '.join(BUILTIN_CORPORA)}) and no such file or folder")
+            raise UserError(
+                f"unknown corpus {source!r}: not a built-in corpus "
+                f"({', '.join(BUILTIN_CORPORA)}) and no such file or folder"
+            )
         if path.is_dir():
             texts = []
             for f in sorted(p for p in path.rglob("*") if p.is_file()):
@@ -143,7 +145,7 @@ def _encode(tokenizer, text: str) -> list[int]:
         # batch-encode line groups (parallel in the Rust library). A whitespace run at a group
         # boundary may split differently from whole-text encoding; the result is deterministic
         lines = text.splitlines(keepends=True)
-        chunks = ["".join(lines[i:i + 256]) for i in range(0, len(lines), 256)]
+        chunks = ["".join(lines[i : i + 256]) for i in range(0, len(lines), 256)]
         return [i for ids in tokenizer.encode_batch(chunks) for i in ids]
     return tokenizer.encode(text)
 
@@ -208,9 +210,17 @@ class LMTask:
         UserError: a corpus too short for two windows of ``seq_len + 1`` tokens.
     """
 
-    def __init__(self, ids: np.ndarray, tokenizer, *, seq_len: int, seed: int = 0,
-                 val_fraction: float = 0.1, data: str = "pydoc",
-                 max_chars: int | None = None) -> None:
+    def __init__(
+        self,
+        ids: np.ndarray,
+        tokenizer,
+        *,
+        seq_len: int,
+        seed: int = 0,
+        val_fraction: float = 0.1,
+        data: str = "pydoc",
+        max_chars: int | None = None,
+    ) -> None:
         if seq_len < 1:
             raise UserError(f"seq_len must be positive, got {seq_len}")
         if not 0.0 < val_fraction < 1.0:
@@ -218,18 +228,29 @@ class LMTask:
         n = len(ids)
         n_val = max(int(n * val_fraction), seq_len + 1)
         if n - n_val < seq_len + 1:
-            raise UserError(f"corpus {data!r} has {n} tokens: too few for a training and a "
-                            f"validation window of seq_len={seq_len} (+1); use a shorter "
-                            f"--seq-len or a larger corpus")
+            raise UserError(
+                f"corpus {data!r} has {n} tokens: too few for a training and a "
+                f"validation window of seq_len={seq_len} (+1); use a shorter "
+                f"--seq-len or a larger corpus"
+            )
         self.ids, self.tokenizer = ids, tokenizer
         self.seq_len, self.seed, self.val_fraction = seq_len, seed, val_fraction
         self.data, self.max_chars = data, max_chars
-        self.splits = {"train": ids[: n - n_val], "val": ids[n - n_val:]}
+        self.splits = {"train": ids[: n - n_val], "val": ids[n - n_val :]}
 
     @classmethod
-    def build(cls, data: str = "pydoc", *, tokenizer: str = "char", vocab_size: int = 512,
-              seq_len: int = 128, seed: int = 0, val_fraction: float = 0.1,
-              max_chars: int | None = None, tokenizer_obj=None) -> LMTask:
+    def build(
+        cls,
+        data: str = "pydoc",
+        *,
+        tokenizer: str = "char",
+        vocab_size: int = 512,
+        seq_len: int = 128,
+        seed: int = 0,
+        val_fraction: float = 0.1,
+        max_chars: int | None = None,
+        tokenizer_obj=None,
+    ) -> LMTask:
         """Load the corpus, train (or reuse) the tokenizer, tokenise with the cache."""
         corpus = load_corpus(data, max_chars=max_chars)
         if tokenizer_obj is None:
@@ -238,16 +259,28 @@ class LMTask:
             else:
                 tokenizer_obj = train_tokenizer(tokenizer, corpus.text, vocab_size)
         ids = tokenize_cached(corpus, tokenizer_obj)
-        return cls(ids, tokenizer_obj, seq_len=seq_len, seed=seed, val_fraction=val_fraction,
-                   data=data, max_chars=max_chars)
+        return cls(
+            ids,
+            tokenizer_obj,
+            seq_len=seq_len,
+            seed=seed,
+            val_fraction=val_fraction,
+            data=data,
+            max_chars=max_chars,
+        )
 
     @classmethod
     def from_config(cls, task: dict[str, Any], tokenizer, **overrides: Any) -> LMTask:
         """Rebuild the task of a run directory (``config.json["task"]``) with its tokenizer."""
         if not isinstance(task, dict) or task.get("type") != "lm":
             raise UserError(f"the run's task is not a language-modelling task: {task!r}")
-        kw = dict(data=task["data"], seq_len=task["seq_len"], seed=task.get("seed", 0),
-                  val_fraction=task.get("val_fraction", 0.1), max_chars=task.get("max_chars"))
+        kw = dict(
+            data=task["data"],
+            seq_len=task["seq_len"],
+            seed=task.get("seed", 0),
+            val_fraction=task.get("val_fraction", 0.1),
+            max_chars=task.get("max_chars"),
+        )
         kw.update(overrides)
         return cls.build(tokenizer_obj=tokenizer, **kw)
 
@@ -259,8 +292,9 @@ class LMTask:
         chunk = torch.from_numpy(np.asarray(ids[index], dtype=np.int64))  # (B, T+1)
         return chunk[:, :-1], chunk[:, 1:]
 
-    def get_batch(self, split: str, step: int, batch_size: int, rank: int = 0,
-                  world: int = 1) -> tuple[Tensor, Tensor]:
+    def get_batch(
+        self, split: str, step: int, batch_size: int, rank: int = 0, world: int = 1
+    ) -> tuple[Tensor, Tensor]:
         """This rank's share of global batch ``step``: ``(idx, targets)``, each ``(B/world, T)``."""
         if split not in _SPLITS:
             raise ValueError(f"split must be 'train' or 'val', got {split!r}")
@@ -268,15 +302,16 @@ class LMTask:
         rng = np.random.default_rng([self.seed, _SPLITS[split], step])
         starts = rng.integers(0, n - self.seq_len, size=batch_size)  # window needs T+1 ids
         per = batch_size // world
-        return self._windows(split, starts[rank * per:(rank + 1) * per])
+        return self._windows(split, starts[rank * per : (rank + 1) * per])
 
     def loss(self, model, batch, cfg=None) -> tuple[Tensor, dict[str, float]]:
         """Mean next-token cross-entropy (+ ``moe_aux_coef`` × MoE load-balancing loss)."""
         idx, targets = batch
         logits = model(idx)  # (B, T, V)
         smoothing = getattr(cfg, "label_smoothing", 0.0) or 0.0
-        ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(),
-                             label_smoothing=smoothing)
+        ce = F.cross_entropy(
+            logits.flatten(0, 1).float(), targets.flatten(), label_smoothing=smoothing
+        )
         inner = getattr(model, "module", model)  # DDP wraps the model
         coef = getattr(getattr(inner, "config", None), "moe_aux_coef", 0.0)
         aux = getattr(inner, "aux_loss", None)
@@ -287,24 +322,32 @@ class LMTask:
             metrics = {"ce": float(ce.detach()), "aux": float(aux.detach())}
         return loss, metrics
 
-    def eval_batches(self, batch_size: int,
-                     n_batches: int | None) -> Iterator[tuple[Tensor, Tensor]]:
+    def eval_batches(
+        self, batch_size: int, n_batches: int | None
+    ) -> Iterator[tuple[Tensor, Tensor]]:
         """The fixed validation set: consecutive non-overlapping windows from the start."""
         n = len(self.splits["val"])
         starts = np.arange(0, n - self.seq_len, self.seq_len)
         if n_batches is not None:
             starts = starts[: batch_size * n_batches]
         for i in range(0, len(starts), batch_size):
-            yield self._windows("val", starts[i:i + batch_size])
+            yield self._windows("val", starts[i : i + batch_size])
 
     def count(self, batch) -> int:
         return int(batch[0].numel())
 
     def config_dict(self) -> dict[str, Any]:
-        return {"type": "lm", "data": self.data, "tokenizer": self.tokenizer.type,
-                "vocab_size": self.tokenizer.vocab_size, "seq_len": self.seq_len,
-                "seed": self.seed, "val_fraction": self.val_fraction, "max_chars": self.max_chars,
-                "n_tokens": {k: len(v) for k, v in self.splits.items()}}
+        return {
+            "type": "lm",
+            "data": self.data,
+            "tokenizer": self.tokenizer.type,
+            "vocab_size": self.tokenizer.vocab_size,
+            "seq_len": self.seq_len,
+            "seed": self.seed,
+            "val_fraction": self.val_fraction,
+            "max_chars": self.max_chars,
+            "n_tokens": {k: len(v) for k, v in self.splits.items()},
+        }
 
     def save_artifacts(self, run_dir) -> None:
         self.tokenizer.save(run_dir)
@@ -312,3 +355,30 @@ class LMTask:
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
+
+    @torch.no_grad()
+    def val_loss(
+        self, model, *, batch_size: int = 32, n_batches: int | None = None
+    ) -> dict[str, float]:
+        """Token-weighted mean cross-entropy on the validation split, and its perplexity.
+
+        Returns:
+            ``{"loss", "perplexity", "tokens"}``.
+        """
+        device = next(model.parameters()).device
+        was_training = model.training
+        model.eval()
+        total, count = 0.0, 0
+        try:
+            for idx, targets in self.eval_batches(batch_size, n_batches):
+                logits = model(idx.to(device))  # (B, T, V)
+                total += float(
+                    F.cross_entropy(
+                        logits.flatten(0, 1).float(), targets.to(device).flatten(), reduction="sum"
+                    )
+                )
+                count += targets.numel()
+        finally:
+            model.train(was_training)
+        loss = total / max(count, 1)
+        return {"loss": loss, "perplexity": float(np.exp(min(loss, 50.0))), "tokens": count}

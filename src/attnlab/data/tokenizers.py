@@ -19,8 +19,13 @@ from pathlib import Path
 
 from attnlab.errors import RunDirError, UserError
 
-__all__ = ["CharTokenizer", "ByteBPETokenizer", "load_tokenizer", "train_tokenizer",
-           "TOKENIZER_FILE"]
+__all__ = [
+    "CharTokenizer",
+    "ByteBPETokenizer",
+    "load_tokenizer",
+    "train_tokenizer",
+    "TOKENIZER_FILE",
+]
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -63,8 +68,10 @@ class CharTokenizer:
         except KeyError:
             unknown = sorted(set(text) - set(self.stoi))
             shown = ", ".join(repr(c) for c in unknown[:10]) + (" …" if len(unknown) > 10 else "")
-            raise UserError(f"{len(unknown)} character(s) not in this model's character vocabulary "
-                            f"({self.vocab_size} characters): {shown}") from None
+            raise UserError(
+                f"{len(unknown)} character(s) not in this model's character vocabulary "
+                f"({self.vocab_size} characters): {shown}"
+            ) from None
 
     def decode(self, ids) -> str:
         try:
@@ -109,18 +116,23 @@ class ByteBPETokenizer:
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         if vocab_size < 256:
-            raise UserError("a byte-level BPE vocabulary needs at least 256 tokens (one per "
-                            f"byte); "
-                            f"got --vocab-size {vocab_size}")
+            raise UserError(
+                "a byte-level BPE vocabulary needs at least 256 tokens (one per "
+                f"byte); "
+                f"got --vocab-size {vocab_size}"
+            )
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                      special_tokens=[])
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            special_tokens=[],
+        )
         # feed lines in chunks: the trainer counts words per chunk, order does not matter
         lines = text.splitlines(keepends=True)
-        chunks = ["".join(lines[i:i + 200]) for i in range(0, len(lines), 200)]
+        chunks = ["".join(lines[i : i + 200]) for i in range(0, len(lines), 200)]
         tok.train_from_iterator(chunks, trainer=trainer)
         return cls(tok)
 
@@ -158,8 +170,9 @@ class ByteBPETokenizer:
         return cls(Tokenizer.from_str(text))
 
 
-def train_tokenizer(kind: str, text: str,
-                    vocab_size: int = 512) -> CharTokenizer | ByteBPETokenizer:
+def train_tokenizer(
+    kind: str, text: str, vocab_size: int = 512
+) -> CharTokenizer | ByteBPETokenizer:
     """Train a ``char`` or ``bpe`` tokenizer on ``text``.
 
     Raises:

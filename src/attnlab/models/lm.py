@@ -57,23 +57,41 @@ class DecoderLM(nn.Module):
         if c.position == "learned":
             self.pos_emb = LearnedPositionalEmbedding(c.max_seq_len, c.d_model)
         elif c.position == "sinusoidal":
-            self.register_buffer("pos_table", sinusoidal_table(c.max_seq_len, c.d_model),
-                                 persistent=False)
+            self.register_buffer(
+                "pos_table", sinusoidal_table(c.max_seq_len, c.d_model), persistent=False
+            )
         self.drop = nn.Dropout(c.dropout)
         attn_position = c.position if c.position in ("rope", "alibi") else "none"
         self.blocks = nn.ModuleList(
             build_block(
-                c.d_model, c.n_heads, n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, ffn=c.ffn,
-                ffn_hidden=c.ffn_hidden, activation=c.activation, n_experts=c.n_experts,
-                top_k=c.top_k, norm=c.norm, norm_eps=c.norm_eps, norm_position=c.norm_position,
-                bias=c.bias, qk_norm=c.qk_norm, position=attn_position, rope_theta=c.rope_theta,
-                dropout=c.dropout, attn_dropout=c.attn_dropout, backend=c.backend,
+                c.d_model,
+                c.n_heads,
+                n_kv_heads=c.n_kv_heads,
+                head_dim=c.head_dim,
+                ffn=c.ffn,
+                ffn_hidden=c.ffn_hidden,
+                activation=c.activation,
+                n_experts=c.n_experts,
+                top_k=c.top_k,
+                norm=c.norm,
+                norm_eps=c.norm_eps,
+                norm_position=c.norm_position,
+                bias=c.bias,
+                qk_norm=c.qk_norm,
+                position=attn_position,
+                rope_theta=c.rope_theta,
+                dropout=c.dropout,
+                attn_dropout=c.attn_dropout,
+                backend=c.backend,
                 backend_options=c.backend_options,
             )
             for _ in range(c.n_layers)
         )
-        self.norm_f = (make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
-                       if c.norm_position == "pre" else nn.Identity())
+        self.norm_f = (
+            make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
+            if c.norm_position == "pre"
+            else nn.Identity()
+        )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.reset_parameters()
         if c.tie_embeddings:
@@ -95,12 +113,15 @@ class DecoderLM(nn.Module):
             else:
                 nn.init.normal_(p, std=std)
 
-    def make_caches(self, batch_size: int, max_len: int | None = None, *,
-                    device=None, dtype=None) -> list[KVCache]:
+    def make_caches(
+        self, batch_size: int, max_len: int | None = None, *, device=None, dtype=None
+    ) -> list[KVCache]:
         """One empty KV cache per block, for ``batch_size`` rows and up to ``max_len`` tokens."""
         max_len = self.config.max_seq_len if max_len is None else max_len
-        return [blk.attn.make_cache(batch_size, max_len, device=device, dtype=dtype)
-                for blk in self.blocks]
+        return [
+            blk.attn.make_cache(batch_size, max_len, device=device, dtype=dtype)
+            for blk in self.blocks
+        ]
 
     def forward(
         self,
@@ -140,14 +161,17 @@ class DecoderLM(nn.Module):
             past = caches[0].length
         S = past + T
         if S > c.max_seq_len:
-            raise ValueError(f"sequence of {S} tokens exceeds the context max_seq_len="
-                             f"{c.max_seq_len}")
+            raise ValueError(
+                f"sequence of {S} tokens exceeds the context max_seq_len={c.max_seq_len}"
+            )
         mask = None
         derived_positions = positions is None
         if attention_mask is not None:
             if attention_mask.shape != (B, S):
-                raise ValueError(f"attention_mask must be (B, past + T) = {(B, S)}, got "
-                                 f"{tuple(attention_mask.shape)}")
+                raise ValueError(
+                    f"attention_mask must be (B, past + T) = {(B, S)}, got "
+                    f"{tuple(attention_mask.shape)}"
+                )
             attention_mask = attention_mask.to(device=idx.device, dtype=torch.bool)
             if positions is None:
                 # real-token positions: a left-padded row counts from its first real token
@@ -171,8 +195,13 @@ class DecoderLM(nn.Module):
         is_causal = T > 1 or caches is None
         aux = x.new_zeros(())
         for i, block in enumerate(self.blocks):
-            kwargs = dict(mask=mask, is_causal=is_causal, positions=attn_positions,
-                          cache=None if caches is None else caches[i], need_weights=need_weights)
+            kwargs = dict(
+                mask=mask,
+                is_causal=is_causal,
+                positions=attn_positions,
+                cache=None if caches is None else caches[i],
+                need_weights=need_weights,
+            )
             if c.activation_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(block, x, use_reentrant=False, **kwargs)
             else:

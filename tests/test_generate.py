@@ -1,0 +1,145 @@
+"""Generation: KV-cache decoding equals full recomputation for every preset and position scheme,
+batched left-padded prompts equal each prompt alone, greedy equals a hand-written argmax loop,
+top-k / top-p restrict the support, stop ids, the sliding context, bad input."""
+
+import pytest
+import torch
+
+from attnlab import generate as attnlab_generate
+from attnlab.config import PRESETS, ModelConfig
+from attnlab.errors import UserError
+from attnlab.generate import generate, left_pad, sample_next
+from attnlab.models.lm import DecoderLM
+
+SHRINK = dict(n_layers=1, vocab_size=64, max_seq_len=64)
+CASES = [(n, SHRINK if n.endswith("small") or n == "gpt2" else {}) for n in PRESETS] + [
+    ("tiny", {"position": "alibi"}),
+    ("tiny", {"position": "sinusoidal"}),
+    ("llama-tiny", {"n_kv_heads": 1, "qk_norm": "rmsnorm"}),
+    ("tiny", {"norm_position": "post"}),
+    ("llama-tiny", {"position": "alibi", "n_kv_heads": 2}),
+]
+IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in o.items() if k not in SHRINK)}" for n, o in CASES]
+
+
+@pytest.mark.parametrize("name,overrides", CASES, ids=IDS)
+def test_incremental_decoding_with_cache_equals_full_recomputation(name, overrides):
+    cfg = ModelConfig.preset(name, **overrides)
+    model = DecoderLM(cfg).eval()
+    idx = torch.randint(0, cfg.vocab_size, (2, 14))
+    with torch.no_grad():
+        full = model(idx)
+        caches = model.make_caches(2, 20)
+        steps = [model(idx[:, :5], caches=caches)]  # prefill, then one token at a time
+        steps += [model(idx[:, t : t + 1], caches=caches) for t in range(5, 14)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "name,overrides",
+    [
+        ("tiny", {}),
+        ("llama-tiny", {}),
+        ("mixtral-tiny", {}),
+        ("tiny", {"position": "alibi"}),
+        ("llama-tiny", {"n_kv_heads": 1}),
+    ],
+)
+def test_left_padded_batch_generates_the_same_tokens_as_each_prompt_alone(name, overrides):
+    model = DecoderLM(ModelConfig.preset(name, **overrides)).eval()
+    prompts = [torch.randint(0, 256, (n,)).tolist() for n in (3, 11, 7)]
+    idx, mask = left_pad(prompts)
+    batched = generate(model, idx, 12, temperature=0, attention_mask=mask)
+    for b, p in enumerate(prompts):
+        alone = generate(model, torch.tensor([p]), 12, temperature=0)
+        assert batched[b, -12:].tolist() == alone[0, -12:].tolist()
+
+
+def _greedy_reference(model, idx, n):
+    # the definition: append argmax of the full forward pass, n times
+    for _ in range(n):
+        idx = torch.cat([idx, model(idx)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return idx
+
+
+def test_greedy_with_and_without_cache_equals_the_argmax_loop():
+    model = DecoderLM(ModelConfig.preset("llama-tiny")).eval()
+    idx = torch.randint(0, 256, (2, 5))
+    with torch.no_grad():
+        ref = _greedy_reference(model, idx, 15)
+    assert torch.equal(generate(model, idx, 15, temperature=0), ref)
+    assert torch.equal(generate(model, idx, 15, temperature=0, use_cache=False), ref)
+    assert torch.equal(attnlab_generate(model, idx, 15, temperature=0), ref)  # package name
+
+
+def test_generation_beyond_the_context_slides_the_window():
+    model = DecoderLM(ModelConfig.preset("tiny", max_seq_len=16)).eval()
+    idx = torch.randint(0, 256, (1, 10))
+    out = generate(model, idx, 30, temperature=0)
+    assert out.shape == (1, 40)
+    # every token is the argmax given (at most) the previous 16 tokens
+    out_nc = generate(model, idx, 30, temperature=0, use_cache=False)
+    with torch.no_grad():
+        for t in range(10, 40):
+            window = out_nc[:, max(0, t - 16) : t]
+            assert int(model(window)[0, -1].argmax()) == int(out_nc[0, t])
+    assert torch.equal(out[:, :17], out_nc[:, :17])  # the same until the window first slides
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0]]).repeat(2000, 1)
+    g = torch.Generator().manual_seed(0)
+    k = sample_next(logits, temperature=1.0, top_k=2, generator=g)
+    assert set(k.tolist()) == {0, 1}
+    probs = logits[0].softmax(-1)  # 0.64, 0.23, 0.09, ...: the nucleus for p=0.8 is {0, 1}
+    assert probs[0] < 0.8 <= probs[:2].sum()
+    p = sample_next(logits, temperature=1.0, top_p=0.8, generator=g)
+    assert set(p.tolist()) == {0, 1}
+    # the kept tokens keep their relative odds: P(0)/P(1) = e
+    ratio = (p == 0).float().mean() / (p == 1).float().mean()
+    assert abs(float(ratio) - torch.e) < 0.35
+    assert set(sample_next(logits[:5], temperature=0).tolist()) == {0}
+
+
+def test_sampling_is_reproducible_with_a_generator():
+    model = DecoderLM(ModelConfig.preset("tiny")).eval()
+    idx = torch.randint(0, 256, (1, 4))
+    a = generate(model, idx, 20, generator=torch.Generator().manual_seed(3))
+    b = generate(model, idx, 20, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+
+
+def test_stop_id_ends_rows_and_fills_them():
+    model = DecoderLM(ModelConfig.preset("tiny")).eval()
+    idx = torch.randint(0, 256, (2, 4))
+    free = generate(model, idx, 10, temperature=0)
+    stop = int(free[0, 6])  # row 0 emits this at its third step
+    out = generate(model, idx, 10, temperature=0, stop=stop)
+    row = out[0, 4:].tolist()
+    first = row.index(stop)
+    assert row[:first] == free[0, 4 : 4 + first].tolist() and set(row[first:]) == {stop}
+
+
+def test_streaming_callback_sees_every_step():
+    model = DecoderLM(ModelConfig.preset("tiny")).eval()
+    seen = []
+    out = generate(
+        model,
+        torch.zeros(1, 3, dtype=torch.long),
+        6,
+        temperature=0,
+        callback=lambda t: seen.append(int(t[0])),
+    )
+    assert seen == out[0, 3:].tolist()
+
+
+def test_bad_generation_requests_raise_user_errors():
+    model = DecoderLM(ModelConfig.preset("tiny", max_seq_len=8)).eval()
+    with pytest.raises(UserError, match="context"):
+        generate(model, torch.zeros(1, 9, dtype=torch.long), 1)
+    with pytest.raises(UserError, match="temperature"):
+        generate(model, torch.zeros(1, 2, dtype=torch.long), 1, temperature=-1)
+    with pytest.raises(UserError, match="top_p"):
+        generate(model, torch.zeros(1, 2, dtype=torch.long), 1, top_p=0)
+    with pytest.raises(UserError, match="token ids"):
+        generate(model, torch.full((1, 2), 999), 1)

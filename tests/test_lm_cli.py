@@ -1,0 +1,180 @@
+"""The LM command line end to end (train, generate, eval, resume, demo) and its bad-input paths:
+each bad input is one 'attnlab: error:' line and exit status 2."""
+
+import json
+
+import pytest
+
+from attnlab.cli import main
+
+pytestmark = pytest.mark.slow
+
+TINY = [
+    "--preset",
+    "tiny",
+    "--set",
+    "d_model=32",
+    "--set",
+    "n_layers=1",
+    "--seq-len",
+    "32",
+    "--batch-size",
+    "8",
+    "--no-progress",
+    "--max-chars",
+    "40000",
+]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
+
+
+def _records(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_train_generate_eval_resume(tmp_path, capsys):
+    run = tmp_path / "run"
+    common = [*TINY, "--schedule", "constant", "--warmup", "0", "--eval-every", "3"]
+    assert main(["train", "lm", *common, "--steps", "3", "--out", str(run)]) == 0
+    assert "val loss" in capsys.readouterr().out
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "best.safetensors",
+        "state.pt",
+        "tokenizer.json",
+        "metrics.jsonl",
+        "loss.png",
+    ):
+        assert (run / name).exists(), name
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["kind"] == "decoder_lm" and cfg["model"]["d_model"] == 32
+    assert cfg["model"]["max_seq_len"] == 32 and cfg["task"]["data"] == "pydoc"
+
+    assert main(["generate", str(run), "--prompt", "The ", "-n", "20", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("The ") and len(out) == len("The ") + 20 + 1
+    assert (
+        main(
+            [
+                "generate",
+                str(run),
+                "--prompt",
+                "The ",
+                "-n",
+                "20",
+                "--seed",
+                "1",
+                "--no-stream",
+                "--no-cache",
+            ]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out == out  # same sample with and without the cache
+
+    assert main(["eval", str(run), "--max-batches", "2", "--weights", "last"]) == 0
+    assert "perplexity" in capsys.readouterr().out
+
+    # 3 steps + resume to 6 steps == 6 steps in one go (constant schedule, same batches)
+    assert main(["train", "lm", *common, "--steps", "6", "--resume", "--out", str(run)]) == 0
+    straight = tmp_path / "straight"
+    assert main(["train", "lm", *common, "--steps", "6", "--out", str(straight)]) == 0
+    a = [r["val_loss"] for r in _records(run) if "val_loss" in r]
+    b = [r["val_loss"] for r in _records(straight) if "val_loss" in r]
+    assert len(a) == len(b) == 2 and a == pytest.approx(b, abs=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["lstm", "bigram"])
+def test_baselines_train_and_generate(tmp_path, capsys, arch):
+    run = tmp_path / arch
+    args = ["--preset", "tiny", "--seq-len", "32", "--batch-size", "8", "--no-progress"]
+    assert main(["train", "lm", "--arch", arch, *args, "--steps", "2", "--out", str(run)]) == 0
+    assert main(["generate", str(run), "-n", "10", "--prompt", "a"]) == 0
+    assert json.loads((run / "config.json").read_text())["kind"] == f"{arch}_lm"
+    capsys.readouterr()
+
+
+def _error(capsys, argv):
+    rc = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2, err
+    assert err[-1].startswith("attnlab: error: "), err
+    return err[-1]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ATTNLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
+    run = tmp_path_factory.mktemp("runs") / "tiny"
+    assert main(["train", "lm", *TINY, "--steps", "1", "--out", str(run)]) == 0
+    mp.undo()
+    return run
+
+
+def test_bad_input_gives_one_clear_error(tmp_path, capsys, trained):
+    out = ["--out", str(tmp_path / "x"), "--steps", "1"]
+    assert "unknown preset 'gpt5'" in _error(capsys, ["train", "lm", "--preset", "gpt5", *out])
+    assert "unknown corpus 'wiki'" in _error(capsys, ["train", "lm", "--data", "wiki", *out])
+    assert "no such file" in _error(
+        capsys, ["train", "lm", "--data", str(tmp_path / "nope.txt"), *out]
+    )
+    (tmp_path / "empty.txt").write_text("")
+    assert "empty" in _error(capsys, ["train", "lm", "--data", str(tmp_path / "empty.txt"), *out])
+    assert "divisible" in _error(capsys, ["train", "lm", "--set", "d_model=65", *out])
+    assert "d_modle" in _error(capsys, ["train", "lm", "--set", "d_modle=64", *out])
+    assert "256" in _error(
+        capsys, ["train", "lm", "--tokenizer", "bpe", "--vocab-size", "10", *out]
+    )
+    # an existing run is not overwritten without --overwrite / --resume
+    assert "exist" in _error(capsys, ["train", "lm", *TINY, "--steps", "1", "--out", str(trained)])
+
+    msg = _error(capsys, ["generate", str(trained), "--prompt", "snowman ☃ and Ω"])
+    assert "'☃'" in msg and "'Ω'" in msg
+    assert "context" in _error(capsys, ["generate", str(trained), "--prompt", "x" * 40])
+    assert "does not exist" in _error(capsys, ["generate", str(tmp_path / "missing")])
+    assert "does not exist" in _error(capsys, ["eval", str(tmp_path / "missing")])
+
+
+def test_corrupted_and_foreign_run_dirs(tmp_path, capsys, trained):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(trained, bad)
+    (bad / "config.json").write_text("{oops")
+    assert "corrupted" in _error(capsys, ["generate", str(bad)])
+    (bad / "config.json").write_text(json.dumps({"kind": "vit", "model": {}, "task": {}}))
+    assert "not a language model" in _error(capsys, ["generate", str(bad)])
+    shutil.rmtree(bad)
+    shutil.copytree(trained, bad)
+    (bad / "best.safetensors").write_bytes(b"garbage")
+    assert "weights" in _error(capsys, ["generate", str(bad)])
+    (bad / "tokenizer.json").write_text("[]")
+    assert "tokenizer" in _error(capsys, ["generate", str(bad), "--weights", "last"])
+    assert "not an attnlab run directory" in _error(capsys, ["generate", str(tmp_path)])
+
+
+def test_demo_runs_and_can_run_again(tmp_path, capsys):
+    out = tmp_path / "demo"
+    argv = ["demo", "--out", str(out), "--steps", "2", "--val-batches", "1", "--no-progress"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    for name in ("Transformer", "LSTM", "bigram", "Sample"):
+        assert name in text
+    for name in (
+        "attention.png",
+        "loss.png",
+        "report.json",
+        "transformer/loss.png",
+        "lstm/model.safetensors",
+        "bigram/model.safetensors",
+    ):
+        assert (out / name).exists(), name
+    report = json.loads((out / "report.json").read_text())
+    assert report["tokens"] == 2 * 32 * 128 and len(report["models"]) == 3
+    assert main(argv) == 0  # re-running overwrites its own demo directory
+    capsys.readouterr()
