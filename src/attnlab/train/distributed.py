@@ -29,6 +29,7 @@ __all__ = [
     "get_world_size",
     "is_main",
     "all_reduce_mean",
+    "all_reduce_sum",
     "broadcast_float",
     "barrier",
     "wrap_ddp",
@@ -65,6 +66,12 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
             raise UserError(f"device {name!r} requested but CUDA is not available")
         if device.index is None:
             device = torch.device("cuda", local_rank)
+        if device.index >= torch.cuda.device_count():
+            raise UserError(
+                f"device {device} does not exist: this machine has "
+                f"{torch.cuda.device_count()} GPU(s) (LOCAL_RANK={local_rank}); start at most "
+                "that many processes per node, or use --device cpu"
+            )
     return device
 
 

@@ -690,8 +690,8 @@ class _Loop:
         """Write last (and best) weights, state.pt, metrics.jsonl and loss.png (rank 0)."""
         prog = self.prog
         prog.elapsed = self.elapsed()
-        prog.last_ckpt_step = prog.step
         if not self.main:
+            prog.last_ckpt_step = prog.step
             return
         d = self.run_dir
         # weights before state: a crash in between leaves state.pt one checkpoint behind the
@@ -700,12 +700,13 @@ class _Loop:
         if best:
             _save_weights(self.model, d / BEST_FILE, prog.step)
         state = {
-            "progress": vars(prog).copy(),
+            "progress": {**vars(prog), "last_ckpt_step": prog.step},
             "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
             "rng": rng,
         }
         runs.atomic_save(d / STATE_FILE, lambda tmp: torch.save(state, tmp))
+        prog.last_ckpt_step = prog.step  # only now: Ctrl-C during the writes saves again
         self._write_metrics()
         if self.history:
             from attnlab.viz.curves import plot_curves
