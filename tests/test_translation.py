@@ -266,3 +266,21 @@ def test_small_transformer_learns_italian_numbers():
     assert res["n"] == 50
     assert res["exact_match"] >= 0.85, res
     assert res["chrf"] >= 90
+
+
+def test_bottleneck_experiment_writes_table_plot_and_results(tmp_path, capsys):
+    """A seconds-long run of the experiment: every model scored in every length bucket."""
+    out = tmp_path / "bn"
+    rc = main(["experiment", "bottleneck", "--out", str(out), "--steps", "3", "--high", "99999",
+               "--n-examples", "300", "--batch-size", "16", "--no-progress"])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["models"]) == {"rnn", "rnn-attn", "transformer"}
+    for r in res["models"].values():
+        assert set(r["buckets"]) == set(res["buckets"]) and r["steps"] == 3
+        assert sum(b["n"] for b in r["buckets"].values()) == r["overall"]["n"]
+    assert (out / "bottleneck.png").stat().st_size > 0
+    text = capsys.readouterr().out
+    assert "| source words |" in text and "Exact match from" in text
+    assert main(["experiment", "bottleneck", "--out", str(out), "--steps", "1"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
