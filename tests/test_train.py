@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -54,8 +56,10 @@ class ToyModel(nn.Module):
 class ToyTask:
     """Classify x ~ N(0, I) by argmax of a fixed random linear teacher; batches from (seed, step).
 
-    ``nan_at`` poisons the loss of that optimizer step's batch; ``interrupt_at`` raises
-    KeyboardInterrupt when the batch of that step is requested; ``delay`` sleeps per batch.
+    ``nan_at`` poisons the loss of the batch of that micro-step (``step * grad_accum + micro``);
+    ``interrupt_at`` raises KeyboardInterrupt when that micro-step's batch is requested; ``delay``
+    sleeps per batch. ``evaluate`` draws from every random generator (as a sampling evaluation
+    would) and reports the accuracy on a fixed probe set.
     """
 
     def __init__(
@@ -70,7 +74,6 @@ class ToyTask:
         self.seed, self.d_in, self.n_classes = seed, d_in, n_classes
         self.teacher = torch.randn(d_in, n_classes, generator=torch.Generator().manual_seed(seed))
         self.nan_at, self.interrupt_at, self.delay = nan_at, interrupt_at, delay
-        self.grad_accum = 1  # set by tests that use accumulation with nan_at / interrupt_at
         self.saved_to: Path | None = None
 
     def _make(self, split: str, index: int, n: int):
@@ -80,7 +83,7 @@ class ToyTask:
         return x, y
 
     def get_batch(self, split, step, batch_size, rank=0, world=1):
-        if self.interrupt_at is not None and step // self.grad_accum == self.interrupt_at:
+        if self.interrupt_at is not None and step == self.interrupt_at:
             raise KeyboardInterrupt
         if self.delay:
             import time
@@ -89,7 +92,7 @@ class ToyTask:
         x, y = self._make(split, step, batch_size)
         share = batch_size // world
         sl = slice(rank * share, (rank + 1) * share)
-        poison = torch.tensor(float("nan") if step // self.grad_accum == self.nan_at else 1.0)
+        poison = torch.tensor(float("nan") if step == self.nan_at else 1.0)
         return {"x": x[sl], "y": y[sl], "poison": poison}
 
     def loss(self, model, batch, cfg):
@@ -102,6 +105,11 @@ class ToyTask:
         for i in range(n_batches):
             x, y = self._make("val", i, batch_size)
             yield {"x": x, "y": y, "poison": torch.tensor(1.0)}
+
+    def evaluate(self, model):
+        torch.rand(3), random.random(), np.random.rand()  # disturb every stream
+        x, y = self._make("probe", 0, 64)
+        return {"probe_acc": float((model(x).argmax(-1) == y).float().mean())}
 
     def count(self, batch):
         return len(batch["y"])
@@ -168,6 +176,7 @@ def test_run_directory_contents_and_learning(tmp_path):
     assert [r["step"] for r in train_recs] == list(range(1, 31))
     assert [r["step"] for r in val_recs] == [10, 20, 30]
     assert {"lr", "grad_norm", "acc", "tokens_per_s", "tokens", "elapsed"} <= set(train_recs[0])
+    assert {"val_loss", "val_acc", "probe_acc"} <= set(val_recs[0])  # task.evaluate() is logged
     assert train_recs[-1]["tokens"] == 30 * 16
     assert res.steps == 30 and res.val_loss == val_recs[-1]["val_loss"]
     assert res.best_val_loss == min(r["val_loss"] for r in val_recs)
@@ -178,17 +187,17 @@ def test_run_directory_contents_and_learning(tmp_path):
 
 def _interrupted_then_resumed(tmp_path, cfg, interrupt_at, dropout):
     run = tmp_path / "resumed"
-    task = ToyTask(interrupt_at=interrupt_at)
-    task.grad_accum = cfg.grad_accum
+    task = ToyTask(interrupt_at=interrupt_at[0] * cfg.grad_accum + interrupt_at[1])
     with pytest.raises(KeyboardInterrupt):
         train(make_model(dropout=dropout), task, cfg, run)
     state = torch.load(run / "state.pt", weights_only=True)
-    assert state["progress"]["step"] == interrupt_at  # Ctrl-C checkpointed the completed steps
+    assert state["progress"]["step"] == interrupt_at[0]  # Ctrl-C saved the completed steps
     model = make_model(seed=123, dropout=dropout)  # different init: the weights must be loaded
     return train(model, ToyTask(), cfg, run, resume=True), model
 
 
-@pytest.mark.parametrize("interrupt_at", [4, 7])  # at a checkpoint / between checkpoints
+# (step, micro-batch): at a checkpoint; between checkpoints, mid-step after a forward+backward
+@pytest.mark.parametrize("interrupt_at", [(4, 0), (7, 1)])
 def test_resume_is_exact(tmp_path, interrupt_at):
     """A run stopped after k steps and resumed gives the same losses, lr and weights as one
     uninterrupted run (cosine schedule, dropout on: optimizer, schedule and RNG are restored)."""
@@ -204,6 +213,8 @@ def test_resume_is_exact(tmp_path, interrupt_at):
     vals = lambda r: [(h["step"], h["val_loss"]) for h in r.history if "val_loss" in h]  # noqa: E731
     assert [s for s, _ in vals(res)] == [4, 8, 12]
     assert max(abs(a[1] - b[1]) for a, b in zip(vals(res), vals(ref))) <= 1e-6
+    probe = lambda r: [h["probe_acc"] for h in r.history if "probe_acc" in h]  # noqa: E731
+    assert probe(res) == probe(ref)
     for p, q in zip(model.parameters(), ref_model.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
     assert res.steps == 12
@@ -297,6 +308,14 @@ def test_existing_run_dir_is_protected(tmp_path):
         train(make_model(), ToyTask(), cfg, tmp_path / "missing", resume=True)
     with pytest.raises(UserError, match="resume.*overwrite"):
         train(make_model(), ToyTask(), cfg, run, resume=True, overwrite=True)
+    from attnlab.train.trainer import _save_weights
+
+    _save_weights(make_model(), run / "model.safetensors", step=99)  # as if killed mid-save
+    with pytest.raises(RunDirError, match="model.safetensors is from step 99 but state.pt"):
+        train(make_model(), ToyTask(), cfg, run, resume=True)
+    (run / "state.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(RunDirError, match="cannot read .*state.pt"):
+        train(make_model(), ToyTask(), cfg, run, resume=True)
     other = ToyModel(ToyConfig(d_hidden=32))
     with pytest.raises(RunDirError, match="differs in \\['d_hidden'\\]"):
         train(other, ToyTask(), cfg, run, resume=True)
@@ -315,6 +334,28 @@ def test_time_budget_stops_on_time_and_fits_schedule(tmp_path):
     assert all(a >= b for a, b in zip(lrs[1:], lrs[2:]))  # then decaying
     assert lrs[-1] < 0.25 * cfg.lr
     assert [r["step"] for r in res.history if "val_loss" in r] == [res.steps]  # final validation
+
+
+def test_time_budget_resumes_with_elapsed_time(tmp_path):
+    """A timed run stopped early and resumed keeps its clock: it ends once the total is spent."""
+    cfg = base_cfg(steps=None, max_time=0.6, warmup_steps=2, eval_every=10_000)
+    part = train(make_model(), ToyTask(delay=0.01), cfg, tmp_path / "run", stop_after=5)
+    assert part.steps == 5 and part.elapsed < 0.6
+    res = train(make_model(), ToyTask(delay=0.01), cfg, tmp_path / "run", resume=True)
+    assert res.steps > 5 and 0.6 <= res.elapsed < 0.6 + 0.75
+    assert [r["step"] for r in res.history if "loss" in r] == list(range(1, res.steps + 1))
+    assert [r["lr"] for r in res.history if "loss" in r][-1] < 0.25 * cfg.lr
+
+
+def test_log_records_average_the_steps_since_the_last_record(tmp_path):
+    every = train(make_model(), ToyTask(), base_cfg(steps=7, log_every=1), tmp_path / "a")
+    third = train(make_model(), ToyTask(), base_cfg(steps=7, log_every=3), tmp_path / "b")
+    per_step = dict(train_losses(every))
+    # records at 3 and 6, at 6 (validation: eval_every=6) and at the end (7)
+    assert [s for s, _ in train_losses(third)] == [3, 6, 7]
+    want = [np.mean([per_step[k] for k in ks]) for ks in ([1, 2, 3], [4, 5, 6], [7])]
+    assert [v for _, v in train_losses(third)] == pytest.approx(want, abs=1e-6)
+    assert third.final_train_loss == pytest.approx(per_step[7], abs=1e-6)
 
 
 def test_bf16_autocast_runs_forward_in_bf16(tmp_path):
