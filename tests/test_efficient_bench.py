@@ -33,8 +33,8 @@ def test_long_context_formula():
     tiled = lm_attention_memory_formula(n_layers=12, n_heads=12, seq_len=4096, backend="tiled",
                                         checkpointing=True)
     n2 = 12 * 4096**2 * 4 / 1e9
-    assert math_["scores_gb"] == pytest.approx((2 * 12 + 3) * n2)
-    assert ckpt["scores_gb"] == pytest.approx(5 * n2)
+    assert math_["scores_gb"] == pytest.approx((2 * 12 + 1) * n2)
+    assert ckpt["scores_gb"] == pytest.approx(3 * n2)
     assert tiled["scores_gb"] == 0 and tiled["total_gb"] < ckpt["total_gb"]
 
 

@@ -63,6 +63,9 @@ def register(groups) -> None:
     lc.add_argument("--seq-len", type=int, default=4096)
     lc.add_argument("--preset", default="gpt2-small", help="ModelConfig preset for the formula "
                     "and the measured block's width/heads (default gpt2-small)")
+    lc.add_argument("--n-layers", type=int, default=None, help="override the preset's layers")
+    lc.add_argument("--n-heads", type=int, default=None, help="override the preset's heads")
+    lc.add_argument("--d-model", type=int, default=None, help="override the preset's width")
     lc.add_argument("--batch", type=int, default=1)
     lc.add_argument("--backends", nargs="+", default=["math", "tiled", "sdpa"])
     lc.add_argument("--no-measure", action="store_true", help="formula only")
@@ -121,7 +124,9 @@ def run_long_context(args: argparse.Namespace) -> int:
 
     _positive("--seq-len", args.seq_len)
     _positive("--batch", args.batch)
-    c = ModelConfig.preset(args.preset)
+    overrides = {k: v for k, v in (("n_layers", args.n_layers), ("n_heads", args.n_heads),
+                                   ("d_model", args.d_model)) if v is not None}
+    c = ModelConfig.preset(args.preset, **overrides)
     print(f"{args.preset}: {c.n_layers} layers, {c.n_heads} heads, d_model {c.d_model}; "
           f"batch {args.batch} × {args.seq_len} tokens (fp32)")
     print(f"  {'backend':<8}{'checkpointing':>15}{'N×N scores GB':>15}{'activations GB':>16}"
