@@ -1,0 +1,173 @@
+"""Vision command line: train image / eval / classify / experiment inductive-bias, good and bad input
+through ``attnlab.cli.main`` return codes, and the attention-map figures."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from attnlab.cli import main
+from attnlab.models.vit import VisionTransformer, ViTConfig
+from attnlab.viz.vision import attention_rollout, cls_attention, overlay_attention
+
+FAST = ["--steps", "3", "--batch-size", "16", "--eval-every", "3", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def vit_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "vit"
+    assert main(["train", "image", "--data", "digits", "--model", "vit", "--out", str(out),
+                 *FAST]) == 0
+    return out
+
+
+def _digit_png(path, size=8):
+    from attnlab.data.images import load_digits
+
+    x = load_digits().test[0][0, 0]
+    Image.fromarray((x.numpy() * 255).astype(np.uint8)).resize((size, size)).save(path)
+    return path
+
+
+def test_train_eval_classify_round_trip(vit_run, tmp_path, capsys):
+    for name in ("config.json", "model.safetensors", "labels.json", "metrics.jsonl"):
+        assert (vit_run / name).exists(), name
+    cfg = json.loads((vit_run / "config.json").read_text())
+    assert cfg["kind"] == "vit" and cfg["task"]["data"] == "digits"
+    capsys.readouterr()
+    assert main(["eval", str(vit_run)]) == 0
+    assert "accuracy" in capsys.readouterr().out
+    png = _digit_png(tmp_path / "digit.png", size=20)  # resized to 8×8 on the way in
+    att = tmp_path / "att.png"
+    assert main(["classify", str(vit_run), str(png), "--top-k", "3",
+                 "--attention", str(att)]) == 0
+    lines = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip()][:3]
+    probs = [float(p) for _, p in lines]
+    assert probs == sorted(probs, reverse=True) and all(0 <= p <= 1 for p in probs)
+    assert {c for c, _ in lines} <= {str(i) for i in range(10)}
+    assert Image.open(att).size[0] > 100
+
+
+@pytest.mark.parametrize("model", ["swin", "cnn"])
+def test_train_swin_and_cnn(model, tmp_path, capsys):
+    out = tmp_path / model
+    assert main(["train", "image", "--model", model, "--out", str(out), *FAST]) == 0
+    assert main(["eval", str(out), "--weights", "last"]) == 0
+    assert f"{model} on digits test split" in capsys.readouterr().out
+
+
+def test_train_on_shapes_folder(tmp_path):
+    root = tmp_path / "imgs"
+    for k, colour in enumerate([(255, 0, 0), (0, 0, 255)]):
+        (root / f"c{k}").mkdir(parents=True)
+        for i in range(5):
+            arr = np.zeros((20, 20, 3), dtype=np.uint8)
+            arr[2 + i:10 + i, 3:12] = colour
+            Image.fromarray(arr).save(root / f"c{k}" / f"{i}.png")
+    out = tmp_path / "run"
+    assert main(["train", "image", "--data", "folder", "--data-path", str(root),
+                 "--image-size", "16", "--model", "cnn", "--out", str(out), *FAST]) == 0
+    assert json.loads((out / "labels.json").read_text())["classes"] == ["c0", "c1"]
+    assert main(["train", "image", "--data", "shapes", "--shapes-n", "40", "--image-size", "16",
+                 "--model", "vit", "--patch-size", "4", "--out", str(tmp_path / "s"),
+                 *FAST]) == 0
+
+
+def _err(capsys, argv) -> str:
+    assert main(argv) == 2
+    return capsys.readouterr().err
+
+
+def test_bad_input_exit_2_with_named_values(vit_run, tmp_path, capsys):
+    out = str(tmp_path / "x")
+    err = _err(capsys, ["train", "image", "--model", "vit", "--patch-size", "3", "--out", out,
+                        *FAST])
+    assert "image_size=8 is not divisible by patch_size=3" in err
+    err = _err(capsys, ["train", "image", "--model", "swin", "--window-size", "3", "--out", out,
+                        *FAST])
+    assert "not divisible by window_size=3" in err
+    err = _err(capsys, ["train", "image", "--data", "cifar10", "--out", out, *FAST])
+    assert "--data-path" in err
+    empty = tmp_path / "folder"
+    (empty / "a").mkdir(parents=True)
+    Image.fromarray(np.zeros((4, 4, 3), dtype=np.uint8)).save(empty / "a" / "1.png")
+    (empty / "b").mkdir()
+    err = _err(capsys, ["train", "image", "--data", "folder", "--data-path", str(empty),
+                        "--out", out, *FAST])
+    assert "b' contains no images" in err
+    # classify: unreadable file, wrong size with --no-resize, missing file
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"\x89PNG broken")
+    assert "bad.png" in _err(capsys, ["classify", str(vit_run), str(bad)])
+    big = _digit_png(tmp_path / "big.png", size=12)
+    err = _err(capsys, ["classify", str(vit_run), str(big), "--no-resize"])
+    assert "12×12" in err and "8×8" in err
+    assert "nope.png" in _err(capsys, ["classify", str(vit_run), str(tmp_path / "nope.png")])
+
+
+def test_model_rejects_wrong_channels_through_the_library():
+    from attnlab.errors import UserError
+
+    model = VisionTransformer(ViTConfig.preset("tiny"))
+    with pytest.raises(UserError, match="1-channel images, got 3 channels"):
+        model(torch.zeros(1, 3, 8, 8))
+
+
+def test_inductive_bias_experiment_small(tmp_path, capsys):
+    out = tmp_path / "ib"
+    assert main(["experiment", "inductive-bias", "--fractions", "0.2,0.5,1", "--steps", "3",
+                 "--batch-size", "16", "--warmup", "1", "--out", str(out), "--no-progress"]) == 0
+    text = capsys.readouterr().out
+    assert "| fraction | train images | CNN test acc | ViT test acc" in text
+    result = json.loads((out / "results.json").read_text())
+    assert [r["fraction"] for r in result["table"]] == [0.2, 0.5, 1.0]
+    n = [r["n_train"] for r in result["table"]]
+    assert n[0] < n[1] < n[2]
+    assert (out / "inductive_bias.png").exists() and (out / "table.md").exists()
+    assert "at least three" in _err(capsys, ["experiment", "inductive-bias", "--fractions",
+                                             "0.5,1", "--out", str(out)])
+
+
+# ----------------------------------------------------------------------------------------------
+# attention maps
+
+
+def _stochastic(B, H, T, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(B, H, T, T, generator=g).softmax(-1)
+
+
+def test_rollout_is_the_product_of_residual_mixed_attention():
+    w1, w2 = _stochastic(2, 3, 5, 0), _stochastic(2, 3, 5, 1)
+    eye = torch.eye(5)
+
+    def mix(w):
+        a = 0.5 * w.mean(1) + 0.5 * eye
+        return a / a.sum(-1, keepdim=True)
+
+    expected = (mix(w2) @ mix(w1))[:, 0, 1:]
+    torch.testing.assert_close(attention_rollout([w1, w2]), expected)
+    # without the residual term and with one layer it is the head-averaged attention itself
+    torch.testing.assert_close(attention_rollout([w1], residual=0.0), w1.mean(1)[:, 0, 1:])
+    torch.testing.assert_close(cls_attention([w1, w2]), w2.mean(1)[:, 0, 1:])
+    # mean pooling (no class token): the mean of all rows
+    torch.testing.assert_close(cls_attention([w1], n_prefix=0), w1.mean(1).mean(1))
+
+
+def test_model_attention_maps_and_overlay(tmp_path):
+    model = VisionTransformer(ViTConfig.preset("tiny")).eval()
+    with torch.no_grad():
+        model(torch.randn(1, 1, 8, 8), need_weights=True)
+    w = model.attn_weights
+    assert len(w) == 2 and w[0].shape == (1, 4, 17, 17)
+    torch.testing.assert_close(w[0].sum(-1), torch.ones(1, 4, 17))
+    r = attention_rollout(w)
+    assert r.shape == (1, 16) and (r >= 0).all()
+    overlay_attention(torch.rand(1, 8, 8), {"rollout": r[0].view(4, 4)}, tmp_path / "o.png")
+    assert Image.open(tmp_path / "o.png").format == "PNG"
+    with pytest.raises(ValueError, match="need_weights"):
+        attention_rollout([])
