@@ -49,6 +49,8 @@ __all__ = [
     "caption_metrics",
     "pretrain_encoder",
     "freeze_unused",
+    "word_attention",
+    "plot_word_attention",
 ]
 
 ENCODERS = ("cnn", "vit")
@@ -470,7 +472,8 @@ def caption_metrics(model: _Captioner, vocab, sset, indices: Iterable[int], *, b
     Returns a dict with
         ``bleu``: corpus BLEU (sacrebleu) against all reference captions of each scene;
         ``object_precision``: fraction of named (colour, shape) objects present in the scene;
-        ``chance_precision``: the same for a caption naming a uniformly random combination;
+        ``colour_precision`` / ``shape_precision``: the same for the colour / shape word alone;
+        ``chance_precision``: object precision of a caption naming a uniformly random combination;
         ``exact_match``: fraction of captions equal to one of the scene's own references;
         ``retrieved``: fraction that appear verbatim in ``train_captions`` (when given);
         ``novel_combo``: fraction of scenes where a held-out combination present in the scene
@@ -492,7 +495,7 @@ def caption_metrics(model: _Captioner, vocab, sset, indices: Iterable[int], *, b
     n_refs = max(len(r) for r in refs)
     ref_streams = [[r[k] if k < len(r) else r[0] for r in refs] for k in range(n_refs)]
     bleu = sacrebleu.corpus_bleu(hyps, ref_streams).score
-    named = hit = 0
+    named = hit = colour_hit = shape_hit = 0
     chance = 0.0
     held = set(sset.config.heldout_combos())
     n_combos = len(sset.config.colours) * len(sset.config.shapes)
@@ -502,6 +505,8 @@ def caption_metrics(model: _Captioner, vocab, sset, indices: Iterable[int], *, b
         m = mentioned_objects(h)
         named += len(m)
         hit += sum(cs in present for cs in m)
+        colour_hit += sum(c in {p[0] for p in present} for c, _ in m)
+        shape_hit += sum(sh in {p[1] for p in present} for _, sh in m)
         chance += len(present) / n_combos
         if present & held:
             novel_total += 1
@@ -509,6 +514,8 @@ def caption_metrics(model: _Captioner, vocab, sset, indices: Iterable[int], *, b
     out = {
         "bleu": bleu,
         "object_precision": hit / named if named else 0.0,
+        "colour_precision": colour_hit / named if named else 0.0,
+        "shape_precision": shape_hit / named if named else 0.0,
         "chance_precision": chance / len(indices),
         "exact_match": sum(h in set(r) for h, r in zip(hyps, refs)) / len(hyps),
         "novel_combo": novel_hit / novel_total if novel_total else float("nan"),
@@ -559,3 +566,62 @@ def pretrain_encoder(encoder: nn.Module, sset, steps: int, *, batch_size: int = 
         idx = np.arange(n_fit, len(sset)) if n_fit < len(sset) else np.arange(len(sset))
         pred = encoder(images_to_tensor(sset.images[idx]).to(device)).argmax(-1).cpu()
     return float((pred == labels[idx]).float().mean())
+
+
+# ----------------------------------------------------------------------------------------------
+# per-word attention maps
+
+
+@torch.no_grad()
+def word_attention(model: TransformerCaptioner, image: Tensor, word_ids: list[int], *,
+                   layer: int = -1) -> Tensor:
+    """Where the decoder looked for each word of a caption, ``(n_words + 1, gh, gw)``.
+
+    Row ``t`` is the head-averaged cross-attention of ``layer`` while predicting word ``t``
+    (the last row predicts ``<end>``), reshaped to the image-token grid.
+    """
+    if not isinstance(model, TransformerCaptioner):
+        raise UserError("attention maps need the Transformer captioner (the LSTM one has no "
+                        "attention over the image)")
+    tokens = torch.tensor([[START] + list(word_ids)], device=image.device)  # (1, L)
+    maps = model.cross_attention_maps(image[None] if image.dim() == 3 else image, tokens)
+    m = maps[layer, 0].mean(0)  # (L, N)
+    g = math.isqrt(m.shape[-1])
+    return m.view(m.shape[0], g, m.shape[-1] // g)  # (L, gh, gw)
+
+
+def plot_word_attention(image, words: list[str], maps: Tensor, path) -> None:
+    """Save a figure: the image, then one panel per word with its attention map overlaid.
+
+    Args:
+        image: ``uint8 (H, W, 3)`` array.
+        words: the caption's words (``<end>`` is appended as the last panel's label).
+        maps: ``(len(words) + 1, gh, gw)`` from :func:`word_attention`.
+        path: PNG to write (atomically).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnlab.runs import atomic_save
+
+    labels = list(words) + ["<end>"]
+    n = len(labels) + 1
+    cols = min(n, 6)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(2 * cols, 2.1 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    axes.flat[0].imshow(image)
+    axes.flat[0].set_title("image", fontsize=9)
+    h, w = image.shape[:2]
+    for i, label in enumerate(labels):
+        ax = axes.flat[i + 1]
+        ax.imshow(image)
+        ax.imshow(maps[i].cpu().numpy(), cmap="magma", alpha=0.6, extent=(0, w, h, 0),
+                  interpolation="nearest")
+        ax.set_title(label, fontsize=9)
+    fig.tight_layout()
+    atomic_save(path, lambda tmp: fig.savefig(tmp, format="png", dpi=80))
+    plt.close(fig)
