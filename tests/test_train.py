@@ -413,3 +413,29 @@ def test_gradient_accumulation_and_clipping_match_a_reference_loop(tmp_path):
     assert (
         max((p - q).abs().max() for p, q in zip(model.parameters(), unclipped.parameters())) > 1e-4
     )
+
+
+@pytest.mark.slow
+def test_compile_trains_through_torch_compile(tmp_path, monkeypatch):
+    """compile=True wraps the model with torch.compile (dynamo; the eager backend here so the
+    test needs no C compiler) and follows the same trajectory as the uncompiled model."""
+    compiled = []
+    real_compile = torch.compile
+
+    def spy(module, **kwargs):
+        compiled.append(module)
+        return real_compile(module, backend="eager")
+
+    monkeypatch.setattr(torch, "compile", spy)
+    model = make_model()
+    res = train(model, ToyTask(), base_cfg(steps=3, compile=True), tmp_path / "c")
+    ref = train(make_model(), ToyTask(), base_cfg(steps=3), tmp_path / "e")
+    assert compiled == [model]
+    assert [v for _, v in train_losses(res)] == pytest.approx(
+        [v for _, v in train_losses(ref)], abs=1e-6
+    )
+    # the saved weights carry the plain module's names (no "_orig_mod." prefix)
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "c" / "model.safetensors"), "pt") as f:
+        assert sorted(f.keys()) == sorted(k for k, _ in model.named_parameters())
