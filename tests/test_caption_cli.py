@@ -1,0 +1,61 @@
+"""CLI: train caption, caption (greedy, beam, attention maps), eval, and bad input."""
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from attnlab.cli import main
+
+
+@pytest.fixture(scope="module")
+def cap_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cap")
+    common = ["--steps", "3", "--batch-size", "16", "--n-train", "60", "--n-val", "20",
+              "--eval-every", "3", "--eval-batches", "1", "--no-progress", "--device", "cpu"]
+    assert main(["train", "caption", "--model", "transformer", "--encoder", "vit",
+                 "--out", str(root / "tr")] + common) == 0
+    assert main(["train", "caption", "--model", "lstm", "--freeze-encoder", "--pretrain-steps",
+                 "2", "--out", str(root / "lstm")] + common) == 0
+    assert main(["scene", "--out", str(root / "scenes"), "--n", "2"]) == 0
+    return root
+
+
+@pytest.mark.parametrize("run,beam", [("tr", "1"), ("tr", "3"), ("lstm", "2")])
+def test_caption_prints_vocabulary_words(cap_run, capsys, run, beam):
+    from attnlab.data.scenes import build_vocab
+
+    capsys.readouterr()
+    assert main(["caption", str(cap_run / run), str(cap_run / "scenes" / "scene_0.png"),
+                 "--beam", beam]) == 0
+    words = capsys.readouterr().out.split()
+    vocab = build_vocab()
+    assert all(w in vocab.stoi for w in words) and not {"<start>", "<end>"} & set(words)
+
+
+def test_attention_maps_png(cap_run, tmp_path, capsys):
+    png = tmp_path / "att.png"
+    assert main(["caption", str(cap_run / "tr"), str(cap_run / "scenes" / "scene_0.png"),
+                 "--attention", str(png)]) == 0
+    assert Image.open(png).size[0] > 100
+    assert main(["caption", str(cap_run / "lstm"), str(cap_run / "scenes" / "scene_0.png"),
+                 "--attention", str(png)]) == 2
+    assert "Transformer captioner" in capsys.readouterr().err
+
+
+def test_eval_reports_bleu_and_retrieval(cap_run, capsys):
+    capsys.readouterr()
+    assert main(["eval", str(cap_run / "lstm"), "--max-batches", "1", "--batch-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "val: BLEU" in out and "held-out combination named" in out
+
+
+def test_caption_bad_images(cap_run, tmp_path, capsys):
+    big = tmp_path / "big.png"
+    Image.fromarray(np.zeros((40, 40, 3), np.uint8)).save(big)
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"\x00\x01garbage")
+    for path, msg in ((big, "40x40"), (bad, "cannot read"), (tmp_path / "no.png", "not exist")):
+        capsys.readouterr()
+        assert main(["caption", str(cap_run / "tr"), str(path)]) == 2
+        assert msg in capsys.readouterr().err
+    assert main(["caption", str(cap_run / "tr"), str(big), "--beam", "0"]) == 2

@@ -1,0 +1,87 @@
+"""CLI: attnlab scene, train vqa, ask (unknown words, bad images), eval, and exit codes."""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from attnlab.cli import main
+
+
+@pytest.fixture(scope="module")
+def vqa_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vqa")
+    rc = main(["train", "vqa", "--model", "lstm-product", "--out", str(root / "run"),
+               "--steps", "4", "--batch-size", "16", "--n-train", "60", "--n-val", "20",
+               "--eval-every", "4", "--eval-batches", "1", "--no-progress", "--device", "cpu"])
+    assert rc == 0
+    assert main(["scene", "--out", str(root / "scenes"), "--n", "2", "--seed", "3"]) == 0
+    return root
+
+
+def test_scene_writes_image_captions_and_answers(vqa_run):
+    img = np.asarray(Image.open(vqa_run / "scenes" / "scene_1.png"))
+    assert img.shape == (32, 32, 3)
+    info = json.loads((vqa_run / "scenes" / "scene_1.json").read_text())
+    assert info["captions"] and info["questions"] and info["objects"]
+    from attnlab.data.scenes import COLOURS
+
+    for o in info["objects"]:  # the saved PNG shows each listed object in its colour
+        assert tuple(img[int(o["y"]), int(o["x"])]) == COLOURS[o["colour"]]
+
+
+def test_ask_answers_from_the_answer_list(vqa_run, capsys):
+    from attnlab.data.scenes import answer_list
+
+    capsys.readouterr()
+    rc = main(["ask", str(vqa_run / "run"), str(vqa_run / "scenes" / "scene_0.png"),
+               "What colour is the circle?"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and out.strip() in answer_list() and "unknown" not in err
+
+
+def test_unknown_words_get_a_notice_not_a_crash(vqa_run, capsys):
+    capsys.readouterr()
+    rc = main(["ask", str(vqa_run / "run"), str(vqa_run / "scenes" / "scene_0.png"),
+               "what colour is the zebra's hat?"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and out.strip()
+    assert "unknown word" in err and "'zebra'" in err and "'hat'" in err
+
+
+@pytest.mark.parametrize("case", ["missing", "not-an-image", "wrong-size", "not-a-run", "empty"])
+def test_bad_input_exits_nonzero_with_a_clear_message(vqa_run, tmp_path, capsys, case):
+    run, image, question = str(vqa_run / "run"), str(vqa_run / "scenes" / "scene_0.png"), "why?"
+    expect = {"missing": "does not exist", "not-an-image": "cannot read", "wrong-size": "64x64",
+              "not-a-run": "run directory", "empty": "empty"}[case]
+    if case == "missing":
+        image = str(tmp_path / "nope.png")
+    elif case == "not-an-image":
+        image = str(tmp_path / "text.png")
+        (tmp_path / "text.png").write_text("hello")
+    elif case == "wrong-size":
+        image = str(tmp_path / "big.png")
+        Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(image)
+    elif case == "not-a-run":
+        run = str(tmp_path)
+    else:
+        question = "  "
+    capsys.readouterr()
+    assert main(["ask", run, image, question]) == 2
+    assert expect in capsys.readouterr().err
+
+
+def test_eval_reports_accuracy_and_baselines(vqa_run, capsys):
+    capsys.readouterr()
+    assert main(["eval", str(vqa_run / "run"), "--max-batches", "1", "--batch-size", "14"]) == 0
+    out = capsys.readouterr().out
+    assert "val: accuracy" in out and "unseen: accuracy" in out and "majority per type" in out
+
+
+def test_ask_refuses_a_captioning_run(vqa_run, tmp_path, capsys):
+    cfg = json.loads((vqa_run / "run" / "config.json").read_text())
+    cfg["kind"] = "caption_lstm"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert main(["ask", str(tmp_path), str(vqa_run / "scenes" / "scene_0.png"), "why"]) == 2
+    assert "not a vqa model" in capsys.readouterr().err
