@@ -99,63 +99,78 @@ class _TiledAttention(torch.autograd.Function):
         offset = Tk - Tq
         qs = q * scale
         out = q.new_empty(B, Hkv, rows, Dv)
-        lse = q.new_empty(B, Hkv, rows)
-        for q0 in range(0, Tq, block_q):
-            q1 = min(q0 + block_q, Tq)
-            qi = qs[:, :, q0 * g:q1 * g]  # (B, Hkv, R, D)
-            o_blk, lse_blk = _forward_rows(qi, k, v, bias, mask, g, q0, q1, offset, is_causal,
-                                           block_k)
-            out[:, :, q0 * g:q1 * g] = o_blk
-            lse[:, :, q0 * g:q1 * g] = lse_blk
+        lse = q.new_empty(B, Hkv, rows, dtype=_stats_dtype(q))
+        with torch.autocast(q.device.type, enabled=False):  # precision is chosen explicitly
+            for q0 in range(0, Tq, block_q):
+                q1 = min(q0 + block_q, Tq)
+                qi = qs[:, :, q0 * g:q1 * g]  # (B, Hkv, R, D)
+                o_blk, lse_blk = _forward_rows(qi, k, v, bias, mask, g, q0, q1, offset,
+                                               is_causal, block_k)
+                out[:, :, q0 * g:q1 * g] = o_blk
+                lse[:, :, q0 * g:q1 * g] = lse_blk
         ctx.save_for_backward(q, k, v, out, lse, bias, mask)
         ctx.cfg = (g, is_causal, scale, block_q, block_k)
-        ctx.bias_shape = None if bias is None else bias.shape
         return out
 
     @staticmethod
     def backward(ctx, d_out):
         q, k, v, out, lse, bias, mask = ctx.saved_tensors
         g, is_causal, scale, block_q, block_k = ctx.cfg
-        B, Hkv, rows, D = q.shape
-        Tq, Tk = rows // g, k.shape[-2]
-        offset = Tk - Tq
         need_bias = bias is not None and ctx.needs_input_grad[3]
-        d_out = d_out.contiguous()
-        qs = q * scale
-        delta = (d_out * out).sum(-1)  # (B, Hkv, rows): rowsum(dO ∘ O) = Σ_j P_ij dP_ij
-        dq = torch.zeros_like(q)
-        dk = torch.zeros_like(k)
-        dv = torch.zeros_like(v)
-        acc_dtype = torch.promote_types(q.dtype, torch.float32)
-        dbias = torch.zeros(bias.shape, dtype=acc_dtype, device=q.device) if need_bias else None
-        for k0 in range(0, Tk, block_k):
-            k1 = min(k0 + block_k, Tk)
-            kj, vj = k[:, :, k0:k1], v[:, :, k0:k1]  # (B, Hkv, C, D|Dv)
-            # causal: query rows before first_q see none of these keys
-            first_q = max(0, k0 - offset) if is_causal else 0
-            for q0 in range(first_q - first_q % block_q, Tq, block_q):
-                q1 = min(q0 + block_q, Tq)
-                r0, r1 = q0 * g, q1 * g
-                s = qs[:, :, r0:r1] @ kj.transpose(-2, -1)  # (B, Hkv, R, C)
-                allowed = _tile_allowed(mask, q0, q1, k0, k1, offset, is_causal, q.device)
-                s = _add_bias(s, bias, q0, q1, k0, k1, g)
-                s = s.sub_(lse[:, :, r0:r1, None])
-                if allowed is not None:
-                    s = s.view(B, Hkv, q1 - q0, g, k1 - k0).masked_fill_(~allowed, float("-inf"))
-                    s = s.view(B, Hkv, r1 - r0, k1 - k0)
-                p = s.exp_()  # (B, Hkv, R, C) probabilities, recomputed
-                do = d_out[:, :, r0:r1]  # (B, Hkv, R, Dv)
-                dv[:, :, k0:k1] += p.transpose(-2, -1) @ do  # sums the g heads of the group too
-                dp = do @ vj.transpose(-2, -1)  # (B, Hkv, R, C)
-                ds = dp.sub_(delta[:, :, r0:r1, None]).mul_(p)  # dL/dS (before scale)
-                if need_bias:
-                    _accumulate_bias_grad(dbias, ds, q0, q1, k0, k1, g)
-                dq[:, :, r0:r1] += ds @ kj
-                dk[:, :, k0:k1] += ds.transpose(-2, -1) @ qs[:, :, r0:r1]
-        dq.mul_(scale)
-        if dbias is not None:
-            dbias = dbias.to(bias.dtype)
-        return dq, dk, dv, dbias, None, None, None, None, None, None
+        with torch.autocast(q.device.type, enabled=False):
+            grads = _backward(q, k, v, out, lse, bias, mask, d_out.to(q.dtype).contiguous(), g,
+                              is_causal, scale, block_q, block_k, need_bias)
+        return (*grads, None, None, None, None, None, None)
+
+
+def _stats_dtype(q: Tensor) -> torch.dtype:
+    """Softmax statistics and accumulators: at least fp32 even for bf16/fp16 inputs."""
+    return torch.promote_types(q.dtype, torch.float32)
+
+
+def _backward(q, k, v, out, lse, bias, mask, d_out, g, is_causal, scale, block_q, block_k,
+              need_bias):
+    """Gradients of q, k, v (and bias) by recomputing each tile's probabilities from ``lse``."""
+    B, Hkv, rows, D = q.shape
+    Tq, Tk = rows // g, k.shape[-2]
+    offset = Tk - Tq
+    cdt, adt = q.dtype, _stats_dtype(q)  # matmul dtype, accumulation dtype
+    qs = q * scale
+    # (B, Hkv, rows): rowsum(dO ∘ O) = Σ_j P_ij dP_ij
+    delta = (d_out.to(adt) * out.to(adt)).sum(-1)
+    dq = torch.zeros(q.shape, dtype=adt, device=q.device)
+    dk = torch.zeros(k.shape, dtype=adt, device=q.device)
+    dv = torch.zeros(v.shape, dtype=adt, device=q.device)
+    dbias = torch.zeros(bias.shape, dtype=adt, device=q.device) if need_bias else None
+    for k0 in range(0, Tk, block_k):
+        k1 = min(k0 + block_k, Tk)
+        kj, vj = k[:, :, k0:k1], v[:, :, k0:k1]  # (B, Hkv, C, D|Dv)
+        # causal: query rows before first_q see none of these keys
+        first_q = max(0, k0 - offset) if is_causal else 0
+        for q0 in range(first_q - first_q % block_q, Tq, block_q):
+            q1 = min(q0 + block_q, Tq)
+            r0, r1 = q0 * g, q1 * g
+            s = (qs[:, :, r0:r1] @ kj.transpose(-2, -1)).to(adt)  # (B, Hkv, R, C)
+            allowed = _tile_allowed(mask, q0, q1, k0, k1, offset, is_causal, q.device)
+            s = _add_bias(s, bias, q0, q1, k0, k1, g)
+            s = s.sub_(lse[:, :, r0:r1, None])
+            if allowed is not None:
+                s = s.view(B, Hkv, q1 - q0, g, k1 - k0).masked_fill_(~allowed, float("-inf"))
+                s = s.view(B, Hkv, r1 - r0, k1 - k0)
+            p = s.exp_()  # (B, Hkv, R, C) probabilities, recomputed
+            do = d_out[:, :, r0:r1]  # (B, Hkv, R, Dv)
+            # sums over the g heads of the group too
+            dv[:, :, k0:k1] += p.to(cdt).transpose(-2, -1) @ do
+            dp = (do @ vj.transpose(-2, -1)).to(adt)  # (B, Hkv, R, C)
+            ds = dp.sub_(delta[:, :, r0:r1, None]).mul_(p)  # dL/dS (before scale)
+            if need_bias:
+                _accumulate_bias_grad(dbias, ds, q0, q1, k0, k1, g)
+            ds = ds.to(cdt)
+            dq[:, :, r0:r1] += ds @ kj
+            dk[:, :, k0:k1] += ds.transpose(-2, -1) @ qs[:, :, r0:r1]
+    dq = dq.mul_(scale).to(q.dtype)
+    dbias = None if dbias is None else dbias.to(bias.dtype)
+    return dq, dk.to(k.dtype), dv.to(v.dtype), dbias
 
 
 def _tile_allowed(mask, q0, q1, k0, k1, offset, is_causal, device) -> Tensor | None:
@@ -188,12 +203,13 @@ def _forward_rows(qi, k, v, bias, mask, g, q0, q1, offset, is_causal, block_k):
     B, Hkv, R, _ = qi.shape
     Tk, Dv = k.shape[-2], v.shape[-1]
     last_k = min(Tk, q1 - 1 + offset + 1) if is_causal else Tk  # keys after this are never seen
-    acc = qi.new_zeros(B, Hkv, R, Dv)
-    m = qi.new_full((B, Hkv, R), float("-inf"))
-    l = qi.new_zeros(B, Hkv, R)
+    cdt, adt = qi.dtype, _stats_dtype(qi)
+    acc = qi.new_zeros(B, Hkv, R, Dv, dtype=adt)
+    m = qi.new_full((B, Hkv, R), float("-inf"), dtype=adt)
+    l = qi.new_zeros(B, Hkv, R, dtype=adt)
     for k0 in range(0, max(last_k, 0), block_k):
         k1 = min(k0 + block_k, Tk)
-        s = qi @ k[:, :, k0:k1].transpose(-2, -1)  # (B, Hkv, R, C)
+        s = (qi @ k[:, :, k0:k1].transpose(-2, -1)).to(adt)  # (B, Hkv, R, C)
         s = _add_bias(s, bias, q0, q1, k0, k1, g)
         allowed = _tile_allowed(mask, q0, q1, k0, k1, offset, is_causal, qi.device)
         if allowed is not None:
@@ -205,7 +221,7 @@ def _forward_rows(qi, k, v, bias, mask, g, q0, q1, offset, is_causal, block_k):
         p = s.sub_(m_safe[..., None]).exp_()  # (B, Hkv, R, C)
         alpha = (m - m_safe).exp_()  # rescales what was accumulated under the old maximum
         l = l.mul_(alpha).add_(p.sum(dim=-1))
-        acc = acc.mul_(alpha[..., None]).add_(p @ v[:, :, k0:k1])
+        acc = acc.mul_(alpha[..., None]).add_(p.to(cdt) @ v[:, :, k0:k1])
         m = m_new
     empty = l == 0
     out = acc.div_(l.masked_fill(empty, 1.0)[..., None])
