@@ -98,19 +98,34 @@ def test_config_validation_names_the_values():
 # weight-decay groups
 
 
+class RelPos(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = nn.Parameter(torch.zeros(9, 2))  # relative-position bias table
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Conv2d(3, 8, 2, stride=2)  # a linear map despite the module's name
+
+
 class Tiny(nn.Module):
     def __init__(self):
         super().__init__()
+        self.head = nn.Linear(8, 11, bias=False)  # tied to tok_emb, and registered first
         self.tok_emb = nn.Embedding(11, 8)
+        self.head.weight = self.tok_emb.weight
         self.pos = nn.Parameter(torch.zeros(5, 8))  # a learned positional table
+        self.pos_embed = nn.Parameter(torch.zeros(1, 5, 8))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, 8))
         self.table = nn.Embedding(3, 8)  # an embedding whose name does not say so
+        self.patch_embed = PatchEmbed()
+        self.rel_pos = RelPos()
         self.proj = nn.Linear(8, 8)
         self.norm = nn.LayerNorm(8)
         self.rms = RMSNorm(8)
-        self.conv = nn.Conv1d(8, 8, 3)
-        self.head = nn.Linear(8, 11, bias=False)
-        self.head.weight = self.tok_emb.weight  # tied: must appear once, undecayed
+        self.w_in = nn.Parameter(torch.zeros(2, 4, 8))  # stacked expert weights (MoE)
         self.frozen = nn.Linear(8, 8)
         self.frozen.requires_grad_(False)
 
@@ -120,18 +135,20 @@ def test_weight_decay_groups_exclude_norms_biases_embeddings():
     groups = param_groups(model, 0.1)
     decay, keep = groups
     assert decay["weight_decay"] == 0.1 and keep["weight_decay"] == 0.0
-    assert sorted(decay["names"]) == ["conv.weight", "proj.weight"]
+    assert sorted(decay["names"]) == ["patch_embed.proj.weight", "proj.weight", "w_in"]
     assert sorted(keep["names"]) == sorted(
         [
-            "tok_emb.weight",
+            "head.weight",
             "pos",
+            "pos_embed",
             "cls_token",
             "table.weight",
+            "rel_pos.table",
+            "patch_embed.proj.bias",
             "proj.bias",
             "norm.weight",
             "norm.bias",
             "rms.weight",
-            "conv.bias",
         ]
     )
     n_trainable = len({id(p) for p in model.parameters() if p.requires_grad})
@@ -139,9 +156,9 @@ def test_weight_decay_groups_exclude_norms_biases_embeddings():
 
     class WithHook(Tiny):
         def no_weight_decay(self):
-            return {"proj"}  # a module name excludes all its parameters
+            return {"proj", "w_in"}  # a module name excludes all its parameters
 
-    assert [g["names"] for g in param_groups(WithHook(), 0.1)][0] == ["conv.weight"]
+    assert param_groups(WithHook(), 0.1)[0]["names"] == ["patch_embed.proj.weight"]
 
 
 def test_adamw_decays_only_the_decay_group():
@@ -154,7 +171,8 @@ def test_adamw_decays_only_the_decay_group():
         p.grad = torch.zeros_like(p)
     opt.step()
     for n, p in model.named_parameters():
-        factor = 1 - 0.1 * 0.5 if n in ("proj.weight", "conv.weight") else 1.0
+        decayed = ("proj.weight", "patch_embed.proj.weight", "w_in")
+        factor = 1 - 0.1 * 0.5 if n in decayed else 1.0
         torch.testing.assert_close(p.detach(), before[n] * factor)
 
 

@@ -30,51 +30,65 @@ from attnlab.train.config import TrainConfig
 
 __all__ = ["param_groups", "make_optimizer", "LRSchedule", "no_decay"]
 
-# Name pieces that mark embeddings, positional tables and learned tokens (cls_token, mask_token,
-# relative_position_bias_table): excluded from weight decay whatever their shape.
-_NO_DECAY_MARKERS = ("emb", "pos")
-_NO_DECAY_SUFFIXES = ("token",)
+
+def _marks_no_decay(piece: str) -> bool:
+    """A name piece that marks an embedding, a positional table or a learned token."""
+    piece = piece.lower()
+    return (
+        "emb" in piece
+        or "position" in piece
+        or piece.startswith("pos")
+        or "_pos" in piece
+        or piece.endswith("token")
+    )
 
 
-def no_decay(name: str, param: nn.Parameter) -> bool:
-    """True if the parameter ``name`` should not be weight-decayed.
+def no_decay(name: str, param: nn.Parameter, owner: nn.Module | None = None) -> bool:
+    """True if the parameter ``name`` (held by module ``owner``) should not be weight-decayed.
 
-    Rule: tensors with fewer than 2 dimensions (biases, norm gains), or a dotted name piece that
-    contains ``emb`` or ``pos`` or ends in ``token``.
+    In order: tensors with fewer than 2 dimensions (biases, norm gains) are not decayed; weights
+    of ``nn.Embedding`` and of normalisation layers (class name containing ``Norm``) are not;
+    weights of ``nn.Linear`` and convolutions are (whatever their names: ``patch_embed.proj``
+    is a linear map); otherwise the parameter's own name or its module's name decides:
+    containing ``emb``, ``position`` or ``_pos``, starting with ``pos`` or ending in ``token``
+    (``pos_emb.weight``, ``pos_embed``, ``rel_pos.table``, ``cls_token``) means no decay.
     """
     if param.ndim < 2:
         return True
-    for piece in name.split("."):
-        piece = piece.lower()
-        if any(m in piece for m in _NO_DECAY_MARKERS) or piece.endswith(_NO_DECAY_SUFFIXES):
+    if owner is not None:
+        if isinstance(owner, nn.Embedding) or "Norm" in type(owner).__name__:
             return True
-    return False
+        if isinstance(owner, (nn.Linear, nn.modules.conv._ConvNd)):
+            return False
+    return any(_marks_no_decay(piece) for piece in name.split(".")[-2:])
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Split the trainable parameters of ``model`` into a decayed and a non-decayed group.
 
-    Excluded from decay: :func:`no_decay` names, weights of ``nn.Embedding`` and of normalisation
-    layers (any module whose class name contains ``Norm``), and names listed by an optional
-    ``model.no_weight_decay()`` (the timm convention). Shared (tied) parameters appear once, under
-    their first name.
+    The rule is :func:`no_decay`; names (of parameters or modules) returned by an optional
+    ``model.no_weight_decay()`` (the timm convention) are excluded as well. Shared (tied)
+    parameters appear once, under their first name.
 
     Returns:
         ``[{"params": [...], "weight_decay": weight_decay, "names": [...]},
         {"params": [...], "weight_decay": 0.0, "names": [...]}]`` (empty groups dropped).
     """
     extra = set(model.no_weight_decay()) if hasattr(model, "no_weight_decay") else set()
+    owner: dict[int, nn.Module] = {}
     exempt: set[int] = set()
     for mod_name, module in model.named_modules():
-        if isinstance(module, nn.Embedding) or "Norm" in type(module).__name__:
-            exempt.update(id(p) for p in module.parameters(recurse=False))
+        for p in module.parameters(recurse=False):
+            owner.setdefault(id(p), module)
+            if isinstance(module, nn.Embedding):  # a tied output head stays undecayed too
+                exempt.add(id(p))
         if mod_name in extra:
             exempt.update(id(p) for p in module.parameters())
     decay, keep = ([], []), ([], [])
     for name, p in model.named_parameters():  # named_parameters() yields a tied tensor once
         if not p.requires_grad:
             continue
-        skip = id(p) in exempt or name in extra or no_decay(name, p)
+        skip = id(p) in exempt or name in extra or no_decay(name, p, owner.get(id(p)))
         group = keep if skip else decay
         group[0].append(p)
         group[1].append(name)
