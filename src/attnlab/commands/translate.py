@@ -89,8 +89,11 @@ def register(groups) -> None:
         "budget; report exact match and BLEU by source length (table + plot).")
     e.add_argument("--out", default="runs/bottleneck", help="output directory")
     e.add_argument("--lang", default="it")
-    e.add_argument("--high", type=int, default=999_999_999,
-                   help="largest number (sets the longest source; default 999999999)")
+    e.add_argument("--high", type=int, default=10**15 - 1,
+                   help="largest number (sets the longest source: 29 words for the default "
+                   "10^15 - 1)")
+    e.add_argument("--rnn-preset", default="tiny", help="size of both RNNs (default tiny)")
+    e.add_argument("--transformer-preset", default="tiny")
     e.add_argument("--n-examples", type=int, default=30_000)
     e.add_argument("--max-time", type=float, default=None,
                    help="seconds of training per model (default: use --steps)")
@@ -131,9 +134,10 @@ def _run_train(args: argparse.Namespace) -> int:
     result = train(model, task, cfg, args.out, resume=args.resume, overwrite=args.overwrite)
     last = result.history[-1] if result.history else {}
     extra = "".join(f", {k} {last[k]:.3f}" for k in ("val_exact", "val_bleu") if k in last)
+    val = "n/a" if result.val_loss is None else f"{result.val_loss:.3f}"
     print(f"trained {args.model} ({sum(p.numel() for p in model.parameters()):,} parameters) "
           f"for {result.steps} steps in {result.elapsed:.0f}s: train loss "
-          f"{result.final_train_loss:.3f}, val loss {result.val_loss}{extra}")
+          f"{result.final_train_loss:.3f}, val loss {val}{extra}")
     print(f"run saved in {result.run_dir}; try: attnlab translate {result.run_dir} "
           f"\"{data.splits['test'][0][0]}\"")
     return 0
@@ -234,6 +238,7 @@ def _run_bottleneck(args: argparse.Namespace) -> int:
     from attnlab.experiments.bottleneck import BottleneckConfig, format_table, run_bottleneck
 
     cfg = BottleneckConfig(lang=args.lang, high=args.high, n_examples=args.n_examples,
+                           rnn_preset=args.rnn_preset, transformer_preset=args.transformer_preset,
                            steps=args.steps, max_time=args.max_time, batch_size=args.batch_size,
                            device=args.device, seed=args.seed, progress=args.progress)
     result = run_bottleneck(cfg, args.out, overwrite=args.overwrite)
