@@ -526,22 +526,22 @@ class _Loop:
             return
         steps = [p[0] for p in self.pending]
         keys = sorted(self.pending[-1][4])
+        has_norm = self.pending[-1][2] is not None
         rows = []
-        for _, loss, _, _, metrics, count in self.pending:
-            row = [loss.reshape(())]
-            row += [
-                torch.as_tensor(
-                    metrics.get(k, float("nan")), dtype=torch.float32, device=self.device
-                ).reshape(())
-                for k in keys
-            ]
-            row.append(torch.tensor(float(count), device=self.device))
-            rows.append(torch.stack([r.to(self.device, torch.float32) for r in row]))
-        table = torch.stack(rows)  # (n_steps, 1 + n_metrics + 1)
+        for _, loss, grad_norm, _, metrics, count in self.pending:
+            row = [loss, grad_norm if has_norm else 0.0, float(count)]
+            row += [metrics.get(k, float("nan")) for k in keys]
+            rows.append(
+                torch.stack(
+                    [torch.as_tensor(v, device=self.device).float().reshape(()) for v in row]
+                )
+            )
+        # one (n_steps, 3 + n_metrics) table: columns loss | grad norm | count | metrics
+        table = torch.stack(rows)
         if collective:
-            dist_utils.all_reduce_mean(table)
-        table = table.cpu()
-        grad_norms = [float(p[2]) if p[2] is not None else None for p in self.pending]
+            dist_utils.all_reduce_mean(table)  # grad norms are equal on all ranks already
+        table = table.cpu()  # the only device -> host copy of the window
+        grad_norms = [float(v) for v in table[:, 1]] if has_norm else [None] * len(steps)
         for i, s in enumerate(steps):
             loss_i, norm_i = float(table[i, 0]), grad_norms[i]
             if math.isfinite(loss_i) and (norm_i is None or math.isfinite(norm_i)):
@@ -562,14 +562,14 @@ class _Loop:
                 f"(lr={self.cfg.lr}), a longer warm-up or gradient clipping."
             )
         now = time.perf_counter()
-        tokens = int(table[:, -1].sum().item() * self.world)
+        tokens = round(float(table[:, 2].sum()) * self.world)
         self.prog.tokens += tokens
         self.prog.train_loss = float(table[-1, 0])
         rec = {"step": steps[-1], "loss": float(table[:, 0].mean()), "lr": self.pending[-1][3]}
         if grad_norms[-1] is not None:
             rec["grad_norm"] = grad_norms[-1]
         for j, k in enumerate(keys):
-            rec[k] = float(table[:, 1 + j].mean())
+            rec[k] = float(table[:, 3 + j].mean())
         rec["tokens_per_s"] = tokens / max(now - self.window_start, 1e-9)
         rec["tokens"] = self.prog.tokens
         rec["elapsed"] = round(self.elapsed(), 3)
