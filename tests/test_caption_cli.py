@@ -59,3 +59,16 @@ def test_caption_bad_images(cap_run, tmp_path, capsys):
         assert main(["caption", str(cap_run / "tr"), str(path)]) == 2
         assert msg in capsys.readouterr().err
     assert main(["caption", str(cap_run / "tr"), str(big), "--beam", "0"]) == 2
+
+
+@pytest.mark.parametrize("name,expect", [
+    ("caption-retrieval", ["| cnn+lstm |", "| patches+transformer |", "nearest neighbour"]),
+    ("caption-features", ["| logits |", "| penultimate |", "frozen classifier"])])
+def test_caption_experiments_print_their_tables(tmp_path, capsys, name, expect):
+    capsys.readouterr()
+    extra = ["--pretrain-steps", "2"] if name == "caption-features" else []
+    assert main(["experiment", name, "--out", str(tmp_path), "--steps", "2", "--batch-size",
+                 "16", "--n-train", "60", "--n-eval", "16", "--no-progress", "--device", "cpu"]
+                + extra) == 0
+    out = capsys.readouterr().out
+    assert all(e in out for e in expect), out

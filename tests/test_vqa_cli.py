@@ -85,3 +85,15 @@ def test_ask_refuses_a_captioning_run(vqa_run, tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert main(["ask", str(tmp_path), str(vqa_run / "scenes" / "scene_0.png"), "why"]) == 2
     assert "not a vqa model" in capsys.readouterr().err
+
+
+def test_vqa_bias_experiment_prints_a_table_per_question_type(tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["experiment", "vqa-bias", "--out", str(tmp_path), "--steps", "2",
+                 "--batch-size", "16", "--n-train", "60", "--models", "blind", "lstm-concat",
+                 "--no-progress", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    for word in ("| question type | blind | lstm-concat |", "| closest |", "| all |",
+                 "majority per type"):
+        assert word in out
+    assert (tmp_path / "results.json").exists()

@@ -133,12 +133,14 @@ def register(groups) -> None:
         "captions and unseen colour-shape combinations, both captioners")
     exp_args(e, "runs/caption-retrieval", 800)
     e.add_argument("--beam", type=int, default=1)
+    e.add_argument("--n-eval", type=int, default=200, help="val and unseen scenes captioned")
     e.set_defaults(func=_run_caption_retrieval)
     e = groups["experiment"].add_parser(
         "caption-features", help="CNN+LSTM captioner from the classifier's logits vs its "
         "penultimate features")
     exp_args(e, "runs/caption-features", 800)
     e.add_argument("--pretrain-steps", type=int, default=300)
+    e.add_argument("--n-eval", type=int, default=200, help="val scenes captioned")
     e.set_defaults(func=_run_caption_features)
 
     for kind in CAPTION_KINDS:
@@ -397,7 +399,8 @@ def _run_vqa_bias(args: argparse.Namespace) -> int:
 def _run_caption_retrieval(args: argparse.Namespace) -> int:
     from attnlab.experiments import caption_retrieval as cr
 
-    res = cr.run(cr.CaptionRetrievalConfig(beam_size=args.beam, **_exp_common(args)))
+    res = cr.run(cr.CaptionRetrievalConfig(beam_size=args.beam, n_eval=args.n_eval,
+                                           **_exp_common(args)))
     print("Captioners: composition vs retrieval\n")
     print(cr.format_table(res))
     return 0
@@ -407,7 +410,7 @@ def _run_caption_features(args: argparse.Namespace) -> int:
     from attnlab.experiments import caption_features as cf
 
     res = cf.run(cf.CaptionFeaturesConfig(pretrain_steps=args.pretrain_steps,
-                                          **_exp_common(args)))
+                                          n_eval=args.n_eval, **_exp_common(args)))
     print("CNN+LSTM captioner from a frozen classifier: logits vs penultimate features\n")
     print(cf.format_table(res))
     return 0
