@@ -439,3 +439,29 @@ def test_compile_trains_through_torch_compile(tmp_path, monkeypatch):
 
     with safe_open(str(tmp_path / "c" / "model.safetensors"), "pt") as f:
         assert sorted(f.keys()) == sorted(k for k, _ in model.named_parameters())
+
+
+def test_to_device_moves_nested_batches():
+    from collections import namedtuple
+
+    from attnlab.train import to_device
+
+    Pair = namedtuple("Pair", "a b")
+
+    @dataclass
+    class Batch:
+        x: torch.Tensor
+        meta: dict
+
+    batch = {"p": Pair(torch.ones(2), [torch.zeros(1), 3]), "d": Batch(torch.ones(1), {"k": "v"})}
+    moved = to_device(batch, "meta")
+    assert isinstance(moved["p"], Pair) and moved["p"].a.device.type == "meta"
+    assert moved["p"].b[0].device.type == "meta" and moved["p"].b[1] == 3
+    assert isinstance(moved["d"], Batch) and moved["d"].x.device.type == "meta"
+    assert moved["d"].meta == {"k": "v"}
+
+
+def test_warmup_longer_than_run_is_warned(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="attnlab.train.trainer"):
+        train(make_model(), ToyTask(), base_cfg(steps=2, warmup_steps=5), tmp_path / "r")
+    assert "never reaches" in caplog.text

@@ -319,6 +319,14 @@ def train(
         runs.atomic_write_text(run_dir / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
         if not resume:
             task.save_artifacts(run_dir)
+    if not cfg.timed and cfg.schedule != "inverse_sqrt" and cfg.warmup >= cfg.steps:
+        log.warning(
+            "the warm-up (%d steps) is not shorter than the run (%d steps): the learning rate "
+            "never reaches lr=%g; lower --warmup",
+            cfg.warmup,
+            cfg.steps,
+            cfg.lr,
+        )
     n_params = sum(p.numel() for p in model.parameters())
     log.info(
         "training %s (%.2fM parameters) on %s x%d, %s",
