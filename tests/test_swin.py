@@ -36,9 +36,19 @@ def _rerandomise(model: torch.nn.Module) -> None:
 
 def _hf_swin(cls, **kw):
     # stage resolutions 16 and 8 with 4×4 windows: both stages have shifted blocks with masks
-    cfg = transformers.SwinConfig(image_size=32, patch_size=2, num_channels=3, embed_dim=16,
-                                  depths=[2, 2], num_heads=[2, 4], window_size=4, mlp_ratio=2.0,
-                                  num_labels=10, attn_implementation="eager", **kw)
+    cfg = transformers.SwinConfig(
+        image_size=32,
+        patch_size=2,
+        num_channels=3,
+        embed_dim=16,
+        depths=[2, 2],
+        num_heads=[2, 4],
+        window_size=4,
+        mlp_ratio=2.0,
+        num_labels=10,
+        attn_implementation="eager",
+        **kw,
+    )
     model = cls(cfg).eval()
     _rerandomise(model)
     return model
@@ -69,7 +79,8 @@ def test_swin_classifier_matches_hf_logits_and_round_trips():
     for k in sd:
         assert torch.equal(back[k], sd[k]), k
     hf2 = transformers.SwinForImageClassification(
-        transformers.SwinConfig(**cfg, attn_implementation="eager")).eval()
+        transformers.SwinConfig(**cfg, attn_implementation="eager")
+    ).eval()
     hf2.load_state_dict(back, strict=True)
     with torch.no_grad():
         torch.testing.assert_close(hf2(x).logits, hf(x).logits, atol=1e-6, rtol=0)
@@ -77,13 +88,15 @@ def test_swin_classifier_matches_hf_logits_and_round_trips():
 
 def test_swin_accepts_old_key_names_and_stored_index():
     hf = _hf_swin(transformers.SwinForImageClassification)
-    renames = {"attention.q_proj": "attention.self.query",
-               "attention.k_proj": "attention.self.key",
-               "attention.v_proj": "attention.self.value",
-               "attention.relative_position_bias.relative_position_bias_table":
-                   "attention.self.relative_position_bias_table",
-               "attention.o_proj": "attention.output.dense",
-               "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}
+    renames = {
+        "attention.q_proj": "attention.self.query",
+        "attention.k_proj": "attention.self.key",
+        "attention.v_proj": "attention.self.value",
+        "attention.relative_position_bias.relative_position_bias_table": "attention.self.relative_position_bias_table",
+        "attention.o_proj": "attention.output.dense",
+        "mlp.fc1": "intermediate.dense",
+        "mlp.fc2": "output.dense",
+    }
     old = {}
     for k, v in hf.state_dict().items():
         for new, was in renames.items():
@@ -149,16 +162,29 @@ def test_patch_merging_concatenates_2x2_neighbours_in_hf_order():
     pm = PatchMerging(dim=3, resolution=4)
     x = torch.randn(1, 16, 3)
     grid = x.view(1, 4, 4, 3)
-    expected_in = torch.cat([grid[:, 0::2, 0::2], grid[:, 1::2, 0::2], grid[:, 0::2, 1::2],
-                             grid[:, 1::2, 1::2]], dim=-1).view(1, 4, 12)
+    expected_in = torch.cat(
+        [grid[:, 0::2, 0::2], grid[:, 1::2, 0::2], grid[:, 0::2, 1::2], grid[:, 1::2, 1::2]], dim=-1
+    ).view(1, 4, 12)
     torch.testing.assert_close(pm(x), pm.reduction(pm.norm(expected_in)))
     assert pm(x).shape == (1, 4, 6)  # H·W/4 tokens, 2C channels
 
 
 def _block(shift: int) -> SwinBlock:
-    blk = SwinBlock(8, 2, resolution=8, window_size=4, shift=shift, mlp_ratio=2.0,
-                    activation="gelu", norm_eps=1e-5, qkv_bias=True, dropout=0.0,
-                    attn_dropout=0.0, drop_path=0.0, backend="auto").eval()
+    blk = SwinBlock(
+        8,
+        2,
+        resolution=8,
+        window_size=4,
+        shift=shift,
+        mlp_ratio=2.0,
+        activation="gelu",
+        norm_eps=1e-5,
+        qkv_bias=True,
+        dropout=0.0,
+        attn_dropout=0.0,
+        drop_path=0.0,
+        backend="auto",
+    ).eval()
     with torch.no_grad():
         blk.rel_pos.table.normal_()
     return blk
@@ -235,8 +261,9 @@ def test_bad_sizes_name_the_values():
     with pytest.raises(ValueError, match="image_size=30 is not divisible by patch_size=4"):
         SwinConfig(image_size=30, patch_size=4)
     with pytest.raises(ValueError, match="odd"):
-        SwinConfig(image_size=12, patch_size=1, window_size=3, depths=[1, 1, 1, 1],
-                   n_heads=[1, 1, 1, 1])
+        SwinConfig(
+            image_size=12, patch_size=1, window_size=3, depths=[1, 1, 1, 1], n_heads=[1, 1, 1, 1]
+        )
     model = SwinTransformer(SwinConfig.preset("tiny"))
     with pytest.raises(UserError, match=r"8×8 images, got 16×16"):
         model(torch.randn(1, 1, 16, 16))

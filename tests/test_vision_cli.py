@@ -20,8 +20,10 @@ FAST = ["--steps", "3", "--batch-size", "16", "--eval-every", "3", "--no-progres
 @pytest.fixture(scope="module")
 def vit_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "vit"
-    assert main(["train", "image", "--data", "digits", "--model", "vit", "--out", str(out),
-                 *FAST]) == 0
+    assert (
+        main(["train", "image", "--data", "digits", "--model", "vit", "--out", str(out), *FAST])
+        == 0
+    )
     return out
 
 
@@ -43,8 +45,7 @@ def test_train_eval_classify_round_trip(vit_run, tmp_path, capsys):
     assert "accuracy" in capsys.readouterr().out
     png = _digit_png(tmp_path / "digit.png", size=20)  # resized to 8×8 on the way in
     att = tmp_path / "att.png"
-    assert main(["classify", str(vit_run), str(png), "--top-k", "3",
-                 "--attention", str(att)]) == 0
+    assert main(["classify", str(vit_run), str(png), "--top-k", "3", "--attention", str(att)]) == 0
     lines = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.strip()][:3]
     probs = [float(p) for _, p in lines]
     assert probs == sorted(probs, reverse=True) and all(0 <= p <= 1 for p in probs)
@@ -66,15 +67,52 @@ def test_train_on_shapes_folder(tmp_path):
         (root / f"c{k}").mkdir(parents=True)
         for i in range(5):
             arr = np.zeros((20, 20, 3), dtype=np.uint8)
-            arr[2 + i:10 + i, 3:12] = colour
+            arr[2 + i : 10 + i, 3:12] = colour
             Image.fromarray(arr).save(root / f"c{k}" / f"{i}.png")
     out = tmp_path / "run"
-    assert main(["train", "image", "--data", "folder", "--data-path", str(root),
-                 "--image-size", "16", "--model", "cnn", "--out", str(out), *FAST]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "image",
+                "--data",
+                "folder",
+                "--data-path",
+                str(root),
+                "--image-size",
+                "16",
+                "--model",
+                "cnn",
+                "--out",
+                str(out),
+                *FAST,
+            ]
+        )
+        == 0
+    )
     assert json.loads((out / "labels.json").read_text())["classes"] == ["c0", "c1"]
-    assert main(["train", "image", "--data", "shapes", "--shapes-n", "40", "--image-size", "16",
-                 "--model", "vit", "--patch-size", "4", "--out", str(tmp_path / "s"),
-                 *FAST]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "image",
+                "--data",
+                "shapes",
+                "--shapes-n",
+                "40",
+                "--image-size",
+                "16",
+                "--model",
+                "vit",
+                "--patch-size",
+                "4",
+                "--out",
+                str(tmp_path / "s"),
+                *FAST,
+            ]
+        )
+        == 0
+    )
 
 
 def _err(capsys, argv) -> str:
@@ -84,11 +122,13 @@ def _err(capsys, argv) -> str:
 
 def test_bad_input_exit_2_with_named_values(vit_run, tmp_path, capsys):
     out = str(tmp_path / "x")
-    err = _err(capsys, ["train", "image", "--model", "vit", "--patch-size", "3", "--out", out,
-                        *FAST])
+    err = _err(
+        capsys, ["train", "image", "--model", "vit", "--patch-size", "3", "--out", out, *FAST]
+    )
     assert "image_size=8 is not divisible by patch_size=3" in err
-    err = _err(capsys, ["train", "image", "--model", "swin", "--window-size", "3", "--out", out,
-                        *FAST])
+    err = _err(
+        capsys, ["train", "image", "--model", "swin", "--window-size", "3", "--out", out, *FAST]
+    )
     assert "not divisible by window_size=3" in err
     err = _err(capsys, ["train", "image", "--data", "cifar10", "--out", out, *FAST])
     assert "--data-path" in err
@@ -96,8 +136,10 @@ def test_bad_input_exit_2_with_named_values(vit_run, tmp_path, capsys):
     (empty / "a").mkdir(parents=True)
     Image.fromarray(np.zeros((4, 4, 3), dtype=np.uint8)).save(empty / "a" / "1.png")
     (empty / "b").mkdir()
-    err = _err(capsys, ["train", "image", "--data", "folder", "--data-path", str(empty),
-                        "--out", out, *FAST])
+    err = _err(
+        capsys,
+        ["train", "image", "--data", "folder", "--data-path", str(empty), "--out", out, *FAST],
+    )
     assert "b' contains no images" in err
     # classify: unreadable file, wrong size with --no-resize, missing file
     bad = tmp_path / "bad.png"
@@ -119,8 +161,26 @@ def test_model_rejects_wrong_channels_through_the_library():
 
 def test_inductive_bias_experiment_small(tmp_path, capsys):
     out = tmp_path / "ib"
-    assert main(["experiment", "inductive-bias", "--fractions", "0.2,0.5,1", "--steps", "3",
-                 "--batch-size", "16", "--warmup", "1", "--out", str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "experiment",
+                "inductive-bias",
+                "--fractions",
+                "0.2,0.5,1",
+                "--steps",
+                "3",
+                "--batch-size",
+                "16",
+                "--warmup",
+                "1",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "| fraction | train images | CNN test acc | ViT test acc" in text
     result = json.loads((out / "results.json").read_text())
@@ -128,8 +188,9 @@ def test_inductive_bias_experiment_small(tmp_path, capsys):
     n = [r["n_train"] for r in result["table"]]
     assert n[0] < n[1] < n[2]
     assert (out / "inductive_bias.png").exists() and (out / "table.md").exists()
-    assert "at least three" in _err(capsys, ["experiment", "inductive-bias", "--fractions",
-                                             "0.5,1", "--out", str(out)])
+    assert "at least three" in _err(
+        capsys, ["experiment", "inductive-bias", "--fractions", "0.5,1", "--out", str(out)]
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -118,8 +118,18 @@ def test_cifar10_python_batches(tmp_path):
     data1, labels1 = _cifar_batch(root / "data_batch_1", 12, 0)
     _cifar_batch(root / "data_batch_2", 8, 1)
     test, test_labels = _cifar_batch(root / "test_batch", 5, 2)
-    names = [b"airplane", b"automobile", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse",
-             b"ship", b"truck"]
+    names = [
+        b"airplane",
+        b"automobile",
+        b"bird",
+        b"cat",
+        b"deer",
+        b"dog",
+        b"frog",
+        b"horse",
+        b"ship",
+        b"truck",
+    ]
     with open(root / "batches.meta", "wb") as f:
         pickle.dump({b"label_names": names}, f)
     d = load_cifar10(tmp_path)  # the parent directory works too
@@ -138,7 +148,8 @@ def test_cifar10_python_batches(tmp_path):
 
 def _idx(path, arr, gz=False):
     header = struct.pack(">BBBB", 0, 0, 0x08, arr.ndim) + b"".join(
-        struct.pack(">I", s) for s in arr.shape)
+        struct.pack(">I", s) for s in arr.shape
+    )
     raw = header + arr.astype(np.uint8).tobytes()
     (gzip.open if gz else open)(path, "wb").write(raw)
 
@@ -169,8 +180,11 @@ def test_random_crop_is_a_shift_of_the_zero_padded_image():
     out = random_crop(x, 2, torch.Generator().manual_seed(0))
     padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
     for b in range(16):  # each output is one of the 5×5 windows of its padded input
-        assert any(torch.equal(out[b], padded[b, :, i:i + 6, j:j + 6])
-                   for i in range(5) for j in range(5))
+        assert any(
+            torch.equal(out[b], padded[b, :, i : i + 6, j : j + 6])
+            for i in range(5)
+            for j in range(5)
+        )
     assert not torch.equal(out, x)
     assert torch.equal(random_crop(x, 0), x)
 

@@ -14,8 +14,16 @@ from attnlab.train import TrainConfig, train
 def test_tiny_vit_learns_digits(tmp_path):
     task = ImageClassificationTask(load_digits(), seed=0)
     model = VisionTransformer(ViTConfig.preset("tiny"))
-    cfg = TrainConfig(steps=250, batch_size=64, lr=1e-3, warmup_steps=25, weight_decay=0.05,
-                      eval_every=250, eval_batches=3, progress=False)
+    cfg = TrainConfig(
+        steps=250,
+        batch_size=64,
+        lr=1e-3,
+        warmup_steps=25,
+        weight_decay=0.05,
+        eval_every=250,
+        eval_batches=3,
+        progress=False,
+    )
     result = train(model, task, cfg, tmp_path / "run")
     acc, loss = task.test_accuracy(model)
     # 10 balanced classes: chance is 0.1 and a log-loss of ln 10 ≈ 2.30

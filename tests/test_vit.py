@@ -31,9 +31,18 @@ def _rerandomise(model: torch.nn.Module) -> None:
 
 
 def _hf_vit(cls, **kw):
-    cfg = transformers.ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=64,
-                                 num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                                 num_labels=10, attn_implementation="eager", **kw)
+    cfg = transformers.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        num_channels=3,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_labels=10,
+        attn_implementation="eager",
+        **kw,
+    )
     model = cls(cfg).eval()
     _rerandomise(model)
     return model
@@ -51,10 +60,12 @@ def test_vit_model_matches_hf_features_and_pooler():
         torch.testing.assert_close(tokens, ref.last_hidden_state, atol=1e-5, rtol=0)
         torch.testing.assert_close(ours.pooler_output(x), ref.pooler_output, atol=1e-5, rtol=0)
         # features() = the patch tokens, pooled_features() = the class token
-        torch.testing.assert_close(ours.features(x), ref.last_hidden_state[:, 1:], atol=1e-5,
-                                   rtol=0)
-        torch.testing.assert_close(ours.pooled_features(x), ref.last_hidden_state[:, 0],
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            ours.features(x), ref.last_hidden_state[:, 1:], atol=1e-5, rtol=0
+        )
+        torch.testing.assert_close(
+            ours.pooled_features(x), ref.last_hidden_state[:, 0], atol=1e-5, rtol=0
+        )
 
 
 def test_vit_classifier_matches_hf_logits_and_round_trips():
@@ -71,7 +82,8 @@ def test_vit_classifier_matches_hf_logits_and_round_trips():
         assert torch.equal(back[k], sd[k]), k
     # the exported config rebuilds the same HF model
     hf2 = transformers.ViTForImageClassification(
-        transformers.ViTConfig(**cfg, attn_implementation="eager")).eval()
+        transformers.ViTConfig(**cfg, attn_implementation="eager")
+    ).eval()
     hf2.load_state_dict(back, strict=True)
     with torch.no_grad():
         torch.testing.assert_close(hf2(x).logits, hf(x).logits, atol=1e-6, rtol=0)
@@ -80,14 +92,17 @@ def test_vit_classifier_matches_hf_logits_and_round_trips():
 def test_vit_accepts_pre_5_9_key_names():
     hf = _hf_vit(transformers.ViTForImageClassification)
     old = {}
-    renames = {"attention.q_proj": "attention.attention.query",
-               "attention.k_proj": "attention.attention.key",
-               "attention.v_proj": "attention.attention.value",
-               "attention.o_proj": "attention.output.dense",
-               "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}
+    renames = {
+        "attention.q_proj": "attention.attention.query",
+        "attention.k_proj": "attention.attention.key",
+        "attention.v_proj": "attention.attention.value",
+        "attention.o_proj": "attention.output.dense",
+        "mlp.fc1": "intermediate.dense",
+        "mlp.fc2": "output.dense",
+    }
     for k, v in hf.state_dict().items():
         if k.startswith("vit.layers."):
-            i, rest = k[len("vit.layers."):].split(".", 1)
+            i, rest = k[len("vit.layers.") :].split(".", 1)
             for new, was in renames.items():
                 rest = rest.replace(new, was)
             k = f"vit.encoder.layer.{i}.{rest}"
@@ -136,8 +151,9 @@ def test_token_count_is_hw_over_p_squared():
 
 
 def test_patch_embedding_is_a_linear_map_of_flattened_patches():
-    model = VisionTransformer(ViTConfig(image_size=8, patch_size=4, in_channels=3, d_model=16,
-                                        n_layers=1, n_heads=2))
+    model = VisionTransformer(
+        ViTConfig(image_size=8, patch_size=4, in_channels=3, d_model=16, n_layers=1, n_heads=2)
+    )
     x = torch.randn(2, 3, 8, 8)
     # cut patches by hand, row by row: (B, Gh, P, Gw, P, C) -> (B, N, C·P·P)
     patches = x.view(2, 3, 2, 4, 2, 4).permute(0, 2, 4, 1, 3, 5).reshape(2, 4, 3 * 16)

@@ -53,8 +53,18 @@ __all__ = [
 ]
 
 DATA_SOURCES = ("digits", "shapes", "folder", "cifar10", "mnist")
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
-                    ".pgm")
+IMAGE_EXTENSIONS = (
+    ".png",
+    ".jpg",
+    ".jpeg",
+    ".bmp",
+    ".gif",
+    ".tif",
+    ".tiff",
+    ".webp",
+    ".ppm",
+    ".pgm",
+)
 SHAPE_NAMES = ("circle", "square", "triangle", "cross")
 COLOUR_NAMES = {"red": (0.9, 0.15, 0.15), "green": (0.15, 0.8, 0.25), "blue": (0.2, 0.35, 0.95)}
 # Mirroring keeps the class of these sources (a digit mirrored is not the same digit).
@@ -82,17 +92,25 @@ class ImageSplits:
         return getattr(self, name)
 
 
-def _split(images: Tensor, labels: Tensor, classes: list[str], name: str, seed: int,
-           val_frac: float = 0.1, test_frac: float = 0.2) -> ImageSplits:
+def _split(
+    images: Tensor,
+    labels: Tensor,
+    classes: list[str],
+    name: str,
+    seed: int,
+    val_frac: float = 0.1,
+    test_frac: float = 0.2,
+) -> ImageSplits:
     """Shuffle with ``seed`` and cut into train / val / test."""
     n = len(labels)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     n_test, n_val = max(1, round(test_frac * n)), max(1, round(val_frac * n))
     if n - n_test - n_val < 1:
         raise UserError(f"{name}: {n} images are too few to split into train/val/test")
-    te, va, tr = perm[:n_test], perm[n_test:n_test + n_val], perm[n_test + n_val:]
-    return ImageSplits((images[tr], labels[tr]), (images[va], labels[va]),
-                       (images[te], labels[te]), classes, name)
+    te, va, tr = perm[:n_test], perm[n_test : n_test + n_val], perm[n_test + n_val :]
+    return ImageSplits(
+        (images[tr], labels[tr]), (images[va], labels[va]), (images[te], labels[te]), classes, name
+    )
 
 
 def _train_val(images: Tensor, labels: Tensor, seed: int, val_frac: float = 0.1):
@@ -117,8 +135,9 @@ def load_digits(*, seed: int = 0) -> ImageSplits:
     return _split(images, labels, [str(i) for i in range(10)], "digits", seed)
 
 
-def make_shapes(n: int = 3000, image_size: int = 32, *, label: str = "shape",
-                seed: int = 0) -> ImageSplits:
+def make_shapes(
+    n: int = 3000, image_size: int = 32, *, label: str = "shape", seed: int = 0
+) -> ImageSplits:
     """Generated images of one coloured shape each on a noisy dark background.
 
     Position, size, colour shade and noise are random; the class is the shape
@@ -172,8 +191,15 @@ def make_shapes(n: int = 3000, image_size: int = 32, *, label: str = "shape",
     else:
         labels = shape_id * len(colours) + colour_id
         classes = [f"{c} {s}" for s in SHAPE_NAMES for c in colours]
-    return _split(torch.from_numpy(images), torch.tensor(labels, dtype=torch.long), classes,
-                  "shapes", seed, val_frac=0.1, test_frac=0.2)
+    return _split(
+        torch.from_numpy(images),
+        torch.tensor(labels, dtype=torch.long),
+        classes,
+        "shapes",
+        seed,
+        val_frac=0.1,
+        test_frac=0.2,
+    )
 
 
 def read_image(path: str | Path, *, image_size: int | None = None, channels: int = 3) -> Tensor:
@@ -209,8 +235,9 @@ def read_image(path: str | Path, *, image_size: int | None = None, channels: int
     return t[None] if channels == 1 else t.permute(2, 0, 1)  # (C, H, W)
 
 
-def load_image_folder(root: str | Path, *, image_size: int = 32, channels: int = 3,
-                      seed: int = 0) -> ImageSplits:
+def load_image_folder(
+    root: str | Path, *, image_size: int = 32, channels: int = 3, seed: int = 0
+) -> ImageSplits:
     """A folder with one sub-folder of images per class (``root/cat/1.png`` …), resized.
 
     Sub-folders are the classes in sorted order. Files with other extensions are ignored.
@@ -227,20 +254,26 @@ def load_image_folder(root: str | Path, *, image_size: int = 32, channels: int =
         raise UserError(f"{str(root)!r} is not a directory of class sub-folders")
     class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not class_dirs:
-        raise UserError(f"image folder {str(root)!r} has no class sub-folders "
-                        "(expected root/<class>/<image files>)")
+        raise UserError(
+            f"image folder {str(root)!r} has no class sub-folders "
+            "(expected root/<class>/<image files>)"
+        )
     images, labels = [], []
     for k, d in enumerate(class_dirs):
-        files = sorted(f for f in d.iterdir()
-                       if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS)
+        files = sorted(
+            f for f in d.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_EXTENSIONS
+        )
         if not files:
-            raise UserError(f"class folder {str(d)!r} contains no images "
-                            f"(extensions {', '.join(IMAGE_EXTENSIONS)})")
+            raise UserError(
+                f"class folder {str(d)!r} contains no images "
+                f"(extensions {', '.join(IMAGE_EXTENSIONS)})"
+            )
         for f in files:
             images.append(read_image(f, image_size=image_size, channels=channels))
             labels.append(k)
-    return _split(torch.stack(images), torch.tensor(labels), [d.name for d in class_dirs],
-                  "folder", seed)
+    return _split(
+        torch.stack(images), torch.tensor(labels), [d.name for d in class_dirs], "folder", seed
+    )
 
 
 def _unpickle(path: Path) -> dict:
@@ -269,8 +302,9 @@ def load_cifar10(path: str | Path, *, seed: int = 0) -> ImageSplits:
     train_files = sorted(root.glob("data_batch_*"))
     test_file = root / "test_batch"
     if not root.is_dir() or not train_files or not test_file.exists():
-        raise FileNotFoundError(f"no CIFAR-10 python batches (data_batch_1…5, test_batch) in "
-                                f"{str(path)!r}")
+        raise FileNotFoundError(
+            f"no CIFAR-10 python batches (data_batch_1…5, test_batch) in {str(path)!r}"
+        )
 
     def read(f: Path) -> tuple[Tensor, Tensor]:
         d = _unpickle(f)
@@ -279,8 +313,10 @@ def load_cifar10(path: str | Path, *, seed: int = 0) -> ImageSplits:
             raise UserError(f"{str(f)!r} is not a CIFAR-10 batch (needs b'data' and b'labels')")
         data = np.asarray(data, dtype=np.uint8)
         if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
-            raise UserError(f"{str(f)!r}: CIFAR-10 data must be (N, 3072) with N labels, got "
-                            f"{data.shape} and {len(labels)} labels")
+            raise UserError(
+                f"{str(f)!r}: CIFAR-10 data must be (N, 3072) with N labels, got "
+                f"{data.shape} and {len(labels)} labels"
+            )
         x = torch.from_numpy(data.reshape(-1, 3, 32, 32).astype(np.float32) / 255.0)
         return x, torch.tensor(list(labels), dtype=torch.long)
 
@@ -289,8 +325,10 @@ def load_cifar10(path: str | Path, *, seed: int = 0) -> ImageSplits:
     test = read(test_file)
     meta = root / "batches.meta"
     if meta.exists():
-        classes = [n.decode() if isinstance(n, bytes) else str(n)
-                   for n in _unpickle(meta).get(b"label_names", [])]
+        classes = [
+            n.decode() if isinstance(n, bytes) else str(n)
+            for n in _unpickle(meta).get(b"label_names", [])
+        ]
     else:
         classes = []
     n_cls = int(max(int(y.max()), int(test[1].max()))) + 1
@@ -312,10 +350,12 @@ def _read_idx(path: Path) -> np.ndarray:
         raise UserError(f"{str(path)!r} is not an unsigned-byte IDX file (bad magic number)")
     ndim = raw[3]
     header = 4 + 4 * ndim
-    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
     if len(raw) != header + int(np.prod(dims)):
-        raise UserError(f"{str(path)!r}: IDX header promises dims {dims} but the file has "
-                        f"{len(raw) - header} data bytes")
+        raise UserError(
+            f"{str(path)!r}: IDX header promises dims {dims} but the file has "
+            f"{len(raw) - header} data bytes"
+        )
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
 
 
@@ -345,8 +385,10 @@ def load_mnist(path: str | Path, *, seed: int = 0) -> ImageSplits:
         x, y = _read_idx(ip), _read_idx(lp)
         if x.ndim != 3 or y.ndim != 1 or len(x) != len(y):
             raise UserError(f"MNIST files {ip.name} {x.shape} and {lp.name} {y.shape} do not match")
-        return (torch.from_numpy(x.astype(np.float32) / 255.0)[:, None],
-                torch.from_numpy(y.astype(np.int64)))
+        return (
+            torch.from_numpy(x.astype(np.float32) / 255.0)[:, None],
+            torch.from_numpy(y.astype(np.int64)),
+        )
 
     x, y = pair("train")
     test = pair("t10k")
@@ -355,9 +397,16 @@ def load_mnist(path: str | Path, *, seed: int = 0) -> ImageSplits:
     return ImageSplits(train, val, test, [str(i) for i in range(n_cls)], "mnist")
 
 
-def load_image_data(source: str = "digits", *, path: str | Path | None = None,
-                    image_size: int | None = None, channels: int = 3, seed: int = 0,
-                    shapes_n: int = 3000, shapes_label: str = "shape") -> ImageSplits:
+def load_image_data(
+    source: str = "digits",
+    *,
+    path: str | Path | None = None,
+    image_size: int | None = None,
+    channels: int = 3,
+    seed: int = 0,
+    shapes_n: int = 3000,
+    shapes_label: str = "shape",
+) -> ImageSplits:
     """Load one of :data:`DATA_SOURCES` (``path`` for folder/cifar10/mnist).
 
     Raises:
@@ -413,14 +462,20 @@ def normalize(images: Tensor, mean: list[float], std: list[float]) -> Tensor:
 
 
 @torch.no_grad()
-def accuracy(model: torch.nn.Module, images: Tensor, labels: Tensor, *, batch_size: int = 256,
-             device: str | torch.device = "cpu") -> tuple[float, float]:
+def accuracy(
+    model: torch.nn.Module,
+    images: Tensor,
+    labels: Tensor,
+    *,
+    batch_size: int = 256,
+    device: str | torch.device = "cpu",
+) -> tuple[float, float]:
     """``(accuracy, mean cross-entropy)`` of ``model`` on already normalised ``images``."""
     was_training = model.training
     model.eval()
     correct, loss_sum = 0, 0.0
     for i in range(0, len(labels), batch_size):
-        x, y = images[i:i + batch_size].to(device), labels[i:i + batch_size].to(device)
+        x, y = images[i : i + batch_size].to(device), labels[i : i + batch_size].to(device)
         logits = model(x).float()
         loss_sum += float(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
         correct += int((logits.argmax(-1) == y).sum())
@@ -451,9 +506,16 @@ class ImageClassificationTask:
         source: data source name (stored in config.json); ``source_args`` likewise (path, size...).
     """
 
-    def __init__(self, data: ImageSplits, *, seed: int = 0, train_fraction: float = 1.0,
-                 augment: bool | None = None, crop_padding: int | None = None,
-                 source_args: dict | None = None) -> None:
+    def __init__(
+        self,
+        data: ImageSplits,
+        *,
+        seed: int = 0,
+        train_fraction: float = 1.0,
+        augment: bool | None = None,
+        crop_padding: int | None = None,
+        source_args: dict | None = None,
+    ) -> None:
         if not 0.0 < train_fraction <= 1.0:
             raise ValueError(f"train_fraction must be in (0, 1], got {train_fraction}")
         self.data, self.seed = data, seed
@@ -462,7 +524,7 @@ class ImageClassificationTask:
         x, y = data.train
         if train_fraction < 1.0:
             keep = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed + 1))
-            keep = keep[:max(1, round(train_fraction * len(y)))]
+            keep = keep[: max(1, round(train_fraction * len(y)))]
             x, y = x[keep], y[keep]
         self.train_x, self.train_y = x, y
         self.classes = list(data.classes)
@@ -492,8 +554,9 @@ class ImageClassificationTask:
             self._perms = {epoch: torch.randperm(len(self.train_y), generator=g)}
         return self._perms[epoch]
 
-    def get_batch(self, split: str, step: int, batch_size: int, rank: int = 0,
-                  world: int = 1) -> tuple[Tensor, Tensor]:
+    def get_batch(
+        self, split: str, step: int, batch_size: int, rank: int = 0, world: int = 1
+    ) -> tuple[Tensor, Tensor]:
         """Rank's share of global batch ``step`` of ``split`` (normalised; augmented if train)."""
         per_rank = batch_size // world
         if split == "train":
@@ -509,20 +572,23 @@ class ImageClassificationTask:
         else:
             xs, ys = self.data.split(split)
             g = torch.Generator().manual_seed(self.seed * 7919 + step)
-            idx = torch.randint(0, len(ys), (batch_size,), generator=g)[rank * per_rank:
-                                                                        (rank + 1) * per_rank]
+            idx = torch.randint(0, len(ys), (batch_size,), generator=g)[
+                rank * per_rank : (rank + 1) * per_rank
+            ]
             x, y = xs[idx], ys[idx]
         return self.prepare(x), y
 
-    def loss(self, model: torch.nn.Module, batch: tuple[Tensor, Tensor],
-             cfg: Any) -> tuple[Tensor, dict[str, float]]:
+    def loss(
+        self, model: torch.nn.Module, batch: tuple[Tensor, Tensor], cfg: Any
+    ) -> tuple[Tensor, dict[str, float]]:
         """Cross-entropy (with the run's label smoothing) and accuracy."""
         from attnlab.train.losses import cross_entropy
 
         images, labels = batch
         logits = model(images)
-        loss = cross_entropy(logits.float(), labels,
-                             label_smoothing=getattr(cfg, "label_smoothing", 0.0))
+        loss = cross_entropy(
+            logits.float(), labels, label_smoothing=getattr(cfg, "label_smoothing", 0.0)
+        )
         acc = float((logits.argmax(-1) == labels).float().mean())
         return loss, {"acc": acc}
 
@@ -536,7 +602,7 @@ class ImageClassificationTask:
                 s = i * batch_size
                 if s >= len(y):
                     break
-                yield x[s:s + batch_size], y[s:s + batch_size]
+                yield x[s : s + batch_size], y[s : s + batch_size]
 
         return list(it())
 
@@ -546,8 +612,9 @@ class ImageClassificationTask:
         acc, _ = accuracy(model, self.prepare(self.data.val[0]), self.data.val[1], device=device)
         return {"val_acc": acc}
 
-    def test_accuracy(self, model: torch.nn.Module, *, split: str = "test",
-                      device: str | torch.device = "cpu") -> tuple[float, float]:
+    def test_accuracy(
+        self, model: torch.nn.Module, *, split: str = "test", device: str | torch.device = "cpu"
+    ) -> tuple[float, float]:
         """``(accuracy, loss)`` on a whole split."""
         x, y = self.data.split(split)
         return accuracy(model, self.prepare(x), y, device=device)
@@ -556,17 +623,31 @@ class ImageClassificationTask:
         return int(batch[1].shape[0])
 
     def config_dict(self) -> dict:
-        return {"name": "image", "data": self.data.name, **self.source_args, "seed": self.seed,
-                "train_fraction": self.train_fraction, "augment": self.augment,
-                "crop_padding": self.crop_padding, "flip": self.flip,
-                "image_shape": list(self.image_shape), "classes": self.classes,
-                "mean": self.mean, "std": self.std,
-                "sizes": {s: len(self.data.split(s)[1]) for s in ("train", "val", "test")}}
+        return {
+            "name": "image",
+            "data": self.data.name,
+            **self.source_args,
+            "seed": self.seed,
+            "train_fraction": self.train_fraction,
+            "augment": self.augment,
+            "crop_padding": self.crop_padding,
+            "flip": self.flip,
+            "image_shape": list(self.image_shape),
+            "classes": self.classes,
+            "mean": self.mean,
+            "std": self.std,
+            "sizes": {s: len(self.data.split(s)[1]) for s in ("train", "val", "test")},
+        }
 
     def save_artifacts(self, run_dir: Path) -> None:
         """``labels.json``: class names, image shape and normalisation (read by ``classify``)."""
         from attnlab.runs import atomic_write_text
 
-        info = {"classes": self.classes, "image_shape": list(self.image_shape),
-                "mean": self.mean, "std": self.std, "data": self.data.name}
+        info = {
+            "classes": self.classes,
+            "image_shape": list(self.image_shape),
+            "mean": self.mean,
+            "std": self.std,
+            "data": self.data.name,
+        }
         atomic_write_text(Path(run_dir) / "labels.json", json.dumps(info, indent=1))

@@ -4,10 +4,11 @@ The lecture's claim: convolutions build in locality and translation equivariance
 learn its spatial structure from data, so on small datasets the CNN wins and the gap narrows (and
 eventually reverses, at JFT-300M scale) as data grows. Here both models get the same optimizer,
 schedule, batch size and number of steps, with similar parameter counts, on fractions of one
-training set; the test set is always the same full split.
+training set, and are scored on the same full test split.
 
-``run_inductive_bias`` returns a table and writes ``results.json``, ``table.md`` and
-``inductive_bias.png`` (test accuracy against training-set size, one line per model).
+``run_inductive_bias`` returns a table and writes ``results.json`` (updated after every run),
+``table.md`` and ``inductive_bias.png`` (test accuracy against training-set size, one line per
+model). The test split is the same for every fraction (it changes with the seed).
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ import torch
 
 from attnlab.runs import atomic_save, atomic_write_text
 
-__all__ = ["InductiveBiasSettings", "run_inductive_bias", "format_table"]
+__all__ = [
+    "InductiveBiasSettings",
+    "run_inductive_bias",
+    "summarize",
+    "write_results",
+    "format_table",
+]
 
 
 @dataclass
@@ -75,8 +82,9 @@ def _build(kind: str, splits, overrides: dict[str, Any]):
     return ResidualCNN(CNNConfig.preset(preset, **{**common, **overrides}))
 
 
-def run_inductive_bias(settings: InductiveBiasSettings, out_dir: str | Path, *,
-                       progress: bool = False) -> dict[str, Any]:
+def run_inductive_bias(
+    settings: InductiveBiasSettings, out_dir: str | Path, *, progress: bool = False
+) -> dict[str, Any]:
     """Train both models on every fraction (and seed) and measure test accuracy.
 
     Args:
@@ -95,47 +103,104 @@ def run_inductive_bias(settings: InductiveBiasSettings, out_dir: str | Path, *,
     t0 = time.perf_counter()
     runs: list[dict[str, Any]] = []
     params: dict[str, int] = {}
+    n_test = 0
     for seed in settings.seeds:
-        splits = load_image_data(settings.data, path=settings.data_path,
-                                 image_size=settings.image_size, seed=seed)
+        splits = load_image_data(
+            settings.data, path=settings.data_path, image_size=settings.image_size, seed=seed
+        )
         for frac in settings.fractions:
             for kind in ("cnn", "vit"):
                 torch.manual_seed(seed)
                 model = _build(kind, splits, settings.vit if kind == "vit" else settings.cnn)
                 params[kind] = sum(p.numel() for p in model.parameters())
                 task = ImageClassificationTask(splits, seed=seed, train_fraction=frac)
-                cfg = TrainConfig(steps=settings.steps, batch_size=settings.batch_size,
-                                  lr=settings.lr, warmup_steps=settings.warmup,
-                                  weight_decay=settings.weight_decay, eval_every=settings.steps,
-                                  eval_batches=4, seed=seed, device=settings.device,
-                                  progress=progress)
+                cfg = TrainConfig(
+                    steps=settings.steps,
+                    batch_size=settings.batch_size,
+                    lr=settings.lr,
+                    warmup_steps=settings.warmup,
+                    weight_decay=settings.weight_decay,
+                    eval_every=settings.steps,
+                    eval_batches=4,
+                    seed=seed,
+                    device=settings.device,
+                    progress=progress,
+                )
                 t = time.perf_counter()
-                res = train(model, task, cfg, out / "runs" / f"{kind}_f{frac:g}_s{seed}",
-                            overwrite=True)
+                res = train(
+                    model, task, cfg, out / "runs" / f"{kind}_f{frac:g}_s{seed}", overwrite=True
+                )
                 device = next(model.parameters()).device
                 acc, loss = task.test_accuracy(model, device=device)
                 train_acc, _ = task.test_accuracy(model, split="train", device=device)
-                runs.append({"model": kind, "fraction": frac, "seed": seed,
-                             "n_train": len(task.train_y), "test_acc": acc, "test_loss": loss,
-                             "train_acc_full_split": train_acc,
-                             "final_train_loss": res.final_train_loss,
-                             "seconds": time.perf_counter() - t})
+                runs.append(
+                    {
+                        "model": kind,
+                        "fraction": frac,
+                        "seed": seed,
+                        "n_train": len(task.train_y),
+                        "test_acc": acc,
+                        "test_loss": loss,
+                        "train_acc_full_split": train_acc,
+                        "final_train_loss": res.final_train_loss,
+                        "seconds": time.perf_counter() - t,
+                    }
+                )
+                n_test = len(splits.test[1])
+                write_results(
+                    settings, runs, params, n_test, time.perf_counter() - t0, out, final=False
+                )
+    return write_results(settings, runs, params, n_test, time.perf_counter() - t0, out)
+
+
+def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per fraction: training images, mean and spread of each model's test accuracy, gap.
+
+    Works on a partial set of runs (a fraction missing one model is left out).
+    """
     table = []
-    for frac in settings.fractions:
+    for frac in sorted({r["fraction"] for r in runs}):
         row: dict[str, Any] = {"fraction": frac}
         for kind in ("cnn", "vit"):
             accs = [r["test_acc"] for r in runs if r["model"] == kind and r["fraction"] == frac]
-            row["n_train"] = next(r["n_train"] for r in runs if r["fraction"] == frac)
+            if not accs:
+                break
             row[f"{kind}_acc"] = statistics.fmean(accs)
             row[f"{kind}_std"] = statistics.pstdev(accs) if len(accs) > 1 else 0.0
-        row["gap"] = row["cnn_acc"] - row["vit_acc"]
-        table.append(row)
-    result = {"settings": settings.__dict__, "runs": runs, "table": table, "params": params,
-              "n_test": len(splits.test[1]), "elapsed": time.perf_counter() - t0}
+            row[f"{kind}_n"] = len(accs)
+        else:
+            row["n_train"] = min(r["n_train"] for r in runs if r["fraction"] == frac)
+            row["gap"] = row["cnn_acc"] - row["vit_acc"]
+            table.append(row)
+    return table
+
+
+def write_results(
+    settings: InductiveBiasSettings,
+    runs: list[dict[str, Any]],
+    params: dict[str, int],
+    n_test: int,
+    elapsed: float,
+    out: Path,
+    *,
+    final: bool = True,
+) -> dict[str, Any]:
+    """Write results.json (after every run, so an interrupted sweep keeps what it measured) and,
+    when ``final``, table.md and the plot. Returns the result dict."""
+    result = {
+        "settings": settings.__dict__,
+        "runs": runs,
+        "table": summarize(runs),
+        "params": params,
+        "n_test": n_test,
+        "elapsed": elapsed,
+        "complete": final,
+    }
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "results.json", json.dumps(result, indent=1))
-    atomic_write_text(out / "table.md", format_table(result) + "\n")
-    _plot(result, out / "inductive_bias.png")
+    if final:
+        atomic_write_text(out / "table.md", format_table(result) + "\n")
+        _plot(result, out / "inductive_bias.png")
     return result
 
 
@@ -151,13 +216,16 @@ def format_table(result: dict[str, Any]) -> str:
         "| fraction | train images | CNN test acc | ViT test acc | CNN − ViT |",
         "|---:|---:|---:|---:|---:|",
     ]
+
     def fmt(r: dict, k: str) -> str:
-        acc, std = r[k + "_acc"], r[k + "_std"]
-        return f"{acc:.3f} ± {std:.3f}" if std else f"{acc:.3f}"
+        acc, std, n = r[k + "_acc"], r[k + "_std"], r[k + "_n"]
+        return f"{acc:.3f} ± {std:.3f} (n={n})" if n > 1 else f"{acc:.3f}"
 
     for r in result["table"]:
-        lines.append(f"| {r['fraction']:g} | {r['n_train']} | {fmt(r, 'cnn')} | {fmt(r, 'vit')} | "
-                     f"{r['gap']:+.3f} |")
+        lines.append(
+            f"| {r['fraction']:g} | {r['n_train']} | {fmt(r, 'cnn')} | {fmt(r, 'vit')} | "
+            f"{r['gap']:+.3f} |"
+        )
     return "\n".join(lines)
 
 
@@ -173,8 +241,14 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     for kind, label in (("cnn", "residual CNN"), ("vit", "ViT")):
         acc = [r[f"{kind}_acc"] for r in rows]
         err = [r[f"{kind}_std"] for r in rows]
-        ax.errorbar(n, acc, yerr=err, marker="o", capsize=3,
-                    label=f"{label} ({result['params'].get(kind, 0):,} params)")
+        ax.errorbar(
+            n,
+            acc,
+            yerr=err,
+            marker="o",
+            capsize=3,
+            label=f"{label} ({result['params'].get(kind, 0):,} params)",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("training images")
     ax.set_ylabel("test accuracy")

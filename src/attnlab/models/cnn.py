@@ -29,10 +29,16 @@ __all__ = ["CNNConfig", "ResidualCNN", "ResidualBlock", "CNN_PRESETS"]
 
 CNN_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(image_size=8, in_channels=1, num_classes=10, channels=[32, 64], blocks=[1, 1]),
-    "small": dict(image_size=32, in_channels=3, num_classes=10, channels=[32, 64, 128],
-                  blocks=[2, 2, 2]),
-    "resnet-ish": dict(image_size=224, in_channels=3, num_classes=1000,
-                       channels=[64, 128, 256, 512], blocks=[2, 2, 2, 2]),
+    "small": dict(
+        image_size=32, in_channels=3, num_classes=10, channels=[32, 64, 128], blocks=[2, 2, 2]
+    ),
+    "resnet-ish": dict(
+        image_size=224,
+        in_channels=3,
+        num_classes=1000,
+        channels=[64, 128, 256, 512],
+        blocks=[2, 2, 2, 2],
+    ),
 }
 
 
@@ -61,13 +67,17 @@ class CNNConfig:
     def __post_init__(self) -> None:
         self.channels, self.blocks = list(self.channels), list(self.blocks)
         if not self.channels or len(self.channels) != len(self.blocks):
-            raise ValueError(f"channels {self.channels} and blocks {self.blocks} must be non-empty "
-                             "lists of the same length")
+            raise ValueError(
+                f"channels {self.channels} and blocks {self.blocks} must be non-empty "
+                "lists of the same length"
+            )
         if min(self.channels) < 1 or min(self.blocks) < 1:
             raise ValueError(f"channels {self.channels} and blocks {self.blocks} must be positive")
         if self.in_channels < 1 or self.num_classes < 0 or self.image_size < 0:
-            raise ValueError(f"bad CNNConfig sizes: in_channels={self.in_channels}, "
-                             f"num_classes={self.num_classes}, image_size={self.image_size}")
+            raise ValueError(
+                f"bad CNNConfig sizes: in_channels={self.in_channels}, "
+                f"num_classes={self.num_classes}, image_size={self.image_size}"
+            )
         if self.labels and len(self.labels) != self.num_classes:
             raise ValueError(f"{len(self.labels)} labels given for num_classes={self.num_classes}")
 
@@ -103,8 +113,8 @@ class ResidualBlock(nn.Module):
         self.act = nn.ReLU()
         if stride != 1 or c_in != c_out:
             self.skip: nn.Module = nn.Sequential(
-                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False),
-                nn.BatchNorm2d(c_out, eps=eps))
+                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out, eps=eps)
+            )
         else:
             self.skip = nn.Identity()
 
@@ -128,13 +138,16 @@ class ResidualCNN(nn.Module):
         self.config = c = config
         self.stem = nn.Sequential(
             nn.Conv2d(c.in_channels, c.channels[0], 3, padding=1, bias=False),
-            nn.BatchNorm2d(c.channels[0], eps=c.norm_eps), nn.ReLU())
+            nn.BatchNorm2d(c.channels[0], eps=c.norm_eps),
+            nn.ReLU(),
+        )
         layers: list[nn.Module] = []
         c_prev = c.channels[0]
         for k, (ch, n) in enumerate(zip(c.channels, c.blocks, strict=True)):
             for j in range(n):
-                layers.append(ResidualBlock(c_prev, ch, stride=2 if (k > 0 and j == 0) else 1,
-                                            eps=c.norm_eps))
+                layers.append(
+                    ResidualBlock(c_prev, ch, stride=2 if (k > 0 and j == 0) else 1, eps=c.norm_eps)
+                )
                 c_prev = ch
         self.stages = nn.Sequential(*layers)
         self.norm = nn.LayerNorm(c_prev, eps=1e-6)

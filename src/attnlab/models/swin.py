@@ -60,16 +60,61 @@ __all__ = [
 
 SWIN_PRESETS: dict[str, dict[str, Any]] = {
     # 8×8 digits: 1-pixel patches, stages at 8×8 and 4×4 with 4×4 windows
-    "tiny": dict(image_size=8, patch_size=1, in_channels=1, num_classes=10, embed_dim=32,
-                 depths=[2, 2], n_heads=[2, 4], window_size=4, mlp_ratio=2.0),
-    "small": dict(image_size=32, patch_size=2, in_channels=3, num_classes=10, embed_dim=48,
-                  depths=[2, 2, 2], n_heads=[3, 6, 12], window_size=4, mlp_ratio=4.0),
-    "swin-t": dict(image_size=224, patch_size=4, in_channels=3, num_classes=1000, embed_dim=96,
-                   depths=[2, 2, 6, 2], n_heads=[3, 6, 12, 24], window_size=7, mlp_ratio=4.0),
-    "swin-s": dict(image_size=224, patch_size=4, in_channels=3, num_classes=1000, embed_dim=96,
-                   depths=[2, 2, 18, 2], n_heads=[3, 6, 12, 24], window_size=7, mlp_ratio=4.0),
-    "swin-b": dict(image_size=224, patch_size=4, in_channels=3, num_classes=1000, embed_dim=128,
-                   depths=[2, 2, 18, 2], n_heads=[4, 8, 16, 32], window_size=7, mlp_ratio=4.0),
+    "tiny": dict(
+        image_size=8,
+        patch_size=1,
+        in_channels=1,
+        num_classes=10,
+        embed_dim=32,
+        depths=[2, 2],
+        n_heads=[2, 4],
+        window_size=4,
+        mlp_ratio=2.0,
+    ),
+    "small": dict(
+        image_size=32,
+        patch_size=2,
+        in_channels=3,
+        num_classes=10,
+        embed_dim=48,
+        depths=[2, 2, 2],
+        n_heads=[3, 6, 12],
+        window_size=4,
+        mlp_ratio=4.0,
+    ),
+    "swin-t": dict(
+        image_size=224,
+        patch_size=4,
+        in_channels=3,
+        num_classes=1000,
+        embed_dim=96,
+        depths=[2, 2, 6, 2],
+        n_heads=[3, 6, 12, 24],
+        window_size=7,
+        mlp_ratio=4.0,
+    ),
+    "swin-s": dict(
+        image_size=224,
+        patch_size=4,
+        in_channels=3,
+        num_classes=1000,
+        embed_dim=96,
+        depths=[2, 2, 18, 2],
+        n_heads=[3, 6, 12, 24],
+        window_size=7,
+        mlp_ratio=4.0,
+    ),
+    "swin-b": dict(
+        image_size=224,
+        patch_size=4,
+        in_channels=3,
+        num_classes=1000,
+        embed_dim=128,
+        depths=[2, 2, 18, 2],
+        n_heads=[4, 8, 16, 32],
+        window_size=7,
+        mlp_ratio=4.0,
+    ),
 }
 
 
@@ -116,27 +161,34 @@ class SwinConfig:
     def __post_init__(self) -> None:
         self.depths, self.n_heads = list(self.depths), list(self.n_heads)
         if not self.depths or len(self.depths) != len(self.n_heads):
-            raise ValueError(f"depths {self.depths} and n_heads {self.n_heads} must be non-empty "
-                             "lists of the same length")
+            raise ValueError(
+                f"depths {self.depths} and n_heads {self.n_heads} must be non-empty "
+                "lists of the same length"
+            )
         for name in ("image_size", "patch_size", "in_channels", "embed_dim", "window_size"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"SwinConfig.{name} must be positive, got {getattr(self, name)}")
         if self.image_size % self.patch_size:
-            raise ValueError(f"image_size={self.image_size} is not divisible by "
-                             f"patch_size={self.patch_size}")
+            raise ValueError(
+                f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}"
+            )
         for s, (dim, h) in enumerate(zip(self.stage_dims, self.n_heads, strict=True)):
             if dim % h:
                 raise ValueError(f"stage {s}: width {dim} is not divisible by n_heads={h}")
         res = self.image_size // self.patch_size
         for s in range(len(self.depths)):
             if res > self.window_size and res % self.window_size:
-                raise ValueError(f"stage {s} resolution {res}×{res} (image_size={self.image_size}, "
-                                 f"patch_size={self.patch_size}) is not divisible by "
-                                 f"window_size={self.window_size}")
+                raise ValueError(
+                    f"stage {s} resolution {res}×{res} (image_size={self.image_size}, "
+                    f"patch_size={self.patch_size}) is not divisible by "
+                    f"window_size={self.window_size}"
+                )
             if s < len(self.depths) - 1:
                 if res % 2:
-                    raise ValueError(f"stage {s} resolution {res}×{res} is odd: patch merging "
-                                     f"needs even sizes (image_size={self.image_size})")
+                    raise ValueError(
+                        f"stage {s} resolution {res}×{res} is odd: patch merging "
+                        f"needs even sizes (image_size={self.image_size})"
+                    )
                 res //= 2
         if self.labels and len(self.labels) != self.num_classes:
             raise ValueError(f"{len(self.labels)} labels given for num_classes={self.num_classes}")
@@ -198,6 +250,7 @@ def shifted_window_mask(H: int, W: int, w: int, shift: int, device=None) -> Tens
     and ``size − shift`` along each axis) it came from; two tokens may attend to each other only
     when their labels agree.
     """
+
     def region(n: int) -> Tensor:
         idx = torch.arange(n, device=device)
         return (idx >= n - w).long() + (idx >= n - shift).long()  # 0, 1, 2
@@ -247,17 +300,32 @@ class SwinBlock(nn.Module):
             not larger than a window.
     """
 
-    def __init__(self, dim: int, n_heads: int, resolution: int, window_size: int, shift: int, *,
-                 mlp_ratio: float, activation: str, norm_eps: float, qkv_bias: bool,
-                 dropout: float, attn_dropout: float, drop_path: float, backend: str) -> None:
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        resolution: int,
+        window_size: int,
+        shift: int,
+        *,
+        mlp_ratio: float,
+        activation: str,
+        norm_eps: float,
+        qkv_bias: bool,
+        dropout: float,
+        attn_dropout: float,
+        drop_path: float,
+        backend: str,
+    ) -> None:
         super().__init__()
         if resolution <= window_size:
             window_size, shift = resolution, 0
         self.window_size, self.shift, self.resolution = window_size, shift, resolution
         self.drop_path = drop_path
         self.norm1 = make_norm("layernorm", dim, eps=norm_eps)
-        self.attn = MultiHeadAttention(dim, n_heads, bias=qkv_bias, out_bias=True,
-                                       dropout=attn_dropout, backend=backend)
+        self.attn = MultiHeadAttention(
+            dim, n_heads, bias=qkv_bias, out_bias=True, dropout=attn_dropout, backend=backend
+        )
         self.rel_pos = RelativePositionBias(window_size, n_heads)
         self.norm2 = make_norm("layernorm", dim, eps=norm_eps)
         self.ffn = MLP(dim, int(mlp_ratio * dim), activation=activation)
@@ -280,8 +348,9 @@ class SwinBlock(nn.Module):
         if self.mask is not None:
             nW = self.mask.shape[0]
             mask = self.mask.expand(nW, 1, w * w, w * w).repeat(B, 1, 1, 1)  # (B·nW, 1, Nw, Nw)
-        out, weights = self.attn(windows, bias=self.rel_pos()[None], mask=mask,
-                                 need_weights=need_weights)  # (B·nW, Nw, C)
+        out, weights = self.attn(
+            windows, bias=self.rel_pos()[None], mask=mask, need_weights=need_weights
+        )  # (B·nW, Nw, C)
         self.attn_weights = weights
         x = window_reverse(out, w, H, W)  # (B, H, W, C)
         if s:
@@ -315,8 +384,9 @@ class PatchMerging(nn.Module):
         B, _, C = x.shape
         r = self.resolution
         x = x.view(B, r, r, C)
-        x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]],
-                      dim=-1)  # (B, H/2, W/2, 4C)
+        x = torch.cat(
+            [x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], dim=-1
+        )  # (B, H/2, W/2, 4C)
         return self.reduction(self.norm(x.view(B, -1, 4 * C)))  # (B, H/2·W/2, 2C)
 
 
@@ -349,8 +419,9 @@ class SwinTransformer(nn.Module):
         self.patch_embed = PatchEmbedding(c.in_channels, c.embed_dim, c.patch_size)
         self.embed_norm = nn.LayerNorm(c.embed_dim)
         grid = c.image_size // c.patch_size
-        self.pos_embed = (nn.Parameter(torch.zeros(1, grid * grid, c.embed_dim))
-                          if c.absolute_positions else None)
+        self.pos_embed = (
+            nn.Parameter(torch.zeros(1, grid * grid, c.embed_dim)) if c.absolute_positions else None
+        )
         self.drop = nn.Dropout(c.dropout)
         n_blocks = sum(c.depths)
         rates = [c.drop_path * i / max(n_blocks - 1, 1) for i in range(n_blocks)]
@@ -360,11 +431,23 @@ class SwinTransformer(nn.Module):
             dim, res = c.stage_dims[s], c.stage_resolutions[s]
             blocks = []
             for j in range(depth):
-                blocks.append(SwinBlock(
-                    dim, heads, res, c.window_size, 0 if j % 2 == 0 else c.window_size // 2,
-                    mlp_ratio=c.mlp_ratio, activation=c.activation, norm_eps=c.norm_eps,
-                    qkv_bias=c.qkv_bias, dropout=c.dropout, attn_dropout=c.attn_dropout,
-                    drop_path=rates[k], backend=c.backend))
+                blocks.append(
+                    SwinBlock(
+                        dim,
+                        heads,
+                        res,
+                        c.window_size,
+                        0 if j % 2 == 0 else c.window_size // 2,
+                        mlp_ratio=c.mlp_ratio,
+                        activation=c.activation,
+                        norm_eps=c.norm_eps,
+                        qkv_bias=c.qkv_bias,
+                        dropout=c.dropout,
+                        attn_dropout=c.attn_dropout,
+                        drop_path=rates[k],
+                        backend=c.backend,
+                    )
+                )
                 k += 1
             last = s == len(c.depths) - 1
             self.stages.append(SwinStage(blocks, None if last else PatchMerging(dim, res)))
@@ -402,8 +485,13 @@ class SwinTransformer(nn.Module):
             UserError: wrong rank, channel count or size (the message names the values).
         """
         c = self.config
-        check_images(images, c.in_channels, c.image_size, multiple_of=c.patch_size,
-                     what=f"Swin (patch size {c.patch_size}, window {c.window_size})")
+        check_images(
+            images,
+            c.in_channels,
+            c.image_size,
+            multiple_of=c.patch_size,
+            what=f"Swin (patch size {c.patch_size}, window {c.window_size})",
+        )
         x = self.embed_norm(self.patch_embed(images))  # (B, N, C)
         if self.pos_embed is not None:
             x = x + self.pos_embed
@@ -435,8 +523,7 @@ _SWIN_OLD_NAMES = {  # transformers < 5.9 (and 4.x) -> current, inside a block
     "attention.self.query.": "attention.q_proj.",
     "attention.self.key.": "attention.k_proj.",
     "attention.self.value.": "attention.v_proj.",
-    "attention.self.relative_position_bias_table":
-        "attention.relative_position_bias.relative_position_bias_table",
+    "attention.self.relative_position_bias_table": "attention.relative_position_bias.relative_position_bias_table",
     "attention.output.dense.": "attention.o_proj.",
     "intermediate.dense.": "mlp.fc1.",
     "output.dense.": "mlp.fc2.",
@@ -453,7 +540,7 @@ def _rename_swin_keys(sd: dict[str, Tensor]) -> dict[str, Tensor]:
             j, name = name.split(".", 1)
             for old, new in _SWIN_OLD_NAMES.items():
                 if name.startswith(old):
-                    name = new + name[len(old):]
+                    name = new + name[len(old) :]
                     break
             k = f"{head}.blocks.{j}.{name}"
         out[k] = v
@@ -464,8 +551,11 @@ def swin_config_from_hf(cfg_dict: dict, state_dict: dict[str, Tensor] | None = N
     """Our :class:`SwinConfig` for an HF Swin ``config.json`` dict (head from the state dict)."""
     sd = _strip_prefix(state_dict or {}, "swin.")
     archs = cfg_dict.get("architectures") or []
-    has_head = ("classifier.weight" in sd) if state_dict is not None else (
-        "SwinForImageClassification" in archs)
+    has_head = (
+        ("classifier.weight" in sd)
+        if state_dict is not None
+        else ("SwinForImageClassification" in archs)
+    )
     n_labels, labels = hf_num_labels(cfg_dict)
     return SwinConfig(
         image_size=_square(cfg_dict.get("image_size", 224), "images"),
@@ -487,27 +577,38 @@ def swin_config_from_hf(cfg_dict: dict, state_dict: dict[str, Tensor] | None = N
 
 def _swin_key_pairs(c: SwinConfig, has_head: bool) -> list[tuple[str, str]]:
     """(HF key without prefix, our key) for every tensor except the fused Q/K/V."""
-    pairs = [("embeddings.patch_embeddings.projection.weight", "patch_embed.proj.weight"),
-             ("embeddings.patch_embeddings.projection.bias", "patch_embed.proj.bias"),
-             ("embeddings.norm.weight", "embed_norm.weight"),
-             ("embeddings.norm.bias", "embed_norm.bias")]
+    pairs = [
+        ("embeddings.patch_embeddings.projection.weight", "patch_embed.proj.weight"),
+        ("embeddings.patch_embeddings.projection.bias", "patch_embed.proj.bias"),
+        ("embeddings.norm.weight", "embed_norm.weight"),
+        ("embeddings.norm.bias", "embed_norm.bias"),
+    ]
     if c.absolute_positions:
         pairs.append(("embeddings.position_embeddings", "pos_embed"))
     for s, depth in enumerate(c.depths):
         for j in range(depth):
             a, b = f"encoder.layers.{s}.blocks.{j}.", f"stages.{s}.blocks.{j}."
-            pairs.append((f"{a}attention.relative_position_bias.relative_position_bias_table",
-                          f"{b}rel_pos.table"))
+            pairs.append(
+                (
+                    f"{a}attention.relative_position_bias.relative_position_bias_table",
+                    f"{b}rel_pos.table",
+                )
+            )
             for p in ("weight", "bias"):
-                pairs += [(f"{a}attention.o_proj.{p}", f"{b}attn.out_proj.{p}"),
-                          (f"{a}layernorm_before.{p}", f"{b}norm1.{p}"),
-                          (f"{a}layernorm_after.{p}", f"{b}norm2.{p}"),
-                          (f"{a}mlp.fc1.{p}", f"{b}ffn.fc1.{p}"),
-                          (f"{a}mlp.fc2.{p}", f"{b}ffn.fc2.{p}")]
+                pairs += [
+                    (f"{a}attention.o_proj.{p}", f"{b}attn.out_proj.{p}"),
+                    (f"{a}layernorm_before.{p}", f"{b}norm1.{p}"),
+                    (f"{a}layernorm_after.{p}", f"{b}norm2.{p}"),
+                    (f"{a}mlp.fc1.{p}", f"{b}ffn.fc1.{p}"),
+                    (f"{a}mlp.fc2.{p}", f"{b}ffn.fc2.{p}"),
+                ]
         if s < len(c.depths) - 1:
             a, b = f"encoder.layers.{s}.downsample.", f"stages.{s}.downsample."
-            pairs += [(f"{a}reduction.weight", f"{b}reduction.weight"),
-                      (f"{a}norm.weight", f"{b}norm.weight"), (f"{a}norm.bias", f"{b}norm.bias")]
+            pairs += [
+                (f"{a}reduction.weight", f"{b}reduction.weight"),
+                (f"{a}norm.weight", f"{b}norm.weight"),
+                (f"{a}norm.bias", f"{b}norm.bias"),
+            ]
     pairs += [("layernorm.weight", "norm.weight"), ("layernorm.bias", "norm.bias")]
     if has_head:
         pairs += [("classifier.weight", "head.weight"), ("classifier.bias", "head.bias")]
@@ -554,12 +655,21 @@ def swin_to_hf(model: SwinTransformer) -> tuple[dict, dict[str, Tensor]]:
     cfg = {
         "model_type": "swin",
         "architectures": ["SwinForImageClassification" if has_head else "SwinModel"],
-        "image_size": c.image_size, "patch_size": c.patch_size, "num_channels": c.in_channels,
-        "embed_dim": c.embed_dim, "depths": list(c.depths), "num_heads": list(c.n_heads),
-        "window_size": c.window_size, "mlp_ratio": c.mlp_ratio, "hidden_act": act[c.activation],
-        "layer_norm_eps": c.norm_eps, "qkv_bias": c.qkv_bias,
-        "use_absolute_embeddings": c.absolute_positions, "drop_path_rate": 0.0,
-        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "image_size": c.image_size,
+        "patch_size": c.patch_size,
+        "num_channels": c.in_channels,
+        "embed_dim": c.embed_dim,
+        "depths": list(c.depths),
+        "num_heads": list(c.n_heads),
+        "window_size": c.window_size,
+        "mlp_ratio": c.mlp_ratio,
+        "hidden_act": act[c.activation],
+        "layer_norm_eps": c.norm_eps,
+        "qkv_bias": c.qkv_bias,
+        "use_absolute_embeddings": c.absolute_positions,
+        "drop_path_rate": 0.0,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
     }
     if has_head:
         names = c.labels or [f"LABEL_{i}" for i in range(c.num_classes)]
@@ -577,4 +687,3 @@ def swin_to_hf(model: SwinTransformer) -> tuple[dict, dict[str, Tensor]]:
                 for n, t in zip("qkv", sd[f"{b}qkv.{p}"].chunk(3, dim=0), strict=True):
                     out[f"{a}{n}_proj.{p}"] = t.clone()
     return cfg, out
-

@@ -51,18 +51,66 @@ POSITIONS = ("learned", "sincos")
 # Presets are data. "tiny" is the CPU default sized for 8×8 digits; the vit-* ones follow the paper
 # (Ti/S from DeiT) at 224×224 with 16×16 patches (196 tokens + class token).
 VIT_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(image_size=8, patch_size=2, in_channels=1, num_classes=10, d_model=64,
-                 n_layers=2, n_heads=4, ffn_hidden=128),
-    "small": dict(image_size=32, patch_size=4, in_channels=3, num_classes=10, d_model=128,
-                  n_layers=6, n_heads=4, ffn_hidden=256),
-    "vit-ti16": dict(image_size=224, patch_size=16, in_channels=3, num_classes=1000, d_model=192,
-                     n_layers=12, n_heads=3, ffn_hidden=768),
-    "vit-s16": dict(image_size=224, patch_size=16, in_channels=3, num_classes=1000, d_model=384,
-                    n_layers=12, n_heads=6, ffn_hidden=1536),
-    "vit-b16": dict(image_size=224, patch_size=16, in_channels=3, num_classes=1000, d_model=768,
-                    n_layers=12, n_heads=12, ffn_hidden=3072),
-    "vit-l16": dict(image_size=224, patch_size=16, in_channels=3, num_classes=1000, d_model=1024,
-                    n_layers=24, n_heads=16, ffn_hidden=4096),
+    "tiny": dict(
+        image_size=8,
+        patch_size=2,
+        in_channels=1,
+        num_classes=10,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        ffn_hidden=128,
+    ),
+    "small": dict(
+        image_size=32,
+        patch_size=4,
+        in_channels=3,
+        num_classes=10,
+        d_model=128,
+        n_layers=6,
+        n_heads=4,
+        ffn_hidden=256,
+    ),
+    "vit-ti16": dict(
+        image_size=224,
+        patch_size=16,
+        in_channels=3,
+        num_classes=1000,
+        d_model=192,
+        n_layers=12,
+        n_heads=3,
+        ffn_hidden=768,
+    ),
+    "vit-s16": dict(
+        image_size=224,
+        patch_size=16,
+        in_channels=3,
+        num_classes=1000,
+        d_model=384,
+        n_layers=12,
+        n_heads=6,
+        ffn_hidden=1536,
+    ),
+    "vit-b16": dict(
+        image_size=224,
+        patch_size=16,
+        in_channels=3,
+        num_classes=1000,
+        d_model=768,
+        n_layers=12,
+        n_heads=12,
+        ffn_hidden=3072,
+    ),
+    "vit-l16": dict(
+        image_size=224,
+        patch_size=16,
+        in_channels=3,
+        num_classes=1000,
+        d_model=1024,
+        n_layers=24,
+        n_heads=16,
+        ffn_hidden=4096,
+    ),
 }
 
 
@@ -110,15 +158,23 @@ class ViTConfig:
     def __post_init__(self) -> None:
         if self.ffn_hidden is None:
             self.ffn_hidden = 4 * self.d_model
-        for name in ("image_size", "patch_size", "in_channels", "d_model", "n_layers", "n_heads",
-                     "ffn_hidden"):
+        for name in (
+            "image_size",
+            "patch_size",
+            "in_channels",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "ffn_hidden",
+        ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"ViTConfig.{name} must be positive, got {getattr(self, name)}")
         if self.num_classes < 0:
             raise ValueError(f"ViTConfig.num_classes must be >= 0, got {self.num_classes}")
         if self.image_size % self.patch_size != 0:
-            raise ValueError(f"image_size={self.image_size} is not divisible by "
-                             f"patch_size={self.patch_size}")
+            raise ValueError(
+                f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}"
+            )
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.pooling not in POOLINGS:
@@ -126,8 +182,9 @@ class ViTConfig:
         if self.position not in POSITIONS:
             raise ValueError(f"unknown position {self.position!r}; choose from {POSITIONS}")
         if self.position == "sincos" and self.d_model % 4 != 0:
-            raise ValueError(f"2-D sin-cos positions need d_model divisible by 4, "
-                             f"got {self.d_model}")
+            raise ValueError(
+                f"2-D sin-cos positions need d_model divisible by 4, got {self.d_model}"
+            )
         if self.pooler and self.pooling != "cls":
             raise ValueError("the HF pooler reads the class token: pooler=True needs pooling='cls'")
         if self.labels and len(self.labels) != self.num_classes:
@@ -166,8 +223,14 @@ class ViTConfig:
 # pieces shared with Swin and the CNN
 
 
-def check_images(images: Tensor, in_channels: int, image_size: int | None, *,
-                 multiple_of: int = 1, what: str = "model") -> None:
+def check_images(
+    images: Tensor,
+    in_channels: int,
+    image_size: int | None,
+    *,
+    multiple_of: int = 1,
+    what: str = "model",
+) -> None:
     """Raise a :class:`UserError` naming the values when ``images`` cannot go into the model.
 
     Args:
@@ -182,8 +245,10 @@ def check_images(images: Tensor, in_channels: int, image_size: int | None, *,
         raise UserError(f"{what} expects images (B, C, H, W), got {shape}")
     _, c, h, w = images.shape
     if c != in_channels:
-        raise UserError(f"{what} was built for {in_channels}-channel images, got {c} channels "
-                        f"(images of shape {tuple(images.shape)})")
+        raise UserError(
+            f"{what} was built for {in_channels}-channel images, got {c} channels "
+            f"(images of shape {tuple(images.shape)})"
+        )
     if image_size is not None and (h, w) != (image_size, image_size):
         raise UserError(f"{what} was built for {image_size}×{image_size} images, got {h}×{w}")
     if h % multiple_of or w % multiple_of:
@@ -213,8 +278,9 @@ class PatchEmbedding(nn.Module):
         return x.flatten(2).transpose(1, 2)  # (B, Gh·Gw, C)
 
 
-def interpolate_positions(pos: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int],
-                          n_prefix: int = 1) -> Tensor:
+def interpolate_positions(
+    pos: Tensor, old_grid: tuple[int, int], new_grid: tuple[int, int], n_prefix: int = 1
+) -> Tensor:
     """Resample learned patch positions to another patch grid (bicubic, as HF ViT does).
 
     The ``n_prefix`` leading rows (the class token's) are kept; the ``old_grid`` rows are reshaped
@@ -271,10 +337,21 @@ class VisionTransformer(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList()
         for _ in range(c.n_layers):
-            blk = build_block(c.d_model, c.n_heads, ffn="mlp", ffn_hidden=c.ffn_hidden,
-                              activation=c.activation, norm="layernorm", norm_eps=c.norm_eps,
-                              norm_position="pre", bias=True, position="none", dropout=c.dropout,
-                              attn_dropout=c.attn_dropout, backend=c.backend)
+            blk = build_block(
+                c.d_model,
+                c.n_heads,
+                ffn="mlp",
+                ffn_hidden=c.ffn_hidden,
+                activation=c.activation,
+                norm="layernorm",
+                norm_eps=c.norm_eps,
+                norm_position="pre",
+                bias=True,
+                position="none",
+                dropout=c.dropout,
+                attn_dropout=c.attn_dropout,
+                backend=c.backend,
+            )
             if not c.qkv_bias:  # HF's qkv_bias=False keeps the output projection's bias
                 blk.attn.qkv = nn.Linear(c.d_model, 3 * c.d_model, bias=False)
             self.blocks.append(blk)
@@ -321,8 +398,9 @@ class VisionTransformer(nn.Module):
             return self._sincos(*grid).to(self.pos_embed)
         return interpolate_positions(self.pos_embed, (g, g), grid, self.n_prefix)
 
-    def encode(self, images: Tensor, *, need_weights: bool = False,
-               interpolate_pos_encoding: bool = False) -> Tensor:
+    def encode(
+        self, images: Tensor, *, need_weights: bool = False, interpolate_pos_encoding: bool = False
+    ) -> Tensor:
         """All output tokens after the final norm (HF ``last_hidden_state``).
 
         Args:
@@ -338,8 +416,13 @@ class VisionTransformer(nn.Module):
             UserError: wrong rank, channel count or size (the message names the values).
         """
         c = self.config
-        check_images(images, c.in_channels, None if interpolate_pos_encoding else c.image_size,
-                     multiple_of=c.patch_size, what=f"ViT (patch size {c.patch_size})")
+        check_images(
+            images,
+            c.in_channels,
+            None if interpolate_pos_encoding else c.image_size,
+            multiple_of=c.patch_size,
+            what=f"ViT (patch size {c.patch_size})",
+        )
         B, _, H, W = images.shape
         x = self.patch_embed(images)  # (B, N, C)
         if self.n_prefix:
@@ -355,13 +438,13 @@ class VisionTransformer(nn.Module):
 
     def features(self, images: Tensor, **kw: Any) -> Tensor:
         """Patch tokens ``(B, N, C)`` after the final norm (class token dropped), row by row."""
-        return self.encode(images, **kw)[:, self.n_prefix:]
+        return self.encode(images, **kw)[:, self.n_prefix :]
 
     def pool(self, tokens: Tensor) -> Tensor:
         """``(B, T, C) -> (B, C)``: the class token, or the mean of the patch tokens."""
         if self.config.pooling == "cls":
             return tokens[:, 0]
-        return tokens[:, self.n_prefix:].mean(dim=1)
+        return tokens[:, self.n_prefix :].mean(dim=1)
 
     def pooled_features(self, images: Tensor, **kw: Any) -> Tensor:
         """One vector per image ``(B, C)``: the input of the classification head."""
@@ -373,11 +456,13 @@ class VisionTransformer(nn.Module):
             raise ValueError("this ViT has no pooler (build with pooler=True)")
         return torch.tanh(self.pooler(self.encode(images, **kw)[:, 0]))
 
-    def forward(self, images: Tensor, *, need_weights: bool = False,
-                interpolate_pos_encoding: bool = False) -> Tensor:
+    def forward(
+        self, images: Tensor, *, need_weights: bool = False, interpolate_pos_encoding: bool = False
+    ) -> Tensor:
         """Class scores ``(B, L)`` (pooled features ``(B, C)`` when ``num_classes == 0``)."""
-        tokens = self.encode(images, need_weights=need_weights,
-                             interpolate_pos_encoding=interpolate_pos_encoding)
+        tokens = self.encode(
+            images, need_weights=need_weights, interpolate_pos_encoding=interpolate_pos_encoding
+        )
         return self.head(self.pool(tokens))
 
 
@@ -406,8 +491,14 @@ def _square(v: Any, name: str) -> int:
     return int(v)
 
 
-_HF_ACT = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-           "relu": "relu", "silu": "silu", "swish": "silu"}
+_HF_ACT = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
 
 
 def hf_activation(name: str) -> str:
@@ -429,7 +520,7 @@ def hf_num_labels(cfg_dict: dict) -> tuple[int, list[str]]:
 
 def _strip_prefix(state_dict: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
     if any(k.startswith(prefix) for k in state_dict):
-        return {(k[len(prefix):] if k.startswith(prefix) else k): v for k, v in state_dict.items()}
+        return {(k[len(prefix) :] if k.startswith(prefix) else k): v for k, v in state_dict.items()}
     return dict(state_dict)
 
 
@@ -438,11 +529,11 @@ def _rename_vit_keys(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     out = {}
     for k, v in sd.items():
         if k.startswith("encoder.layer."):
-            rest = k[len("encoder.layer."):]
+            rest = k[len("encoder.layer.") :]
             i, name = rest.split(".", 1)
             for old, new in _VIT_OLD_LAYER_NAMES.items():
                 if name.startswith(old):
-                    name = new + name[len(old):]
+                    name = new + name[len(old) :]
                     break
             k = f"layers.{i}.{name}"
         out[k] = v
@@ -458,8 +549,11 @@ def vit_config_from_hf(cfg_dict: dict, state_dict: dict[str, Tensor] | None = No
     """
     sd = _strip_prefix(state_dict or {}, "vit.")
     archs = cfg_dict.get("architectures") or []
-    has_head = ("classifier.weight" in sd) if state_dict is not None else (
-        "ViTForImageClassification" in archs)
+    has_head = (
+        ("classifier.weight" in sd)
+        if state_dict is not None
+        else ("ViTForImageClassification" in archs)
+    )
     n_labels, labels = hf_num_labels(cfg_dict)
     hidden = int(cfg_dict.get("hidden_size", 768))
     return ViTConfig(
@@ -543,11 +637,18 @@ def vit_to_hf(model: VisionTransformer) -> tuple[dict, dict[str, Tensor]]:
     cfg = {
         "model_type": "vit",
         "architectures": ["ViTForImageClassification" if has_head else "ViTModel"],
-        "image_size": c.image_size, "patch_size": c.patch_size, "num_channels": c.in_channels,
-        "hidden_size": c.d_model, "num_hidden_layers": c.n_layers,
-        "num_attention_heads": c.n_heads, "intermediate_size": c.ffn_hidden,
-        "hidden_act": act[c.activation], "layer_norm_eps": c.norm_eps, "qkv_bias": c.qkv_bias,
-        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+        "image_size": c.image_size,
+        "patch_size": c.patch_size,
+        "num_channels": c.in_channels,
+        "hidden_size": c.d_model,
+        "num_hidden_layers": c.n_layers,
+        "num_attention_heads": c.n_heads,
+        "intermediate_size": c.ffn_hidden,
+        "hidden_act": act[c.activation],
+        "layer_norm_eps": c.norm_eps,
+        "qkv_bias": c.qkv_bias,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
     }
     if has_head:
         names = c.labels or [f"LABEL_{i}" for i in range(c.num_classes)]

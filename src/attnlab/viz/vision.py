@@ -29,8 +29,10 @@ def _check(weights: list[Tensor]) -> None:
         raise ValueError("no attention weights: run the model with need_weights=True first")
     for w in weights:
         if w is None or w.dim() != 4 or w.shape[-1] != w.shape[-2]:
-            raise ValueError("attention weights must be (B, Hh, T, T) per layer, got "
-                             f"{None if w is None else tuple(w.shape)}")
+            raise ValueError(
+                "attention weights must be (B, Hh, T, T) per layer, got "
+                f"{None if w is None else tuple(w.shape)}"
+            )
 
 
 def cls_attention(weights: list[Tensor], *, n_prefix: int = 1, layer: int = -1) -> Tensor:
@@ -47,8 +49,7 @@ def cls_attention(weights: list[Tensor], *, n_prefix: int = 1, layer: int = -1) 
     return rows[:, n_prefix:]
 
 
-def attention_rollout(weights: list[Tensor], *, n_prefix: int = 1,
-                      residual: float = 0.5) -> Tensor:
+def attention_rollout(weights: list[Tensor], *, n_prefix: int = 1, residual: float = 0.5) -> Tensor:
     """Attention rollout from the input patches to the pooled output: ``(B, N)``.
 
     Args:
@@ -72,8 +73,9 @@ def attention_rollout(weights: list[Tensor], *, n_prefix: int = 1,
     return rows[:, n_prefix:]
 
 
-def overlay_attention(image: Tensor, maps: dict[str, Tensor], path: str | os.PathLike, *,
-                      title: str | None = None) -> None:
+def overlay_attention(
+    image: Tensor, maps: dict[str, Tensor], path: str | os.PathLike, *, title: str | None = None
+) -> None:
     """Write a PNG: the image, then each ``(Gh, Gw)`` map upsampled and overlaid on it.
 
     Args:
@@ -94,8 +96,7 @@ def overlay_attention(image: Tensor, maps: dict[str, Tensor], path: str | os.Pat
     shown = img[0].numpy() if img.shape[0] == 1 else img.permute(1, 2, 0).numpy()
     n = 1 + len(maps)
     fig, axes = plt.subplots(1, n, figsize=(3 * n, 3.3), squeeze=False)
-    axes[0][0].imshow(shown, cmap="gray" if img.shape[0] == 1 else None,
-                      interpolation="nearest")
+    axes[0][0].imshow(shown, cmap="gray" if img.shape[0] == 1 else None, interpolation="nearest")
     axes[0][0].set_title("image", fontsize=9)
     for ax, (name, m) in zip(axes[0][1:], maps.items()):
         m = m.detach().float().cpu()
@@ -115,8 +116,14 @@ def overlay_attention(image: Tensor, maps: dict[str, Tensor], path: str | os.Pat
 
 
 @torch.no_grad()
-def plot_vit_attention(model, image: Tensor, path: str | os.PathLike, *,
-                       normalized: Tensor | None = None, title: str | None = None) -> dict:
+def plot_vit_attention(
+    model,
+    image: Tensor,
+    path: str | os.PathLike,
+    *,
+    normalized: Tensor | None = None,
+    title: str | None = None,
+) -> dict:
     """Run a :class:`~attnlab.models.vit.VisionTransformer` on one image and write the overlay PNG.
 
     Args:
@@ -137,8 +144,11 @@ def plot_vit_attention(model, image: Tensor, path: str | os.PathLike, *,
     g = model.config.grid_size
     n_prefix = getattr(model, "n_prefix", 1)
     maps = {
-        "last-layer class-token attention" if n_prefix else "last-layer mean attention":
-            cls_attention(model.attn_weights, n_prefix=n_prefix)[0].view(g, g),
+        "last-layer class-token attention"
+        if n_prefix
+        else "last-layer mean attention": cls_attention(model.attn_weights, n_prefix=n_prefix)[
+            0
+        ].view(g, g),
         "attention rollout": attention_rollout(model.attn_weights, n_prefix=n_prefix)[0].view(g, g),
     }
     overlay_attention(image, maps, path, title=title)
