@@ -27,8 +27,22 @@ from test_train import ToyTask, base_cfg, make_model
 from attnlab.train import train
 from attnlab.train import distributed
 
-res = train(make_model(), ToyTask(), base_cfg(**{cfg!r}), sys.argv[1])
+class Spy(ToyTask):
+    sizes = set()
+
+    def get_batch(self, split, step, batch_size, rank=0, world=1):
+        batch = super().get_batch(split, step, batch_size, rank, world)
+        self.sizes.add((split, rank, world, len(batch["y"])))
+        return batch
+
+
+task = Spy()
+res = train(make_model(), task, base_cfg(**{cfg!r}), sys.argv[1])
+rank = distributed.get_rank()
 assert distributed.get_world_size() == 2
+# each rank computed its own half of every micro-batch (8 examples / 2 micro-batches / 2 ranks)
+assert task.sizes == {{("train", rank, 2, 2)}}, task.sizes
+assert (task.saved_to is not None) == (rank == 0)  # only rank 0 writes artifacts
 """
 
 CFG = dict(steps=6, batch_size=8, grad_accum=2, eval_every=3, eval_batches=3)
