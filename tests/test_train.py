@@ -275,6 +275,7 @@ def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
     assert torch.load(run / "state.pt", weights_only=True)["progress"]["step"] == 3
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in records) == 4  # nothing from the diverged steps
+    assert not list(run.glob(".*"))  # no temporary files left behind
     # the kept checkpoint resumes
     res = train(make_model(), ToyTask(), cfg, run, resume=True)
     assert res.steps == 12 and math.isfinite(res.final_train_loss)
