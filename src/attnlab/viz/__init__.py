@@ -1,5 +1,6 @@
 """Pictures: attention heatmaps and training curves (matplotlib, Agg backend, PNG files)."""
 
-from attnlab.viz.attention import plot_attention
+from attnlab.viz.attention import plot_attention, plot_attention_grid
+from attnlab.viz.curves import plot_curves
 
-__all__ = ["plot_attention"]
+__all__ = ["plot_attention", "plot_attention_grid", "plot_curves"]
