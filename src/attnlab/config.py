@@ -147,19 +147,6 @@ class ModelConfig:
         values = {**PRESETS[name], **overrides}
         return cls.from_dict(values)
 
-    @property
-    def n_params_estimate(self) -> int:
-        """Parameter count (for messages); the model's own count is exact."""
-        d, L, V = self.d_model, self.n_layers, self.vocab_size
-        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        attn = d * (H + 2 * Hkv) * D + H * D * d
-        gated = self.ffn == "swiglu" or (self.ffn == "moe" and self.activation == "silu")
-        n_mats = 3 if gated else 2
-        ffn = n_mats * d * self.ffn_hidden * (self.n_experts if self.ffn == "moe" else 1)
-        emb = V * d * (1 if self.tie_embeddings else 2)
-        pos = self.max_seq_len * d if self.position == "learned" else 0
-        return L * (attn + ffn) + emb + pos
-
 
 _GPT2 = dict(
     ffn="mlp",

@@ -1,0 +1,200 @@
+"""Training throughput: attnlab DecoderLM vs Hugging Face GPT2LMHeadModel, same config and weights.
+
+Measures tokens/s of full training steps (forward, cross-entropy, backward, AdamW) for a 6-layer,
+d=384, T=256 GPT-2-style model in fp32 and with bf16 autocast, and the model FLOPs utilisation
+(MFU) against this machine's matmul rate measured in the same run:
+
+    model FLOPs per token = 6·N_matmul + 12·L·T·d      (PaLM appendix B: weights + attention)
+    MFU = tokens/s · FLOPs per token / measured peak matmul FLOP/s
+
+Usage (short settings for a shared CPU):
+
+    python benchmarks/train_throughput.py --steps 3 --batch-size 4
+    python benchmarks/train_throughput.py --device cuda --steps 20 --batch-size 32
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.config import ModelConfig
+from attnlab.models.lm import DecoderLM
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def matmul_rate(device: str, dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
+    """Measured FLOP/s of an n×n×n matmul (best of ``reps``)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(reps + 1):
+        _sync(device)
+        t = time.perf_counter()
+        a @ b
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def hf_gpt2_from(model: DecoderLM):
+    """A GPT2LMHeadModel with the same configuration and weights as ``model``."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    c = model.config
+    hf_cfg = GPT2Config(
+        vocab_size=c.vocab_size,
+        n_positions=c.max_seq_len,
+        n_embd=c.d_model,
+        n_layer=c.n_layers,
+        n_head=c.n_heads,
+        n_inner=c.ffn_hidden,
+        activation_function="gelu_new",
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        layer_norm_epsilon=c.norm_eps,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="sdpa",
+    )
+    hf = GPT2LMHeadModel(hf_cfg)
+    sd = {
+        "transformer.wte.weight": model.tok_emb.weight,
+        "transformer.wpe.weight": model.pos_emb.weight,
+        "transformer.ln_f.weight": model.norm_f.weight,
+        "transformer.ln_f.bias": model.norm_f.bias,
+        "lm_head.weight": model.lm_head.weight,
+    }
+    for i, b in enumerate(model.blocks):
+        p = f"transformer.h.{i}."
+        sd |= {
+            p + "ln_1.weight": b.norm1.weight,
+            p + "ln_1.bias": b.norm1.bias,
+            p + "ln_2.weight": b.norm2.weight,
+            p + "ln_2.bias": b.norm2.bias,
+            # HF's Conv1D stores (in, out): the transpose of nn.Linear's weight
+            p + "attn.c_attn.weight": b.attn.qkv.weight.T,
+            p + "attn.c_attn.bias": b.attn.qkv.bias,
+            p + "attn.c_proj.weight": b.attn.out_proj.weight.T,
+            p + "attn.c_proj.bias": b.attn.out_proj.bias,
+            p + "mlp.c_fc.weight": b.ffn.fc1.weight.T,
+            p + "mlp.c_fc.bias": b.ffn.fc1.bias,
+            p + "mlp.c_proj.weight": b.ffn.fc2.weight.T,
+            p + "mlp.c_proj.bias": b.ffn.fc2.bias,
+        }
+    hf.load_state_dict({k: v.detach().clone().contiguous() for k, v in sd.items()}, strict=True)
+    return hf
+
+
+def flops_per_token(model: DecoderLM, seq_len: int) -> float:
+    c = model.config
+    n_matmul = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2)
+    n_matmul -= model.pos_emb.weight.numel()  # a table lookup, not a matmul
+    # tok_emb is tied to lm_head: counted once, as the output projection's matmul
+    return 6 * n_matmul + 12 * c.n_layers * seq_len * c.d_model
+
+
+def bench(model, forward, idx, targets, steps: int, warmup: int, amp: bool, device: str) -> float:
+    """Tokens/s over ``steps`` training steps after ``warmup`` steps."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ctx = (
+        torch.autocast(device.split(":")[0], dtype=torch.bfloat16)
+        if amp
+        else contextlib.nullcontext()
+    )
+    model.train()
+    times = []
+    for i in range(warmup + steps):
+        _sync(device)
+        t = time.perf_counter()
+        with ctx:
+            logits = forward(idx)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - t)
+    times.sort()
+    return idx.numel() / times[len(times) // 2]  # median step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--d-model", type=int, default=384)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--vocab", type=int, default=50257)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--no-bf16", action="store_true")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dev = args.device
+    if dev.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = False  # a fair fp32 comparison
+        torch.backends.cudnn.allow_tf32 = False
+
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset(
+        "gpt2-small",
+        vocab_size=args.vocab,
+        max_seq_len=args.seq_len,
+        d_model=args.d_model,
+        n_layers=args.layers,
+        n_heads=args.heads,
+    )
+    ours = DecoderLM(cfg)
+    hf = hf_gpt2_from(ours)
+    ours.to(dev)
+    hf.to(dev)
+    idx = torch.randint(0, args.vocab, (args.batch_size, args.seq_len), device=dev)
+    targets = torch.randint(0, args.vocab, (args.batch_size, args.seq_len), device=dev)
+    with torch.no_grad():  # same weights -> same logits
+        diff = (ours.eval()(idx[:1]) - hf.eval()(idx[:1]).logits).abs().max().item()
+
+    fpt = flops_per_token(ours, args.seq_len)
+    peaks = {"fp32": matmul_rate(dev, torch.float32)}
+    modes = ["fp32"] if args.no_bf16 else ["fp32", "bf16"]
+    if "bf16" in modes:
+        peaks["bf16"] = matmul_rate(dev, torch.bfloat16)
+    print(
+        f"device {dev} ({torch.get_num_threads()} threads), torch {torch.__version__}; "
+        f"model: {args.layers} layers, d={args.d_model}, heads={args.heads}, T={args.seq_len}, "
+        f"vocab={args.vocab}, {sum(p.numel() for p in ours.parameters()) / 1e6:.1f}M params; "
+        f"batch {args.batch_size}; median of {args.steps} steps after {args.warmup} warm-up"
+    )
+    print(f"max |logits(attnlab) - logits(HF)| = {diff:.2e}; model FLOPs/token = {fpt / 1e6:.1f}M")
+    print(
+        "measured matmul peak: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peaks.items())
+    )
+    print(f"{'model':<10}{'precision':<11}{'tokens/s':>10}{'MFU':>8}")
+    for mode in modes:
+        for name, model, fwd in (
+            ("attnlab", ours, lambda x: ours(x)),
+            ("HF GPT2", hf, lambda x: hf(x).logits),
+        ):
+            tps = bench(model, fwd, idx, targets, args.steps, args.warmup, mode == "bf16", dev)
+            print(f"{name:<10}{mode:<11}{tps:>10.0f}{tps * fpt / peaks[mode]:>8.1%}")
+
+
+if __name__ == "__main__":
+    main()
