@@ -225,6 +225,8 @@ def test_shifted_block_connects_windows_but_not_wrapped_edges():
 
 def test_whole_model_first_token_sees_last_pixel():
     model = SwinTransformer(SwinConfig.preset("tiny")).eval()
+    # digits preset: 4×4 map of 2×2 windows (second block shifted by 1), then one 2×2 window
+    assert [b.shift for s in model.stages for b in s.blocks] == [0, 1, 0, 0]
     x = torch.randn(1, 1, 8, 8)
     y = x.clone()
     y[..., -1, -1] += 1.0
