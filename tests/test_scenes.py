@@ -184,6 +184,8 @@ def test_vocab_covers_generated_text_and_flags_unknown_words():
     assert unknown == ["zebra"] and ids.count(Vocab.UNK) == 1  # "color" is an alias of "colour"
     assert v.stoi["."] not in (Vocab.END, Vocab.START)  # the full stop is an ordinary word
     assert v.decode([Vocab.START, v.stoi["two"], v.stoi["."], Vocab.END, v.stoi["red"]]) == "two ."
+    two = v.encode_caption("a red circle left of a blue square . two green triangles")
+    assert two.count(Vocab.END) == 1 and two[-1] == Vocab.END and v.stoi["."] in two[1:-1]
 
 
 def test_shape_label_is_the_majority_shape():
