@@ -14,7 +14,7 @@ from attnlab.cli import main
 from attnlab.models.vit import VisionTransformer, ViTConfig
 from attnlab.viz.vision import attention_rollout, cls_attention, overlay_attention
 
-FAST = ["--steps", "3", "--batch-size", "16", "--eval-every", "3", "--no-progress"]
+FAST = ["--steps", "3", "--batch-size", "16", "--eval-every", "3", "--warmup", "1", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
