@@ -271,3 +271,12 @@ def test_bad_sizes_name_the_values():
         model(torch.randn(1, 1, 16, 16))
     with pytest.raises(UserError, match="got 3 channels"):
         model(torch.randn(1, 3, 8, 8))
+
+
+def test_swin_without_qkv_bias_matches_hf():
+    hf = _hf_swin(transformers.SwinModel, qkv_bias=False)
+    ours = swin_from_hf_state_dict(hf.config.to_dict(), hf.state_dict()).eval()
+    assert ours.stages[0].blocks[0].attn.qkv.bias is None
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.features(x), hf(x).last_hidden_state, atol=1e-5, rtol=0)

@@ -257,3 +257,14 @@ def test_bad_input_messages_name_the_values():
         ViTConfig(image_size=30, patch_size=16)
     with pytest.raises(ValueError, match="d_model=30.*n_heads=4"):
         ViTConfig(d_model=30, n_heads=4)
+
+
+def test_vit_without_qkv_bias_and_with_tanh_gelu_matches_hf():
+    hf = _hf_vit(transformers.ViTForImageClassification, qkv_bias=False, hidden_act="gelu_new")
+    ours = vit_from_hf_state_dict(hf.config.to_dict(), hf.state_dict()).eval()
+    assert ours.blocks[0].attn.qkv.bias is None and ours.blocks[0].attn.out_proj.bias is not None
+    assert ours.config.activation == "gelu_tanh"
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-5, rtol=0)
+    assert sorted(vit_to_hf(ours)[1]) == sorted(hf.state_dict())
