@@ -208,3 +208,29 @@ def test_short_training_names_objects_in_the_image(tmp_path):
     assert not math.isnan(m["bleu"])
     x = images_to_tensor(task.sets("val").images[:2])
     assert greedy_decode(loaded, x)  # the loaded model decodes
+
+
+def test_caption_metrics_on_known_captions(monkeypatch):
+    """Reference listings of unseen scenes name their held-out combination and were never
+    training captions; a fixed caption names none."""
+    import attnlab.models.caption as cap
+    from attnlab.data.scenes import SceneConfig, SceneSet
+
+    cfg = SceneConfig()
+    train_caps = SceneSet(cfg, "train", 300).caption_set()
+    unseen = SceneSet(cfg, "unseen", 40, seed=5)
+    model = tiny("lstm")
+    listing = iter([unseen.captions[i][0] for i in range(40)])
+    monkeypatch.setattr(cap, "caption_images",
+                        lambda m, x, v, beam_size=1: [next(listing) for _ in range(len(x))])
+    m = caption_metrics(model, build_vocab(), unseen, range(40), train_captions=train_caps)
+    assert m["novel_combo"] == 1.0 and m["object_precision"] == 1.0 and m["exact_match"] == 1.0
+    assert m["retrieved"] == 0.0 and m["bleu"] > 99
+    fixed = "a yellow circle left of a blue square"
+    assert fixed in train_caps
+    monkeypatch.setattr(cap, "caption_images", lambda m, x, v, beam_size=1: [fixed] * len(x))
+    m = caption_metrics(model, build_vocab(), unseen, range(40), train_captions=train_caps)
+    assert m["novel_combo"] == 0.0 and m["retrieved"] == 1.0
+    present = sum((c in {(o.colour, o.shape) for o in s.objects})
+                  for s in unseen.scenes for c in (("yellow", "circle"), ("blue", "square")))
+    assert m["object_precision"] == pytest.approx(present / 80)
