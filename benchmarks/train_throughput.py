@@ -106,30 +106,31 @@ def flops_per_token(model: DecoderLM, seq_len: int) -> float:
     return 6 * n_matmul + 12 * c.n_layers * seq_len * c.d_model
 
 
-def bench(model, forward, idx, targets, steps: int, warmup: int, amp: bool, device: str) -> float:
-    """Tokens/s over ``steps`` training steps after ``warmup`` steps."""
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+def bench(models: dict, idx, targets, steps: int, warmup: int, amp: bool, device: str) -> dict:
+    """Tokens/s of each model (median step), stepping the models in turn so that a busy machine
+    slows them alike. ``models``: name -> (module, forward)."""
+    opts = {n: torch.optim.AdamW(m.parameters(), lr=1e-4) for n, (m, _) in models.items()}
     ctx = (
         torch.autocast(device.split(":")[0], dtype=torch.bfloat16)
         if amp
         else contextlib.nullcontext()
     )
-    model.train()
-    times = []
+    times: dict[str, list[float]] = {n: [] for n in models}
     for i in range(warmup + steps):
-        _sync(device)
-        t = time.perf_counter()
-        with ctx:
-            logits = forward(idx)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        _sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
-    times.sort()
-    return idx.numel() / times[len(times) // 2]  # median step
+        for name, (model, forward) in models.items():
+            model.train()
+            _sync(device)
+            t = time.perf_counter()
+            with ctx:
+                logits = forward(idx)
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+            loss.backward()
+            opts[name].step()
+            opts[name].zero_grad(set_to_none=True)
+            _sync(device)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - t)
+    return {n: idx.numel() / sorted(ts)[len(ts) // 2] for n, ts in times.items()}
 
 
 def main() -> None:
@@ -187,13 +188,11 @@ def main() -> None:
         "measured matmul peak: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peaks.items())
     )
     print(f"{'model':<10}{'precision':<11}{'tokens/s':>10}{'MFU':>8}")
+    models = {"attnlab": (ours, lambda x: ours(x)), "HF GPT2": (hf, lambda x: hf(x).logits)}
     for mode in modes:
-        for name, model, fwd in (
-            ("attnlab", ours, lambda x: ours(x)),
-            ("HF GPT2", hf, lambda x: hf(x).logits),
-        ):
-            tps = bench(model, fwd, idx, targets, args.steps, args.warmup, mode == "bf16", dev)
-            print(f"{name:<10}{mode:<11}{tps:>10.0f}{tps * fpt / peaks[mode]:>8.1%}")
+        tps = bench(models, idx, targets, args.steps, args.warmup, mode == "bf16", dev)
+        for name, v in tps.items():
+            print(f"{name:<10}{mode:<11}{v:>10.0f}{v * fpt / peaks[mode]:>8.1%}")
 
 
 if __name__ == "__main__":

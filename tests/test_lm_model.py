@@ -162,3 +162,9 @@ def test_sequence_longer_than_context_raises():
     model = DecoderLM(ModelConfig.preset("tiny", max_seq_len=8))
     with pytest.raises(ValueError, match="max_seq_len"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+def test_logits_to_keep_is_the_last_slice_of_the_full_logits():
+    model = DecoderLM(ModelConfig.preset("tiny")).eval()
+    idx = torch.randint(0, 256, (2, 10))
+    torch.testing.assert_close(model(idx, logits_to_keep=3), model(idx)[:, -3:])

@@ -18,6 +18,7 @@ Shape legend: B batch, T prompt length, V vocab.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -140,6 +141,10 @@ def stream_generate(
     )
     has_padding = not bool(mask.all())
     use_cache = use_cache and hasattr(model, "make_caches")
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        fwd_kwargs = {"logits_to_keep": 1}  # only the last position's logits are needed
+    else:
+        fwd_kwargs = {}
     finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=device)
     start = 0  # first column of the context window
     caches, cached = None, 0  # caches hold columns [start, cached)
@@ -152,7 +157,9 @@ def stream_generate(
                 start = L - (ctx - ctx // 4 if use_cache else ctx)
                 caches = None
             window_mask = mask[:, start:] if has_padding else None
-            kwargs = {} if window_mask is None else {"attention_mask": window_mask}
+            kwargs = dict(fwd_kwargs)
+            if window_mask is not None:
+                kwargs["attention_mask"] = window_mask
             if use_cache:
                 if caches is None:
                     caches = model.make_caches(tokens.shape[0], ctx)

@@ -131,6 +131,7 @@ class DecoderLM(nn.Module):
         caches: list[KVCache] | None = None,
         positions: Tensor | None = None,
         need_weights: bool = False,
+        logits_to_keep: int | None = None,
     ) -> Tensor:
         """Next-token logits for every position.
 
@@ -143,9 +144,11 @@ class DecoderLM(nn.Module):
                 real tokens in the row (``past + arange(T)`` without a mask).
             need_weights: keep each block's attention weights in ``blocks[i].attn_weights``
                 (uses the math attention path).
+            logits_to_keep: compute logits for the last this many positions only (generation
+                needs just the last one; the output projection is the costliest matmul).
 
         Returns:
-            logits ``(B, T, V)``.
+            logits ``(B, T, V)``, or ``(B, logits_to_keep, V)``.
 
         Raises:
             ValueError: wrong shapes, a sequence longer than ``max_seq_len``, mismatched caches.
@@ -209,6 +212,8 @@ class DecoderLM(nn.Module):
             if isinstance(block.ffn, MoE):
                 aux = aux + block.ffn.aux_loss
         self.aux_loss = aux
+        if logits_to_keep is not None:
+            x = x[:, -logits_to_keep:]  # (B, logits_to_keep, C)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
