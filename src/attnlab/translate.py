@@ -270,7 +270,7 @@ def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor, *, beam: int = 
             w = step_w.index_select(0, rows)[..., None, :]  # (B·K, L, H, 1, S)
             align = w if align is None else torch.cat([align.index_select(0, rows), w], dim=-2)
         prev = tok
-        if bool(done.all()):
+        if bool((done | torch.isinf(scores.view(-1))).all()):  # every live beam has ended
             break
     final = scores.view(-1) / length_penalty(lengths, alpha).to(dev)  # (B·K,)
     final = final.masked_fill(~torch.isfinite(scores.view(-1)), float("-inf"))
