@@ -178,3 +178,26 @@ def test_demo_runs_and_can_run_again(tmp_path, capsys):
     assert report["tokens"] == 2 * 32 * 128 and len(report["models"]) == 3
     assert main(argv) == 0  # re-running overwrites its own demo directory
     capsys.readouterr()
+
+
+def test_generate_from_a_hugging_face_folder(tmp_path, capsys):
+    import torch
+
+    from attnlab.config import ModelConfig
+    from attnlab.data.tokenizers import ByteBPETokenizer
+    from attnlab.generate import generate
+    from attnlab.interop import to_hf
+    from attnlab.models.lm import DecoderLM
+
+    tok = ByteBPETokenizer.train("def f(x):\n    return x\n" * 50, vocab_size=280)
+    model = DecoderLM(ModelConfig.preset("tiny", vocab_size=tok.vocab_size)).eval()
+    to_hf(model, tmp_path / "hf", tokenizer=tok)
+    argv = ["generate", "--from-hf", str(tmp_path / "hf"), "--prompt", "def", "-n", "6"]
+    assert main([*argv, "--temperature", "0", "--no-stream"]) == 0
+    ids = generate(model, torch.tensor([tok.encode("def")]), 6, temperature=0)
+    expected = tok.decode(ids[0].tolist())
+    eos = json.loads((tmp_path / "hf" / "config.json").read_text()).get("eos_token_id")
+    new = ids[0, len(tok.encode("def")) :].tolist()
+    if eos is None or eos not in new:  # no end-of-text token in the greedy run
+        assert capsys.readouterr().out == expected + "\n"
+    assert "not both" in _error(capsys, [*argv, str(tmp_path)])

@@ -192,7 +192,18 @@ def _generate(args: argparse.Namespace) -> int:
 
     if args.n < 0:
         raise UserError(f"-n must be >= 0, got {args.n}")
-    model, tok, _ = _load_lm(args.run_dir, args.weights, _device(args.device))
+    stop_ids = None
+    if args.from_hf:
+        if args.run_dir:
+            raise UserError("give either a run directory or --from-hf DIR, not both")
+        from attnlab.interop import load_hf_lm
+
+        model, tok = load_hf_lm(args.from_hf, device=_device(args.device))
+        stop_ids = getattr(model, "hf_config", {}).get("eos_token_id")  # int, list or None
+    elif args.run_dir:
+        model, tok, _ = _load_lm(args.run_dir, args.weights, _device(args.device))
+    else:
+        raise UserError("give a run directory (or --from-hf DIR)")
     ids = _encode_prompt(tok, args.prompt)
     ctx = model.config.max_seq_len
     if len(ids) > ctx:
@@ -219,7 +230,12 @@ def _generate(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         use_cache=not args.no_cache,
         generator=gen,
+        stop=stop_ids,
     ):
+        if stop_ids is not None and int(nxt[0]) in (
+            [stop_ids] if isinstance(stop_ids, int) else list(stop_ids)
+        ):
+            break  # end of text
         new.append(int(nxt[0]))
         text = tok.decode(new)
         stopped = bool(args.stop) and args.stop in text
@@ -371,7 +387,16 @@ def register(groups) -> None:
         help="sample text from a trained language model (streams to stdout)",
         description="Continue a prompt with a trained LM run. Greedy with --temperature 0.",
     )
-    g.add_argument("run_dir", help="run directory written by 'attnlab train lm'")
+    g.add_argument(
+        "run_dir", nargs="?", default=None, help="run directory written by 'attnlab train lm'"
+    )
+    g.add_argument(
+        "--from-hf",
+        metavar="DIR",
+        default=None,
+        help="generate with a local Hugging Face GPT-2 / Llama / Mixtral checkpoint folder "
+        "instead of a run directory (stops at its end-of-text token)",
+    )
     g.add_argument("--prompt", default="", help="text to continue (default: a new line)")
     g.add_argument(
         "-n",
