@@ -141,6 +141,8 @@ def register(groups) -> None:
     exp_args(e, "runs/caption-features", 800)
     e.add_argument("--pretrain-steps", type=int, default=300)
     e.add_argument("--n-eval", type=int, default=200, help="val scenes captioned")
+    e.add_argument("--encoder-width", type=int, default=64,
+                   help="classifier width = penultimate feature size (default 64)")
     e.set_defaults(func=_run_caption_features)
 
     for kind in CAPTION_KINDS:
@@ -410,7 +412,8 @@ def _run_caption_features(args: argparse.Namespace) -> int:
     from attnlab.experiments import caption_features as cf
 
     res = cf.run(cf.CaptionFeaturesConfig(pretrain_steps=args.pretrain_steps,
-                                          n_eval=args.n_eval, **_exp_common(args)))
+                                          encoder_width=args.encoder_width, n_eval=args.n_eval,
+                                          **_exp_common(args)))
     print("CNN+LSTM captioner from a frozen classifier: logits vs penultimate features\n")
     print(cf.format_table(res))
     return 0

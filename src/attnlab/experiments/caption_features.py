@@ -29,6 +29,10 @@ class CaptionFeaturesConfig:
     batch_size: int = 64
     lr: float = 3e-3
     preset: str = "tiny"
+    # A wider penultimate layer than the tiny preset's 16 channels: with 16, the shape
+    # classifier's features keep little more than its 3 logits (measured: colour precision
+    # 66% vs 59%); with 64 the gap is the lecture's (76% vs 60%).
+    encoder_width: int | None = 64
     n_train: int = 2000
     n_eval: int = 200
     seed: int = 0
@@ -57,8 +61,9 @@ def run(cfg: CaptionFeaturesConfig) -> dict:
     out = Path(cfg.out)
     task = CaptionTask(n_train=cfg.n_train, n_val=cfg.n_eval, n_unseen=10, seed=cfg.seed)
     torch.manual_seed(cfg.seed)
+    width = {} if cfg.encoder_width is None else {"encoder_width": cfg.encoder_width}
     base = build_captioner(CaptionConfig.preset(cfg.preset, arch="lstm",
-                                                vocab_size=len(task.vocab)))
+                                                vocab_size=len(task.vocab), **width))
     acc = pretrain_encoder(base.encoder, task.sets("train"), cfg.pretrain_steps,
                            batch_size=cfg.batch_size, seed=cfg.seed)
     encoder_state = base.encoder.state_dict()
@@ -68,7 +73,7 @@ def run(cfg: CaptionFeaturesConfig) -> dict:
         torch.manual_seed(cfg.seed)
         model = build_captioner(CaptionConfig.preset(
             cfg.preset, arch="lstm", vocab_size=len(task.vocab), features=features,
-            freeze_encoder=True))
+            freeze_encoder=True, **width))
         model.encoder.load_state_dict(encoder_state)
         tcfg = TrainConfig(steps=cfg.steps, max_time=cfg.max_time, batch_size=cfg.batch_size,
                            lr=cfg.lr, warmup_steps=50, weight_decay=0.0, eval_every=10**9,
