@@ -66,7 +66,7 @@ def test_caption_bad_images(cap_run, tmp_path, capsys):
     ("caption-features", ["| logits |", "| penultimate |", "frozen classifier"])])
 def test_caption_experiments_print_their_tables(tmp_path, capsys, name, expect):
     capsys.readouterr()
-    extra = ["--pretrain-steps", "2"] if name == "caption-features" else []
+    extra = ["--pretrain-steps", "2", "--encoder-width", "8"] if name == "caption-features" else []
     assert main(["experiment", name, "--out", str(tmp_path), "--steps", "2", "--batch-size",
                  "16", "--n-train", "60", "--n-eval", "16", "--no-progress", "--device", "cpu"]
                 + extra) == 0
