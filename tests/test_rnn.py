@@ -91,8 +91,9 @@ def test_bahdanau_weights_follow_the_formula_each_step():
 
 
 @pytest.mark.parametrize("cls", [RNNSeq2Seq, AttnRNNSeq2Seq])
-@pytest.mark.parametrize("cfg", [{"cell": "lstm", "n_layers": 2, "dropout": 0.1},
-                                 {"bidirectional": False}])
+@pytest.mark.parametrize(
+    "cfg", [{"cell": "lstm", "n_layers": 2, "dropout": 0.1}, {"bidirectional": False}]
+)
 def test_every_parameter_gets_a_gradient(cls, cfg):
     model = make(cls, **cfg).train()
     src, mask, tgt = batch()

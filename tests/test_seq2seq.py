@@ -66,8 +66,17 @@ def test_equals_torch_transformer_with_copied_weights(final_norm):
     """Post-norm, ReLU, dropout 0, source padding mask + causal mask: same output as torch."""
     model = tiny(final_norm=final_norm)
     c = model.config
-    ref = nn.Transformer(c.d_model, c.n_heads, c.n_enc_layers, c.n_dec_layers, c.ffn_hidden,
-                         dropout=0.0, activation="relu", batch_first=True, norm_first=False)
+    ref = nn.Transformer(
+        c.d_model,
+        c.n_heads,
+        c.n_enc_layers,
+        c.n_dec_layers,
+        c.ffn_hidden,
+        dropout=0.0,
+        activation="relu",
+        batch_first=True,
+        norm_first=False,
+    )
     if not final_norm:  # the paper's post-norm stacks end without an extra norm
         ref.encoder.norm = None
         ref.decoder.norm = None
@@ -78,8 +87,9 @@ def test_equals_torch_transformer_with_copied_weights(final_norm):
     T = tgt.shape[1]
     causal = torch.triu(torch.full((T, T), float("-inf")), diagonal=1)
     with torch.no_grad():
-        expected = ref(x, y, tgt_mask=causal, src_key_padding_mask=~mask,
-                       memory_key_padding_mask=~mask)
+        expected = ref(
+            x, y, tgt_mask=causal, src_key_padding_mask=~mask, memory_key_padding_mask=~mask
+        )
         memory = model.run_encoder(x, mask)
         got = model.run_decoder(y, memory, mask)
         ref_memory = ref.encoder(x, src_key_padding_mask=~mask)
@@ -128,8 +138,10 @@ def test_padding_in_the_source_changes_nothing(position):
     torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
 
 
-@pytest.mark.parametrize("overrides", [{}, {"norm_position": "pre", "position": "rope"},
-                                       {"position": "learned", "n_kv_heads": 2}])
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"norm_position": "pre", "position": "rope"}, {"position": "learned", "n_kv_heads": 2}],
+)
 def test_kv_cache_steps_equal_teacher_forced_forward(overrides):
     """Decoding one token at a time with self/cross KV caches gives the full forward's logits."""
     model = tiny(**overrides)

@@ -47,8 +47,10 @@ class TableModel(nn.Module):
 
     def decode_step(self, prev, state, need_weights=False):
         prefix = state.prefix if prev is None else torch.cat([state.prefix, prev[:, None]], 1)
-        rows = [self.logits_for(tuple(s.tolist()), tuple(p.tolist()[1:]))
-                for s, p in zip(state.src, prefix)]
+        rows = [
+            self.logits_for(tuple(s.tolist()), tuple(p.tolist()[1:]))
+            for s, p in zip(state.src, prefix)
+        ]
         return torch.stack(rows), State(prefix, state.src)
 
 
@@ -86,10 +88,14 @@ def sources(n=1, S=2):
 def test_beam_beats_greedy_when_greedy_is_myopic():
     """p(A)=0.6 but every continuation of A is uncertain; p(B)=0.4 then <end> is almost sure:
     greedy takes A (best 0.6·0.4), beam 2 finds B <end> (0.4·0.95)."""
-    table = {(): {A: 0.6, B: 0.4},
-             (A,): {END_ID: 0.4, A: 0.3, B: 0.3},
-             (B,): {END_ID: 0.95, A: 0.05},
-             (A, END_ID): {}, (A, A): {END_ID: 1.0}, (A, B): {END_ID: 1.0}}
+    table = {
+        (): {A: 0.6, B: 0.4},
+        (A,): {END_ID: 0.4, A: 0.3, B: 0.3},
+        (B,): {END_ID: 0.95, A: 0.05},
+        (A, END_ID): {},
+        (A, A): {END_ID: 1.0},
+        (A, B): {END_ID: 1.0},
+    }
     model = TableModel(table)
     src, mask = sources()
     g = greedy_decode(model, src, mask, max_len=3)[0]
@@ -113,8 +119,9 @@ def test_wide_beam_finds_the_exhaustive_optimum(alpha, seed):
         seq, score = brute_force(model, tuple(s.tolist()), max_len, alpha)
         assert h.ids == seq
         assert h.score == pytest.approx(score, abs=1e-4)
-        assert h.logprob == pytest.approx(seq_logprob(model, tuple(s.tolist()), tuple(seq)),
-                                          abs=1e-4)
+        assert h.logprob == pytest.approx(
+            seq_logprob(model, tuple(s.tolist()), tuple(seq)), abs=1e-4
+        )
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -133,8 +140,9 @@ def test_batched_beam_equals_one_sentence_at_a_time():
     model = TableModel(seed=7)
     src, mask = sources(n=5)
     together = beam_search(model, src, mask, beam=3, max_len=5)
-    alone = [beam_search(model, src[i:i + 1], mask[i:i + 1], beam=3, max_len=5)[0]
-             for i in range(5)]
+    alone = [
+        beam_search(model, src[i : i + 1], mask[i : i + 1], beam=3, max_len=5)[0] for i in range(5)
+    ]
     assert [h.ids for h in together] == [h.ids for h in alone]
 
 
@@ -183,9 +191,8 @@ def test_transformer_width_one_is_greedy_and_alignments_have_one_row_per_output(
         with torch.no_grad():
             i = b4.index(h)
             ys = torch.tensor([[START_ID, *h.ids[:-1]]])
-            model(src[i:i + 1], mask[i:i + 1], ys, need_weights=True)
-        torch.testing.assert_close(h.alignment, model.cross_attention()[:, 0], atol=1e-5,
-                                   rtol=1e-4)
+            model(src[i : i + 1], mask[i : i + 1], ys, need_weights=True)
+        torch.testing.assert_close(h.alignment, model.cross_attention()[:, 0], atol=1e-5, rtol=1e-4)
 
 
 def test_length_penalty_is_gnmt():

@@ -50,8 +50,15 @@ __all__ = [
 ]
 
 
-def build_model(kind: str, src_vocab_size: int, tgt_vocab_size: int, *, preset: str | None = None,
-                max_seq_len: int | None = None, **overrides) -> nn.Module:
+def build_model(
+    kind: str,
+    src_vocab_size: int,
+    tgt_vocab_size: int,
+    *,
+    preset: str | None = None,
+    max_seq_len: int | None = None,
+    **overrides,
+) -> nn.Module:
     """A fresh ``rnn`` / ``rnn-attn`` / ``transformer`` model sized for the vocabularies.
 
     Args:
@@ -67,9 +74,11 @@ def build_model(kind: str, src_vocab_size: int, tgt_vocab_size: int, *, preset: 
     from attnlab.models.rnn import AttnRNNSeq2Seq, RNNSeq2Seq, RNNSeq2SeqConfig
     from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 
-    families = {"rnn": (RNNSeq2Seq, RNNSeq2SeqConfig),
-                "rnn-attn": (AttnRNNSeq2Seq, RNNSeq2SeqConfig),
-                "transformer": (Seq2SeqTransformer, Seq2SeqConfig)}
+    families = {
+        "rnn": (RNNSeq2Seq, RNNSeq2SeqConfig),
+        "rnn-attn": (AttnRNNSeq2Seq, RNNSeq2SeqConfig),
+        "transformer": (Seq2SeqTransformer, Seq2SeqConfig),
+    }
     if kind not in families:
         raise UserError(f"unknown translation model {kind!r}; choose from {sorted(families)}")
     cls, cfg_cls = families[kind]
@@ -80,8 +89,12 @@ def build_model(kind: str, src_vocab_size: int, tgt_vocab_size: int, *, preset: 
     if max_seq_len is not None and "max_seq_len" in fields:
         overrides["max_seq_len"] = max_seq_len
     try:
-        cfg = cfg_cls.preset(preset or "small", src_vocab_size=src_vocab_size,
-                             tgt_vocab_size=tgt_vocab_size, **overrides)
+        cfg = cfg_cls.preset(
+            preset or "small",
+            src_vocab_size=src_vocab_size,
+            tgt_vocab_size=tgt_vocab_size,
+            **overrides,
+        )
     except ValueError as err:
         raise UserError(str(err)) from None
     return cls(cfg)
@@ -158,8 +171,9 @@ def default_max_len(model: nn.Module, max_tgt_len: int) -> int:
 
 
 @torch.no_grad()
-def greedy_decode(model: nn.Module, src: Tensor, src_mask: Tensor, *, max_len: int,
-                  need_weights: bool = False) -> list[Hypothesis]:
+def greedy_decode(
+    model: nn.Module, src: Tensor, src_mask: Tensor, *, max_len: int, need_weights: bool = False
+) -> list[Hypothesis]:
     """Pick the most probable next token at every step, for a batch of sentences.
 
     Args:
@@ -215,8 +229,16 @@ def _cut(seq: list[int]) -> list[int]:
 
 
 @torch.no_grad()
-def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor, *, beam: int = 4,
-                max_len: int, alpha: float = 0.6, need_weights: bool = False) -> list[Hypothesis]:
+def beam_search(
+    model: nn.Module,
+    src: Tensor,
+    src_mask: Tensor,
+    *,
+    beam: int = 4,
+    max_len: int,
+    alpha: float = 0.6,
+    need_weights: bool = False,
+) -> list[Hypothesis]:
     """Batched beam search of width ``beam`` with the GNMT length penalty ``alpha``.
 
     All B·K beams advance together through one ``decode_step`` per output position; the model's
@@ -285,23 +307,40 @@ def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor, *, beam: int = 
     return hyps
 
 
-def decode(model: nn.Module, src: Tensor, src_mask: Tensor, *, beam: int = 1, max_len: int,
-           alpha: float = 0.6, need_weights: bool = False) -> list[Hypothesis]:
+def decode(
+    model: nn.Module,
+    src: Tensor,
+    src_mask: Tensor,
+    *,
+    beam: int = 1,
+    max_len: int,
+    alpha: float = 0.6,
+    need_weights: bool = False,
+) -> list[Hypothesis]:
     """Greedy for ``beam == 1``, beam search otherwise."""
     if beam == 1:
         return greedy_decode(model, src, src_mask, max_len=max_len, need_weights=need_weights)
-    return beam_search(model, src, src_mask, beam=beam, max_len=max_len, alpha=alpha,
-                       need_weights=need_weights)
+    return beam_search(
+        model, src, src_mask, beam=beam, max_len=max_len, alpha=alpha, need_weights=need_weights
+    )
 
 
 def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def translate_texts(model: nn.Module, vocabs: TranslationVocabs, texts: Sequence[str], *,
-                    beam: int = 1, alpha: float = 0.6, batch_size: int = 64,
-                    max_len: int | None = None, need_weights: bool = False,
-                    strict: bool = True) -> list[Translation]:
+def translate_texts(
+    model: nn.Module,
+    vocabs: TranslationVocabs,
+    texts: Sequence[str],
+    *,
+    beam: int = 1,
+    alpha: float = 0.6,
+    batch_size: int = 64,
+    max_len: int | None = None,
+    need_weights: bool = False,
+    strict: bool = True,
+) -> list[Translation]:
     """Normalise, encode, decode and detokenise a list of sentences.
 
     Args:
@@ -330,16 +369,31 @@ def translate_texts(model: nn.Module, vocabs: TranslationVocabs, texts: Sequence
     dev = _device(model)
     out: list[Translation] = []
     for start in range(0, len(ids), batch_size):
-        chunk = ids[start:start + batch_size]
+        chunk = ids[start : start + batch_size]
         batch = collate(chunk)
-        hyps = decode(model, batch.src.to(dev), batch.src_mask.to(dev), beam=beam,
-                      max_len=max_len, alpha=alpha, need_weights=need_weights)
+        hyps = decode(
+            model,
+            batch.src.to(dev),
+            batch.src_mask.to(dev),
+            beam=beam,
+            max_len=max_len,
+            alpha=alpha,
+            need_weights=need_weights,
+        )
         for j, h in enumerate(hyps):
             src_ids = chunk[j]
             out_tokens = [vocabs.tgt.itos[i] for i in h.ids]
             a = None if h.alignment is None else h.alignment[..., : len(src_ids)]
-            out.append(Translation(texts[start + j], vocabs.tgt.decode(h.ids),
-                                   [vocabs.src.itos[i] for i in src_ids], out_tokens, h.score, a))
+            out.append(
+                Translation(
+                    texts[start + j],
+                    vocabs.tgt.decode(h.ids),
+                    [vocabs.src.itos[i] for i in src_ids],
+                    out_tokens,
+                    h.score,
+                    a,
+                )
+            )
     return out
 
 
@@ -371,9 +425,16 @@ def chrf(hyps: Sequence[str], refs: Sequence[str]) -> float:
 
 
 @torch.no_grad()
-def evaluate_pairs(model: nn.Module, vocabs: TranslationVocabs, pairs: Sequence[tuple[str, str]],
-                   *, beam: int = 1, alpha: float = 0.6, batch_size: int = 64,
-                   max_len: int | None = None) -> dict:
+def evaluate_pairs(
+    model: nn.Module,
+    vocabs: TranslationVocabs,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    beam: int = 1,
+    alpha: float = 0.6,
+    batch_size: int = 64,
+    max_len: int | None = None,
+) -> dict:
     """Translate the sources of ``pairs`` and score them against the targets.
 
     BLEU is computed over the target vocabulary's tokens (words, BPE pieces or characters, both
@@ -386,8 +447,16 @@ def evaluate_pairs(model: nn.Module, vocabs: TranslationVocabs, pairs: Sequence[
         no reference has four tokens.
     """
     was_training = model.training
-    res = translate_texts(model, vocabs, [s for s, _ in pairs], beam=beam, alpha=alpha,
-                          batch_size=batch_size, max_len=max_len, strict=False)
+    res = translate_texts(
+        model,
+        vocabs,
+        [s for s, _ in pairs],
+        beam=beam,
+        alpha=alpha,
+        batch_size=batch_size,
+        max_len=max_len,
+        strict=False,
+    )
     model.train(was_training)
     hyps = [r.text for r in res]
     refs = [vocabs.normalizer(t) for _, t in pairs]
@@ -398,8 +467,11 @@ def evaluate_pairs(model: nn.Module, vocabs: TranslationVocabs, pairs: Sequence[
     ref_toks = [toks(r) for r in refs]
     # BLEU-4 needs 4-grams: with only shorter references it is undefined (None), not 0
     has_4grams = any(len(r.split()) >= 4 for r in ref_toks)
-    return {"exact_match": exact_match(hyps, refs),
-            "bleu": (bleu([toks(h) for h in hyps], ref_toks, tokenize="none")
-                     if has_4grams else None),
-            "chrf": chrf(hyps, refs), "n": len(pairs), "hypotheses": hyps,
-            "correct": [" ".join(h.split()) == " ".join(r.split()) for h, r in zip(hyps, refs)]}
+    return {
+        "exact_match": exact_match(hyps, refs),
+        "bleu": (bleu([toks(h) for h in hyps], ref_toks, tokenize="none") if has_4grams else None),
+        "chrf": chrf(hyps, refs),
+        "n": len(pairs),
+        "hypotheses": hyps,
+        "correct": [" ".join(h.split()) == " ".join(r.split()) for h, r in zip(hyps, refs)],
+    }

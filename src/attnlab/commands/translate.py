@@ -25,78 +25,144 @@ def register(groups) -> None:
     from attnlab.train import add_train_args
 
     p = groups["train"].add_parser(
-        "translate", help="train a translation model (RNN, RNN + attention, Transformer)",
+        "translate",
+        help="train a translation model (RNN, RNN + attention, Transformer)",
         description="Train an encoder-decoder on generated numbers/dates or a TSV parallel file. "
         "Defaults: transformer = label smoothing 0.1, inverse-square-root schedule with warm-up, "
-        "Adam betas (0.9, 0.98); RNNs = cosine schedule, no smoothing.")
+        "Adam betas (0.9, 0.98); RNNs = cosine schedule, no smoothing.",
+    )
     d = p.add_argument_group("data")
-    d.add_argument("--task", choices=["numbers", "dates", "tsv"], default="numbers",
-                   help="numbers: English number words -> --lang words; dates: human-written "
-                   "dates -> ISO; tsv: your own source<TAB>target file (--data)")
+    d.add_argument(
+        "--task",
+        choices=["numbers", "dates", "tsv"],
+        default="numbers",
+        help="numbers: English number words -> --lang words; dates: human-written "
+        "dates -> ISO; tsv: your own source<TAB>target file (--data)",
+    )
     d.add_argument("--lang", default="it", help="numbers: target language (it, fr, de, ...)")
     d.add_argument("--low", type=int, default=0, help="numbers: smallest number (default 0)")
-    d.add_argument("--high", type=int, default=999_999,
-                   help="numbers: largest number; controls source length (default 999999)")
-    d.add_argument("--n-examples", type=int, default=20_000,
-                   help="numbers/dates: pairs to generate (default 20000)")
+    d.add_argument(
+        "--high",
+        type=int,
+        default=999_999,
+        help="numbers: largest number; controls source length (default 999999)",
+    )
+    d.add_argument(
+        "--n-examples",
+        type=int,
+        default=20_000,
+        help="numbers/dates: pairs to generate (default 20000)",
+    )
     d.add_argument("--data", help="tsv: path of the parallel file")
-    d.add_argument("--src-level", choices=["word", "char", "bpe"], default=None,
-                   help="source vocabulary level (default per task)")
-    d.add_argument("--tgt-level", choices=["word", "char", "bpe"], default=None,
-                   help="target vocabulary level (default per task)")
+    d.add_argument(
+        "--src-level",
+        choices=["word", "char", "bpe"],
+        default=None,
+        help="source vocabulary level (default per task)",
+    )
+    d.add_argument(
+        "--tgt-level",
+        choices=["word", "char", "bpe"],
+        default=None,
+        help="target vocabulary level (default per task)",
+    )
     d.add_argument("--bpe-vocab", type=int, default=200, help="BPE vocabulary size")
-    d.add_argument("--max-len", type=int, default=64,
-                   help="drop pairs longer than this many tokens (default 64)")
+    d.add_argument(
+        "--max-len",
+        type=int,
+        default=64,
+        help="drop pairs longer than this many tokens (default 64)",
+    )
     d.add_argument("--keep-case", action="store_true", help="do not lower-case the text")
     m = p.add_argument_group("model")
     m.add_argument("--model", choices=MODEL_KINDS, default="transformer")
-    m.add_argument("--preset", default=None,
-                   help="model size preset (transformer: tiny, small, vaswani, vaswani-big; "
-                   "rnn: tiny, small, base; default: small)")
+    m.add_argument(
+        "--preset",
+        default=None,
+        help="model size preset (transformer: tiny, small, vaswani, vaswani-big; "
+        "rnn: tiny, small, base; default: small)",
+    )
     m.add_argument("--cell", choices=["gru", "lstm"], default=None, help="RNN cell (default gru)")
-    m.add_argument("--norm-position", choices=["pre", "post"], default=None,
-                   help="transformer: post-norm (paper, default) or pre-norm")
-    m.add_argument("--position", choices=["sinusoidal", "learned", "rope", "none"], default=None,
-                   help="transformer: positions (default sinusoidal)")
-    add_train_args(p, steps=2000, batch_size=64, lr=1e-3, warmup=200, eval_every=250,
-                   label_smoothing=None, schedule=None)
+    m.add_argument(
+        "--norm-position",
+        choices=["pre", "post"],
+        default=None,
+        help="transformer: post-norm (paper, default) or pre-norm",
+    )
+    m.add_argument(
+        "--position",
+        choices=["sinusoidal", "learned", "rope", "none"],
+        default=None,
+        help="transformer: positions (default sinusoidal)",
+    )
+    add_train_args(
+        p,
+        steps=2000,
+        batch_size=64,
+        lr=1e-3,
+        warmup=200,
+        eval_every=250,
+        label_smoothing=None,
+        schedule=None,
+    )
     p.set_defaults(func=_run_train)
 
     t = groups["top"].add_parser(
-        "translate", help="translate sentences with a trained run",
+        "translate",
+        help="translate sentences with a trained run",
         description="Translate sentences (arguments or --file, one per line) with a run made by "
-        "'attnlab train translate'; print one translation per line.")
+        "'attnlab train translate'; print one translation per line.",
+    )
     t.add_argument("run_dir", help="run directory")
     t.add_argument("text", nargs="*", help="sentence(s) to translate")
     t.add_argument("--file", help="translate every non-empty line of this file ('-' = stdin)")
     t.add_argument("--beam", type=int, default=1, help="beam width (1 = greedy; default 1)")
-    t.add_argument("--alpha", type=float, default=0.6,
-                   help="length penalty exponent for beam search (default 0.6; 0 = none)")
-    t.add_argument("--attention", metavar="PNG",
-                   help="write the alignment heatmap of the (single) sentence to PNG "
-                   "(transformer: head average of --layer, plus PNG-stem.layerN.png per layer)")
+    t.add_argument(
+        "--alpha",
+        type=float,
+        default=0.6,
+        help="length penalty exponent for beam search (default 0.6; 0 = none)",
+    )
+    t.add_argument(
+        "--attention",
+        metavar="PNG",
+        help="write the alignment heatmap of the (single) sentence to PNG "
+        "(transformer: head average of --layer, plus PNG-stem.layerN.png per layer)",
+    )
     t.add_argument("--layer", type=int, default=-1, help="transformer: layer for --attention")
     t.add_argument("--weights", choices=["best", "last"], default="best")
-    t.add_argument("--allow-unk", action="store_true",
-                   help="translate sentences with unknown words instead of refusing")
+    t.add_argument(
+        "--allow-unk",
+        action="store_true",
+        help="translate sentences with unknown words instead of refusing",
+    )
     t.add_argument("--batch-size", type=int, default=64)
     t.add_argument("--scores", action="store_true", help="print the score after each line")
     t.set_defaults(func=_run_translate)
 
     e = groups["experiment"].add_parser(
-        "bottleneck", help="fixed-context RNN vs RNN + attention vs Transformer by source length",
+        "bottleneck",
+        help="fixed-context RNN vs RNN + attention vs Transformer by source length",
         description="Train rnn, rnn-attn and transformer on the numbers task with the same "
-        "budget; report exact match and BLEU by source length (table + plot).")
+        "budget; report exact match and BLEU by source length (table + plot).",
+    )
     e.add_argument("--out", default="runs/bottleneck", help="output directory")
     e.add_argument("--lang", default="it")
-    e.add_argument("--high", type=int, default=10**15 - 1,
-                   help="largest number (sets the longest source: 29 words for the default "
-                   "10^15 - 1)")
+    e.add_argument(
+        "--high",
+        type=int,
+        default=10**15 - 1,
+        help="largest number (sets the longest source: 29 words for the default 10^15 - 1)",
+    )
     e.add_argument("--rnn-preset", default="tiny", help="size of both RNNs (default tiny)")
     e.add_argument("--transformer-preset", default="tiny")
     e.add_argument("--n-examples", type=int, default=30_000)
-    e.add_argument("--max-time", type=float, default=None,
-                   help="seconds of training per model (default: use --steps)")
+    e.add_argument(
+        "--max-time",
+        type=float,
+        default=None,
+        help="seconds of training per model (default: use --steps)",
+    )
     e.add_argument("--steps", type=int, default=1500, help="steps per model (default 1500)")
     e.add_argument("--batch-size", type=int, default=64)
     e.add_argument("--device", default="auto")
@@ -117,16 +183,39 @@ def _run_train(args: argparse.Namespace) -> int:
     from attnlab.train import train, train_config_from_args
     from attnlab.translate import build_model, train_defaults
 
-    data = build_data(DataConfig(
-        task=args.task, lang=args.lang, low=args.low, high=args.high, n_examples=args.n_examples,
-        path=args.data, src_level=args.src_level, tgt_level=args.tgt_level,
-        bpe_vocab_size=args.bpe_vocab, max_len=args.max_len, lowercase=not args.keep_case,
-        seed=args.seed))
-    overrides = {k: v for k, v in {"cell": args.cell, "norm_position": args.norm_position,
-                                   "position": args.position}.items() if v is not None}
-    model = build_model(args.model, len(data.src_vocab), len(data.tgt_vocab), preset=args.preset,
-                        max_seq_len=2 * max(data.stats["max_src_len"], data.stats["max_tgt_len"])
-                        + 16, **overrides)
+    data = build_data(
+        DataConfig(
+            task=args.task,
+            lang=args.lang,
+            low=args.low,
+            high=args.high,
+            n_examples=args.n_examples,
+            path=args.data,
+            src_level=args.src_level,
+            tgt_level=args.tgt_level,
+            bpe_vocab_size=args.bpe_vocab,
+            max_len=args.max_len,
+            lowercase=not args.keep_case,
+            seed=args.seed,
+        )
+    )
+    overrides = {
+        k: v
+        for k, v in {
+            "cell": args.cell,
+            "norm_position": args.norm_position,
+            "position": args.position,
+        }.items()
+        if v is not None
+    }
+    model = build_model(
+        args.model,
+        len(data.src_vocab),
+        len(data.tgt_vocab),
+        preset=args.preset,
+        max_seq_len=2 * max(data.stats["max_src_len"], data.stats["max_tgt_len"]) + 16,
+        **overrides,
+    )
     defaults = train_defaults(args.model)
     fill = {k: v for k, v in defaults.items() if getattr(args, k, None) is None}
     cfg = train_config_from_args(args, **fill)
@@ -135,11 +224,15 @@ def _run_train(args: argparse.Namespace) -> int:
     last = result.history[-1] if result.history else {}
     extra = "".join(f", {k} {last[k]:.3f}" for k in ("val_exact", "val_bleu") if k in last)
     val = "n/a" if result.val_loss is None else f"{result.val_loss:.3f}"
-    print(f"trained {args.model} ({sum(p.numel() for p in model.parameters()):,} parameters) "
-          f"for {result.steps} steps in {result.elapsed:.0f}s: train loss "
-          f"{result.final_train_loss:.3f}, val loss {val}{extra}")
-    print(f"run saved in {result.run_dir}; try: attnlab translate {result.run_dir} "
-          f"\"{data.splits['test'][0][0]}\"")
+    print(
+        f"trained {args.model} ({sum(p.numel() for p in model.parameters()):,} parameters) "
+        f"for {result.steps} steps in {result.elapsed:.0f}s: train loss "
+        f"{result.final_train_loss:.3f}, val loss {val}{extra}"
+    )
+    print(
+        f"run saved in {result.run_dir}; try: attnlab translate {result.run_dir} "
+        f'"{data.splits["test"][0][0]}"'
+    )
     return 0
 
 
@@ -183,9 +276,16 @@ def _run_translate(args: argparse.Namespace) -> int:
     if args.attention and len(texts) != 1:
         raise UserError(f"--attention draws one sentence; got {len(texts)}")
     model, vocabs = _load(args.run_dir, args.weights)
-    res = translate_texts(model, vocabs, texts, beam=args.beam, alpha=args.alpha,
-                          batch_size=args.batch_size, need_weights=bool(args.attention),
-                          strict=not args.allow_unk)
+    res = translate_texts(
+        model,
+        vocabs,
+        texts,
+        beam=args.beam,
+        alpha=args.alpha,
+        batch_size=args.batch_size,
+        need_weights=bool(args.attention),
+        strict=not args.allow_unk,
+    )
     for r in res:
         print(f"{r.text}\t{r.score:.3f}" if args.scores else r.text)
     if args.attention:
@@ -197,8 +297,10 @@ def _plot_alignment(model, r, path: str, layer: int) -> None:
     from attnlab.viz.attention import plot_attention, plot_attention_grid
 
     if r.alignment is None:
-        raise UserError(f"model kind {model.kind!r} has no attention to draw (the fixed-context "
-                        "rnn sees only the final encoder state); use rnn-attn or transformer")
+        raise UserError(
+            f"model kind {model.kind!r} has no attention to draw (the fixed-context "
+            "rnn sees only the final encoder state); use rnn-attn or transformer"
+        )
     a = r.alignment  # (L, H, T, S)
     L = a.shape[0]
     if not -L <= layer < L:
@@ -208,13 +310,19 @@ def _plot_alignment(model, r, path: str, layer: int) -> None:
         plot_attention(a[0, 0], path, rows=r.out_tokens, cols=r.src_tokens, title=title)
         print(f"alignment written to {path}")
         return
-    plot_attention(a[layer].mean(0), path, rows=r.out_tokens, cols=r.src_tokens,
-                   title=f"{title} (layer {layer % L}, head average)")
+    plot_attention(
+        a[layer].mean(0),
+        path,
+        rows=r.out_tokens,
+        cols=r.src_tokens,
+        title=f"{title} (layer {layer % L}, head average)",
+    )
     stem = Path(path)
     for i in range(L):
         p = stem.with_name(f"{stem.stem}.layer{i}{stem.suffix or '.png'}")
-        plot_attention_grid(a[i], p, rows=r.out_tokens, cols=r.src_tokens,
-                            title=f"cross-attention, layer {i}")
+        plot_attention_grid(
+            a[i], p, rows=r.out_tokens, cols=r.src_tokens, title=f"cross-attention, layer {i}"
+        )
     print(f"alignment written to {path} (+ {L} per-layer head grids next to it)")
 
 
@@ -229,18 +337,29 @@ def _run_eval(args: argparse.Namespace) -> int:
         pairs = pairs[: args.max_batches * args.batch_size]
     res = evaluate_pairs(model, vocabs, pairs, batch_size=args.batch_size)
     b = "n/a (targets shorter than 4 tokens)" if res["bleu"] is None else f"{res['bleu']:.2f}"
-    print(f"held-out ({res['n']} sentences, greedy): exact match {res['exact_match']:.4f}, "
-          f"BLEU {b}, chrF {res['chrf']:.2f}")
+    print(
+        f"held-out ({res['n']} sentences, greedy): exact match {res['exact_match']:.4f}, "
+        f"BLEU {b}, chrF {res['chrf']:.2f}"
+    )
     return 0
 
 
 def _run_bottleneck(args: argparse.Namespace) -> int:
     from attnlab.experiments.bottleneck import BottleneckConfig, format_table, run_bottleneck
 
-    cfg = BottleneckConfig(lang=args.lang, high=args.high, n_examples=args.n_examples,
-                           rnn_preset=args.rnn_preset, transformer_preset=args.transformer_preset,
-                           steps=args.steps, max_time=args.max_time, batch_size=args.batch_size,
-                           device=args.device, seed=args.seed, progress=args.progress)
+    cfg = BottleneckConfig(
+        lang=args.lang,
+        high=args.high,
+        n_examples=args.n_examples,
+        rnn_preset=args.rnn_preset,
+        transformer_preset=args.transformer_preset,
+        steps=args.steps,
+        max_time=args.max_time,
+        batch_size=args.batch_size,
+        device=args.device,
+        seed=args.seed,
+        progress=args.progress,
+    )
     result = run_bottleneck(cfg, args.out, overwrite=args.overwrite)
     print(format_table(result))
     print(f"\n{result['summary']}")

@@ -131,8 +131,14 @@ class Vocab:
 
     # -- construction
     @classmethod
-    def build(cls, texts: Iterable[str], level: str = "word", *, min_freq: int = 1,
-              bpe_vocab_size: int = 200) -> Vocab:
+    def build(
+        cls,
+        texts: Iterable[str],
+        level: str = "word",
+        *,
+        min_freq: int = 1,
+        bpe_vocab_size: int = 200,
+    ) -> Vocab:
         """Collect a vocabulary from (already normalised) training texts.
 
         Args:
@@ -148,8 +154,9 @@ class Vocab:
             tok = Tokenizer(models.BPE(unk_token=UNK))
             tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
             tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-            trainer = trainers.BpeTrainer(vocab_size=bpe_vocab_size, special_tokens=list(SPECIALS),
-                                          show_progress=False)
+            trainer = trainers.BpeTrainer(
+                vocab_size=bpe_vocab_size, special_tokens=list(SPECIALS), show_progress=False
+            )
             tok.train_from_iterator(texts, trainer)
             vocab = tok.get_vocab()
             itos = sorted(vocab, key=vocab.get)
@@ -159,8 +166,10 @@ class Vocab:
         counts: Counter[str] = Counter()
         for t in texts:
             counts.update(_split(t, level))
-        kept = sorted((t for t, c in counts.items() if c >= min_freq and t not in SPECIALS),
-                      key=lambda t: (-counts[t], t))
+        kept = sorted(
+            (t for t, c in counts.items() if c >= min_freq and t not in SPECIALS),
+            key=lambda t: (-counts[t], t),
+        )
         return cls(level, [*SPECIALS, *kept])
 
     def to_dict(self) -> dict:
@@ -192,12 +201,24 @@ class Vocab:
         if strict:
             unknown = [t for t, i in zip(toks, ids) if i == UNK_ID]
             if self._bpe is not None and unknown:  # BPE marks unknown characters as <unk> itself
-                unknown = sorted({c for c in text if c != " " and self._bpe.token_to_id(c) is None
-                                  and self._bpe.token_to_id("▁" + c) is None}) or unknown
+                unknown = (
+                    sorted(
+                        {
+                            c
+                            for c in text
+                            if c != " "
+                            and self._bpe.token_to_id(c) is None
+                            and self._bpe.token_to_id("▁" + c) is None
+                        }
+                    )
+                    or unknown
+                )
             if unknown:
                 shown = ", ".join(repr(u) for u in list(dict.fromkeys(unknown))[:10])
-                raise UserError(f"unknown {self.level} token(s) in {text!r}: {shown} "
-                                f"(not in the {len(self)}-token training vocabulary)")
+                raise UserError(
+                    f"unknown {self.level} token(s) in {text!r}: {shown} "
+                    f"(not in the {len(self)}-token training vocabulary)"
+                )
         return ids
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -245,8 +266,10 @@ def number_languages() -> list[str]:
 def _check_lang(lang: str) -> None:
     langs = number_languages()
     if lang not in langs:
-        raise UserError(f"unknown language {lang!r} for the numbers task; choose from "
-                        f"{', '.join(langs)} (e.g. it, fr, de)")
+        raise UserError(
+            f"unknown language {lang!r} for the numbers task; choose from "
+            f"{', '.join(langs)} (e.g. it, fr, de)"
+        )
 
 
 def _sample_numbers(rng: random.Random, low: int, high: int, n: int) -> list[int]:
@@ -273,8 +296,9 @@ def _sample_numbers(rng: random.Random, low: int, high: int, n: int) -> list[int
     return out
 
 
-def make_numbers(lang: str, n: int, *, low: int = 0, high: int = 999_999,
-                 seed: int = 0) -> list[tuple[str, str]]:
+def make_numbers(
+    lang: str, n: int, *, low: int = 0, high: int = 999_999, seed: int = 0
+) -> list[tuple[str, str]]:
     """``n`` distinct ``(english words, <lang> words)`` pairs for numbers in ``[low, high]``.
 
     Raises:
@@ -286,8 +310,10 @@ def make_numbers(lang: str, n: int, *, low: int = 0, high: int = 999_999,
     if low < 0 or high < low:
         raise UserError(f"number range must satisfy 0 <= low <= high, got low={low}, high={high}")
     rng = random.Random(f"numbers-{lang}-{seed}")
-    return [(num2words(x, lang="en"), num2words(x, lang=lang))
-            for x in _sample_numbers(rng, low, high, n)]
+    return [
+        (num2words(x, lang="en"), num2words(x, lang=lang))
+        for x in _sample_numbers(rng, low, high, n)
+    ]
 
 
 _MONTHS = [calendar.month_name[i].lower() for i in range(1, 13)]  # C locale: English names
@@ -317,8 +343,9 @@ _DATE_FORMATS = [
 ]
 
 
-def make_dates(n: int, *, start: str = "1950-01-01", end: str = "2049-12-31",
-               seed: int = 0) -> list[tuple[str, str]]:
+def make_dates(
+    n: int, *, start: str = "1950-01-01", end: str = "2049-12-31", seed: int = 0
+) -> list[tuple[str, str]]:
     """``n`` ``(human-written date, ISO YYYY-MM-DD)`` pairs with dates in ``[start, end]``.
 
     Two-digit years are only produced for dates in 1950-2049, where they are unambiguous.
@@ -334,8 +361,11 @@ def make_dates(n: int, *, start: str = "1950-01-01", end: str = "2049-12-31",
     pairs = []
     for _ in range(n):
         d = d0 + dt.timedelta(days=rng.randint(0, span))
-        fmts = _DATE_FORMATS if 1950 <= d.year <= 2049 else [
-            f for i, f in enumerate(_DATE_FORMATS) if i not in (5, 10)]
+        fmts = (
+            _DATE_FORMATS
+            if 1950 <= d.year <= 2049
+            else [f for i, f in enumerate(_DATE_FORMATS) if i not in (5, 10)]
+        )
         pairs.append((rng.choice(fmts)(d), d.isoformat()))
     return pairs
 
@@ -366,8 +396,10 @@ def read_tsv(path: str | Path, *, src_col: int = 0, tgt_col: int = 1) -> list[tu
                 continue
             cols = line.split("\t")
             if len(cols) < need:
-                raise UserError(f"{path}:{lineno}: expected at least {need} tab-separated columns "
-                                f"(source<TAB>target), found {len(cols)}: {line[:60]!r}")
+                raise UserError(
+                    f"{path}:{lineno}: expected at least {need} tab-separated columns "
+                    f"(source<TAB>target), found {len(cols)}: {line[:60]!r}"
+                )
             src, tgt = cols[src_col].strip(), cols[tgt_col].strip()
             if not src or not tgt:
                 side = "source" if not src else "target"
@@ -436,10 +468,15 @@ class DataConfig:
         for lvl in (self.src_level, self.tgt_level):
             if lvl not in LEVELS:
                 raise UserError(f"unknown vocabulary level {lvl!r}; choose from {list(LEVELS)}")
-        if not (0 <= self.val_frac < 1 and 0 <= self.test_frac < 1
-                and self.val_frac + self.test_frac < 1):
-            raise UserError(f"val_frac={self.val_frac}, test_frac={self.test_frac} must be in "
-                            "[0, 1) with a sum below 1")
+        if not (
+            0 <= self.val_frac < 1
+            and 0 <= self.test_frac < 1
+            and self.val_frac + self.test_frac < 1
+        ):
+            raise UserError(
+                f"val_frac={self.val_frac}, test_frac={self.test_frac} must be in "
+                "[0, 1) with a sum below 1"
+            )
         if self.n_examples < 3:
             raise UserError(f"n_examples must be at least 3, got {self.n_examples}")
         if self.min_len < 1 or self.max_len < self.min_len:
@@ -470,8 +507,10 @@ class TranslationData:
     def encoded(self, split: str) -> tuple[list[list[int]], list[list[int]]]:
         """Source and target id lists of a split (targets without ``<start>``/``<end>``)."""
         pairs = self.splits[split]
-        return ([self.src_vocab.encode(s) for s, _ in pairs],
-                [self.tgt_vocab.encode(t) for _, t in pairs])
+        return (
+            [self.src_vocab.encode(s) for s, _ in pairs],
+            [self.tgt_vocab.encode(t) for _, t in pairs],
+        )
 
 
 def build_data(config: DataConfig) -> TranslationData:
@@ -504,25 +543,45 @@ def build_data(config: DataConfig) -> TranslationData:
         else:
             n_filtered += 1
     if len(kept) < 3:
-        raise UserError(f"only {len(kept)} sentence pairs left after length filtering "
-                        f"(min_len={c.min_len}, max_len={c.max_len}); need at least 3")
+        raise UserError(
+            f"only {len(kept)} sentence pairs left after length filtering "
+            f"(min_len={c.min_len}, max_len={c.max_len}); need at least 3"
+        )
     random.Random(f"split-{c.seed}").shuffle(kept)
     n_val = max(1, round(c.val_frac * len(kept))) if c.val_frac > 0 else 0
     n_test = max(1, round(c.test_frac * len(kept))) if c.test_frac > 0 else 0
-    splits = {"val": kept[:n_val], "test": kept[n_val:n_val + n_test],
-              "train": kept[n_val + n_test:]}
+    splits = {
+        "val": kept[:n_val],
+        "test": kept[n_val : n_val + n_test],
+        "train": kept[n_val + n_test :],
+    }
     if not splits["train"]:
-        raise UserError(f"no training pairs left ({len(kept)} pairs, val_frac={c.val_frac}, "
-                        f"test_frac={c.test_frac})")
-    src_vocab = Vocab.build((s for s, _ in splits["train"]), c.src_level, min_freq=c.min_freq,
-                            bpe_vocab_size=c.bpe_vocab_size)
-    tgt_vocab = Vocab.build((t for _, t in splits["train"]), c.tgt_level, min_freq=c.min_freq,
-                            bpe_vocab_size=c.bpe_vocab_size)
+        raise UserError(
+            f"no training pairs left ({len(kept)} pairs, val_frac={c.val_frac}, "
+            f"test_frac={c.test_frac})"
+        )
+    src_vocab = Vocab.build(
+        (s for s, _ in splits["train"]),
+        c.src_level,
+        min_freq=c.min_freq,
+        bpe_vocab_size=c.bpe_vocab_size,
+    )
+    tgt_vocab = Vocab.build(
+        (t for _, t in splits["train"]),
+        c.tgt_level,
+        min_freq=c.min_freq,
+        bpe_vocab_size=c.bpe_vocab_size,
+    )
     data = TranslationData(c, splits, src_vocab, tgt_vocab, n_filtered)
     src_lens = [len(src_vocab.tokenize(s)) for s, _ in kept]
     tgt_lens = [len(tgt_vocab.tokenize(t)) for _, t in kept]
-    data.stats = {"pairs": len(kept), "filtered": n_filtered, "max_src_len": max(src_lens),
-                  "max_tgt_len": max(tgt_lens), **{f"n_{k}": len(v) for k, v in splits.items()}}
+    data.stats = {
+        "pairs": len(kept),
+        "filtered": n_filtered,
+        "max_src_len": max(src_lens),
+        "max_tgt_len": max(tgt_lens),
+        **{f"n_{k}": len(v) for k, v in splits.items()},
+    }
     if n_filtered:
         log.info("dropped %d pairs outside the length limits", n_filtered)
     return data
@@ -545,8 +604,9 @@ class Batch:
         return Batch(*(t.to(device) for t in (self.src, self.src_mask, self.tgt_in, self.tgt_out)))
 
 
-def collate(src_ids: Sequence[Sequence[int]],
-            tgt_ids: Sequence[Sequence[int]] | None = None) -> Batch:
+def collate(
+    src_ids: Sequence[Sequence[int]], tgt_ids: Sequence[Sequence[int]] | None = None
+) -> Batch:
     """Pad id lists into a :class:`Batch` (without targets ``tgt_in``/``tgt_out`` are empty)."""
     B = len(src_ids)
     S = max(1, max(len(s) for s in src_ids))
@@ -586,8 +646,9 @@ class TranslationTask:
     def max_tgt_len(self) -> int:
         return int(self.data.stats["max_tgt_len"])
 
-    def get_batch(self, split: str, step: int, batch_size: int, rank: int = 0,
-                  world: int = 1) -> Batch:
+    def get_batch(
+        self, split: str, step: int, batch_size: int, rank: int = 0, world: int = 1
+    ) -> Batch:
         """``batch_size // world`` random examples of ``split``.
 
         Deterministic in (seed, split, step, rank).
@@ -598,7 +659,8 @@ class TranslationTask:
         n = max(1, batch_size // world)
         split_code = {"train": 0, "val": 1, "test": 2}.get(split, 3)
         g = torch.Generator().manual_seed(
-            ((self.data.config.seed * 4 + split_code) * 1_000_003 + step) * 64 + rank)
+            ((self.data.config.seed * 4 + split_code) * 1_000_003 + step) * 64 + rank
+        )
         idx = torch.randint(len(src), (n,), generator=g).tolist()
         return collate([src[i] for i in idx], [tgt[i] for i in idx])
 
@@ -606,8 +668,12 @@ class TranslationTask:
         """Token cross-entropy with label smoothing ``cfg.label_smoothing``; padding ignored."""
         logits = model(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
         target = batch.tgt_out.masked_fill(batch.tgt_out == PAD_ID, -100)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), target.flatten(), ignore_index=-100,
-                               label_smoothing=float(getattr(cfg, "label_smoothing", 0.0)))
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            target.flatten(),
+            ignore_index=-100,
+            label_smoothing=float(getattr(cfg, "label_smoothing", 0.0)),
+        )
         with torch.no_grad():
             real = target != -100
             acc = ((logits.argmax(-1) == target) & real).sum() / real.sum().clamp(min=1)
@@ -631,12 +697,20 @@ class TranslationTask:
         from attnlab.runs import atomic_write_text
 
         run_dir = Path(run_dir)
-        atomic_write_text(run_dir / "vocab.json", json.dumps({
-            "src": self.data.src_vocab.to_dict(), "tgt": self.data.tgt_vocab.to_dict(),
-            "normalizer": asdict(self.data.config.normalizer()),
-            "max_tgt_len": self.max_tgt_len}))
-        atomic_write_text(run_dir / "heldout.tsv",
-                          "".join(f"{s}\t{t}\n" for s, t in self.data.splits["test"]))
+        atomic_write_text(
+            run_dir / "vocab.json",
+            json.dumps(
+                {
+                    "src": self.data.src_vocab.to_dict(),
+                    "tgt": self.data.tgt_vocab.to_dict(),
+                    "normalizer": asdict(self.data.config.normalizer()),
+                    "max_tgt_len": self.max_tgt_len,
+                }
+            ),
+        )
+        atomic_write_text(
+            run_dir / "heldout.tsv", "".join(f"{s}\t{t}\n" for s, t in self.data.splits["test"])
+        )
 
     def evaluate(self, model) -> dict[str, float]:
         """Greedy exact match, chrF and BLEU on the first ``eval_examples`` validation sentences."""
@@ -644,10 +718,15 @@ class TranslationTask:
             return {}
         from attnlab.translate import evaluate_pairs
 
-        vocabs = TranslationVocabs(self.data.src_vocab, self.data.tgt_vocab,
-                                   self.data.config.normalizer(), self.max_tgt_len)
-        res = evaluate_pairs(model, vocabs, self.data.splits["val"][: self.eval_examples],
-                             beam=1, batch_size=128)
+        vocabs = TranslationVocabs(
+            self.data.src_vocab,
+            self.data.tgt_vocab,
+            self.data.config.normalizer(),
+            self.max_tgt_len,
+        )
+        res = evaluate_pairs(
+            model, vocabs, self.data.splits["val"][: self.eval_examples], beam=1, batch_size=128
+        )
         out = {"val_exact": res["exact_match"], "val_chrf": res["chrf"]}
         if res["bleu"] is not None:
             out["val_bleu"] = res["bleu"]
@@ -686,7 +765,11 @@ def load_vocabs(run_dir: str | Path) -> TranslationVocabs:
         raise UserError(f"{run_dir} has no vocab.json (not a translation run?)")
     try:
         d = json.loads(path.read_text())
-        return TranslationVocabs(Vocab.from_dict(d["src"]), Vocab.from_dict(d["tgt"]),
-                                 Normalizer(**d["normalizer"]), int(d.get("max_tgt_len", 64)))
+        return TranslationVocabs(
+            Vocab.from_dict(d["src"]),
+            Vocab.from_dict(d["tgt"]),
+            Normalizer(**d["normalizer"]),
+            int(d.get("max_tgt_len", 64)),
+        )
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise UserError(f"{path} is corrupted: {err}") from None

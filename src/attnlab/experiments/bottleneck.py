@@ -88,26 +88,47 @@ def run_bottleneck(cfg: BottleneckConfig, out_dir: str | Path, *, overwrite: boo
     out = Path(out_dir)
     if (out / "results.json").exists() and not overwrite:
         raise RunDirError(f"{out} already holds bottleneck results; pass --overwrite")
-    data = build_data(DataConfig(task="numbers", lang=cfg.lang, low=cfg.low, high=cfg.high,
-                                 n_examples=cfg.n_examples, seed=cfg.seed))
+    data = build_data(
+        DataConfig(
+            task="numbers",
+            lang=cfg.lang,
+            low=cfg.low,
+            high=cfg.high,
+            n_examples=cfg.n_examples,
+            seed=cfg.seed,
+        )
+    )
     test = data.splits["test"][: cfg.max_test]
     lengths = [len(s.split()) for s, _ in test]
     bucket_of = [_bucket(n, cfg.bucket_width) for n in lengths]
     buckets = sorted(set(bucket_of), key=lambda b: int(b.split("-")[0]))
-    vocabs = TranslationVocabs(data.src_vocab, data.tgt_vocab, data.config.normalizer(),
-                               int(data.stats["max_tgt_len"]))
+    vocabs = TranslationVocabs(
+        data.src_vocab, data.tgt_vocab, data.config.normalizer(), int(data.stats["max_tgt_len"])
+    )
     max_seq = 2 * max(data.stats["max_src_len"], data.stats["max_tgt_len"]) + 16
     results: dict = {"config": asdict(cfg), "data": data.stats, "buckets": buckets, "models": {}}
     for kind in cfg.models:
         is_tf = kind == "transformer"
-        model = build_model(kind, len(data.src_vocab), len(data.tgt_vocab),
-                            preset=cfg.transformer_preset if is_tf else cfg.rnn_preset,
-                            max_seq_len=max_seq)
-        tcfg = TrainConfig(steps=cfg.steps, max_time=cfg.max_time, batch_size=cfg.batch_size,
-                           lr=cfg.transformer_lr if is_tf else cfg.rnn_lr,
-                           warmup_steps=100 if is_tf else 20, eval_every=10**9, eval_batches=5,
-                           device=cfg.device, seed=cfg.seed, progress=cfg.progress,
-                           **train_defaults(kind))
+        model = build_model(
+            kind,
+            len(data.src_vocab),
+            len(data.tgt_vocab),
+            preset=cfg.transformer_preset if is_tf else cfg.rnn_preset,
+            max_seq_len=max_seq,
+        )
+        tcfg = TrainConfig(
+            steps=cfg.steps,
+            max_time=cfg.max_time,
+            batch_size=cfg.batch_size,
+            lr=cfg.transformer_lr if is_tf else cfg.rnn_lr,
+            warmup_steps=100 if is_tf else 20,
+            eval_every=10**9,
+            eval_batches=5,
+            device=cfg.device,
+            seed=cfg.seed,
+            progress=cfg.progress,
+            **train_defaults(kind),
+        )
         task = TranslationTask(data, eval_examples=0)
         log.info("bottleneck: training %s", kind)
         res = train(model, task, tcfg, out / kind, overwrite=True)
@@ -119,8 +140,11 @@ def run_bottleneck(cfg: BottleneckConfig, out_dir: str | Path, *, overwrite: boo
             per[b] = {"n": len(idx), **sub}
         results["models"][kind] = {
             "overall": {k: ev[k] for k in ("exact_match", "bleu", "chrf", "n")},
-            "buckets": per, "steps": res.steps, "elapsed": res.elapsed,
-            "params": sum(p.numel() for p in model.parameters())}
+            "buckets": per,
+            "steps": res.steps,
+            "elapsed": res.elapsed,
+            "params": sum(p.numel() for p in model.parameters()),
+        }
     results["summary"] = summarise(results)
     out.mkdir(parents=True, exist_ok=True)
     from attnlab.runs import atomic_write_text
@@ -144,8 +168,10 @@ def evaluate_subset(ev: dict, vocabs, pairs, idx: list[int]) -> dict:
     hyps = [toks(ev["hypotheses"][i]) for i in idx]
     refs = [toks(vocabs.normalizer(pairs[i][1])) for i in idx]
     has_4 = any(len(r.split()) >= 4 for r in refs)
-    return {"exact_match": sum(ev["correct"][i] for i in idx) / len(idx),
-            "bleu": bleu(hyps, refs, tokenize="none") if has_4 else None}
+    return {
+        "exact_match": sum(ev["correct"][i] for i in idx) / len(idx),
+        "bleu": bleu(hyps, refs, tokenize="none") if has_4 else None,
+    }
 
 
 def _fmt(x, pct: bool = False) -> str:
@@ -171,19 +197,24 @@ def format_table(results: dict) -> str:
     for k in kinds:
         o = results["models"][k]["overall"]
         cells += [_fmt(o["exact_match"], pct=True), _fmt(o["bleu"])]
-    rows.append(f"| all | {results['models'][kinds[0]]['overall']['n']} | "
-                + " | ".join(cells) + " |")
-    budget = ", ".join(f"{k}: {results['models'][k]['steps']} steps / "
-                       f"{results['models'][k]['elapsed']:.0f}s / "
-                       f"{results['models'][k]['params'] / 1e6:.2f}M params" for k in kinds)
+    rows.append(
+        f"| all | {results['models'][kinds[0]]['overall']['n']} | " + " | ".join(cells) + " |"
+    )
+    budget = ", ".join(
+        f"{k}: {results['models'][k]['steps']} steps / "
+        f"{results['models'][k]['elapsed']:.0f}s / "
+        f"{results['models'][k]['params'] / 1e6:.2f}M params"
+        for k in kinds
+    )
     return "\n".join(rows) + f"\n\nbudget — {budget}"
 
 
 def summarise(results: dict) -> str:
     """One sentence per model: exact match on the shortest vs the longest well-populated bucket."""
     kinds = list(results["models"])
-    populated = [b for b in results["buckets"]
-                 if results["models"][kinds[0]]["buckets"][b]["n"] >= 20] or results["buckets"]
+    populated = [
+        b for b in results["buckets"] if results["models"][kinds[0]]["buckets"][b]["n"] >= 20
+    ] or results["buckets"]
     first, last = populated[0], populated[-1]
     parts = []
     drops = {}
@@ -192,19 +223,23 @@ def summarise(results: dict) -> str:
         z = results["models"][k]["buckets"][last]["exact_match"] or 0.0
         drops[k] = a - z
         parts.append(f"{k}: {100 * a:.1f}% -> {100 * z:.1f}%")
-    text = (f"Exact match from {first}-word to {last}-word sources — " + "; ".join(parts) + ".")
+    text = f"Exact match from {first}-word to {last}-word sources — " + "; ".join(parts) + "."
     if "rnn" in drops and len(drops) > 1:
         others = {k: v for k, v in drops.items() if k != "rnn"}
         worst_other = max(others.values())
         if drops["rnn"] > worst_other + 0.05:
-            text += (" The fixed-context rnn loses the most accuracy as sources get longer "
-                     f"({100 * drops['rnn']:.1f} points vs at most {100 * worst_other:.1f} for "
-                     "the attention models): the bottleneck is visible.")
+            text += (
+                " The fixed-context rnn loses the most accuracy as sources get longer "
+                f"({100 * drops['rnn']:.1f} points vs at most {100 * worst_other:.1f} for "
+                "the attention models): the bottleneck is visible."
+            )
         else:
-            text += (" In this run the fixed-context rnn does not degrade clearly more than the "
-                     f"attention models ({100 * drops['rnn']:.1f} points vs "
-                     f"{100 * worst_other:.1f}); longer sources or a smaller state would be needed "
-                     "to expose the bottleneck.")
+            text += (
+                " In this run the fixed-context rnn does not degrade clearly more than the "
+                f"attention models ({100 * drops['rnn']:.1f} points vs "
+                f"{100 * worst_other:.1f}); longer sources or a smaller state would be needed "
+                "to expose the bottleneck."
+            )
     return text
 
 
@@ -220,8 +255,10 @@ def plot_bottleneck(results: dict, path: str | Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     xs = results["buckets"]
     for k, r in results["models"].items():
-        ys = [None if r["buckets"][b]["exact_match"] is None
-              else 100 * r["buckets"][b]["exact_match"] for b in xs]
+        ys = [
+            None if r["buckets"][b]["exact_match"] is None else 100 * r["buckets"][b]["exact_match"]
+            for b in xs
+        ]
         ax.plot(range(len(xs)), ys, marker="o", label=k)
     ax.set_xticks(range(len(xs)), xs)
     ax.set_xlabel("source length (English words)")

@@ -72,11 +72,15 @@ class RNNSeq2SeqConfig:
     def __post_init__(self) -> None:
         if self.cell not in ("gru", "lstm"):
             raise ValueError(f"unknown cell {self.cell!r}; choose 'gru' or 'lstm'")
-        if min(self.src_vocab_size, self.tgt_vocab_size, self.emb_dim, self.hidden,
-               self.n_layers) < 1:
-            raise ValueError(f"sizes must be positive: src_vocab_size={self.src_vocab_size}, "
-                             f"tgt_vocab_size={self.tgt_vocab_size}, emb_dim={self.emb_dim}, "
-                             f"hidden={self.hidden}, n_layers={self.n_layers}")
+        if (
+            min(self.src_vocab_size, self.tgt_vocab_size, self.emb_dim, self.hidden, self.n_layers)
+            < 1
+        ):
+            raise ValueError(
+                f"sizes must be positive: src_vocab_size={self.src_vocab_size}, "
+                f"tgt_vocab_size={self.tgt_vocab_size}, emb_dim={self.emb_dim}, "
+                f"hidden={self.hidden}, n_layers={self.n_layers}"
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
 
@@ -102,8 +106,9 @@ class RNNSeq2SeqConfig:
             ValueError: unknown preset name.
         """
         if name not in _PRESETS:
-            raise ValueError(f"unknown RNNSeq2SeqConfig preset {name!r}; "
-                             f"choose from {sorted(_PRESETS)}")
+            raise ValueError(
+                f"unknown RNNSeq2SeqConfig preset {name!r}; choose from {sorted(_PRESETS)}"
+            )
         return cls(**{**_PRESETS[name], **overrides})
 
     @staticmethod
@@ -129,8 +134,14 @@ class RNNDecodeState:
         def pick(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.index_select(0, index)
 
-        return RNNDecodeState(pick(self.s), pick(self.cell), pick(self.keys), pick(self.keys_proj),
-                              pick(self.final), pick(self.src_mask))
+        return RNNDecodeState(
+            pick(self.s),
+            pick(self.cell),
+            pick(self.keys),
+            pick(self.keys_proj),
+            pick(self.final),
+            pick(self.src_mask),
+        )
 
 
 class RNNSeq2Seq(nn.Module):
@@ -150,13 +161,19 @@ class RNNSeq2Seq(nn.Module):
         self.src_emb = nn.Embedding(c.src_vocab_size, c.emb_dim, padding_idx=c.pad_id)
         self.tgt_emb = nn.Embedding(c.tgt_vocab_size, c.emb_dim, padding_idx=c.pad_id)
         self.drop = nn.Dropout(c.dropout)
-        self.encoder = rnn_cls(c.emb_dim, c.hidden, num_layers=c.n_layers, batch_first=True,
-                               bidirectional=c.bidirectional,
-                               dropout=c.dropout if c.n_layers > 1 else 0.0)
+        self.encoder = rnn_cls(
+            c.emb_dim,
+            c.hidden,
+            num_layers=c.n_layers,
+            batch_first=True,
+            bidirectional=c.bidirectional,
+            dropout=c.dropout if c.n_layers > 1 else 0.0,
+        )
         self.bridge = nn.Linear(c.enc_dim, c.hidden)  # s_0 = tanh(W_b h_fin)
         self.cell = cell_cls(c.emb_dim + c.enc_dim, c.hidden)
         self.attention: nn.Module | None = (
-            AdditiveAttention(c.hidden, c.enc_dim, c.attn_dim) if self.uses_attention else None)
+            AdditiveAttention(c.hidden, c.enc_dim, c.attn_dim) if self.uses_attention else None
+        )
         self.out = nn.Linear(c.hidden + c.enc_dim, c.tgt_vocab_size)
         self.last_weights: Tensor | None = None  # (B, T, S) after forward(need_weights=True)
 
@@ -164,8 +181,9 @@ class RNNSeq2Seq(nn.Module):
     def encode(self, src: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
         """Encoder states ``(B, S, Hk)`` (zeros at padding) and the final state ``(B, Hk)``."""
         lengths = src_mask.sum(1).clamp(min=1).cpu()
-        packed = pack_padded_sequence(self.drop(self.src_emb(src)), lengths, batch_first=True,
-                                      enforce_sorted=False)
+        packed = pack_padded_sequence(
+            self.drop(self.src_emb(src)), lengths, batch_first=True, enforce_sorted=False
+        )
         out, h = self.encoder(packed)
         keys, _ = pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
         h = h[0] if isinstance(h, tuple) else h  # LSTM: (h, c); the summary is h
@@ -188,8 +206,9 @@ class RNNSeq2Seq(nn.Module):
             return st.final, None
         return self.attention(st.s, st.keys, st.src_mask, keys_proj=st.keys_proj)
 
-    def decode_step(self, prev: Tensor, state: RNNDecodeState, *,
-                    need_weights: bool = False) -> tuple[Tensor, RNNDecodeState]:
+    def decode_step(
+        self, prev: Tensor, state: RNNDecodeState, *, need_weights: bool = False
+    ) -> tuple[Tensor, RNNDecodeState]:
         """Logits ``(B, V)`` of the token after ``prev (B,)``, and the advanced state.
 
         For ``rnn-attn`` the step's attention ``α (B, S)`` is in ``state.weights``.
@@ -200,12 +219,14 @@ class RNNSeq2Seq(nn.Module):
             s, cell = self.cell(x, state.s), None
         else:
             s, cell = self.cell(x, (state.s, state.cell))
-        new = RNNDecodeState(s, cell, state.keys, state.keys_proj, state.final, state.src_mask,
-                             alpha)
+        new = RNNDecodeState(
+            s, cell, state.keys, state.keys_proj, state.final, state.src_mask, alpha
+        )
         return self.out(torch.cat([s, context], dim=-1)), new
 
-    def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, *,
-                need_weights: bool = False) -> Tensor:
+    def forward(
+        self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, *, need_weights: bool = False
+    ) -> Tensor:
         """Teacher-forced logits ``(B, T, V)``: the decoder reads the true previous tokens."""
         state = self.start_decoding(src, src_mask)
         logits, weights = [], []
@@ -213,8 +234,9 @@ class RNNSeq2Seq(nn.Module):
             step, state = self.decode_step(tgt_in[:, t], state)
             logits.append(step)
             weights.append(state.weights)
-        self.last_weights = (torch.stack(weights, 1)
-                             if need_weights and self.attention is not None else None)  # (B, T, S)
+        self.last_weights = (
+            torch.stack(weights, 1) if need_weights and self.attention is not None else None
+        )  # (B, T, S)
         return torch.stack(logits, dim=1)  # (B, T, V)
 
 
@@ -226,5 +248,6 @@ class AttnRNNSeq2Seq(RNNSeq2Seq):
 
 
 register_kind(RNNSeq2Seq.kind, lambda d: RNNSeq2Seq(RNNSeq2SeqConfig.from_dict(d)), load_vocabs)
-register_kind(AttnRNNSeq2Seq.kind, lambda d: AttnRNNSeq2Seq(RNNSeq2SeqConfig.from_dict(d)),
-              load_vocabs)
+register_kind(
+    AttnRNNSeq2Seq.kind, lambda d: AttnRNNSeq2Seq(RNNSeq2SeqConfig.from_dict(d)), load_vocabs
+)

@@ -38,17 +38,45 @@ _POSITIONS = ("sinusoidal", "learned", "rope", "none")
 
 _PRESETS: dict[str, dict[str, Any]] = {
     # Transformer base of the paper (65M parameters with a 37k shared vocabulary)
-    "vaswani": dict(d_model=512, n_heads=8, n_enc_layers=6, n_dec_layers=6, ffn_hidden=2048,
-                    dropout=0.1, max_seq_len=256),
+    "vaswani": dict(
+        d_model=512,
+        n_heads=8,
+        n_enc_layers=6,
+        n_dec_layers=6,
+        ffn_hidden=2048,
+        dropout=0.1,
+        max_seq_len=256,
+    ),
     # Transformer big
-    "vaswani-big": dict(d_model=1024, n_heads=16, n_enc_layers=6, n_dec_layers=6,
-                        ffn_hidden=4096, dropout=0.3, max_seq_len=256),
+    "vaswani-big": dict(
+        d_model=1024,
+        n_heads=16,
+        n_enc_layers=6,
+        n_dec_layers=6,
+        ffn_hidden=4096,
+        dropout=0.3,
+        max_seq_len=256,
+    ),
     # a few minutes of CPU: the numbers/dates tasks
-    "small": dict(d_model=128, n_heads=4, n_enc_layers=3, n_dec_layers=3, ffn_hidden=512,
-                  dropout=0.1, max_seq_len=128),
+    "small": dict(
+        d_model=128,
+        n_heads=4,
+        n_enc_layers=3,
+        n_dec_layers=3,
+        ffn_hidden=512,
+        dropout=0.1,
+        max_seq_len=128,
+    ),
     # seconds of CPU: tests
-    "tiny": dict(d_model=64, n_heads=4, n_enc_layers=2, n_dec_layers=2, ffn_hidden=128,
-                 dropout=0.0, max_seq_len=64),
+    "tiny": dict(
+        d_model=64,
+        n_heads=4,
+        n_enc_layers=2,
+        n_dec_layers=2,
+        ffn_hidden=128,
+        dropout=0.0,
+        max_seq_len=64,
+    ),
 }
 
 
@@ -106,14 +134,19 @@ class Seq2SeqConfig:
 
     def __post_init__(self) -> None:
         if self.src_vocab_size < 1 or self.tgt_vocab_size < 1:
-            raise ValueError(f"vocabulary sizes must be positive, got src={self.src_vocab_size}, "
-                             f"tgt={self.tgt_vocab_size}")
+            raise ValueError(
+                f"vocabulary sizes must be positive, got src={self.src_vocab_size}, "
+                f"tgt={self.tgt_vocab_size}"
+            )
         if self.head_dim is None and self.d_model % self.n_heads != 0:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by "
-                             f"n_heads ({self.n_heads})")
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
         if self.n_enc_layers < 1 or self.n_dec_layers < 1:
-            raise ValueError(f"need at least one layer, got n_enc_layers={self.n_enc_layers}, "
-                             f"n_dec_layers={self.n_dec_layers}")
+            raise ValueError(
+                f"need at least one layer, got n_enc_layers={self.n_enc_layers}, "
+                f"n_dec_layers={self.n_dec_layers}"
+            )
         if self.position not in _POSITIONS:
             raise ValueError(f"unknown position {self.position!r}; choose from {list(_POSITIONS)}")
         if self.norm_position not in ("pre", "post"):
@@ -143,8 +176,9 @@ class Seq2SeqConfig:
             ValueError: unknown preset name.
         """
         if name not in _PRESETS:
-            raise ValueError(f"unknown Seq2SeqConfig preset {name!r}; "
-                             f"choose from {sorted(_PRESETS)}")
+            raise ValueError(
+                f"unknown Seq2SeqConfig preset {name!r}; choose from {sorted(_PRESETS)}"
+            )
         return cls(**{**_PRESETS[name], **overrides})
 
     @staticmethod
@@ -166,9 +200,12 @@ class DecodeState:
         """Keep rows ``index`` (beam search)."""
         for c in (*self.self_caches, *self.cross_caches):
             c.reorder(index)
-        return DecodeState(self.memory.index_select(0, index),
-                           self.src_mask.index_select(0, index), self.self_caches,
-                           self.cross_caches)
+        return DecodeState(
+            self.memory.index_select(0, index),
+            self.src_mask.index_select(0, index),
+            self.self_caches,
+            self.cross_caches,
+        )
 
 
 class Seq2SeqTransformer(nn.Module):
@@ -191,16 +228,31 @@ class Seq2SeqTransformer(nn.Module):
         else:
             self.pos_emb = None  # rope lives inside attention; none = no positions
         self.drop = nn.Dropout(c.dropout)
-        block_kw = dict(n_kv_heads=c.n_kv_heads, head_dim=c.head_dim, ffn=c.ffn,
-                        ffn_hidden=c.ffn_hidden, activation=c.activation, norm=c.norm,
-                        norm_eps=c.norm_eps, norm_position=c.norm_position, bias=c.bias,
-                        qk_norm=c.qk_norm, position="rope" if c.position == "rope" else "none",
-                        rope_theta=c.rope_theta, dropout=c.dropout, attn_dropout=c.attn_dropout,
-                        backend=c.backend, backend_options=c.backend_options)
-        self.encoder = nn.ModuleList(build_block(c.d_model, c.n_heads, **block_kw)
-                                     for _ in range(c.n_enc_layers))
-        self.decoder = nn.ModuleList(build_block(c.d_model, c.n_heads, cross_attention=True,
-                                                 **block_kw) for _ in range(c.n_dec_layers))
+        block_kw = dict(
+            n_kv_heads=c.n_kv_heads,
+            head_dim=c.head_dim,
+            ffn=c.ffn,
+            ffn_hidden=c.ffn_hidden,
+            activation=c.activation,
+            norm=c.norm,
+            norm_eps=c.norm_eps,
+            norm_position=c.norm_position,
+            bias=c.bias,
+            qk_norm=c.qk_norm,
+            position="rope" if c.position == "rope" else "none",
+            rope_theta=c.rope_theta,
+            dropout=c.dropout,
+            attn_dropout=c.attn_dropout,
+            backend=c.backend,
+            backend_options=c.backend_options,
+        )
+        self.encoder = nn.ModuleList(
+            build_block(c.d_model, c.n_heads, **block_kw) for _ in range(c.n_enc_layers)
+        )
+        self.decoder = nn.ModuleList(
+            build_block(c.d_model, c.n_heads, cross_attention=True, **block_kw)
+            for _ in range(c.n_dec_layers)
+        )
 
         def final() -> nn.Module:
             if not c.final_norm:
@@ -221,7 +273,7 @@ class Seq2SeqTransformer(nn.Module):
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
-            nn.init.normal_(m.weight, std=self.config.d_model ** -0.5)
+            nn.init.normal_(m.weight, std=self.config.d_model**-0.5)
             if m.padding_idx is not None:
                 with torch.no_grad():
                     m.weight[m.padding_idx].zero_()
@@ -229,8 +281,10 @@ class Seq2SeqTransformer(nn.Module):
     # -- embeddings
     def _embed(self, emb: nn.Embedding, ids: Tensor, offset: int = 0) -> Tensor:
         if ids.shape[1] + offset > self.config.max_seq_len and self.pos_emb is not None:
-            raise ValueError(f"sequence of length {ids.shape[1] + offset} exceeds "
-                             f"max_seq_len={self.config.max_seq_len}")
+            raise ValueError(
+                f"sequence of length {ids.shape[1] + offset} exceeds "
+                f"max_seq_len={self.config.max_seq_len}"
+            )
         x = emb(ids)  # (B, T, C)
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.config.d_model)
@@ -253,16 +307,28 @@ class Seq2SeqTransformer(nn.Module):
             x = block(x, mask=mask)
         return self.enc_norm(x)
 
-    def run_decoder(self, y: Tensor, memory: Tensor, src_mask: Tensor | None, *,
-                    caches: DecodeState | None = None, need_weights: bool = False) -> Tensor:
+    def run_decoder(
+        self,
+        y: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None,
+        *,
+        caches: DecodeState | None = None,
+        need_weights: bool = False,
+    ) -> Tensor:
         """Decoder stack on embedded ``y (B, T, C)``: causal self-attention, cross-attention to
         ``memory (B, S, C)`` restricted to the real source positions."""
         ctx_mask = None if src_mask is None else src_mask[:, None, None, :]  # (B, 1, 1, S)
         for i, block in enumerate(self.decoder):
-            y = block(y, is_causal=True, context=memory, context_mask=ctx_mask,
-                      cache=None if caches is None else caches.self_caches[i],
-                      cross_cache=None if caches is None else caches.cross_caches[i],
-                      need_weights=need_weights)
+            y = block(
+                y,
+                is_causal=True,
+                context=memory,
+                context_mask=ctx_mask,
+                cache=None if caches is None else caches.self_caches[i],
+                cross_cache=None if caches is None else caches.cross_caches[i],
+                need_weights=need_weights,
+            )
         return self.dec_norm(y)
 
     # -- training
@@ -270,8 +336,9 @@ class Seq2SeqTransformer(nn.Module):
         """``memory (B, S, C)`` for ``src (B, S)``."""
         return self.run_encoder(self.embed_source(src), src_mask)
 
-    def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, *,
-                need_weights: bool = False) -> Tensor:
+    def forward(
+        self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, *, need_weights: bool = False
+    ) -> Tensor:
         """Teacher-forced logits ``(B, T, V)`` for ``tgt_in = <start> y_1 … y_{T-1}``."""
         memory = self.encode(src, src_mask)
         y = self.run_decoder(self.embed_target(tgt_in), memory, src_mask, need_weights=need_weights)
@@ -291,20 +358,23 @@ class Seq2SeqTransformer(nn.Module):
         cross_caches = [b.cross_attn.make_cache(B, S) for b in self.decoder]
         return DecodeState(memory, src_mask, self_caches, cross_caches)
 
-    def decode_step(self, prev: Tensor, state: DecodeState, *,
-                    need_weights: bool = False) -> tuple[Tensor, DecodeState]:
+    def decode_step(
+        self, prev: Tensor, state: DecodeState, *, need_weights: bool = False
+    ) -> tuple[Tensor, DecodeState]:
         """Logits ``(B, V)`` of the next token after ``prev (B,)``; the caches advance one step.
 
         With ``need_weights`` the step's cross-attention ``(L, B, H, S)`` is in ``state.weights``.
         """
         t = state.self_caches[0].length
         y = self.embed_target(prev[:, None], offset=t)  # (B, 1, C)
-        y = self.run_decoder(y, state.memory, state.src_mask, caches=state,
-                             need_weights=need_weights)
+        y = self.run_decoder(
+            y, state.memory, state.src_mask, caches=state, need_weights=need_weights
+        )
         if need_weights:
             state.weights = torch.stack([b.cross_weights[:, :, 0] for b in self.decoder])
         return self.lm_head(y[:, 0]), state
 
 
-register_kind(Seq2SeqTransformer.kind, lambda d: Seq2SeqTransformer(Seq2SeqConfig.from_dict(d)),
-              load_vocabs)
+register_kind(
+    Seq2SeqTransformer.kind, lambda d: Seq2SeqTransformer(Seq2SeqConfig.from_dict(d)), load_vocabs
+)
