@@ -69,6 +69,35 @@ def _plot_val_curves(results: dict[str, Any], tokens_per_step: int, path: Path) 
     plt.close(fig)
 
 
+def _fastest_threads(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+    """Time a training step with torch's thread count and with one thread; keep the faster.
+
+    On a machine whose cores are busy with other work, splitting each matmul over threads that
+    must wait for each other can be several times slower than using one.
+    """
+    import torch.nn.functional as F
+
+    n = torch.get_num_threads()
+    if n == 1:
+        return 1
+    x, y = batch
+
+    def step_time(k: int) -> float:
+        torch.set_num_threads(k)
+        best = float("inf")
+        for _ in range(2):
+            t = time.perf_counter()
+            F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    t_n, t_1 = step_time(n), step_time(1)
+    model.zero_grad(set_to_none=True)
+    choice = 1 if t_1 < t_n else n
+    torch.set_num_threads(choice)
+    return choice
+
+
 def run_demo(
     out: str | Path = "runs/demo",
     *,
@@ -78,6 +107,7 @@ def run_demo(
     device: str = "cpu",
     progress: bool = True,
     val_batches: int | None = None,
+    threads: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run the demo and return a report (also written to ``out/report.json``).
@@ -91,6 +121,8 @@ def run_demo(
         progress: show the trainer's progress bars.
         val_batches: measure the final losses on this many batches of 32 windows (default: the
             whole validation split).
+        threads: CPU threads for the Transformer (default: torch's count or one thread, whichever
+            trains faster right now); the baselines always use one.
         log: called with a line of text at each stage.
 
     Returns:
@@ -99,24 +131,44 @@ def run_demo(
     """
     from attnlab.config import ModelConfig
     from attnlab.data.corpus import LMTask
-    from attnlab.generate import generate
     from attnlab.models.lm import DecoderLM
-    from attnlab.models.rnn_lm import LSTMLM, BigramConfig, BigramLM, LSTMConfig
-    from attnlab.runs import atomic_write_text
-    from attnlab.train import TrainConfig, train
-    from attnlab.viz.attention import plot_attention_grid
 
     say = log or (lambda s: None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     task = LMTask.build("pydoc", tokenizer="char", seq_len=SEQ_LEN, seed=seed)
     V = task.vocab_size
+    torch.manual_seed(seed)
+    transformer = DecoderLM(ModelConfig.preset("gpt2-mini", vocab_size=V, max_seq_len=SEQ_LEN))
+    threads_before = torch.get_num_threads()
+    try:
+        if device == "cpu":
+            if threads:
+                torch.set_num_threads(threads)
+            else:
+                threads = _fastest_threads(transformer, task.get_batch("train", 0, BATCH))
+            say(f"using {threads} CPU thread(s) for the Transformer")
+        return _run(
+            out, task, transformer, budget, steps, seed, device, progress, val_batches, threads, say
+        )
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(
+    out, task, transformer, budget, steps, seed, device, progress, val_batches, threads, say
+) -> dict[str, Any]:
+    """The three trainings, the measurements and the figures (see :func:`run_demo`)."""
+    from attnlab.generate import generate
+    from attnlab.models.rnn_lm import LSTMLM, BigramConfig, BigramLM, LSTMConfig
+    from attnlab.runs import atomic_write_text
+    from attnlab.train import TrainConfig, train
+    from attnlab.viz.attention import plot_attention_grid
+
+    V = task.vocab_size
     common = dict(
         batch_size=BATCH, seed=seed, device=device, progress=progress, log_every=10, eval_batches=4
     )
-
-    torch.manual_seed(seed)
-    transformer = DecoderLM(ModelConfig.preset("gpt2-mini", vocab_size=V, max_seq_len=SEQ_LEN))
     if steps is None:
         t_cfg = TrainConfig(max_time=budget, lr=2e-3, warmup_steps=20, eval_every=50, **common)
         say(f"[1/3] Transformer (gpt2-mini) for {budget:.0f} s ...")
@@ -222,6 +274,7 @@ def run_demo(
     _plot_val_curves(results, BATCH * SEQ_LEN, files["loss curves"])
 
     report = {
+        "threads": threads,
         "models": rows,
         "tokens": tokens,
         "tokenizer": "char",

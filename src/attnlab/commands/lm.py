@@ -277,10 +277,6 @@ def _eval_lm(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from attnlab.demo import run_demo
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     t0 = time.time()
     report = run_demo(
         args.out,
@@ -290,6 +286,7 @@ def _demo(args: argparse.Namespace) -> int:
         device=_device(args.device),
         progress=not args.no_progress,
         val_batches=args.val_batches,
+        threads=args.threads,
         log=lambda s: print(s, file=sys.stderr, flush=True),
     )
     print()
@@ -454,8 +451,8 @@ def register(groups) -> None:
         "--threads",
         type=int,
         default=None,
-        help="torch CPU threads for the Transformer (default: torch's choice; 1 is faster on a "
-        "busy machine)",
+        help="CPU threads for the Transformer (default: torch's count or 1, whichever trains "
+        "faster at the start; 1 is faster on a busy machine)",
     )
     d.add_argument("--seed", type=int, default=0)
     d.add_argument(
