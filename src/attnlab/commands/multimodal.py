@@ -182,7 +182,7 @@ def _run_train_caption(args: argparse.Namespace) -> int:
     print(f"trained caption {args.model} ({_n_params(model):,} parameters) for {result.steps} "
           f"steps in {result.elapsed:.0f}s: train loss {result.final_train_loss:.3f}, val loss "
           f"{_fmt(result.val_loss)}{extra}")
-    print(f"run saved in {result.run_dir}; try: attnlab scene --out scenes && "
+    print(f"run saved in {result.run_dir}; try: attnlab scene --out scenes{_size(args)} && "
           f"attnlab caption {result.run_dir} scenes/scene_0.png")
     return 0
 
@@ -203,9 +203,13 @@ def _run_train_vqa(args: argparse.Namespace) -> int:
           f"in {result.elapsed:.0f}s: train loss {result.final_train_loss:.3f}, val loss "
           f"{_fmt(result.val_loss)}, val accuracy {acc['all']:.1%} (answer-frequency baseline "
           f"{task.answer_frequency_baseline():.1%})")
-    print(f"run saved in {result.run_dir}; try: attnlab scene --out scenes && attnlab ask "
-          f"{result.run_dir} scenes/scene_0.png \"what colour is the circle?\"")
+    print(f"run saved in {result.run_dir}; try: attnlab scene --out scenes{_size(args)} && "
+          f"attnlab ask {result.run_dir} scenes/scene_0.png \"what colour is the circle?\"")
     return 0
+
+
+def _size(args) -> str:
+    return "" if args.image_size == 32 else f" --image-size {args.image_size}"
 
 
 def _n_params(model) -> int:

@@ -578,7 +578,7 @@ def read_scene_image(path: str | Path, image_size: int) -> Tensor:
     if arr.shape[:2] != (image_size, image_size):
         raise UserError(f"image {str(path)!r} is {arr.shape[1]}x{arr.shape[0]} pixels; this model "
                         f"was trained on {image_size}x{image_size} scenes "
-                        f"(write one with 'attnlab scene --out DIR')")
+                        f"(write one with 'attnlab scene --out DIR --image-size {image_size}')")
     return images_to_tensor(arr)
 
 
