@@ -718,6 +718,9 @@ class TranslationTask:
             return {}
         from attnlab.translate import evaluate_pairs
 
+        model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
+        model = getattr(model, "module", model)  # DistributedDataParallel wrapper
+
         vocabs = TranslationVocabs(
             self.data.src_vocab,
             self.data.tgt_vocab,
