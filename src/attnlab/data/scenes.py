@@ -683,14 +683,12 @@ class CaptionTask(_TaskBase):
         return self._batch(sset, idx, rng)
 
     def loss(self, model, batch, cfg) -> tuple[Tensor, dict[str, float]]:
-        import torch.nn.functional as F
+        from attnlab.train.losses import cross_entropy
 
         tokens = batch["tokens"]
         logits = model(batch["images"], tokens[:, :-1])  # (B, L-1, V)
         target = tokens[:, 1:].masked_fill(tokens[:, 1:] == Vocab.PAD, -100)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
-                               ignore_index=-100,
-                               label_smoothing=getattr(cfg, "label_smoothing", 0.0))
+        loss = cross_entropy(logits, target, label_smoothing=getattr(cfg, "label_smoothing", 0.0))
         with torch.no_grad():
             ok = target != -100
             acc = ((logits.argmax(-1) == target) & ok).sum() / ok.sum().clamp(min=1)
@@ -754,11 +752,11 @@ class VQATask(_TaskBase):
         return self._batch(sset, self._sample(sset, rng, self._share(batch_size, world)))
 
     def loss(self, model, batch, cfg) -> tuple[Tensor, dict[str, float]]:
-        import torch.nn.functional as F
+        from attnlab.train.losses import cross_entropy
 
         logits = model(batch["images"], batch["questions"], batch["lengths"])  # (B, A)
-        loss = F.cross_entropy(logits.float(), batch["answers"],
-                               label_smoothing=getattr(cfg, "label_smoothing", 0.0))
+        loss = cross_entropy(logits, batch["answers"],
+                             label_smoothing=getattr(cfg, "label_smoothing", 0.0))
         acc = (logits.argmax(-1) == batch["answers"]).float().mean()
         return loss, {"acc": float(acc)}
 

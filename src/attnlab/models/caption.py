@@ -446,7 +446,9 @@ def beam_decode(model: _Captioner, images: Tensor, beam_size: int = 3,
         state = model.reorder_state(state, flat)
         seq = torch.cat((seq.index_select(0, flat), words.view(-1, 1)), dim=1)
         scores = new_scores
-        best_open = scores.max(-1).values  # stop once no open beam can beat the best finished
+        # Stop once no open beam is likely to beat the best finished one (the usual heuristic:
+        # its current normalised score; with a length penalty this is not a guarantee).
+        best_open = scores.max(-1).values
         if all(finished[b] and best_open[b].item() / (t + 1) ** length_penalty
                < max(f[0] for f in finished[b]) for b in range(B)):
             break

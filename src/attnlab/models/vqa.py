@@ -123,8 +123,9 @@ class _VQA(nn.Module):
         if questions.dim() != 2 or lengths.shape != questions.shape[:1]:
             raise ValueError(f"questions must be (B, L) with lengths (B,), got "
                              f"{tuple(questions.shape)} and {tuple(lengths.shape)}")
-        if int(lengths.min()) < 1:
-            raise UserError("empty question")
+        if int(lengths.min()) < 1 or int(lengths.max()) > questions.shape[1]:
+            raise UserError(f"question lengths {lengths.tolist()} must be in [1, "
+                            f"{questions.shape[1]}] (empty question?)")
         if questions.shape[1] > self.config.max_len:
             raise UserError(f"question of {questions.shape[1]} tokens is longer than max_len="
                             f"{self.config.max_len}")
