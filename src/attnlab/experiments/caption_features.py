@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.data.scenes import CaptionTask
+from attnlab.runs import atomic_write_text
 
 __all__ = ["CaptionFeaturesConfig", "run", "format_table"]
 
@@ -87,8 +88,7 @@ def run(cfg: CaptionFeaturesConfig) -> dict:
         results["examples"][features] = m["captions"][:5]
         results["steps"][features], results["seconds"][features] = res.steps, round(
             res.elapsed, 1)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     return results
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.data.scenes import CaptionTask, SceneSet
+from attnlab.runs import atomic_write_text
 
 __all__ = ["CaptionRetrievalConfig", "run", "format_table", "nearest_neighbour_captions"]
 
@@ -122,8 +123,7 @@ def run(cfg: CaptionRetrievalConfig) -> dict:
         row[split] = {"bleu": sacrebleu.corpus_bleu(hyps, streams).score,
                       **_score(hyps, sset, idx, train_caps)}
     results["rows"]["nearest neighbour (pixels)"] = row
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     return results
 
 

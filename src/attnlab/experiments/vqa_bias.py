@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab.data.scenes import QUESTION_TYPES, SceneConfig, VQATask
+from attnlab.runs import atomic_write_text
 
 __all__ = ["VQA_MODELS", "VQABiasConfig", "run", "format_table", "vqa_config_for"]
 
@@ -90,8 +91,7 @@ def run(cfg: VQABiasConfig) -> dict:
         "majority answer": task.answer_frequency_baseline(),
         "majority per type": task.answer_frequency_baseline(per_type=True),
     }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     return results
 
 
