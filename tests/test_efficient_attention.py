@@ -24,9 +24,11 @@ def _band(n_q: int, n_k: int, w: int, causal: bool) -> torch.Tensor:
 
 
 def _qkv(B, H, Hkv, Tq, Tk, D=8, Dv=6):
-    return (torch.randn(B, H, Tq, D, requires_grad=True),
-            torch.randn(B, Hkv, Tk, D, requires_grad=True),
-            torch.randn(B, Hkv, Tk, Dv, requires_grad=True))
+    return (
+        torch.randn(B, H, Tq, D, requires_grad=True),
+        torch.randn(B, Hkv, Tk, D, requires_grad=True),
+        torch.randn(B, Hkv, Tk, Dv, requires_grad=True),
+    )
 
 
 def _out_and_grads(q, k, v, **kw):
@@ -57,16 +59,25 @@ def test_window_zero_weight_beyond_w_and_equals_banded_math(w, chunk, is_causal,
     pad = key_padding_mask(torch.tensor([n_k, n_k - 6]), n_k)
     band = _band(n_q, n_k, w, is_causal)
     opts = {} if chunk is None else {"chunk": chunk}
-    out, weights = scaled_dot_product_attention(q, k, v, mask=pad, is_causal=is_causal,
-                                                backend="window", window=w, return_weights=True,
-                                                **opts)
+    out, weights = scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        mask=pad,
+        is_causal=is_causal,
+        backend="window",
+        window=w,
+        return_weights=True,
+        **opts,
+    )
     assert torch.equal(weights[..., ~band], torch.zeros_like(weights[..., ~band]))  # exactly 0
     ref = _out_and_grads(q, k, v, mask=pad & band, backend="math")
     got = _out_and_grads(q, k, v, mask=pad, is_causal=is_causal, backend="window", window=w, **opts)
     for a, b in zip(ref, got):
         torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
-    ref_w = scaled_dot_product_attention(q, k, v, mask=pad & band, backend="math",
-                                         return_weights=True)[1]
+    ref_w = scaled_dot_product_attention(
+        q, k, v, mask=pad & band, backend="math", return_weights=True
+    )[1]
     torch.testing.assert_close(weights, ref_w, atol=ATOL, rtol=0)
 
 
@@ -76,8 +87,9 @@ def test_window_with_query_dependent_mask_and_bias_matches_math():
     bias = torch.randn(4, 30, 30)
     band = _band(30, 30, 6, True)
     ref = scaled_dot_product_attention(q, k, v, mask=mask & band, bias=bias, backend="math")
-    got = scaled_dot_product_attention(q, k, v, mask=mask, bias=bias, is_causal=True,
-                                       backend="window", window=6, chunk=4)
+    got = scaled_dot_product_attention(
+        q, k, v, mask=mask, bias=bias, is_causal=True, backend="window", window=6, chunk=4
+    )
     torch.testing.assert_close(got, ref, atol=ATOL, rtol=0)
 
 
@@ -110,8 +122,9 @@ def test_elu_linear_attention_equals_its_quadratic_form(is_causal, n_q, n_k, chu
     pad = key_padding_mask(torch.tensor([n_k, n_k - 5]), n_k)
     allowed = pad & causal_mask(n_q, n_k) if is_causal else pad.expand(2, 1, n_q, n_k)
     ref = _quadratic_linear(q, k, v, allowed)
-    got = scaled_dot_product_attention(q, k, v, mask=pad, is_causal=is_causal, backend="linear",
-                                       chunk=chunk)
+    got = scaled_dot_product_attention(
+        q, k, v, mask=pad, is_causal=is_causal, backend="linear", chunk=chunk
+    )
     torch.testing.assert_close(got, ref, atol=1e-12, rtol=0)
 
 
@@ -121,12 +134,15 @@ def test_elu_feature_map_is_elu_plus_one_and_stays_positive():
     assert (elu_feature_map(x.float()) > 0).all()  # even where fp32 elu(x) + 1 rounds to 0
 
 
-@pytest.mark.parametrize("backend,opts", [
-    ("linear", {"feature_map": "elu", "chunk": 8}),
-    ("linear", {"feature_map": "favor", "n_features": 64, "chunk": 8}),
-    ("window", {"window": 5, "chunk": 4}),
-    ("tiled", {"block_q": 8, "block_k": 8}),
-])
+@pytest.mark.parametrize(
+    "backend,opts",
+    [
+        ("linear", {"feature_map": "elu", "chunk": 8}),
+        ("linear", {"feature_map": "favor", "n_features": 64, "chunk": 8}),
+        ("window", {"window": 5, "chunk": 4}),
+        ("tiled", {"block_q": 8, "block_k": 8}),
+    ],
+)
 def test_causal_forms_do_not_look_ahead(backend, opts):
     q, k, v = (t.detach() for t in _qkv(1, 4, 2, 40, 40))
     out = scaled_dot_product_attention(q, k, v, is_causal=True, backend=backend, **opts)
@@ -146,8 +162,16 @@ def _favor_error(n_features: int, is_causal: bool, seeds=range(3)) -> float:
     exact = scaled_dot_product_attention(q, k, v, is_causal=is_causal, backend="math")
     errs = []
     for seed in seeds:
-        approx = scaled_dot_product_attention(q, k, v, is_causal=is_causal, backend="linear",
-                                              feature_map="favor", n_features=n_features, seed=seed)
+        approx = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            is_causal=is_causal,
+            backend="linear",
+            feature_map="favor",
+            n_features=n_features,
+            seed=seed,
+        )
         errs.append(((approx - exact).norm() / exact.norm()).item())
     return sum(errs) / len(errs)
 
@@ -172,8 +196,9 @@ def test_favor_projection_is_deterministic_in_the_seed():
 
 def test_linear_gradients_flow():
     q, k, v = _qkv(1, 2, 2, 20, 20)
-    out = scaled_dot_product_attention(q, k, v, is_causal=True, backend="linear",
-                                       feature_map="favor", chunk=8)
+    out = scaled_dot_product_attention(
+        q, k, v, is_causal=True, backend="linear", feature_map="favor", chunk=8
+    )
     out.sum().backward()
     assert all(torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0 for t in (q, k, v))
 
@@ -182,19 +207,22 @@ def test_linear_gradients_flow():
 # bad input: the error names the backend and the option
 
 
-@pytest.mark.parametrize("backend,opts,pattern", [
-    ("window", {}, r"'window'.*window"),
-    ("window", {"window": 0}, r"'window'.*window"),
-    ("window", {"window": 2.5}, r"'window'.*window"),
-    ("window", {"window": 4, "chunk": -1}, r"'window'.*chunk"),
-    ("linear", {"feature_map": "relu"}, r"'linear'.*feature_map"),
-    ("linear", {"feature_map": "favor", "n_features": 0}, r"'linear'.*n_features"),
-    ("linear", {"chunk": 0}, r"'linear'.*chunk"),
-    ("linear", {"return_weights": True}, r"'linear'.*return_weights"),
-    ("linear", {"bias": torch.zeros(6, 6)}, r"'linear'.*bias"),
-    ("linear", {"mask": torch.ones(6, 6, dtype=torch.bool).tril()}, r"'linear'.*mask"),
-    ("linear", {"dropout_p": 0.1}, r"'linear'.*dropout_p"),
-])
+@pytest.mark.parametrize(
+    "backend,opts,pattern",
+    [
+        ("window", {}, r"'window'.*window"),
+        ("window", {"window": 0}, r"'window'.*window"),
+        ("window", {"window": 2.5}, r"'window'.*window"),
+        ("window", {"window": 4, "chunk": -1}, r"'window'.*chunk"),
+        ("linear", {"feature_map": "relu"}, r"'linear'.*feature_map"),
+        ("linear", {"feature_map": "favor", "n_features": 0}, r"'linear'.*n_features"),
+        ("linear", {"chunk": 0}, r"'linear'.*chunk"),
+        ("linear", {"return_weights": True}, r"'linear'.*return_weights"),
+        ("linear", {"bias": torch.zeros(6, 6)}, r"'linear'.*bias"),
+        ("linear", {"mask": torch.ones(6, 6, dtype=torch.bool).tril()}, r"'linear'.*mask"),
+        ("linear", {"dropout_p": 0.1}, r"'linear'.*dropout_p"),
+    ],
+)
 def test_bad_options_are_clear_errors(backend, opts, pattern):
     q = torch.randn(1, 2, 6, 4)
     with pytest.raises(ValueError, match=pattern):

@@ -19,8 +19,10 @@ from attnlab.experiments.attention_bench import (
 def test_math_estimate_is_quadratic_and_others_linear():
     cfg = BenchConfig()
     for backend in ("math", "tiled", "linear"):
-        small, big = estimate_gb(backend, 4096, cfg, "fwdbwd"), estimate_gb(backend, 8192, cfg,
-                                                                           "fwdbwd")
+        small, big = (
+            estimate_gb(backend, 4096, cfg, "fwdbwd"),
+            estimate_gb(backend, 8192, cfg, "fwdbwd"),
+        )
         assert big / small == pytest.approx(4 if backend == "math" else 2, rel=0.05)
     # the brief's number: 8·16384²·4 bytes of scores per copy
     assert estimate_gb("math", 16384, cfg, "fwd") > 3 * 8 * 16384**2 * 4 / 1e9
@@ -28,10 +30,12 @@ def test_math_estimate_is_quadratic_and_others_linear():
 
 def test_long_context_formula():
     math_ = lm_attention_memory_formula(n_layers=12, n_heads=12, seq_len=4096, backend="math")
-    ckpt = lm_attention_memory_formula(n_layers=12, n_heads=12, seq_len=4096, backend="math",
-                                       checkpointing=True)
-    tiled = lm_attention_memory_formula(n_layers=12, n_heads=12, seq_len=4096, backend="tiled",
-                                        checkpointing=True)
+    ckpt = lm_attention_memory_formula(
+        n_layers=12, n_heads=12, seq_len=4096, backend="math", checkpointing=True
+    )
+    tiled = lm_attention_memory_formula(
+        n_layers=12, n_heads=12, seq_len=4096, backend="tiled", checkpointing=True
+    )
     n2 = 12 * 4096**2 * 4 / 1e9
     assert math_["scores_gb"] == pytest.approx((2 * 12 + 1) * n2)
     assert ckpt["scores_gb"] == pytest.approx(3 * n2)
@@ -41,9 +45,31 @@ def test_long_context_formula():
 @pytest.mark.slow
 def test_bench_cli_measures_skips_and_writes_files(tmp_path, capsys):
     out = tmp_path / "bench"
-    rc = main(["bench", "attention", "--n", "64", "--backends", "math", "tiled", "--modes", "fwd",
-               "--heads", "2", "--head-dim", "8", "--threads", "1", "--min-time", "0.01",
-               "--max-gb", "0.0001", "--out", str(out)])
+    rc = main(
+        [
+            "bench",
+            "attention",
+            "--n",
+            "64",
+            "--backends",
+            "math",
+            "tiled",
+            "--modes",
+            "fwd",
+            "--heads",
+            "2",
+            "--head-dim",
+            "8",
+            "--threads",
+            "1",
+            "--min-time",
+            "0.01",
+            "--max-gb",
+            "0.0001",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     data = json.loads((out / "attention.json").read_text())
     rows = {r["backend"]: r for r in data["rows"]}
@@ -57,9 +83,11 @@ def test_bench_cli_measures_skips_and_writes_files(tmp_path, capsys):
 
 def test_markdown_table_ratios():
     cfg = BenchConfig(ns=(8192,), backends=("math", "tiled", "sdpa"), modes=("fwdbwd",))
-    rows = [{"backend": "math", "n": 8192, "mode": "fwdbwd", "time_s": 4.0, "peak_bytes": 400},
-            {"backend": "tiled", "n": 8192, "mode": "fwdbwd", "time_s": 2.0, "peak_bytes": 20},
-            {"backend": "sdpa", "n": 8192, "mode": "fwdbwd", "time_s": 1.0, "peak_bytes": 10}]
+    rows = [
+        {"backend": "math", "n": 8192, "mode": "fwdbwd", "time_s": 4.0, "peak_bytes": 400},
+        {"backend": "tiled", "n": 8192, "mode": "fwdbwd", "time_s": 2.0, "peak_bytes": 20},
+        {"backend": "sdpa", "n": 8192, "mode": "fwdbwd", "time_s": 1.0, "peak_bytes": 10},
+    ]
     table = markdown_table(rows, cfg)
     assert "tiled/sdpa time 2.00×" in table and "math/tiled memory 20.0×" in table
 

@@ -36,9 +36,13 @@ def _loss_grads_and_saved(config: ModelConfig, state: dict | None, idx: torch.Te
 
 @pytest.mark.parametrize("backend,preset", [("math", "tiny"), ("tiled", "llama-tiny")])
 def test_checkpointed_model_gets_the_same_gradients(backend, preset):
-    base = ModelConfig.preset(preset, backend=backend, n_layers=3, max_seq_len=64,
-                              **({"backend_options": {"block_q": 16, "block_k": 16}}
-                                 if backend == "tiled" else {}))
+    base = ModelConfig.preset(
+        preset,
+        backend=backend,
+        n_layers=3,
+        max_seq_len=64,
+        **({"backend_options": {"block_q": 16, "block_k": 16}} if backend == "tiled" else {}),
+    )
     ckpt = ModelConfig.from_dict({**base.to_dict(), "activation_checkpointing": True})
     idx = torch.randint(0, base.vocab_size, (2, 49))
     state, loss_a, grads_a, saved_a = _loss_grads_and_saved(base, None, idx)
@@ -46,7 +50,8 @@ def test_checkpointed_model_gets_the_same_gradients(backend, preset):
     torch.testing.assert_close(loss_b, loss_a, atol=0, rtol=0)
     assert grads_a.keys() == grads_b.keys() and len(grads_a) > 0
     for name in grads_a:
-        torch.testing.assert_close(grads_b[name], grads_a[name], atol=1e-6, rtol=1e-5,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            grads_b[name], grads_a[name], atol=1e-6, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}"
+        )
     # the point of it: the blocks' activations are not kept (only each block's input is)
     assert saved_b < saved_a / 2

@@ -108,8 +108,9 @@ def test_tiled_causal_skips_tiles_above_the_diagonal():
     counts = {}
     for causal in (False, True):
         with torch.no_grad(), _CountMatmuls() as mode:
-            scaled_dot_product_attention(q, k, v, is_causal=causal, backend="tiled",
-                                         block_q=16, block_k=16)
+            scaled_dot_product_attention(
+                q, k, v, is_causal=causal, backend="tiled", block_q=16, block_k=16
+            )
         counts[causal] = mode.n
     # 4×4 tiles, two matmuls each (Q Kᵀ, P V); causal visits the 4+3+2+1 on/below the diagonal
     assert counts[False] == 2 * 16
@@ -137,8 +138,14 @@ def test_tiled_saves_no_quadratic_tensor_for_backward():
 def test_multihead_with_tiled_backend_matches_math(position):
     torch.manual_seed(0)
     ref = MultiHeadAttention(32, 4, n_kv_heads=2, position=position, backend="math")
-    tiled = MultiHeadAttention(32, 4, n_kv_heads=2, position=position, backend="tiled",
-                               backend_options={"block_q": 8, "block_k": 16})
+    tiled = MultiHeadAttention(
+        32,
+        4,
+        n_kv_heads=2,
+        position=position,
+        backend="tiled",
+        backend_options={"block_q": 8, "block_k": 16},
+    )
     tiled.load_state_dict(ref.state_dict())
     x = torch.randn(2, 27, 32)
     mask = key_padding_mask(torch.tensor([27, 15]), 27)
@@ -147,8 +154,10 @@ def test_multihead_with_tiled_backend_matches_math(position):
     torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("option,value", [("block_q", 0), ("block_k", -4), ("block_q", 2.5),
-                                          ("block_k", "64"), ("block_q", True)])
+@pytest.mark.parametrize(
+    "option,value",
+    [("block_q", 0), ("block_k", -4), ("block_q", 2.5), ("block_k", "64"), ("block_q", True)],
+)
 def test_bad_block_size_is_a_clear_error(option, value):
     q = torch.randn(1, 2, 8, 4)
     with pytest.raises(ValueError, match=rf"'tiled'.*{option}"):

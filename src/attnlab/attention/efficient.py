@@ -36,8 +36,13 @@ from torch import Tensor
 from attnlab.attention.core import register_backend
 from attnlab.attention.tiled import _flatten_lead, _to_heads, positive_int_option
 
-__all__ = ["window_attention", "linear_attention", "elu_feature_map", "favor_features",
-           "favor_projection"]
+__all__ = [
+    "window_attention",
+    "linear_attention",
+    "elu_feature_map",
+    "favor_features",
+    "favor_projection",
+]
 
 
 def _canonical(q: Tensor, k: Tensor, v: Tensor):
@@ -103,14 +108,18 @@ def window_attention(
         ValueError: ``window``/``chunk`` missing or not a positive integer.
     """
     if window is None:
-        raise ValueError("backend 'window' needs option window=w (a positive integer: keys each "
-                         "query may see)")
+        raise ValueError(
+            "backend 'window' needs option window=w (a positive integer: keys each query may see)"
+        )
     w = positive_int_option("window", "window", window)
     q5, k4, v4, lead, H = _canonical(q, k, v)
     B, Hkv, g, Tq, D = q5.shape
     Tk, Dv = k4.shape[-2], v4.shape[-1]
-    c = min(max(w, 32), max(Tq, 1)) if chunk is None else positive_int_option("window", "chunk",
-                                                                              chunk)
+    c = (
+        min(max(w, 32), max(Tq, 1))
+        if chunk is None
+        else positive_int_option("window", "chunk", chunk)
+    )
     offset = Tk - Tq
     left = min(w - 1, max(Tk - 1, 0))  # keys before the query that can be seen
     right = 0 if is_causal else left  # keys after it
@@ -143,11 +152,11 @@ def window_attention(
     allowed = band[None] & exists[:, None, :]  # (n, c, L)
     allowed = allowed[:, None]  # (n, 1, c, L), broadcasts over (B, Hkv, n, g, c, L)
     if mask is not None:
-        allowed = allowed & _band_rows(_to_heads(_flatten_lead(mask, lead), H, Hkv), key_windows,
-                                       n, c, Tq, False)
+        allowed = allowed & _band_rows(
+            _to_heads(_flatten_lead(mask, lead), H, Hkv), key_windows, n, c, Tq, False
+        )
     if bias is not None:
-        s = s + _band_rows(_to_heads(_flatten_lead(bias, lead), H, Hkv), key_windows, n, c, Tq,
-                           0.0)
+        s = s + _band_rows(_to_heads(_flatten_lead(bias, lead), H, Hkv), key_windows, n, c, Tq, 0.0)
     s = s.masked_fill_(~allowed, float("-inf"))  # in place: one band-sized tensor, not two
     empty = ~allowed.any(dim=-1, keepdim=True)  # rows with no allowed key -> zeros, not NaN
     if empty.any():
@@ -187,11 +196,14 @@ def _scatter_band(weights, n, c, L, Tq, Tk, pad_left, pad_right, start) -> Tenso
     """Banded (B, Hkv, n, g, c, L) weights -> full (B, Hkv, g, Tq, Tk), zeros off the band."""
     B, Hkv, _, g, _, _ = weights.shape
     width = Tk + pad_left + pad_right
-    idx = start + torch.arange(n, device=weights.device)[:, None] * c + torch.arange(
-        L, device=weights.device)  # (n, L) padded key index
+    idx = (
+        start
+        + torch.arange(n, device=weights.device)[:, None] * c
+        + torch.arange(L, device=weights.device)
+    )  # (n, L) padded key index
     idx = idx[None, None, :, None, None, :].expand(B, Hkv, n, g, c, L)
     full = weights.new_zeros(B, Hkv, n, g, c, width).scatter(-1, idx, weights)
-    full = full[..., pad_left:pad_left + Tk]  # (B, Hkv, n, g, c, Tk)
+    full = full[..., pad_left : pad_left + Tk]  # (B, Hkv, n, g, c, Tk)
     full = full.permute(0, 1, 3, 2, 4, 5).reshape(B, Hkv, g, n * c, Tk)[..., :Tq, :]
     return full
 
@@ -288,16 +300,20 @@ def linear_attention(
             depends on the query, or dropout.
     """
     if feature_map not in ("elu", "favor"):
-        raise ValueError(f"backend 'linear': option feature_map must be 'elu' or 'favor', "
-                         f"got {feature_map!r}")
+        raise ValueError(
+            f"backend 'linear': option feature_map must be 'elu' or 'favor', got {feature_map!r}"
+        )
     n_features = positive_int_option("linear", "n_features", n_features)
     chunk = positive_int_option("linear", "chunk", chunk)
     if bias is not None:
-        raise ValueError("backend 'linear' cannot add a score bias (bias=...): it never forms the "
-                         "scores; use backend='math', 'sdpa' or 'tiled'")
+        raise ValueError(
+            "backend 'linear' cannot add a score bias (bias=...): it never forms the "
+            "scores; use backend='math', 'sdpa' or 'tiled'"
+        )
     if dropout_p > 0:
-        raise ValueError(f"backend 'linear' does not implement attention dropout "
-                         f"(dropout_p={dropout_p})")
+        raise ValueError(
+            f"backend 'linear' does not implement attention dropout (dropout_p={dropout_p})"
+        )
     if return_weights:
         raise ValueError("backend 'linear' cannot return attention weights (return_weights=True)")
     q5, k4, v4, lead, H = _canonical(q, k, v)
@@ -315,9 +331,11 @@ def linear_attention(
     if mask is not None:
         m = _to_heads(_flatten_lead(mask, lead), H, Hkv)  # (B|1, Hkv|1, Tq|1, g|1, Tk|1)
         if m.shape[2] != 1:
-            raise ValueError(f"backend 'linear' supports key-padding masks only (mask "
-                             f"broadcastable to (..., H, 1, Tk)); got mask of shape "
-                             f"{tuple(mask.shape)}")
+            raise ValueError(
+                f"backend 'linear' supports key-padding masks only (mask "
+                f"broadcastable to (..., H, 1, Tk)); got mask of shape "
+                f"{tuple(mask.shape)}"
+            )
         fk = fk * m.permute(0, 1, 3, 4, 2).to(fk.dtype)  # masked keys contribute nothing
     if is_causal:
         num, den = _causal_sums(fq, fk, v5, Tq, Tk, chunk)
@@ -352,8 +370,8 @@ def _causal_sums(fq: Tensor, fk: Tensor, v: Tensor, Tq: int, Tk: int, chunk: int
     a = (fq_c @ fk_c.transpose(-2, -1)).tril()  # (B, Hkv, g, n, c, c), within-chunk causal
     num = fq_c @ state + a @ v_c  # (B, Hkv, g, n, c, Dv)
     den = fq_c @ z_state + a.sum(dim=-1, keepdim=True)  # (B, Hkv, g, n, c, 1)
-    num = num.flatten(-3, -2)[..., T - Tq:T, :]  # (B, Hkv, g, Tq, Dv)
-    den = den.flatten(-3, -2)[..., T - Tq:T, :]
+    num = num.flatten(-3, -2)[..., T - Tq : T, :]  # (B, Hkv, g, Tq, Dv)
+    den = den.flatten(-3, -2)[..., T - Tq : T, :]
     return num, den
 
 

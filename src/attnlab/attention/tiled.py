@@ -49,8 +49,9 @@ DEFAULT_BLOCK_K = 256
 def positive_int_option(backend: str, name: str, value: Any) -> int:
     """Validate a backend option that must be a positive integer (bools rejected)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"backend {backend!r}: option {name} must be a positive integer, "
-                         f"got {value!r}")
+        raise ValueError(
+            f"backend {backend!r}: option {name} must be a positive integer, got {value!r}"
+        )
     return value
 
 
@@ -103,11 +104,12 @@ class _TiledAttention(torch.autograd.Function):
         with torch.autocast(q.device.type, enabled=False):  # precision is chosen explicitly
             for q0 in range(0, Tq, block_q):
                 q1 = min(q0 + block_q, Tq)
-                qi = qs[:, :, q0 * g:q1 * g]  # (B, Hkv, R, D)
-                o_blk, lse_blk = _forward_rows(qi, k, v, bias, mask, g, q0, q1, offset,
-                                               is_causal, block_k)
-                out[:, :, q0 * g:q1 * g] = o_blk
-                lse[:, :, q0 * g:q1 * g] = lse_blk
+                qi = qs[:, :, q0 * g : q1 * g]  # (B, Hkv, R, D)
+                o_blk, lse_blk = _forward_rows(
+                    qi, k, v, bias, mask, g, q0, q1, offset, is_causal, block_k
+                )
+                out[:, :, q0 * g : q1 * g] = o_blk
+                lse[:, :, q0 * g : q1 * g] = lse_blk
         ctx.save_for_backward(q, k, v, out, lse, bias, mask)
         ctx.cfg = (g, is_causal, scale, block_q, block_k)
         return out
@@ -118,8 +120,22 @@ class _TiledAttention(torch.autograd.Function):
         g, is_causal, scale, block_q, block_k = ctx.cfg
         need_bias = bias is not None and ctx.needs_input_grad[3]
         with torch.autocast(q.device.type, enabled=False):
-            grads = _backward(q, k, v, out, lse, bias, mask, d_out.to(q.dtype).contiguous(), g,
-                              is_causal, scale, block_q, block_k, need_bias)
+            grads = _backward(
+                q,
+                k,
+                v,
+                out,
+                lse,
+                bias,
+                mask,
+                d_out.to(q.dtype).contiguous(),
+                g,
+                is_causal,
+                scale,
+                block_q,
+                block_k,
+                need_bias,
+            )
         return (*grads, None, None, None, None, None, None)
 
 
@@ -128,8 +144,9 @@ def _stats_dtype(q: Tensor) -> torch.dtype:
     return torch.promote_types(q.dtype, torch.float32)
 
 
-def _backward(q, k, v, out, lse, bias, mask, d_out, g, is_causal, scale, block_q, block_k,
-              need_bias):
+def _backward(
+    q, k, v, out, lse, bias, mask, d_out, g, is_causal, scale, block_q, block_k, need_bias
+):
     """Gradients of q, k, v (and bias) by recomputing each tile's probabilities from ``lse``."""
     B, Hkv, rows, D = q.shape
     Tq, Tk = rows // g, k.shape[-2]
@@ -266,11 +283,15 @@ def tiled_attention(
     block_q = positive_int_option("tiled", "block_q", block_q)
     block_k = positive_int_option("tiled", "block_k", block_k)
     if return_weights:
-        raise ValueError("backend 'tiled' cannot return attention weights (return_weights=True): "
-                         "it never forms them; use backend='math'")
+        raise ValueError(
+            "backend 'tiled' cannot return attention weights (return_weights=True): "
+            "it never forms them; use backend='math'"
+        )
     if dropout_p > 0:
-        raise ValueError(f"backend 'tiled' does not implement attention dropout "
-                         f"(dropout_p={dropout_p}); use dropout_p=0 or backend='math'/'sdpa'")
+        raise ValueError(
+            f"backend 'tiled' does not implement attention dropout "
+            f"(dropout_p={dropout_p}); use dropout_p=0 or backend='math'/'sdpa'"
+        )
     lead = q.shape[:-3] if q.dim() >= 3 else ()
     Tq, D, Tk, Dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
     H = q.shape[-3] if q.dim() >= 3 else 1
@@ -301,8 +322,8 @@ def _flatten_lead(t: Tensor | None, lead: torch.Size | tuple) -> Tensor | None:
         return t
     t_lead = t.shape[: len(lead)]
     if all(s == 1 for s in t_lead):
-        return t.reshape(1, *t.shape[len(lead):])
-    return t.expand(*lead, *t.shape[len(lead):]).reshape(-1, *t.shape[len(lead):])
+        return t.reshape(1, *t.shape[len(lead) :])
+    return t.expand(*lead, *t.shape[len(lead) :]).reshape(-1, *t.shape[len(lead) :])
 
 
 register_backend("tiled", tiled_attention)

@@ -13,56 +13,98 @@ from attnlab.errors import UserError
 def register(groups) -> None:
     """Add ``bench attention`` and ``bench long-context`` (creating ``attnlab bench`` if needed)."""
     if "bench" not in groups:
-        bench = groups["top"].add_parser("bench", help="measure speed and memory (attention "
-                                         "backends, long context)")
+        bench = groups["top"].add_parser(
+            "bench", help="measure speed and memory (attention backends, long context)"
+        )
         groups["bench"] = bench.add_subparsers(dest="bench", metavar="<what>", required=True)
     sub = groups["bench"]
 
     from attnlab.experiments.attention_bench import DEFAULT_BACKENDS, DEFAULT_NS
 
     p = sub.add_parser(
-        "attention", help="time and peak memory of attention backends against sequence length",
+        "attention",
+        help="time and peak memory of attention backends against sequence length",
         description="Forward and forward+backward time and peak memory of the attention backends "
         "for a range of sequence lengths, each case in a fresh subprocess; writes attention.md "
         "(tables), attention.json and attention.png (log-log plot) to --out. Example: 'attnlab "
-        "bench attention --n 512 1024 2048 --backends math tiled sdpa'.")
-    p.add_argument("--n", type=int, nargs="+", default=list(DEFAULT_NS), metavar="N",
-                   help=f"sequence lengths (default {' '.join(map(str, DEFAULT_NS))})")
-    p.add_argument("--backends", nargs="+", default=list(DEFAULT_BACKENDS),
-                   help=f"backends to compare (default {' '.join(DEFAULT_BACKENDS)})")
+        "bench attention --n 512 1024 2048 --backends math tiled sdpa'.",
+    )
+    p.add_argument(
+        "--n",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_NS),
+        metavar="N",
+        help=f"sequence lengths (default {' '.join(map(str, DEFAULT_NS))})",
+    )
+    p.add_argument(
+        "--backends",
+        nargs="+",
+        default=list(DEFAULT_BACKENDS),
+        help=f"backends to compare (default {' '.join(DEFAULT_BACKENDS)})",
+    )
     p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")
     p.add_argument("--heads", type=int, default=8, help="heads H (default 8)")
     p.add_argument("--head-dim", type=int, default=64, help="head width d (default 64)")
-    p.add_argument("--non-causal", action="store_true", help="bidirectional attention "
-                   "(default: causal)")
-    p.add_argument("--modes", nargs="+", choices=["fwd", "fwdbwd"], default=["fwd", "fwdbwd"],
-                   help="forward only and/or forward+backward (default both)")
+    p.add_argument(
+        "--non-causal", action="store_true", help="bidirectional attention (default: causal)"
+    )
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["fwd", "fwdbwd"],
+        default=["fwd", "fwdbwd"],
+        help="forward only and/or forward+backward (default both)",
+    )
     p.add_argument("--window", type=int, default=256, help="window w of 'window' (default 256)")
-    p.add_argument("--feature-map", choices=["elu", "favor"], default="elu",
-                   help="feature map of 'linear' (default elu)")
+    p.add_argument(
+        "--feature-map",
+        choices=["elu", "favor"],
+        default="elu",
+        help="feature map of 'linear' (default elu)",
+    )
     p.add_argument("--n-features", type=int, default=256, help="FAVOR+ features (default 256)")
     p.add_argument("--block-q", type=int, default=None, help="query tile of 'tiled'")
     p.add_argument("--block-k", type=int, default=None, help="key tile of 'tiled'")
-    p.add_argument("--max-gb", type=float, default=12.0,
-                   help="skip cases estimated to need more memory than this (default 12 GB)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads per case (default: torch's default, all cores)")
+    p.add_argument(
+        "--max-gb",
+        type=float,
+        default=12.0,
+        help="skip cases estimated to need more memory than this (default 12 GB)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per case (default: torch's default, all cores)",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="default cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--min-time", type=float, default=1.0,
-                   help="seconds of repetitions per case after the warm-up (default 1)")
-    p.add_argument("--out", default="benchmarks/results", help="output folder "
-                   "(default benchmarks/results)")
+    p.add_argument(
+        "--min-time",
+        type=float,
+        default=1.0,
+        help="seconds of repetitions per case after the warm-up (default 1)",
+    )
+    p.add_argument(
+        "--out", default="benchmarks/results", help="output folder (default benchmarks/results)"
+    )
     p.set_defaults(func=run_attention_bench)
 
     lc = sub.add_parser(
-        "long-context", help="memory of training at a long context: formula and one measured block",
+        "long-context",
+        help="memory of training at a long context: formula and one measured block",
         description="Estimate the attention memory of training a decoder LM preset at --seq-len "
         "with each backend, with and without activation checkpointing, and measure one "
-        "Transformer block's forward+backward peak memory (fresh subprocess per backend).")
+        "Transformer block's forward+backward peak memory (fresh subprocess per backend).",
+    )
     lc.add_argument("--seq-len", type=int, default=4096)
-    lc.add_argument("--preset", default="gpt2-small", help="ModelConfig preset for the formula "
-                    "and the measured block's width/heads (default gpt2-small)")
+    lc.add_argument(
+        "--preset",
+        default="gpt2-small",
+        help="ModelConfig preset for the formula "
+        "and the measured block's width/heads (default gpt2-small)",
+    )
     lc.add_argument("--n-layers", type=int, default=None, help="override the preset's layers")
     lc.add_argument("--n-heads", type=int, default=None, help="override the preset's heads")
     lc.add_argument("--d-model", type=int, default=None, help="override the preset's width")
@@ -84,8 +126,18 @@ def run_attention_bench(args: argparse.Namespace) -> int:
     from attnlab.attention import available_backends
     from attnlab.experiments.attention_bench import BenchConfig, run_benchmark, save_results
 
-    for name in ("batch", "heads", "head_dim", "window", "n_features", "block_q", "block_k",
-                 "threads", "max_gb", "min_time"):
+    for name in (
+        "batch",
+        "heads",
+        "head_dim",
+        "window",
+        "n_features",
+        "block_q",
+        "block_k",
+        "threads",
+        "max_gb",
+        "min_time",
+    ):
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     for n in args.n:
         _positive("--n", n)
@@ -96,16 +148,28 @@ def run_attention_bench(args: argparse.Namespace) -> int:
     linear = {"feature_map": args.feature_map}
     if args.feature_map == "favor":
         linear["n_features"] = args.n_features
-    cfg = BenchConfig(ns=tuple(args.n), backends=tuple(args.backends), batch=args.batch,
-                      heads=args.heads, head_dim=args.head_dim, causal=not args.non_causal,
-                      modes=tuple(args.modes), max_gb=args.max_gb, threads=args.threads,
-                      device=args.device, dtype=args.dtype, min_time=args.min_time,
-                      options={"window": {"window": args.window}, "linear": linear,
-                               "tiled": tiled})
+    cfg = BenchConfig(
+        ns=tuple(args.n),
+        backends=tuple(args.backends),
+        batch=args.batch,
+        heads=args.heads,
+        head_dim=args.head_dim,
+        causal=not args.non_causal,
+        modes=tuple(args.modes),
+        max_gb=args.max_gb,
+        threads=args.threads,
+        device=args.device,
+        dtype=args.dtype,
+        min_time=args.min_time,
+        options={"window": {"window": args.window}, "linear": linear, "tiled": tiled},
+    )
 
     def show(row: dict) -> None:
-        what = row.get("skipped") or row.get("error") or (
-            f"{row['time_s'] * 1e3:,.1f} ms, peak {row['peak_bytes'] / 2**20:,.1f} MiB")
+        what = (
+            row.get("skipped")
+            or row.get("error")
+            or (f"{row['time_s'] * 1e3:,.1f} ms, peak {row['peak_bytes'] / 2**20:,.1f} MiB")
+        )
         print(f"  {row['backend']:>7} N={row['n']:<6} {row['mode']:<7} {what}", flush=True)
 
     rows = run_benchmark(cfg, progress=show)
@@ -124,32 +188,60 @@ def run_long_context(args: argparse.Namespace) -> int:
 
     _positive("--seq-len", args.seq_len)
     _positive("--batch", args.batch)
-    overrides = {k: v for k, v in (("n_layers", args.n_layers), ("n_heads", args.n_heads),
-                                   ("d_model", args.d_model)) if v is not None}
+    overrides = {
+        k: v
+        for k, v in (
+            ("n_layers", args.n_layers),
+            ("n_heads", args.n_heads),
+            ("d_model", args.d_model),
+        )
+        if v is not None
+    }
     c = ModelConfig.preset(args.preset, **overrides)
-    print(f"{args.preset}: {c.n_layers} layers, {c.n_heads} heads, d_model {c.d_model}; "
-          f"batch {args.batch} × {args.seq_len} tokens (fp32)")
-    print(f"  {'backend':<8}{'checkpointing':>15}{'N×N scores GB':>15}{'activations GB':>16}"
-          f"{'total GB':>10}")
+    print(
+        f"{args.preset}: {c.n_layers} layers, {c.n_heads} heads, d_model {c.d_model}; "
+        f"batch {args.batch} × {args.seq_len} tokens (fp32)"
+    )
+    print(
+        f"  {'backend':<8}{'checkpointing':>15}{'N×N scores GB':>15}{'activations GB':>16}"
+        f"{'total GB':>10}"
+    )
     for backend in args.backends:
         for ckpt in (False, True):
-            est = lm_attention_memory_formula(n_layers=c.n_layers, n_heads=c.n_heads,
-                                              seq_len=args.seq_len, batch=args.batch,
-                                              backend=backend, checkpointing=ckpt,
-                                              d_model=c.d_model)
-            print(f"  {backend:<8}{'yes' if ckpt else 'no':>15}{est['scores_gb']:>15.2f}"
-                  f"{est['activations_gb']:>16.2f}{est['total_gb']:>10.2f}")
+            est = lm_attention_memory_formula(
+                n_layers=c.n_layers,
+                n_heads=c.n_heads,
+                seq_len=args.seq_len,
+                batch=args.batch,
+                backend=backend,
+                checkpointing=ckpt,
+                d_model=c.d_model,
+            )
+            print(
+                f"  {backend:<8}{'yes' if ckpt else 'no':>15}{est['scores_gb']:>15.2f}"
+                f"{est['activations_gb']:>16.2f}{est['total_gb']:>10.2f}"
+            )
     print("  (weights, gradients and AdamW state add 16 bytes per parameter on top)")
     if args.no_measure:
         return 0
-    print(f"\nmeasured: one block (d_model {c.d_model}, {c.n_heads} heads) forward+backward at "
-          f"T={args.seq_len}, batch {args.batch}:")
-    for row in block_memory(seq_len=args.seq_len, d_model=c.d_model, n_heads=c.n_heads,
-                            backends=tuple(args.backends), batch=args.batch,
-                            threads=args.threads, device=args.device):
+    print(
+        f"\nmeasured: one block (d_model {c.d_model}, {c.n_heads} heads) forward+backward at "
+        f"T={args.seq_len}, batch {args.batch}:"
+    )
+    for row in block_memory(
+        seq_len=args.seq_len,
+        d_model=c.d_model,
+        n_heads=c.n_heads,
+        backends=tuple(args.backends),
+        batch=args.batch,
+        threads=args.threads,
+        device=args.device,
+    ):
         if "error" in row:
             print(f"  {row['backend']:<8} error: {row['error']}")
         else:
-            print(f"  {row['backend']:<8} peak {row['peak_bytes'] / 2**30:6.2f} GiB  "
-                  f"time {row['time_s']:.1f} s  ({row['memory_method']})")
+            print(
+                f"  {row['backend']:<8} peak {row['peak_bytes'] / 2**30:6.2f} GiB  "
+                f"time {row['time_s']:.1f} s  ({row['memory_method']})"
+            )
     return 0

@@ -65,7 +65,8 @@ class BenchConfig:
     causal: bool = True
     modes: tuple[str, ...] = ("fwd", "fwdbwd")
     options: dict[str, dict[str, Any]] = field(
-        default_factory=lambda: {"window": {"window": 256}, "linear": {"feature_map": "elu"}})
+        default_factory=lambda: {"window": {"window": 256}, "linear": {"feature_map": "elu"}}
+    )
     max_gb: float = 12.0
     threads: int | None = None
     device: str = "cpu"
@@ -110,13 +111,16 @@ def measure_case(spec: dict) -> dict:
     n, b, h, d = spec["n"], spec["batch"], spec["heads"], spec["head_dim"]
     backward = spec["mode"] == "fwdbwd"
     gen = torch.Generator(device=device).manual_seed(0)
-    q, k, v = (torch.randn(b, h, n, d, generator=gen, device=device, dtype=dtype)
-               .requires_grad_(backward) for _ in range(3))
+    q, k, v = (
+        torch.randn(b, h, n, d, generator=gen, device=device, dtype=dtype).requires_grad_(backward)
+        for _ in range(3)
+    )
 
     def step() -> None:
         with torch.set_grad_enabled(backward):
-            out = scaled_dot_product_attention(q, k, v, is_causal=spec["causal"],
-                                               backend=spec["backend"], **spec["options"])
+            out = scaled_dot_product_attention(
+                q, k, v, is_causal=spec["causal"], backend=spec["backend"], **spec["options"]
+            )
             if backward:
                 out.sum().backward()
                 for t in (q, k, v):
@@ -139,8 +143,12 @@ def measure_case(spec: dict) -> dict:
         reps.append(time.perf_counter() - t0)
         timed += reps[-1]
     peak = _memory_peak(device) - base
-    return {"time_s": statistics.median(reps), "peak_bytes": max(peak, 0), "reps": len(reps),
-            "memory_method": _memory_method(device)}
+    return {
+        "time_s": statistics.median(reps),
+        "peak_bytes": max(peak, 0),
+        "reps": len(reps),
+        "memory_method": _memory_method(device),
+    }
 
 
 def _status_kb(key: str) -> int | None:
@@ -208,7 +216,11 @@ def _run_subprocess(spec: dict, timeout: float | None = None) -> dict:
         env["OMP_NUM_THREADS"] = str(spec["threads"])
     proc = subprocess.run(
         [sys.executable, "-m", "attnlab.experiments.attention_bench", json.dumps(spec)],
-        capture_output=True, text=True, env=env, timeout=timeout)
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         return {"error": " | ".join(tail) or f"exit status {proc.returncode}"}
@@ -234,11 +246,21 @@ def run_benchmark(cfg: BenchConfig, progress=None) -> list[dict]:
                 if need > cfg.max_gb:
                     row["skipped"] = f"skipped (would need {need:.3g} GB)"
                 else:
-                    spec = {"n": n, "backend": backend, "mode": mode, "batch": cfg.batch,
-                            "heads": cfg.heads, "head_dim": cfg.head_dim, "causal": cfg.causal,
-                            "options": cfg.options.get(backend, {}), "threads": cfg.threads,
-                            "device": cfg.device, "dtype": cfg.dtype, "min_time": cfg.min_time,
-                            "max_reps": cfg.max_reps}
+                    spec = {
+                        "n": n,
+                        "backend": backend,
+                        "mode": mode,
+                        "batch": cfg.batch,
+                        "heads": cfg.heads,
+                        "head_dim": cfg.head_dim,
+                        "causal": cfg.causal,
+                        "options": cfg.options.get(backend, {}),
+                        "threads": cfg.threads,
+                        "device": cfg.device,
+                        "dtype": cfg.dtype,
+                        "min_time": cfg.min_time,
+                        "max_reps": cfg.max_reps,
+                    }
                     row.update(_run_subprocess(spec))
                 rows.append(row)
                 if progress is not None:
@@ -264,17 +286,26 @@ def markdown_table(rows: list[dict], cfg: BenchConfig) -> str:
     ns = sorted({r["n"] for r in rows})
     index = {(r["backend"], r["n"], r["mode"]): r for r in rows}
     dev = cfg.device + (f", {cfg.threads} thread(s)" if cfg.threads else "")
-    lines = [f"B={cfg.batch}, H={cfg.heads}, d={cfg.head_dim}, {cfg.dtype}, "
-             f"{'causal' if cfg.causal else 'non-causal'}, {dev}; options {cfg.options}", ""]
-    titles = {("fwd", "time_s"): "forward time (ms)",
-              ("fwdbwd", "time_s"): "forward+backward time (ms)",
-              ("fwd", "peak_bytes"): "forward peak memory (MiB)",
-              ("fwdbwd", "peak_bytes"): "forward+backward peak memory (MiB)"}
+    lines = [
+        f"B={cfg.batch}, H={cfg.heads}, d={cfg.head_dim}, {cfg.dtype}, "
+        f"{'causal' if cfg.causal else 'non-causal'}, {dev}; options {cfg.options}",
+        "",
+    ]
+    titles = {
+        ("fwd", "time_s"): "forward time (ms)",
+        ("fwdbwd", "time_s"): "forward+backward time (ms)",
+        ("fwd", "peak_bytes"): "forward peak memory (MiB)",
+        ("fwdbwd", "peak_bytes"): "forward+backward peak memory (MiB)",
+    }
     for (mode, key), title in titles.items():
         if mode not in cfg.modes:
             continue
-        lines += [f"**{title}**", "", "| N | " + " | ".join(backends) + " |",
-                  "|---:|" + "---:|" * len(backends)]
+        lines += [
+            f"**{title}**",
+            "",
+            "| N | " + " | ".join(backends) + " |",
+            "|---:|" + "---:|" * len(backends),
+        ]
         for n in ns:
             cells = [_cell(index.get((b, n, mode)), key) for b in backends]
             lines.append(f"| {n} | " + " | ".join(cells) + " |")
@@ -314,12 +345,16 @@ def plot_results(rows: list[dict], path: str | Path, cfg: BenchConfig) -> Path:
     fig, axes = plt.subplots(2, len(modes), figsize=(5.5 * len(modes), 8), squeeze=False)
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     for j, mode in enumerate(modes):
-        for i, (key, label, unit) in enumerate([("time_s", "time", 1e3),
-                                                ("peak_bytes", "peak memory", 1 / 2**20)]):
+        for i, (key, label, unit) in enumerate(
+            [("time_s", "time", 1e3), ("peak_bytes", "peak memory", 1 / 2**20)]
+        ):
             ax = axes[i][j]
             for b in backends:
-                pts = sorted((r["n"], r[key] * unit) for r in rows
-                             if r["backend"] == b and r["mode"] == mode and _ok(r))
+                pts = sorted(
+                    (r["n"], r[key] * unit)
+                    for r in rows
+                    if r["backend"] == b and r["mode"] == mode and _ok(r)
+                )
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=b)
             ax.set_xscale("log", base=2)
@@ -330,8 +365,7 @@ def plot_results(rows: list[dict], path: str | Path, cfg: BenchConfig) -> Path:
             ax.grid(True, which="both", alpha=0.3)
             if ax.lines:
                 ax.legend(fontsize=8)
-    fig.suptitle(f"attention backends, B={cfg.batch} H={cfg.heads} d={cfg.head_dim} "
-                 f"({cfg.device})")
+    fig.suptitle(f"attention backends, B={cfg.batch} H={cfg.heads} d={cfg.head_dim} ({cfg.device})")
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -346,8 +380,11 @@ def save_results(rows: list[dict], cfg: BenchConfig, out_dir: str | Path) -> dic
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = {"json": out_dir / "attention.json", "table": out_dir / "attention.md",
-             "plot": out_dir / "attention.png"}
+    files = {
+        "json": out_dir / "attention.json",
+        "table": out_dir / "attention.md",
+        "plot": out_dir / "attention.png",
+    }
     atomic_write_text(files["json"], json.dumps({"config": asdict(cfg), "rows": rows}, indent=1))
     atomic_write_text(files["table"], markdown_table(rows, cfg) + "\n")
     plot_results(rows, files["plot"], cfg)
@@ -358,9 +395,17 @@ def save_results(rows: list[dict], cfg: BenchConfig, out_dir: str | Path) -> dic
 # long context: one Transformer block, and the whole-model formula
 
 
-def lm_attention_memory_formula(*, n_layers: int, n_heads: int, seq_len: int, batch: int = 1,
-                                backend: str = "math", checkpointing: bool = False,
-                                d_model: int = 64, bytes_per_elem: int = 4) -> dict[str, float]:
+def lm_attention_memory_formula(
+    *,
+    n_layers: int,
+    n_heads: int,
+    seq_len: int,
+    batch: int = 1,
+    backend: str = "math",
+    checkpointing: bool = False,
+    d_model: int = 64,
+    bytes_per_elem: int = 4,
+) -> dict[str, float]:
     """Estimate the attention-score memory (GB) of training a decoder LM.
 
     ``math`` keeps two N×N fp32 tensors per head per layer for the backward (the softmax output
@@ -382,8 +427,11 @@ def lm_attention_memory_formula(*, n_layers: int, n_heads: int, seq_len: int, ba
         scores = 0.0
     per_token = (1 if checkpointing else 16) * d_model * bytes_per_elem
     acts = batch * seq_len * per_token * n_layers
-    return {"scores_gb": scores / 1e9, "activations_gb": acts / 1e9,
-            "total_gb": (scores + acts) / 1e9}
+    return {
+        "scores_gb": scores / 1e9,
+        "activations_gb": acts / 1e9,
+        "total_gb": (scores + acts) / 1e9,
+    }
 
 
 def _measure_block(spec: dict) -> dict:
@@ -398,10 +446,16 @@ def _measure_block(spec: dict) -> dict:
         torch.set_num_threads(spec["threads"])
     device = torch.device(spec["device"])
     torch.manual_seed(0)
-    block = build_block(spec["d_model"], spec["n_heads"], backend=spec["backend"],
-                        backend_options=spec.get("options", {}), device=device)
-    x = torch.randn(spec["batch"], spec["seq_len"], spec["d_model"], device=device,
-                    requires_grad=True)
+    block = build_block(
+        spec["d_model"],
+        spec["n_heads"],
+        backend=spec["backend"],
+        backend_options=spec.get("options", {}),
+        device=device,
+    )
+    x = torch.randn(
+        spec["batch"], spec["seq_len"], spec["d_model"], device=device, requires_grad=True
+    )
     base = _memory_now(device)
     _reset_peak(device)
     t0 = time.perf_counter()
@@ -409,18 +463,36 @@ def _measure_block(spec: dict) -> dict:
     if device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
-    return {"time_s": elapsed, "peak_bytes": max(_memory_peak(device) - base, 0),
-            "memory_method": _memory_method(device)}
+    return {
+        "time_s": elapsed,
+        "peak_bytes": max(_memory_peak(device) - base, 0),
+        "memory_method": _memory_method(device),
+    }
 
 
-def block_memory(*, seq_len: int = 4096, d_model: int = 512, n_heads: int = 8,
-                 backends: tuple[str, ...] = ("math", "tiled", "sdpa"), batch: int = 1,
-                 threads: int | None = None, device: str = "cpu") -> list[dict]:
+def block_memory(
+    *,
+    seq_len: int = 4096,
+    d_model: int = 512,
+    n_heads: int = 8,
+    backends: tuple[str, ...] = ("math", "tiled", "sdpa"),
+    batch: int = 1,
+    threads: int | None = None,
+    device: str = "cpu",
+) -> list[dict]:
     """Measured peak memory of one block's forward+backward per backend (fresh subprocesses)."""
     rows = []
     for backend in backends:
-        spec = {"worker": "block", "seq_len": seq_len, "d_model": d_model, "n_heads": n_heads,
-                "backend": backend, "batch": batch, "threads": threads, "device": device}
+        spec = {
+            "worker": "block",
+            "seq_len": seq_len,
+            "d_model": d_model,
+            "n_heads": n_heads,
+            "backend": backend,
+            "batch": batch,
+            "threads": threads,
+            "device": device,
+        }
         rows.append({"backend": backend, "seq_len": seq_len, **_run_subprocess(spec)})
     return rows
 
@@ -434,4 +506,3 @@ def _worker_main(argv: list[str]) -> int:
 
 if __name__ == "__main__":  # the subprocess entry point of run_benchmark / block_memory
     sys.exit(_worker_main(sys.argv[1:]))
-
