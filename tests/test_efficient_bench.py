@@ -97,3 +97,27 @@ def test_bench_rejects_bad_arguments(capsys):
     assert main(["bench", "attention", "--backends", "nope"]) == 2
     err = capsys.readouterr().err
     assert "--n must be positive" in err and "unknown backend" in err
+
+
+def test_long_context_cli_prints_the_formula(capsys):
+    rc = main(
+        [
+            "bench",
+            "long-context",
+            "--preset",
+            "tiny",
+            "--n-layers",
+            "16",
+            "--n-heads",
+            "16",
+            "--d-model",
+            "256",
+            "--seq-len",
+            "4096",
+            "--no-measure",
+        ]
+    )
+    assert rc == 0
+    out = capsys.readouterr().out
+    expected = lm_attention_memory_formula(n_layers=16, n_heads=16, seq_len=4096, d_model=256)
+    assert f"{expected['scores_gb']:.2f}" in out and "tiled" in out
