@@ -1,6 +1,7 @@
 """``attnlab demo``: a small GPT-style LM on pydoc against an LSTM and a bigram baseline.
 
-1. Train a character-level Transformer (preset ``gpt2-mini``) on CPython's pydoc topics for a
+1. Train a character-level Transformer (preset ``gpt2-mini`` with RoPE instead of learned
+   positions: relative positions are learned from far fewer tokens) on CPython's pydoc topics for a
    wall-clock budget.
 2. Train an LSTM LM and a bigram model with the same trainer on the same number of tokens
    (same batches, same number of steps).
@@ -25,6 +26,8 @@ __all__ = ["run_demo"]
 
 SEQ_LEN = 128
 BATCH = 32
+NAME = "Transformer (gpt2-mini, RoPE)"
+LR = 5e-3
 
 
 def _display(ch: str) -> str:
@@ -139,7 +142,10 @@ def run_demo(
     task = LMTask.build("pydoc", tokenizer="char", seq_len=SEQ_LEN, seed=seed)
     V = task.vocab_size
     torch.manual_seed(seed)
-    transformer = DecoderLM(ModelConfig.preset("gpt2-mini", vocab_size=V, max_seq_len=SEQ_LEN))
+    # RoPE rather than GPT-2's learned positions: with ~1M training tokens a learned position
+    # table is still mostly noise (validation 2.34 vs 1.84 nats after 150 steps here)
+    config = ModelConfig.preset("gpt2-mini", vocab_size=V, max_seq_len=SEQ_LEN, position="rope")
+    transformer = DecoderLM(config)
     threads_before = torch.get_num_threads()
     try:
         if device == "cpu":
@@ -170,25 +176,21 @@ def _run(
         batch_size=BATCH, seed=seed, device=device, progress=progress, log_every=10, eval_batches=4
     )
     if steps is None:
-        t_cfg = TrainConfig(max_time=budget, lr=2e-3, warmup_steps=20, eval_every=50, **common)
-        say(f"[1/3] Transformer (gpt2-mini) for {budget:.0f} s ...")
+        t_cfg = TrainConfig(max_time=budget, lr=LR, warmup_steps=20, eval_every=50, **common)
+        say(f"[1/3] {NAME} for {budget:.0f} s ...")
     else:
         t_cfg = TrainConfig(
             steps=steps,
-            lr=2e-3,
+            lr=LR,
             warmup_steps=max(1, steps // 10),
             eval_every=max(1, steps // 4),
             **common,
         )
-        say(f"[1/3] Transformer (gpt2-mini) for {steps} steps ...")
+        say(f"[1/3] {NAME} for {steps} steps ...")
     t0 = time.time()
-    results = {
-        "Transformer (gpt2-mini)": train(
-            transformer, task, t_cfg, out / "transformer", overwrite=True
-        )
-    }
+    results = {NAME: train(transformer, task, t_cfg, out / "transformer", overwrite=True)}
     times = [time.time() - t0]
-    n_steps = results["Transformer (gpt2-mini)"].steps
+    n_steps = results[NAME].steps
     tokens = n_steps * BATCH * SEQ_LEN
 
     baselines = [
@@ -205,7 +207,7 @@ def _run(
             1e-1,
         ),
     ]
-    models = {"Transformer (gpt2-mini)": transformer}
+    models = {NAME: transformer}
     for i, (name, sub, make, lr) in enumerate(baselines, start=2):
         say(f"[{i}/3] {name}: {n_steps} steps = {tokens:,} tokens ...")
         torch.manual_seed(seed)
@@ -253,7 +255,7 @@ def _run(
     sample_ids = generate(transformer, ids, 300, temperature=0.8, generator=gen)
     sample = task.tokenizer.decode(sample_ids[0].tolist())
 
-    text_ids = next(task.eval_batches(1, 1))[0][:, :48].to(dev)  # (1, 48) held-out characters
+    text_ids = next(task.eval_batches(1, 1))[0][:, :32].to(dev)  # (1, 32) held-out characters
     with torch.no_grad():
         transformer(text_ids, need_weights=True)
     weights = transformer.blocks[-1].attn_weights[0]  # (H, T, T)

@@ -294,10 +294,10 @@ def _demo(args: argparse.Namespace) -> int:
         f"Validation loss on held-out pydoc text ({report['tokens']:,} training tokens each, "
         f"{report['tokenizer']} tokenizer):"
     )
-    print(f"  {'model':<28}{'params':>10}{'val loss':>10}{'ppl':>9}{'time':>8}")
+    print(f"  {'model':<32}{'params':>10}{'val loss':>10}{'ppl':>9}{'time':>8}")
     for row in report["models"]:
         print(
-            f"  {row['name']:<28}{row['params']:>10,}{row['val_loss']:>10.4f}"
+            f"  {row['name']:<32}{row['params']:>10,}{row['val_loss']:>10.4f}"
             f"{math.exp(row['val_loss']):>9.2f}{row['time']:>7.0f}s"
         )
     print()
