@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -145,15 +146,18 @@ def _train_lm(args: argparse.Namespace) -> int:
         )
         torch.manual_seed(cfg.seed)
         model = build_model(config)
+    main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 prints
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    print(
-        f"model {model.kind}: {n_params / 1e6:.2f}M parameters; data {task.data!r}: "
-        f"{task.config_dict()['n_tokens']['train']:,} training tokens "
-        f"({task.tokenizer.type} tokenizer, vocab {task.vocab_size})",
-        file=sys.stderr,
-    )
+    if main_rank:
+        print(
+            f"model {model.kind}: {n_params / 1e6:.2f}M parameters; data {task.data!r}: "
+            f"{task.config_dict()['n_tokens']['train']:,} training tokens "
+            f"({task.tokenizer.type} tokenizer, vocab {task.vocab_size})",
+            file=sys.stderr,
+        )
     result = train(model, task, cfg, out, resume=args.resume, overwrite=args.overwrite)
-    _print_result(result)
+    if main_rank:
+        _print_result(result)
     return 0
 
 
