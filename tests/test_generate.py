@@ -143,3 +143,30 @@ def test_bad_generation_requests_raise_user_errors():
         generate(model, torch.zeros(1, 2, dtype=torch.long), 1, top_p=0)
     with pytest.raises(UserError, match="token ids"):
         generate(model, torch.full((1, 2), 999), 1)
+
+
+def test_package_attribute_generate_is_the_function_even_after_importing_the_module():
+    import importlib
+
+    import attnlab
+
+    importlib.import_module("attnlab.generate")
+    assert callable(attnlab.generate) and attnlab.generate.__name__ == "generate"
+
+
+def test_cache_is_sized_for_the_request_not_the_whole_context(monkeypatch):
+    # an imported checkpoint can have 131k positions; the cache must not reserve all of them
+    model = DecoderLM(ModelConfig.preset("llama-tiny", max_seq_len=100_000)).eval()
+    sizes = []
+    original = model.make_caches
+
+    def spy(batch, max_len):
+        sizes.append(max_len)
+        return original(batch, max_len)
+
+    monkeypatch.setattr(model, "make_caches", spy)
+    idx = torch.randint(0, model.config.vocab_size, (2, 5))
+    out = generate(model, idx, 7, temperature=0.0)
+    assert out.shape == (2, 12)
+    assert sizes == [12]
+    assert torch.equal(out, generate(model, idx, 7, temperature=0.0, use_cache=False))

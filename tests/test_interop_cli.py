@@ -130,3 +130,18 @@ def test_parse_shard_size():
     assert parse_size("4096") == 4096
     with pytest.raises(attnlab.errors.UserError, match="--max-shard-size"):
         parse_size("lots")
+
+
+def test_converted_run_without_tokenizer_loads_with_tokenizer_none(tmp_path, capsys):
+    hf = build_hf("gpt2", n_layer=1)
+    hf.save_pretrained(tmp_path / "hf")  # no tokenizer.json beside the weights
+    run = tmp_path / "run"
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(run)]) == 0
+    model, tok = attnlab.load(run)
+    assert tok is None
+    ids = torch.randint(0, V, (1, 6))
+    with torch.no_grad():
+        assert (model(ids) - hf(input_ids=ids).logits).abs().max().item() < 1e-4
+    # generating text needs a tokenizer: one clear message, exit 2
+    assert main(["generate", str(run), "--prompt", "hi", "-n", "2"]) == 2
+    assert "tokenizer" in capsys.readouterr().err

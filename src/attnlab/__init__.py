@@ -16,12 +16,16 @@ __version__ = "0.1.0"
 _LAZY = {
     "ModelConfig": "attnlab.config",
     "DecoderLM": "attnlab.models.lm",
-    "generate": "attnlab.generate",
     "load": "attnlab.runs",
     "scaled_dot_product_attention": "attnlab.attention.core",
 }
 
-__all__ = [*_LAZY, "__version__"]
+# ``attnlab.generate`` is both a module and its main function: importing the function here binds
+# the package attribute to the function for good (a later ``import attnlab.generate`` finds the
+# module in sys.modules and leaves the attribute alone).
+from attnlab.generate import generate  # noqa: E402
+
+__all__ = [*_LAZY, "generate", "__version__"]
 
 
 def __getattr__(name: str):

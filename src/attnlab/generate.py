@@ -19,8 +19,6 @@ Shape legend: B batch, T prompt length, V vocab.
 from __future__ import annotations
 
 import inspect
-import sys
-import types
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -151,7 +149,7 @@ def stream_generate(
     was_training = model.training
     model.eval()
     try:
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             L = tokens.shape[1]
             if L - start > ctx:  # context full: slide the window, re-encode it
                 start = L - (ctx - ctx // 4 if use_cache else ctx)
@@ -162,7 +160,10 @@ def stream_generate(
                 kwargs["attention_mask"] = window_mask
             if use_cache:
                 if caches is None:
-                    caches = model.make_caches(tokens.shape[0], ctx)
+                    # room for this window plus the tokens still to come, never the whole
+                    # max_seq_len (imported Llama checkpoints have 32k-131k positions)
+                    capacity = min(ctx, L - start + max_new_tokens - step)
+                    caches = model.make_caches(tokens.shape[0], capacity)
                     cached = start
                 logits = model(tokens[:, cached:], caches=caches, **kwargs)[:, -1]  # (B, V)
                 cached = L
@@ -237,15 +238,3 @@ def generate(
             callback(nxt)
         out.append(nxt[:, None].to(idx.device))
     return torch.cat(out, dim=1)
-
-
-class _CallableModule(types.ModuleType):
-    """``attnlab.generate`` names both this module and its main function; once the module has been
-    imported, Python binds the package attribute to the module. Making the module callable keeps
-    ``attnlab.generate(model, idx, n)`` working whichever of the two the name resolves to."""
-
-    def __call__(self, *args, **kwargs) -> Tensor:
-        return generate(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

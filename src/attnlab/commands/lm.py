@@ -72,7 +72,7 @@ def build_model(config):
     raise TypeError(f"not a language-model config: {type(config).__name__}")
 
 
-def _lm_run_config(run_dir: str | Path) -> dict:
+def _lm_run_config(run_dir: str | Path, *, need_task: bool = True) -> dict:
     from attnlab.runs import read_config
 
     cfg = read_config(run_dir)
@@ -81,16 +81,19 @@ def _lm_run_config(run_dir: str | Path) -> dict:
             f"{str(run_dir)!r} holds a {cfg['kind']!r} run, not a language model "
             f"({', '.join(LM_KINDS)})"
         )
-    if not isinstance(cfg.get("task"), dict) or cfg["task"].get("type") != "lm":
+    has_task = isinstance(cfg.get("task"), dict) and cfg["task"].get("type") == "lm"
+    if need_task and not has_task:  # generation needs no corpus (runs converted from HF have none)
         raise RunDirError(f"{str(run_dir)!r}: config.json has no language-modelling task")
     return cfg
 
 
-def _load_lm(run_dir: str | Path, weights: str = "best", device: str = "cpu"):
+def _load_lm(
+    run_dir: str | Path, weights: str = "best", device: str = "cpu", *, need_task: bool = True
+):
     """(model, tokenizer, config) of an LM run; ``weights`` best falls back to last."""
     from attnlab.runs import load
 
-    cfg = _lm_run_config(run_dir)
+    cfg = _lm_run_config(run_dir, need_task=need_task)
     name = "best.safetensors" if weights == "best" else "model.safetensors"
     if not (Path(run_dir) / name).exists():
         name = "model.safetensors"
@@ -205,7 +208,7 @@ def _generate(args: argparse.Namespace) -> int:
         model, tok = load_hf_lm(args.from_hf, device=_device(args.device))
         stop_ids = getattr(model, "hf_config", {}).get("eos_token_id")  # int, list or None
     elif args.run_dir:
-        model, tok, _ = _load_lm(args.run_dir, args.weights, _device(args.device))
+        model, tok, _ = _load_lm(args.run_dir, args.weights, _device(args.device), need_task=False)
     else:
         raise UserError("give a run directory (or --from-hf DIR)")
     ids = _encode_prompt(tok, args.prompt)

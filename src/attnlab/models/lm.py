@@ -228,8 +228,11 @@ class DecoderLM(nn.Module):
 
 
 def _load_tokenizer(run_dir):
-    from attnlab.data.tokenizers import load_tokenizer
+    from attnlab.data.tokenizers import TOKENIZER_FILE, load_tokenizer
 
+    # a run converted from a checkpoint without tokenizer.json still loads (tokenizer None)
+    if not (run_dir / TOKENIZER_FILE).exists():
+        return None
     return load_tokenizer(run_dir)
 
 
