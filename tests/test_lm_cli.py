@@ -201,3 +201,13 @@ def test_generate_from_a_hugging_face_folder(tmp_path, capsys):
     if eos is None or eos not in new:  # no end-of-text token in the greedy run
         assert capsys.readouterr().out == expected + "\n"
     assert "not both" in _error(capsys, [*argv, str(tmp_path)])
+
+
+def test_backend_and_checkpointing_flags_reach_the_model_config(tmp_path, capsys):
+    run = tmp_path / "run"
+    args = [*TINY, "--steps", "2", "--backend", "tiled", "--checkpointing", "--out", str(run)]
+    assert main(["train", "lm", *args]) == 0
+    cfg = json.loads((run / "config.json").read_text())["model"]
+    assert cfg["backend"] == "tiled" and cfg["activation_checkpointing"] is True
+    assert main(["train", "lm", *TINY, "--backend", "nope", "--out", str(tmp_path / "x")]) == 2
+    assert "nope" in capsys.readouterr().err

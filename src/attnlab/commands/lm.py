@@ -132,6 +132,10 @@ def _train_lm(args: argparse.Namespace) -> int:
         model = _find_kind(saved["kind"]).build(saved["model"])
     else:
         overrides = _parse_overrides(args.set)
+        if args.backend is not None:
+            overrides["backend"] = args.backend
+        if args.checkpointing:
+            overrides["activation_checkpointing"] = True
         base = model_config(args.arch, args.preset, overrides)
         seq_len = args.seq_len or base.max_seq_len
         task = LMTask.build(
@@ -382,6 +386,18 @@ def register(groups) -> None:
     )
     p.add_argument(
         "--max-chars", type=int, default=None, help="use only the first N characters of the corpus"
+    )
+    p.add_argument(
+        "--backend",
+        default=None,
+        help="attention backend: auto (default), sdpa, math, tiled, window, linear "
+        "(same as --set backend=NAME; long contexts: tiled or sdpa)",
+    )
+    p.add_argument(
+        "--checkpointing",
+        action="store_true",
+        help="activation checkpointing per block: recompute activations in the backward "
+        "pass to save memory (same as --set activation_checkpointing=true)",
     )
     add_train_args(p, out="runs/lm", steps=1000, lr=1e-3, warmup_steps=50)
     p.set_defaults(func=_train_lm)
