@@ -32,8 +32,9 @@ def tokens(B=3, L=9):
     return t
 
 
-@pytest.mark.parametrize("arch,encoder", [("lstm", "cnn"), ("transformer", "cnn"),
-                                          ("transformer", "vit")])
+@pytest.mark.parametrize(
+    "arch,encoder", [("lstm", "cnn"), ("transformer", "cnn"), ("transformer", "vit")]
+)
 def test_decoder_is_causal(arch, encoder):
     m = tiny(arch, encoder=encoder)
     x, t = torch.rand(3, 3, 32, 32), tokens()
@@ -56,16 +57,24 @@ def test_cross_attention_weights_are_distributions_over_image_tokens(encoder):
     torch.testing.assert_close(maps.sum(-1), torch.ones(Y, B, H, L))
 
 
-@pytest.mark.parametrize("arch,encoder,features", [("lstm", "cnn", "penultimate"),
-                                                   ("lstm", "vit", "logits"),
-                                                   ("transformer", "cnn", "penultimate"),
-                                                   ("transformer", "vit", "penultimate")])
+@pytest.mark.parametrize(
+    "arch,encoder,features",
+    [
+        ("lstm", "cnn", "penultimate"),
+        ("lstm", "vit", "logits"),
+        ("transformer", "cnn", "penultimate"),
+        ("transformer", "vit", "penultimate"),
+    ],
+)
 def test_every_trainable_parameter_gets_a_gradient(arch, encoder, features):
     """Parameters the caption never depends on are frozen (DDP needs all others used)."""
     m = tiny(arch, encoder=encoder, features=features).train()
     m(torch.rand(2, 3, 32, 32), tokens(2)).logsumexp(-1).sum().backward()
-    missing = [k for k, p in m.named_parameters()
-               if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)]
+    missing = [
+        k
+        for k, p in m.named_parameters()
+        if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)
+    ]
     assert not missing
     assert any(p.requires_grad for p in m.encoder.parameters())
 
@@ -144,8 +153,9 @@ def test_beam_search_with_real_model_returns_valid_captions():
 
 
 def test_frozen_encoder_keeps_weights_and_batchnorm_statistics():
-    m = build_captioner(CaptionConfig.preset("tiny", arch="lstm", vocab_size=V,
-                                             freeze_encoder=True))
+    m = build_captioner(
+        CaptionConfig.preset("tiny", arch="lstm", vocab_size=V, freeze_encoder=True)
+    )
     m.train()
     before = {k: v.clone() for k, v in m.encoder.state_dict().items()}
     opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2)
@@ -194,8 +204,17 @@ def test_short_training_names_objects_in_the_image(tmp_path):
     task = CaptionTask(n_train=1500, n_val=100, n_unseen=50)
     vocab = task.vocab
     model = build_captioner(CaptionConfig.preset("tiny", arch="lstm", vocab_size=len(vocab)))
-    cfg = TrainConfig(steps=300, batch_size=48, lr=3e-3, warmup_steps=20, weight_decay=0.0,
-                      eval_every=300, eval_batches=2, progress=False, device="cpu")
+    cfg = TrainConfig(
+        steps=300,
+        batch_size=48,
+        lr=3e-3,
+        warmup_steps=20,
+        weight_decay=0.0,
+        eval_every=300,
+        eval_batches=2,
+        progress=False,
+        device="cpu",
+    )
     result = train(model, task, cfg, tmp_path / "run")
     assert result.steps == 300
     loaded, vocab2 = load(tmp_path / "run")
@@ -221,8 +240,9 @@ def test_caption_metrics_on_known_captions(monkeypatch):
     unseen = SceneSet(cfg, "unseen", 40, seed=5)
     model = tiny("lstm")
     listing = iter([unseen.captions[i][0] for i in range(40)])
-    monkeypatch.setattr(cap, "caption_images",
-                        lambda m, x, v, beam_size=1: [next(listing) for _ in range(len(x))])
+    monkeypatch.setattr(
+        cap, "caption_images", lambda m, x, v, beam_size=1: [next(listing) for _ in range(len(x))]
+    )
     m = caption_metrics(model, build_vocab(), unseen, range(40), train_captions=train_caps)
     assert m["novel_combo"] == 1.0 and m["object_precision"] == 1.0 and m["exact_match"] == 1.0
     assert m["retrieved"] == 0.0 and m["bleu"] > 99
@@ -231,6 +251,9 @@ def test_caption_metrics_on_known_captions(monkeypatch):
     monkeypatch.setattr(cap, "caption_images", lambda m, x, v, beam_size=1: [fixed] * len(x))
     m = caption_metrics(model, build_vocab(), unseen, range(40), train_captions=train_caps)
     assert m["novel_combo"] == 0.0 and m["retrieved"] == 1.0
-    present = sum((c in {(o.colour, o.shape) for o in s.objects})
-                  for s in unseen.scenes for c in (("yellow", "circle"), ("blue", "square")))
+    present = sum(
+        (c in {(o.colour, o.shape) for o in s.objects})
+        for s in unseen.scenes
+        for c in (("yellow", "circle"), ("blue", "square"))
+    )
     assert m["object_precision"] == pytest.approx(present / 80)

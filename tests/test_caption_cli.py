@@ -10,12 +10,56 @@ from attnlab.cli import main
 @pytest.fixture(scope="module")
 def cap_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("cap")
-    common = ["--steps", "3", "--batch-size", "16", "--n-train", "60", "--n-val", "20",
-              "--eval-every", "3", "--eval-batches", "1", "--no-progress", "--device", "cpu"]
-    assert main(["train", "caption", "--model", "transformer", "--encoder", "vit",
-                 "--out", str(root / "tr")] + common) == 0
-    assert main(["train", "caption", "--model", "lstm", "--freeze-encoder", "--pretrain-steps",
-                 "2", "--out", str(root / "lstm")] + common) == 0
+    common = [
+        "--steps",
+        "3",
+        "--batch-size",
+        "16",
+        "--n-train",
+        "60",
+        "--n-val",
+        "20",
+        "--eval-every",
+        "3",
+        "--eval-batches",
+        "1",
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
+    assert (
+        main(
+            [
+                "train",
+                "caption",
+                "--model",
+                "transformer",
+                "--encoder",
+                "vit",
+                "--out",
+                str(root / "tr"),
+            ]
+            + common
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "train",
+                "caption",
+                "--model",
+                "lstm",
+                "--freeze-encoder",
+                "--pretrain-steps",
+                "2",
+                "--out",
+                str(root / "lstm"),
+            ]
+            + common
+        )
+        == 0
+    )
     assert main(["scene", "--out", str(root / "scenes"), "--n", "2"]) == 0
     return root
 
@@ -25,8 +69,12 @@ def test_caption_prints_vocabulary_words(cap_run, capsys, run, beam):
     from attnlab.data.scenes import build_vocab
 
     capsys.readouterr()
-    assert main(["caption", str(cap_run / run), str(cap_run / "scenes" / "scene_0.png"),
-                 "--beam", beam]) == 0
+    assert (
+        main(
+            ["caption", str(cap_run / run), str(cap_run / "scenes" / "scene_0.png"), "--beam", beam]
+        )
+        == 0
+    )
     words = capsys.readouterr().out.split()
     vocab = build_vocab()
     assert all(w in vocab.stoi for w in words) and not {"<start>", "<end>"} & set(words)
@@ -34,11 +82,31 @@ def test_caption_prints_vocabulary_words(cap_run, capsys, run, beam):
 
 def test_attention_maps_png(cap_run, tmp_path, capsys):
     png = tmp_path / "att.png"
-    assert main(["caption", str(cap_run / "tr"), str(cap_run / "scenes" / "scene_0.png"),
-                 "--attention", str(png)]) == 0
+    assert (
+        main(
+            [
+                "caption",
+                str(cap_run / "tr"),
+                str(cap_run / "scenes" / "scene_0.png"),
+                "--attention",
+                str(png),
+            ]
+        )
+        == 0
+    )
     assert Image.open(png).size[0] > 100
-    assert main(["caption", str(cap_run / "lstm"), str(cap_run / "scenes" / "scene_0.png"),
-                 "--attention", str(png)]) == 2
+    assert (
+        main(
+            [
+                "caption",
+                str(cap_run / "lstm"),
+                str(cap_run / "scenes" / "scene_0.png"),
+                "--attention",
+                str(png),
+            ]
+        )
+        == 2
+    )
     assert "Transformer captioner" in capsys.readouterr().err
 
 
@@ -61,14 +129,38 @@ def test_caption_bad_images(cap_run, tmp_path, capsys):
     assert main(["caption", str(cap_run / "tr"), str(big), "--beam", "0"]) == 2
 
 
-@pytest.mark.parametrize("name,expect", [
-    ("caption-retrieval", ["| cnn+lstm |", "| patches+transformer |", "nearest neighbour"]),
-    ("caption-features", ["| logits |", "| penultimate |", "frozen classifier"])])
+@pytest.mark.parametrize(
+    "name,expect",
+    [
+        ("caption-retrieval", ["| cnn+lstm |", "| patches+transformer |", "nearest neighbour"]),
+        ("caption-features", ["| logits |", "| penultimate |", "frozen classifier"]),
+    ],
+)
 def test_caption_experiments_print_their_tables(tmp_path, capsys, name, expect):
     capsys.readouterr()
     extra = ["--pretrain-steps", "2", "--encoder-width", "8"] if name == "caption-features" else []
-    assert main(["experiment", name, "--out", str(tmp_path), "--steps", "2", "--batch-size",
-                 "16", "--n-train", "60", "--n-eval", "16", "--no-progress", "--device", "cpu"]
-                + extra) == 0
+    assert (
+        main(
+            [
+                "experiment",
+                name,
+                "--out",
+                str(tmp_path),
+                "--steps",
+                "2",
+                "--batch-size",
+                "16",
+                "--n-train",
+                "60",
+                "--n-eval",
+                "16",
+                "--no-progress",
+                "--device",
+                "cpu",
+            ]
+            + extra
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert all(e in out for e in expect), out

@@ -33,8 +33,12 @@ def make_scene(*objs) -> Scene:
 
 # red circle top-left; blue square top-right; green triangle below the circle; yellow square
 # bottom-right. Distances from the red circle: triangle 16.0, blue square 21.0, yellow square 26.9.
-LAYOUT = make_scene(("red", "circle", 6, 6), ("blue", "square", 27, 6),
-                    ("green", "triangle", 7, 22), ("yellow", "square", 24, 26))
+LAYOUT = make_scene(
+    ("red", "circle", 6, 6),
+    ("blue", "square", 27, 6),
+    ("green", "triangle", 7, 22),
+    ("yellow", "square", 24, 26),
+)
 
 
 def answers(scene: Scene) -> dict[str, str]:
@@ -92,16 +96,19 @@ def test_every_question_type_occurs_in_the_hand_layout():
 
 def test_ambiguous_questions_are_not_asked():
     # The circle sits on the vertical centre line, equally far from both other objects.
-    scene = make_scene(("red", "circle", 16, 6), ("blue", "square", 8, 20),
-                       ("green", "triangle", 24, 20))
+    scene = make_scene(
+        ("red", "circle", 16, 6), ("blue", "square", 8, 20), ("green", "triangle", 24, 20)
+    )
     qa = answers(scene)
     assert "is the red circle on the left or the right ?" not in qa
     assert qa["is the red circle at the top or the bottom ?"] == "top"
-    assert not any("closest to the red circle" in q or "farthest from the red circle" in q
-                   for q in qa)
+    assert not any(
+        "closest to the red circle" in q or "farthest from the red circle" in q for q in qa
+    )
     # Repeated objects are never named.
-    dup = make_scene(("green", "triangle", 6, 6), ("green", "triangle", 26, 26),
-                     ("red", "circle", 26, 6))
+    dup = make_scene(
+        ("green", "triangle", 6, 6), ("green", "triangle", 26, 26), ("red", "circle", 26, 6)
+    )
     assert not any("the green triangle" in q for q in answers(dup))
     assert answers(dup)["how many triangles are there ?"] == "two"
 
@@ -111,8 +118,9 @@ def test_captions_of_the_hand_layout():
     assert caps[0] == "a red circle , a green triangle , a yellow square and a blue square"
     assert "a red circle above a green triangle" in caps  # dx = 1, dy = 16: vertical relation
     assert "a red circle left of a blue square" in caps
-    dup = make_scene(("green", "triangle", 6, 6), ("green", "triangle", 26, 26),
-                     ("orange", "circle", 26, 6))
+    dup = make_scene(
+        ("green", "triangle", 6, 6), ("green", "triangle", 26, 26), ("orange", "circle", 26, 6)
+    )
     caps = scene_captions(dup)
     assert "two green triangles" in caps
     assert "a green triangle left of an orange circle . two green triangles" in caps
@@ -156,7 +164,7 @@ def test_generation_is_deterministic_and_non_overlapping():
     for s in a.scenes:
         assert cfg.min_objects <= len(s.objects) <= cfg.max_objects
         for i, p in enumerate(s.objects):
-            for q in s.objects[i + 1:]:
+            for q in s.objects[i + 1 :]:
                 assert np.hypot(p.x - q.x, p.y - q.y) >= 2 * s.radius + 2
 
 

@@ -12,8 +12,9 @@ VOCAB = build_vocab()
 
 
 def tiny(arch="lstm", fusion="concat", **kw):
-    cfg = VQAConfig.preset("tiny", arch=arch, fusion=fusion, vocab_size=len(VOCAB),
-                           n_answers=len(VOCAB.answers), **kw)
+    cfg = VQAConfig.preset(
+        "tiny", arch=arch, fusion=fusion, vocab_size=len(VOCAB), n_answers=len(VOCAB.answers), **kw
+    )
     return build_vqa(cfg).eval()
 
 
@@ -28,16 +29,21 @@ def questions(texts):
 TEXTS = ["what colour is the circle ?", "is the red square left of the blue circle ?"]
 
 
-@pytest.mark.parametrize("arch,fusion", [("lstm", "concat"), ("lstm", "product"),
-                                         ("lstm", "none"), ("transformer", "concat")])
+@pytest.mark.parametrize(
+    "arch,fusion",
+    [("lstm", "concat"), ("lstm", "product"), ("lstm", "none"), ("transformer", "concat")],
+)
 def test_every_parameter_learns_and_logits_cover_the_answers(arch, fusion):
     m = tiny(arch, fusion).train()
     q, n = questions(TEXTS)
     out = m(torch.rand(2, 3, 32, 32), q, n)
     assert out.shape == (2, len(VOCAB.answers))
     out.logsumexp(-1).sum().backward()
-    missing = [k for k, p in m.named_parameters()
-               if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)]
+    missing = [
+        k
+        for k, p in m.named_parameters()
+        if p.requires_grad and (p.grad is None or not p.grad.abs().sum() > 0)
+    ]
     assert not missing
 
 
@@ -102,8 +108,17 @@ def test_short_run_beats_the_answer_frequency_baselines(tmp_path):
 
     task = VQATask(n_train=1500, n_val=150, n_unseen=50)
     model = tiny().train()
-    cfg = TrainConfig(steps=300, batch_size=64, lr=3e-3, warmup_steps=20, weight_decay=0.0,
-                      eval_every=300, eval_batches=2, progress=False, device="cpu")
+    cfg = TrainConfig(
+        steps=300,
+        batch_size=64,
+        lr=3e-3,
+        warmup_steps=20,
+        weight_decay=0.0,
+        eval_every=300,
+        eval_batches=2,
+        progress=False,
+        device="cpu",
+    )
     train(model, task, cfg, tmp_path / "run")
     loaded, vocab = load(tmp_path / "run")
     assert vocab.answers == VOCAB.answers

@@ -12,9 +12,31 @@ from attnlab.cli import main
 @pytest.fixture(scope="module")
 def vqa_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("vqa")
-    rc = main(["train", "vqa", "--model", "lstm-product", "--out", str(root / "run"),
-               "--steps", "4", "--batch-size", "16", "--n-train", "60", "--n-val", "20",
-               "--eval-every", "4", "--eval-batches", "1", "--no-progress", "--device", "cpu"])
+    rc = main(
+        [
+            "train",
+            "vqa",
+            "--model",
+            "lstm-product",
+            "--out",
+            str(root / "run"),
+            "--steps",
+            "4",
+            "--batch-size",
+            "16",
+            "--n-train",
+            "60",
+            "--n-val",
+            "20",
+            "--eval-every",
+            "4",
+            "--eval-batches",
+            "1",
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     assert main(["scene", "--out", str(root / "scenes"), "--n", "2", "--seed", "3"]) == 0
     return root
@@ -35,16 +57,28 @@ def test_ask_answers_from_the_answer_list(vqa_run, capsys):
     from attnlab.data.scenes import answer_list
 
     capsys.readouterr()
-    rc = main(["ask", str(vqa_run / "run"), str(vqa_run / "scenes" / "scene_0.png"),
-               "What colour is the circle?"])
+    rc = main(
+        [
+            "ask",
+            str(vqa_run / "run"),
+            str(vqa_run / "scenes" / "scene_0.png"),
+            "What colour is the circle?",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0 and out.strip() in answer_list() and "unknown" not in err
 
 
 def test_unknown_words_get_a_notice_not_a_crash(vqa_run, capsys):
     capsys.readouterr()
-    rc = main(["ask", str(vqa_run / "run"), str(vqa_run / "scenes" / "scene_0.png"),
-               "what colour is the zebra's hat?"])
+    rc = main(
+        [
+            "ask",
+            str(vqa_run / "run"),
+            str(vqa_run / "scenes" / "scene_0.png"),
+            "what colour is the zebra's hat?",
+        ]
+    )
     out, err = capsys.readouterr()
     assert rc == 0 and out.strip()
     assert "unknown word" in err and "'zebra'" in err and "'hat'" in err
@@ -53,8 +87,13 @@ def test_unknown_words_get_a_notice_not_a_crash(vqa_run, capsys):
 @pytest.mark.parametrize("case", ["missing", "not-an-image", "wrong-size", "not-a-run", "empty"])
 def test_bad_input_exits_nonzero_with_a_clear_message(vqa_run, tmp_path, capsys, case):
     run, image, question = str(vqa_run / "run"), str(vqa_run / "scenes" / "scene_0.png"), "why?"
-    expect = {"missing": "does not exist", "not-an-image": "cannot read", "wrong-size": "64x64",
-              "not-a-run": "run directory", "empty": "empty"}[case]
+    expect = {
+        "missing": "does not exist",
+        "not-an-image": "cannot read",
+        "wrong-size": "64x64",
+        "not-a-run": "run directory",
+        "empty": "empty",
+    }[case]
     if case == "missing":
         image = str(tmp_path / "nope.png")
     elif case == "not-an-image":
@@ -89,11 +128,35 @@ def test_ask_refuses_a_captioning_run(vqa_run, tmp_path, capsys):
 
 def test_vqa_bias_experiment_prints_a_table_per_question_type(tmp_path, capsys):
     capsys.readouterr()
-    assert main(["experiment", "vqa-bias", "--out", str(tmp_path), "--steps", "2",
-                 "--batch-size", "16", "--n-train", "60", "--models", "blind", "lstm-concat",
-                 "--no-progress", "--device", "cpu"]) == 0
+    assert (
+        main(
+            [
+                "experiment",
+                "vqa-bias",
+                "--out",
+                str(tmp_path),
+                "--steps",
+                "2",
+                "--batch-size",
+                "16",
+                "--n-train",
+                "60",
+                "--models",
+                "blind",
+                "lstm-concat",
+                "--no-progress",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    for word in ("| question type | blind | lstm-concat |", "| closest |", "| all |",
-                 "majority per type"):
+    for word in (
+        "| question type | blind | lstm-concat |",
+        "| closest |",
+        "| all |",
+        "majority per type",
+    ):
         assert word in out
     assert (tmp_path / "results.json").exists()

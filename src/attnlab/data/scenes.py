@@ -125,8 +125,10 @@ class SceneConfig:
         if self.image_size < 16:
             raise ValueError(f"image_size must be >= 16, got {self.image_size}")
         if not 1 <= self.min_objects <= self.max_objects:
-            raise ValueError(f"need 1 <= min_objects <= max_objects, got min_objects="
-                             f"{self.min_objects}, max_objects={self.max_objects}")
+            raise ValueError(
+                f"need 1 <= min_objects <= max_objects, got min_objects="
+                f"{self.min_objects}, max_objects={self.max_objects}"
+            )
         if self.max_objects >= len(NUMBER_WORDS):
             raise ValueError(f"max_objects must be < {len(NUMBER_WORDS)}, got {self.max_objects}")
         unknown = [c for c in self.colours if c not in COLOURS]
@@ -138,16 +140,20 @@ class SceneConfig:
         for combo in self.heldout:
             parts = combo.split()
             if len(parts) != 2 or parts[0] not in self.colours or parts[1] not in self.shapes:
-                raise ValueError(f"held-out combination {combo!r} must be 'colour shape' from "
-                                 f"colours {self.colours} and shapes {self.shapes}")
+                raise ValueError(
+                    f"held-out combination {combo!r} must be 'colour shape' from "
+                    f"colours {self.colours} and shapes {self.shapes}"
+                )
         if len(self.seen_combos()) == 0:
             raise ValueError("every colour-shape combination is held out; nothing to train on")
         # Non-overlap: centres at least 2r + 2 apart, inside a border of r + 1.
         cell = 2 * self.radius + 2
         free = self.image_size - 2 * (self.radius + 1)
         if free <= 0 or (free // cell + 1) ** 2 < self.max_objects:
-            raise ValueError(f"{self.max_objects} objects of radius {self.radius} do not fit in a "
-                             f"{self.image_size}x{self.image_size} image")
+            raise ValueError(
+                f"{self.max_objects} objects of radius {self.radius} do not fit in a "
+                f"{self.image_size}x{self.image_size} image"
+            )
         for name in ("duplicate_prob", "colour_bias"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
@@ -164,8 +170,11 @@ class SceneConfig:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d["colours"], d["shapes"], d["heldout"] = list(self.colours), list(self.shapes), list(
-            self.heldout)
+        d["colours"], d["shapes"], d["heldout"] = (
+            list(self.colours),
+            list(self.shapes),
+            list(self.heldout),
+        )
         return d
 
     @classmethod
@@ -212,8 +221,9 @@ class QA:
 # generation and rendering
 
 
-def _sample_positions(rng: np.random.Generator, n: int,
-                      cfg: SceneConfig) -> list[tuple[float, float]]:
+def _sample_positions(
+    rng: np.random.Generator, n: int, cfg: SceneConfig
+) -> list[tuple[float, float]]:
     lo, hi = cfg.radius + 1, cfg.image_size - cfg.radius - 1
     min_dist = 2 * cfg.radius + 2
     for _ in range(1000):
@@ -227,8 +237,9 @@ def _sample_positions(rng: np.random.Generator, n: int,
     raise RuntimeError(f"could not place {n} objects without overlap")  # pragma: no cover
 
 
-def _sample_combo(rng: np.random.Generator, cfg: SceneConfig,
-                  allowed: list[tuple[str, str]]) -> tuple[str, str]:
+def _sample_combo(
+    rng: np.random.Generator, cfg: SceneConfig, allowed: list[tuple[str, str]]
+) -> tuple[str, str]:
     shape = cfg.shapes[rng.integers(len(cfg.shapes))]
     colours = [c for c, s in allowed if s == shape]
     fav = SceneConfig.FAVOURITE.get(shape)
@@ -335,10 +346,12 @@ def scene_captions(scene: Scene) -> list[str]:
     caps = [listing]
     pairs = []
     for i, a in enumerate(objs):
-        for b in objs[i + 1:]:
+        for b in objs[i + 1 :]:
             if a.name != b.name:
-                pairs.append(f"{_group_phrase(1, a.colour, a.shape)} {_relation(a, b)} "
-                             f"{_group_phrase(1, b.colour, b.shape)}")
+                pairs.append(
+                    f"{_group_phrase(1, a.colour, a.shape)} {_relation(a, b)} "
+                    f"{_group_phrase(1, b.colour, b.shape)}"
+                )
     count_caps = [_group_phrase(n, *g) for g, n in counts.items() if n > 1]
     caps += pairs + count_caps
     if pairs and count_caps:
@@ -391,11 +404,21 @@ def scene_questions(scene: Scene, margin: float = 1.5) -> list[QA]:
         qs.append(QA("shape", f"what shape is the {colour} object ?", o.shape))
     for o in named:
         if abs(o.x - centre) >= margin:
-            qs.append(QA("position", f"is the {o.name} on the left or the right ?",
-                         "left" if o.x < centre else "right"))
+            qs.append(
+                QA(
+                    "position",
+                    f"is the {o.name} on the left or the right ?",
+                    "left" if o.x < centre else "right",
+                )
+            )
         if abs(o.y - centre) >= margin:
-            qs.append(QA("position", f"is the {o.name} at the top or the bottom ?",
-                         "top" if o.y < centre else "bottom"))
+            qs.append(
+                QA(
+                    "position",
+                    f"is the {o.name} at the top or the bottom ?",
+                    "top" if o.y < centre else "bottom",
+                )
+            )
 
     for o in named:
         others = sorted((x for x in objs if x is not o), key=lambda x: _dist(o, x))
@@ -403,37 +426,60 @@ def scene_questions(scene: Scene, margin: float = 1.5) -> list[QA]:
             continue
         near, far = others[0], others[-1]
         if len(others) == 1 or _dist(o, others[1]) - _dist(o, near) >= margin:
-            qs.append(QA("closest", f"what shape is the object closest to the {o.name} ?",
-                         near.shape))
-            qs.append(QA("closest", f"what colour is the object closest to the {o.name} ?",
-                         near.colour))
+            qs.append(
+                QA("closest", f"what shape is the object closest to the {o.name} ?", near.shape)
+            )
+            qs.append(
+                QA("closest", f"what colour is the object closest to the {o.name} ?", near.colour)
+            )
         if len(others) == 1 or _dist(o, far) - _dist(o, others[-2]) >= margin:
-            qs.append(QA("farthest", f"what shape is the object farthest from the {o.name} ?",
-                         far.shape))
-            qs.append(QA("farthest", f"what colour is the object farthest from the {o.name} ?",
-                         far.colour))
+            qs.append(
+                QA("farthest", f"what shape is the object farthest from the {o.name} ?", far.shape)
+            )
+            qs.append(
+                QA(
+                    "farthest",
+                    f"what colour is the object farthest from the {o.name} ?",
+                    far.colour,
+                )
+            )
 
     shape_counts = Counter(o.shape for o in objs)
     colour_counts = Counter(o.colour for o in objs)
     for shape in SHAPES:
-        qs.append(QA("count", f"how many {_plural(shape)} are there ?",
-                     NUMBER_WORDS[shape_counts[shape]]))
+        qs.append(
+            QA("count", f"how many {_plural(shape)} are there ?", NUMBER_WORDS[shape_counts[shape]])
+        )
     for colour in COLOURS:
-        qs.append(QA("count", f"how many {colour} objects are there ?",
-                     NUMBER_WORDS[colour_counts[colour]]))
+        qs.append(
+            QA(
+                "count",
+                f"how many {colour} objects are there ?",
+                NUMBER_WORDS[colour_counts[colour]],
+            )
+        )
 
     for a in named:
         for b in named:
             if a is not b and abs(a.x - b.x) >= margin:
-                qs.append(QA("left_of", f"is the {a.name} left of the {b.name} ?",
-                             "yes" if a.x < b.x else "no"))
+                qs.append(
+                    QA(
+                        "left_of",
+                        f"is the {a.name} left of the {b.name} ?",
+                        "yes" if a.x < b.x else "no",
+                    )
+                )
     return qs
 
 
 def answer_list() -> list[str]:
     """The fixed answer vocabulary (class index = position in this list)."""
-    return list(COLOURS) + list(SHAPES) + ["left", "right", "top", "bottom", "yes", "no"] + list(
-        NUMBER_WORDS)
+    return (
+        list(COLOURS)
+        + list(SHAPES)
+        + ["left", "right", "top", "bottom", "yes", "no"]
+        + list(NUMBER_WORDS)
+    )
 
 
 def shape_label(scene: Scene) -> int:
@@ -451,8 +497,14 @@ def shape_label(scene: Scene) -> int:
 
 
 _TOKEN_RE = re.compile(r"[a-z]+|[^\sa-z]")
-_ALIASES = {"color": "colour", "colors": "colours", "gray": "grey", "leftmost": "left",
-            "nearest": "closest", "furthest": "farthest"}
+_ALIASES = {
+    "color": "colour",
+    "colors": "colours",
+    "gray": "grey",
+    "leftmost": "left",
+    "nearest": "closest",
+    "furthest": "farthest",
+}
 
 
 def tokenize(text: str) -> list[str]:
@@ -576,9 +628,11 @@ def read_scene_image(path: str | Path, image_size: int) -> Tensor:
     except (UnidentifiedImageError, OSError) as err:
         raise UserError(f"cannot read {str(path)!r} as an image: {err}") from None
     if arr.shape[:2] != (image_size, image_size):
-        raise UserError(f"image {str(path)!r} is {arr.shape[1]}x{arr.shape[0]} pixels; this model "
-                        f"was trained on {image_size}x{image_size} scenes "
-                        f"(write one with 'attnlab scene --out DIR --image-size {image_size}')")
+        raise UserError(
+            f"image {str(path)!r} is {arr.shape[1]}x{arr.shape[0]} pixels; this model "
+            f"was trained on {image_size}x{image_size} scenes "
+            f"(write one with 'attnlab scene --out DIR --image-size {image_size}')"
+        )
     return images_to_tensor(arr)
 
 
@@ -650,8 +704,14 @@ class _TaskBase:
         return batch_size // world
 
     def config_dict(self) -> dict:
-        return {"name": self.name, "scene": self.scene.to_dict(), "n_train": self.n_train,
-                "n_val": self.n_val, "n_unseen": self.n_unseen, "seed": self.seed}
+        return {
+            "name": self.name,
+            "scene": self.scene.to_dict(),
+            "n_train": self.n_train,
+            "n_val": self.n_val,
+            "n_unseen": self.n_unseen,
+            "seed": self.seed,
+        }
 
     def save_artifacts(self, run_dir: Path) -> None:
         self.vocab.save(Path(run_dir) / "vocab.json")
@@ -733,8 +793,9 @@ class VQATask(_TaskBase):
             "qtypes": torch.tensor([QUESTION_TYPES.index(qa.qtype) for _, qa in pairs]),
         }
 
-    def _sample(self, sset: SceneSet, rng, n: int,
-                qtype: str | None = None) -> list[tuple[int, QA]]:
+    def _sample(
+        self, sset: SceneSet, rng, n: int, qtype: str | None = None
+    ) -> list[tuple[int, QA]]:
         out = []
         while len(out) < n:
             i = int(rng.integers(len(sset)))
@@ -755,8 +816,9 @@ class VQATask(_TaskBase):
         from attnlab.train.losses import cross_entropy
 
         logits = model(batch["images"], batch["questions"], batch["lengths"])  # (B, A)
-        loss = cross_entropy(logits, batch["answers"],
-                             label_smoothing=getattr(cfg, "label_smoothing", 0.0))
+        loss = cross_entropy(
+            logits, batch["answers"], label_smoothing=getattr(cfg, "label_smoothing", 0.0)
+        )
         acc = (logits.argmax(-1) == batch["answers"]).float().mean()
         return loss, {"acc": float(acc)}
 
@@ -773,13 +835,14 @@ class VQATask(_TaskBase):
         sset = self.sets("val")
         pairs = self.eval_pairs()
         for b in range(n_batches):
-            chunk = pairs[b * batch_size:(b + 1) * batch_size]
+            chunk = pairs[b * batch_size : (b + 1) * batch_size]
             if not chunk:
                 break
             yield self._batch(sset, chunk)
 
-    def answer_frequency_baseline(self, split: str = "val", *, per_type: bool = False,
-                                  n_samples: int = 4000) -> float:
+    def answer_frequency_baseline(
+        self, split: str = "val", *, per_type: bool = False, n_samples: int = 4000
+    ) -> float:
         """Accuracy of answering from training answer frequencies alone, on the fixed,
         type-balanced evaluation set the models are scored on.
 
@@ -792,8 +855,10 @@ class VQATask(_TaskBase):
         rng = _rng(self.seed + 1, "train", 0)
         sample = self._sample(self.sets("train"), rng, n_samples)
         overall = Counter(qa.answer for _, qa in sample).most_common(1)[0][0]
-        by_type = {t: Counter(qa.answer for _, qa in sample if qa.qtype == t).most_common(1)
-                   for t in QUESTION_TYPES}
+        by_type = {
+            t: Counter(qa.answer for _, qa in sample if qa.qtype == t).most_common(1)
+            for t in QUESTION_TYPES
+        }
         pairs = self.eval_pairs(split)
         hits = 0
         for _, qa in pairs:
@@ -802,8 +867,9 @@ class VQATask(_TaskBase):
         return hits / len(pairs)
 
     @torch.no_grad()
-    def accuracy_by_type(self, model, split: str = "val", per_type: int | None = None,
-                         batch_size: int = 256) -> dict[str, float]:
+    def accuracy_by_type(
+        self, model, split: str = "val", per_type: int | None = None, batch_size: int = 256
+    ) -> dict[str, float]:
         """Accuracy per question type (and ``"all"``) on the fixed evaluation set of ``split``."""
         sset = self.sets(split)
         pairs = self.eval_pairs(split, per_type)
@@ -813,10 +879,13 @@ class VQATask(_TaskBase):
         correct: Counter = Counter()
         total: Counter = Counter()
         for b in range(0, len(pairs), batch_size):
-            chunk = pairs[b:b + batch_size]
+            chunk = pairs[b : b + batch_size]
             batch = self._batch(sset, chunk)
-            logits = model(batch["images"].to(device), batch["questions"].to(device),
-                           batch["lengths"].to(device))
+            logits = model(
+                batch["images"].to(device),
+                batch["questions"].to(device),
+                batch["lengths"].to(device),
+            )
             hit = (logits.argmax(-1).cpu() == batch["answers"]).tolist()
             for (_, qa), h in zip(chunk, hit):
                 correct[qa.qtype] += h

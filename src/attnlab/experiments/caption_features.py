@@ -63,47 +63,80 @@ def run(cfg: CaptionFeaturesConfig) -> dict:
     task = CaptionTask(n_train=cfg.n_train, n_val=cfg.n_eval, n_unseen=10, seed=cfg.seed)
     torch.manual_seed(cfg.seed)
     width = {} if cfg.encoder_width is None else {"encoder_width": cfg.encoder_width}
-    base = build_captioner(CaptionConfig.preset(cfg.preset, arch="lstm",
-                                                vocab_size=len(task.vocab), **width))
-    acc = pretrain_encoder(base.encoder, task.sets("train"), cfg.pretrain_steps,
-                           batch_size=cfg.batch_size, seed=cfg.seed)
+    base = build_captioner(
+        CaptionConfig.preset(cfg.preset, arch="lstm", vocab_size=len(task.vocab), **width)
+    )
+    acc = pretrain_encoder(
+        base.encoder,
+        task.sets("train"),
+        cfg.pretrain_steps,
+        batch_size=cfg.batch_size,
+        seed=cfg.seed,
+    )
     encoder_state = base.encoder.state_dict()
-    results: dict = {"classifier_acc": acc, "rows": {}, "examples": {}, "steps": {},
-                     "seconds": {}}
+    results: dict = {"classifier_acc": acc, "rows": {}, "examples": {}, "steps": {}, "seconds": {}}
     for features in ("logits", "penultimate"):
         torch.manual_seed(cfg.seed)
-        model = build_captioner(CaptionConfig.preset(
-            cfg.preset, arch="lstm", vocab_size=len(task.vocab), features=features,
-            freeze_encoder=True, **width))
+        model = build_captioner(
+            CaptionConfig.preset(
+                cfg.preset,
+                arch="lstm",
+                vocab_size=len(task.vocab),
+                features=features,
+                freeze_encoder=True,
+                **width,
+            )
+        )
         model.encoder.load_state_dict(encoder_state)
-        tcfg = TrainConfig(steps=cfg.steps, max_time=cfg.max_time, batch_size=cfg.batch_size,
-                           lr=cfg.lr, warmup_steps=50, weight_decay=0.0, eval_every=10**9,
-                           eval_batches=2, seed=cfg.seed, device=cfg.device,
-                           progress=cfg.progress)
+        tcfg = TrainConfig(
+            steps=cfg.steps,
+            max_time=cfg.max_time,
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            warmup_steps=50,
+            weight_decay=0.0,
+            eval_every=10**9,
+            eval_batches=2,
+            seed=cfg.seed,
+            device=cfg.device,
+            progress=cfg.progress,
+        )
         res = train(model, task, tcfg, out / features, overwrite=cfg.overwrite)
         m = caption_metrics(model, task.vocab, task.sets("val"), range(cfg.n_eval))
-        results["rows"][features] = {k: m[k] for k in (
-            "bleu", "object_precision", "colour_precision", "shape_precision",
-            "chance_precision")}
+        results["rows"][features] = {
+            k: m[k]
+            for k in (
+                "bleu",
+                "object_precision",
+                "colour_precision",
+                "shape_precision",
+                "chance_precision",
+            )
+        }
         results["examples"][features] = m["captions"][:5]
-        results["steps"][features], results["seconds"][features] = res.steps, round(
-            res.elapsed, 1)
+        results["steps"][features], results["seconds"][features] = res.steps, round(res.elapsed, 1)
     atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     return results
 
 
 def format_table(results: dict) -> str:
     """Markdown table: one row per feature source."""
-    lines = ["| captioner reads | BLEU | object precision | colour precision | shape precision |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| captioner reads | BLEU | object precision | colour precision | shape precision |",
+        "|---|---|---|---|---|",
+    ]
     for name, r in results["rows"].items():
-        lines.append(f"| {name} | {r['bleu']:.1f} | {100 * r['object_precision']:.0f}% | "
-                     f"{100 * r['colour_precision']:.0f}% | {100 * r['shape_precision']:.0f}% |")
+        lines.append(
+            f"| {name} | {r['bleu']:.1f} | {100 * r['object_precision']:.0f}% | "
+            f"{100 * r['colour_precision']:.0f}% | {100 * r['shape_precision']:.0f}% |"
+        )
     chance = next(iter(results["rows"].values()))["chance_precision"]
-    steps = ", ".join(f"{m} {results['steps'][m]} steps/{results['seconds'][m]}s"
-                      for m in results["steps"])
+    steps = ", ".join(
+        f"{m} {results['steps'][m]} steps/{results['seconds'][m]}s" for m in results["steps"]
+    )
     ex = "\n".join(f"  {m}: " + " | ".join(e[:3]) for m, e in results["examples"].items())
     return "\n".join(lines) + (
         f"\n\nfrozen classifier (majority shape, 3 classes): held-out accuracy "
         f"{100 * results['classifier_acc']:.0f}%; object precision of a random colour-shape "
-        f"pair: {100 * chance:.0f}%\ntraining: {steps}\nexamples:\n{ex}")
+        f"pair: {100 * chance:.0f}%\ntraining: {steps}\nexamples:\n{ex}"
+    )

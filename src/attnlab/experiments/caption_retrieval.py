@@ -65,8 +65,12 @@ def _score(hyps: list[str], sset: SceneSet, indices, train_caps: set[str]) -> di
     from attnlab.data.scenes import mentioned_objects
 
     held = set(sset.config.heldout_combos())
-    novel = [bool(set(mentioned_objects(h)) & {(o.colour, o.shape) for o in sset.scenes[i].objects}
-                  & held) for h, i in zip(hyps, indices)]
+    novel = [
+        bool(
+            set(mentioned_objects(h)) & {(o.colour, o.shape) for o in sset.scenes[i].objects} & held
+        )
+        for h, i in zip(hyps, indices)
+    ]
     named = [(cs, i) for h, i in zip(hyps, indices) for cs in mentioned_objects(h)]
     prec = sum(cs in {(o.colour, o.shape) for o in sset.scenes[i].objects} for cs, i in named)
     return {
@@ -97,20 +101,38 @@ def run(cfg: CaptionRetrievalConfig) -> dict:
     results: dict = {"rows": {}, "examples": {}, "steps": {}, "seconds": {}}
     for arch in cfg.models:
         name = "cnn+lstm" if arch == "lstm" else "patches+transformer"
-        model = build_captioner(CaptionConfig.preset(cfg.preset, arch=arch,
-                                                     vocab_size=len(task.vocab)))
-        tcfg = TrainConfig(steps=cfg.steps, max_time=cfg.max_time, batch_size=cfg.batch_size,
-                           lr=cfg.lr, warmup_steps=50, weight_decay=0.0, eval_every=10**9,
-                           eval_batches=2, seed=cfg.seed, device=cfg.device,
-                           progress=cfg.progress)
+        model = build_captioner(
+            CaptionConfig.preset(cfg.preset, arch=arch, vocab_size=len(task.vocab))
+        )
+        tcfg = TrainConfig(
+            steps=cfg.steps,
+            max_time=cfg.max_time,
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            warmup_steps=50,
+            weight_decay=0.0,
+            eval_every=10**9,
+            eval_batches=2,
+            seed=cfg.seed,
+            device=cfg.device,
+            progress=cfg.progress,
+        )
         res = train(model, task, tcfg, out / arch, overwrite=cfg.overwrite)
         results["steps"][name], results["seconds"][name] = res.steps, round(res.elapsed, 1)
         row = {}
         for split in ("val", "unseen"):
-            m = caption_metrics(model, task.vocab, task.sets(split), idx,
-                                beam_size=cfg.beam_size, train_captions=train_caps)
-            row[split] = {k: m[k] for k in ("bleu", "retrieved", "exact_match",
-                                            "object_precision", "novel_combo")}
+            m = caption_metrics(
+                model,
+                task.vocab,
+                task.sets(split),
+                idx,
+                beam_size=cfg.beam_size,
+                train_captions=train_caps,
+            )
+            row[split] = {
+                k: m[k]
+                for k in ("bleu", "retrieved", "exact_match", "object_precision", "novel_combo")
+            }
             results["examples"].setdefault(name, {})[split] = m["captions"][:5]
         results["rows"][name] = row
     row = {}
@@ -120,8 +142,10 @@ def run(cfg: CaptionRetrievalConfig) -> dict:
         refs = [sset.captions[i] for i in idx]
         n_refs = max(map(len, refs))
         streams = [[r[k] if k < len(r) else r[0] for r in refs] for k in range(n_refs)]
-        row[split] = {"bleu": sacrebleu.corpus_bleu(hyps, streams).score,
-                      **_score(hyps, sset, idx, train_caps)}
+        row[split] = {
+            "bleu": sacrebleu.corpus_bleu(hyps, streams).score,
+            **_score(hyps, sset, idx, train_caps),
+        }
     results["rows"]["nearest neighbour (pixels)"] = row
     atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     return results
@@ -129,17 +153,23 @@ def run(cfg: CaptionRetrievalConfig) -> dict:
 
 def format_table(results: dict) -> str:
     """Markdown table: one row per captioner, val and unseen-split columns (percentages)."""
-    lines = ["| captioner | val BLEU | val retrieved | val obj. prec. | unseen BLEU | "
-             "unseen retrieved | unseen obj. prec. | unseen novel combo named |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| captioner | val BLEU | val retrieved | val obj. prec. | unseen BLEU | "
+        "unseen retrieved | unseen obj. prec. | unseen novel combo named |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in results["rows"].items():
         v, u = r["val"], r["unseen"]
-        lines.append(f"| {name} | {v['bleu']:.1f} | {100 * v['retrieved']:.0f}% | "
-                     f"{100 * v['object_precision']:.0f}% | {u['bleu']:.1f} | "
-                     f"{100 * u['retrieved']:.0f}% | {100 * u['object_precision']:.0f}% | "
-                     f"{100 * u['novel_combo']:.0f}% |")
-    steps = ", ".join(f"{m} {results['steps'][m]} steps/{results['seconds'][m]}s"
-                      for m in results["steps"])
-    ex = "\n".join(f"  {m} (unseen): " + " | ".join(e["unseen"][:3])
-                   for m, e in results["examples"].items())
+        lines.append(
+            f"| {name} | {v['bleu']:.1f} | {100 * v['retrieved']:.0f}% | "
+            f"{100 * v['object_precision']:.0f}% | {u['bleu']:.1f} | "
+            f"{100 * u['retrieved']:.0f}% | {100 * u['object_precision']:.0f}% | "
+            f"{100 * u['novel_combo']:.0f}% |"
+        )
+    steps = ", ".join(
+        f"{m} {results['steps'][m]} steps/{results['seconds'][m]}s" for m in results["steps"]
+    )
+    ex = "\n".join(
+        f"  {m} (unseen): " + " | ".join(e["unseen"][:3]) for m, e in results["examples"].items()
+    )
     return "\n".join(lines) + f"\n\ntraining: {steps}\nexamples:\n{ex}"

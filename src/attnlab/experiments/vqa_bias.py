@@ -31,17 +31,31 @@ VQA_MODELS = {
 }
 
 
-def vqa_config_for(name: str, vocab, *, preset: str = "tiny", image_size: int = 32,
-                   encoder: str = "cnn", **overrides):
+def vqa_config_for(
+    name: str,
+    vocab,
+    *,
+    preset: str = "tiny",
+    image_size: int = 32,
+    encoder: str = "cnn",
+    **overrides,
+):
     """The :class:`~attnlab.models.vqa.VQAConfig` of a CLI model name."""
     from attnlab.models.vqa import VQAConfig
 
     if name not in VQA_MODELS:
         raise ValueError(f"unknown VQA model {name!r}; choose from {list(VQA_MODELS)}")
     arch, fusion = VQA_MODELS[name]
-    return VQAConfig.preset(preset, arch=arch, fusion=fusion, vocab_size=len(vocab),
-                            n_answers=len(vocab.answers), image_size=image_size, encoder=encoder,
-                            **overrides)
+    return VQAConfig.preset(
+        preset,
+        arch=arch,
+        fusion=fusion,
+        vocab_size=len(vocab),
+        n_answers=len(vocab.answers),
+        image_size=image_size,
+        encoder=encoder,
+        **overrides,
+    )
 
 
 @dataclass
@@ -75,15 +89,29 @@ def run(cfg: VQABiasConfig) -> dict:
     from attnlab.train import TrainConfig, train
 
     out = Path(cfg.out)
-    task = VQATask(scene=SceneConfig(colour_bias=cfg.colour_bias), n_train=cfg.n_train,
-                   n_val=max(300, cfg.per_type), n_unseen=100, seed=cfg.seed)
+    task = VQATask(
+        scene=SceneConfig(colour_bias=cfg.colour_bias),
+        n_train=cfg.n_train,
+        n_val=max(300, cfg.per_type),
+        n_unseen=100,
+        seed=cfg.seed,
+    )
     results: dict = {"accuracy": {}, "steps": {}, "seconds": {}}
     for name in cfg.models:
         model = build_vqa(vqa_config_for(name, task.vocab, preset=cfg.preset))
-        tcfg = TrainConfig(steps=cfg.steps, max_time=cfg.max_time, batch_size=cfg.batch_size,
-                           lr=cfg.lr, warmup_steps=50, weight_decay=0.0, eval_every=10**9,
-                           eval_batches=2, seed=cfg.seed, device=cfg.device,
-                           progress=cfg.progress)
+        tcfg = TrainConfig(
+            steps=cfg.steps,
+            max_time=cfg.max_time,
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            warmup_steps=50,
+            weight_decay=0.0,
+            eval_every=10**9,
+            eval_batches=2,
+            seed=cfg.seed,
+            device=cfg.device,
+            progress=cfg.progress,
+        )
         res = train(model, task, tcfg, out / name, overwrite=cfg.overwrite)
         results["accuracy"][name] = task.accuracy_by_type(model, per_type=cfg.per_type)
         results["steps"][name], results["seconds"][name] = res.steps, round(res.elapsed, 1)

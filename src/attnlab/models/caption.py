@@ -113,14 +113,27 @@ class CaptionConfig:
         if self.features not in FEATURES:
             raise ValueError(f"unknown features {self.features!r}; choose from {FEATURES}")
         if self.features == "logits" and self.num_classes < 1:
-            raise ValueError("features='logits' needs an encoder head: num_classes >= 1, got "
-                             f"{self.num_classes}")
-        for name in ("vocab_size", "image_size", "encoder_width", "encoder_depth", "d_model",
-                     "n_layers", "n_heads", "max_len"):
+            raise ValueError(
+                f"features='logits' needs an encoder head: num_classes >= 1, got {self.num_classes}"
+            )
+        for name in (
+            "vocab_size",
+            "image_size",
+            "encoder_width",
+            "encoder_depth",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "max_len",
+        ):
             if getattr(self, name) < 1:
-                raise ValueError(f"CaptionConfig.{name} must be positive, got {getattr(self, name)}")
+                raise ValueError(
+                    f"CaptionConfig.{name} must be positive, got {getattr(self, name)}"
+                )
         if self.vocab_size < 5:
-            raise ValueError(f"vocab_size={self.vocab_size} cannot hold the 4 special tokens + words")
+            raise ValueError(
+                f"vocab_size={self.vocab_size} cannot hold the 4 special tokens + words"
+            )
         if self.arch == "transformer" and self.d_model % 4:
             raise ValueError(f"d_model={self.d_model} must be divisible by 4 (2-D positions)")
         if self.arch == "transformer" and self.d_model % self.n_heads:
@@ -141,8 +154,9 @@ class CaptionConfig:
         return cls(**{**CAPTION_PRESETS[name], **overrides})
 
 
-def build_image_encoder(name: str, image_size: int, width: int, depth: int, *, patch_size: int = 4,
-                        num_classes: int = 0) -> nn.Module:
+def build_image_encoder(
+    name: str, image_size: int, width: int, depth: int, *, patch_size: int = 4, num_classes: int = 0
+) -> nn.Module:
     """The vision family's CNN or ViT, sized for small scenes.
 
     The returned module has ``features(images) -> (B, N, C)``, ``pooled_features(images) ->
@@ -152,16 +166,33 @@ def build_image_encoder(name: str, image_size: int, width: int, depth: int, *, p
         from attnlab.models.cnn import CNNConfig, ResidualCNN
 
         channels = [max(1, width // 2)] + [width] * (depth - 1)
-        return ResidualCNN(CNNConfig(image_size=image_size, in_channels=3, num_classes=num_classes,
-                                     channels=channels, blocks=[1] * depth))
+        return ResidualCNN(
+            CNNConfig(
+                image_size=image_size,
+                in_channels=3,
+                num_classes=num_classes,
+                channels=channels,
+                blocks=[1] * depth,
+            )
+        )
     if name == "vit":
         from attnlab.models.vit import VisionTransformer, ViTConfig
 
         heads = 4 if width % 4 == 0 else 1
-        return VisionTransformer(ViTConfig(image_size=image_size, patch_size=patch_size,
-                                           in_channels=3, num_classes=num_classes, d_model=width,
-                                           n_layers=depth, n_heads=heads, ffn_hidden=2 * width,
-                                           pooling="mean", position="sincos"))
+        return VisionTransformer(
+            ViTConfig(
+                image_size=image_size,
+                patch_size=patch_size,
+                in_channels=3,
+                num_classes=num_classes,
+                d_model=width,
+                n_layers=depth,
+                n_heads=heads,
+                ffn_hidden=2 * width,
+                pooling="mean",
+                position="sincos",
+            )
+        )
     raise ValueError(f"unknown encoder {name!r}; choose from {ENCODERS}")
 
 
@@ -191,13 +222,21 @@ class _Captioner(nn.Module):
     def __init__(self, config: CaptionConfig) -> None:
         super().__init__()
         self.config = c = config
-        self.encoder = build_image_encoder(c.encoder, c.image_size, c.encoder_width,
-                                           c.encoder_depth, patch_size=c.patch_size,
-                                           num_classes=c.num_classes)
+        self.encoder = build_image_encoder(
+            c.encoder,
+            c.image_size,
+            c.encoder_width,
+            c.encoder_depth,
+            patch_size=c.patch_size,
+            num_classes=c.num_classes,
+        )
         if c.freeze_encoder:
             self.encoder.requires_grad_(False)
-        reads = "features" if c.arch == "transformer" else (
-            "logits" if c.features == "logits" else "pooled")
+        reads = (
+            "features"
+            if c.arch == "transformer"
+            else ("logits" if c.features == "logits" else "pooled")
+        )
         freeze_unused(self.encoder, reads)
 
     def train(self, mode: bool = True) -> _Captioner:
@@ -215,8 +254,9 @@ class _Captioner(nn.Module):
         if tokens.dim() != 2:
             raise ValueError(f"tokens must be (B, L), got {tuple(tokens.shape)}")
         if tokens.shape[1] > self.config.max_len:
-            raise ValueError(f"caption of {tokens.shape[1]} tokens is longer than max_len="
-                             f"{self.config.max_len}")
+            raise ValueError(
+                f"caption of {tokens.shape[1]} tokens is longer than max_len={self.config.max_len}"
+            )
 
     # decoding interface (see greedy_decode): state is a tuple of tensors with batch first
     def init_state(self, images: Tensor) -> tuple[Tensor, ...]:
@@ -243,8 +283,13 @@ class LSTMCaptioner(_Captioner):
         self.init_h = nn.Linear(f, c.n_layers * c.d_model)
         self.init_c = nn.Linear(f, c.n_layers * c.d_model)
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
-        self.lstm = nn.LSTM(c.d_model, c.d_model, num_layers=c.n_layers, batch_first=True,
-                            dropout=c.dropout if c.n_layers > 1 else 0.0)
+        self.lstm = nn.LSTM(
+            c.d_model,
+            c.d_model,
+            num_layers=c.n_layers,
+            batch_first=True,
+            dropout=c.dropout if c.n_layers > 1 else 0.0,
+        )
         self.drop = nn.Dropout(c.dropout)
         self.head = nn.Linear(c.d_model, c.vocab_size)
 
@@ -291,10 +336,20 @@ class TransformerCaptioner(_Captioner):
         self.pos_emb = LearnedPositionalEmbedding(c.max_len, c.d_model)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
-            build_block(c.d_model, c.n_heads, ffn="mlp", ffn_hidden=2 * c.d_model,
-                        activation="gelu", norm="layernorm", norm_position="pre",
-                        dropout=c.dropout, cross_attention=True, context_dim=c.d_model)
-            for _ in range(c.n_layers))
+            build_block(
+                c.d_model,
+                c.n_heads,
+                ffn="mlp",
+                ffn_hidden=2 * c.d_model,
+                activation="gelu",
+                norm="layernorm",
+                norm_position="pre",
+                dropout=c.dropout,
+                cross_attention=True,
+                context_dim=c.d_model,
+            )
+            for _ in range(c.n_layers)
+        )
         self.norm_f = make_norm("layernorm", c.d_model)
         self.head = nn.Linear(c.d_model, c.vocab_size)
         self.cross_weights: list[Tensor] = []
@@ -348,10 +403,16 @@ def build_captioner(config: CaptionConfig) -> _Captioner:
     return LSTMCaptioner(config) if config.arch == "lstm" else TransformerCaptioner(config)
 
 
-register_kind(LSTMCaptioner.kind, lambda d: LSTMCaptioner(CaptionConfig.from_dict(d)),
-              lambda run_dir: _load_vocab(run_dir))
-register_kind(TransformerCaptioner.kind, lambda d: TransformerCaptioner(CaptionConfig.from_dict(d)),
-              lambda run_dir: _load_vocab(run_dir))
+register_kind(
+    LSTMCaptioner.kind,
+    lambda d: LSTMCaptioner(CaptionConfig.from_dict(d)),
+    lambda run_dir: _load_vocab(run_dir),
+)
+register_kind(
+    TransformerCaptioner.kind,
+    lambda d: TransformerCaptioner(CaptionConfig.from_dict(d)),
+    lambda run_dir: _load_vocab(run_dir),
+)
 
 
 def _load_vocab(run_dir):
@@ -398,8 +459,13 @@ def _strip(ids: list[int]) -> list[int]:
 
 
 @torch.no_grad()
-def beam_decode(model: _Captioner, images: Tensor, beam_size: int = 3,
-                max_len: int | None = None, length_penalty: float = 0.7) -> list[list[int]]:
+def beam_decode(
+    model: _Captioner,
+    images: Tensor,
+    beam_size: int = 3,
+    max_len: int | None = None,
+    length_penalty: float = 0.7,
+) -> list[list[int]]:
     """Beam search: keep the ``beam_size`` best prefixes by total log-probability.
 
     A hypothesis ends at ``<end>``; finished ones are ranked by ``log p / len^length_penalty`` so
@@ -449,8 +515,11 @@ def beam_decode(model: _Captioner, images: Tensor, beam_size: int = 3,
         # Stop once no open beam is likely to beat the best finished one (the usual heuristic:
         # its current normalised score; with a length penalty this is not a guarantee).
         best_open = scores.max(-1).values
-        if all(finished[b] and best_open[b].item() / (t + 1) ** length_penalty
-               < max(f[0] for f in finished[b]) for b in range(B)):
+        if all(
+            finished[b]
+            and best_open[b].item() / (t + 1) ** length_penalty < max(f[0] for f in finished[b])
+            for b in range(B)
+        ):
             break
     return [max(f)[1] if f else [] for f in finished]
 
@@ -460,15 +529,26 @@ def caption_images(model: _Captioner, images: Tensor, vocab, *, beam_size: int =
     was_training = model.training
     model.eval()
     try:
-        ids = (greedy_decode(model, images) if beam_size == 1
-               else beam_decode(model, images, beam_size))
+        ids = (
+            greedy_decode(model, images)
+            if beam_size == 1
+            else beam_decode(model, images, beam_size)
+        )
     finally:
         model.train(was_training)
     return [vocab.decode(i) for i in ids]
 
 
-def caption_metrics(model: _Captioner, vocab, sset, indices: Iterable[int], *, beam_size: int = 1,
-                    train_captions: set[str] | None = None, batch_size: int = 128) -> dict:
+def caption_metrics(
+    model: _Captioner,
+    vocab,
+    sset,
+    indices: Iterable[int],
+    *,
+    beam_size: int = 1,
+    train_captions: set[str] | None = None,
+    batch_size: int = 128,
+) -> dict:
     """Decode captions for scenes ``indices`` of a :class:`~attnlab.data.scenes.SceneSet`.
 
     Returns a dict with
@@ -490,7 +570,7 @@ def caption_metrics(model: _Captioner, vocab, sset, indices: Iterable[int], *, b
     device = next(model.parameters()).device
     hyps: list[str] = []
     for b in range(0, len(indices), batch_size):
-        idx = indices[b:b + batch_size]
+        idx = indices[b : b + batch_size]
         imgs = images_to_tensor(sset.images[idx]).to(device)
         hyps += caption_images(model, imgs, vocab, beam_size=beam_size)
     refs = [sset.captions[i] for i in indices]
@@ -532,8 +612,9 @@ def caption_metrics(model: _Captioner, vocab, sset, indices: Iterable[int], *, b
 # encoder pre-training (the "ImageNet classifier" of the lecture, at toy scale)
 
 
-def pretrain_encoder(encoder: nn.Module, sset, steps: int, *, batch_size: int = 64,
-                     lr: float = 2e-3, seed: int = 0) -> float:
+def pretrain_encoder(
+    encoder: nn.Module, sset, steps: int, *, batch_size: int = 64, lr: float = 2e-3, seed: int = 0
+) -> float:
     """Train ``encoder`` as a classifier of :func:`~attnlab.data.scenes.shape_label` (the majority
     shape) on the scenes of ``sset``; returns the accuracy on the last 20 % of the scenes
     (held out from this training).
@@ -575,16 +656,19 @@ def pretrain_encoder(encoder: nn.Module, sset, steps: int, *, batch_size: int = 
 
 
 @torch.no_grad()
-def word_attention(model: TransformerCaptioner, image: Tensor, word_ids: list[int], *,
-                   layer: int = -1) -> Tensor:
+def word_attention(
+    model: TransformerCaptioner, image: Tensor, word_ids: list[int], *, layer: int = -1
+) -> Tensor:
     """Where the decoder looked for each word of a caption, ``(n_words + 1, gh, gw)``.
 
     Row ``t`` is the head-averaged cross-attention of ``layer`` while predicting word ``t``
     (the last row predicts ``<end>``), reshaped to the image-token grid.
     """
     if not isinstance(model, TransformerCaptioner):
-        raise UserError("attention maps need the Transformer captioner (the LSTM one has no "
-                        "attention over the image)")
+        raise UserError(
+            "attention maps need the Transformer captioner (the LSTM one has no "
+            "attention over the image)"
+        )
     tokens = torch.tensor([[START] + list(word_ids)], device=image.device)  # (1, L)
     maps = model.cross_attention_maps(image[None] if image.dim() == 3 else image, tokens)
     m = maps[layer, 0].mean(0)  # (L, N)
@@ -621,8 +705,13 @@ def plot_word_attention(image, words: list[str], maps: Tensor, path) -> None:
     for i, label in enumerate(labels):
         ax = axes.flat[i + 1]
         ax.imshow(image)
-        ax.imshow(maps[i].cpu().numpy(), cmap="magma", alpha=0.6, extent=(0, w, h, 0),
-                  interpolation="nearest")
+        ax.imshow(
+            maps[i].cpu().numpy(),
+            cmap="magma",
+            alpha=0.6,
+            extent=(0, w, h, 0),
+            interpolation="nearest",
+        )
         ax.set_title(label, fontsize=9)
     fig.tight_layout()
     atomic_save(path, lambda tmp: fig.savefig(tmp, format="png", dpi=80))

@@ -86,13 +86,24 @@ class VQAConfig:
             raise ValueError("the blind (fusion='none') model is the LSTM one: use arch='lstm'")
         if self.encoder not in ENCODERS:
             raise ValueError(f"unknown encoder {self.encoder!r}; choose from {ENCODERS}")
-        for name in ("vocab_size", "n_answers", "image_size", "encoder_width", "encoder_depth",
-                     "d_model", "n_layers", "n_heads", "max_len"):
+        for name in (
+            "vocab_size",
+            "n_answers",
+            "image_size",
+            "encoder_width",
+            "encoder_depth",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "max_len",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"VQAConfig.{name} must be positive, got {getattr(self, name)}")
         if self.arch == "transformer" and (self.d_model % self.n_heads or self.d_model % 4):
-            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
-                             "and by 4 (2-D positions)")
+            raise ValueError(
+                f"d_model={self.d_model} must be divisible by n_heads={self.n_heads} "
+                "and by 4 (2-D positions)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,19 +132,29 @@ class _VQA(nn.Module):
         if images.dim() != 4 or tuple(images.shape[1:]) != (3, s, s):
             raise UserError(f"VQA model expects images (B, 3, {s}, {s}), got {tuple(images.shape)}")
         if questions.dim() != 2 or lengths.shape != questions.shape[:1]:
-            raise ValueError(f"questions must be (B, L) with lengths (B,), got "
-                             f"{tuple(questions.shape)} and {tuple(lengths.shape)}")
+            raise ValueError(
+                f"questions must be (B, L) with lengths (B,), got "
+                f"{tuple(questions.shape)} and {tuple(lengths.shape)}"
+            )
         if int(lengths.min()) < 1 or int(lengths.max()) > questions.shape[1]:
-            raise UserError(f"question lengths {lengths.tolist()} must be in [1, "
-                            f"{questions.shape[1]}] (empty question?)")
+            raise UserError(
+                f"question lengths {lengths.tolist()} must be in [1, "
+                f"{questions.shape[1]}] (empty question?)"
+            )
         if questions.shape[1] > self.config.max_len:
-            raise UserError(f"question of {questions.shape[1]} tokens is longer than max_len="
-                            f"{self.config.max_len}")
+            raise UserError(
+                f"question of {questions.shape[1]} tokens is longer than max_len="
+                f"{self.config.max_len}"
+            )
 
     def _classifier(self, width: int) -> nn.Sequential:
         c = self.config
-        return nn.Sequential(nn.Dropout(c.dropout), nn.Linear(width, 2 * c.d_model), nn.ReLU(),
-                             nn.Linear(2 * c.d_model, c.n_answers))
+        return nn.Sequential(
+            nn.Dropout(c.dropout),
+            nn.Linear(width, 2 * c.d_model),
+            nn.ReLU(),
+            nn.Linear(2 * c.d_model, c.n_answers),
+        )
 
 
 class LSTMVQA(_VQA):
@@ -149,26 +170,30 @@ class LSTMVQA(_VQA):
         if c.fusion == "none":
             self.encoder, self.img_proj = nn.Identity(), nn.Identity()
         else:
-            self.encoder = build_image_encoder(c.encoder, c.image_size, c.encoder_width,
-                                               c.encoder_depth, patch_size=c.patch_size)
+            self.encoder = build_image_encoder(
+                c.encoder, c.image_size, c.encoder_width, c.encoder_depth, patch_size=c.patch_size
+            )
             freeze_unused(self.encoder, "features")
             n_tokens = self._n_tokens()
             self.img_proj = nn.Sequential(
-                nn.Linear(n_tokens * self.encoder.feature_dim, c.d_model), nn.ReLU())
+                nn.Linear(n_tokens * self.encoder.feature_dim, c.d_model), nn.ReLU()
+            )
         self.head = self._classifier(2 * c.d_model if c.fusion == "concat" else c.d_model)
 
     def _n_tokens(self) -> int:
         with torch.no_grad():
             was = self.encoder.training
-            probe = self.encoder.eval().features(torch.zeros(1, 3, self.config.image_size,
-                                                             self.config.image_size))
+            probe = self.encoder.eval().features(
+                torch.zeros(1, 3, self.config.image_size, self.config.image_size)
+            )
             self.encoder.train(was)
         return probe.shape[1]
 
     def question_vector(self, questions: Tensor, lengths: Tensor) -> Tensor:
         """The LSTM's last hidden state at each question's true end, ``(B, D)``."""
-        packed = nn.utils.rnn.pack_padded_sequence(self.tok_emb(questions), lengths.cpu(),
-                                                   batch_first=True, enforce_sorted=False)
+        packed = nn.utils.rnn.pack_padded_sequence(
+            self.tok_emb(questions), lengths.cpu(), batch_first=True, enforce_sorted=False
+        )
         _, (h, _) = self.lstm(packed)  # h (layers, B, D)
         return h[-1]
 
@@ -198,17 +223,28 @@ class TransformerVQA(_VQA):
     def __init__(self, config: VQAConfig) -> None:
         super().__init__(config)
         c = config
-        self.encoder = build_image_encoder(c.encoder, c.image_size, c.encoder_width,
-                                           c.encoder_depth, patch_size=c.patch_size)
+        self.encoder = build_image_encoder(
+            c.encoder, c.image_size, c.encoder_width, c.encoder_depth, patch_size=c.patch_size
+        )
         freeze_unused(self.encoder, "features")
         self.img_proj = nn.Linear(self.encoder.feature_dim, c.d_model)
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.pos_emb = LearnedPositionalEmbedding(c.max_len, c.d_model)
         self.blocks = nn.ModuleList(
-            build_block(c.d_model, c.n_heads, ffn="mlp", ffn_hidden=2 * c.d_model,
-                        activation="gelu", norm="layernorm", norm_position="pre",
-                        dropout=c.dropout, cross_attention=True, context_dim=c.d_model)
-            for _ in range(c.n_layers))
+            build_block(
+                c.d_model,
+                c.n_heads,
+                ffn="mlp",
+                ffn_hidden=2 * c.d_model,
+                activation="gelu",
+                norm="layernorm",
+                norm_position="pre",
+                dropout=c.dropout,
+                cross_attention=True,
+                context_dim=c.d_model,
+            )
+            for _ in range(c.n_layers)
+        )
         self.norm_f = make_norm("layernorm", c.d_model)
         self.head = self._classifier(c.d_model)
         self.cross_weights: list[Tensor] = []
@@ -219,8 +255,9 @@ class TransformerVQA(_VQA):
         g = math.isqrt(n)
         return self.img_proj(feats) + sincos_2d(g, n // g, self.config.d_model).to(feats)
 
-    def forward(self, images: Tensor, questions: Tensor, lengths: Tensor, *,
-                need_weights: bool = False) -> Tensor:
+    def forward(
+        self, images: Tensor, questions: Tensor, lengths: Tensor, *, need_weights: bool = False
+    ) -> Tensor:
         """Answer logits ``(B, A)``; ``need_weights`` keeps each block's ``(B, H, L, N)``
         cross-attention in ``cross_weights``."""
         self.check_inputs(images, questions, lengths)
