@@ -601,10 +601,15 @@ class _Loop:
     def _open_bar(self) -> None:
         if not (self.cfg.progress and self.main):
             return
+        import sys
+
         from tqdm.auto import tqdm
 
+        # redirected to a file or CI log: a line every 30 s instead of a redraw per step
+        quiet = {} if sys.stderr.isatty() else {"mininterval": 30.0}
         if self.cfg.timed:
             self.bar = tqdm(
+                **quiet,
                 total=round(self.cfg.max_time),
                 initial=min(round(self.prog.elapsed), round(self.cfg.max_time)),
                 unit="s",
@@ -614,6 +619,7 @@ class _Loop:
             )
         else:
             self.bar = tqdm(
+                **quiet,
                 total=self.cfg.steps,
                 initial=self.prog.step,
                 unit="step",
@@ -671,7 +677,7 @@ class _Loop:
         if prog.last_eval_step == prog.step:
             return
         if self.bar is not None:
-            self.bar.set_description("validate", refresh=True)
+            self.bar.set_description("validate", refresh=self.bar.mininterval < 1)
         val = self._validate()
         if self.bar is not None:
             self.bar.set_description("train", refresh=False)
