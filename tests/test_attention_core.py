@@ -365,3 +365,12 @@ def test_unknown_backend_and_weights_from_sdpa_raise():
 def test_padding_mask_rejects_length_beyond_max_len():
     with pytest.raises(ValueError, match="5.*max_len=4"):
         padding_mask([5, 2], 4)
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_an_option_the_backend_does_not_take_is_a_value_error_naming_both(backend):
+    q = k = v = torch.randn(1, 2, 4, 8)
+    with pytest.raises(
+        ValueError, match=rf"backend '{backend}' does not take option\(s\) \['window'\]"
+    ):
+        scaled_dot_product_attention(q, k, v, backend=backend, window=3)

@@ -22,6 +22,7 @@ Backends, chosen in :func:`scaled_dot_product_attention` and nowhere else:
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -295,6 +296,8 @@ def scaled_dot_product_attention(
         )
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if options:
+        _check_options(backend, options)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     out, weights = _BACKENDS[backend](
         q,
@@ -309,6 +312,22 @@ def scaled_dot_product_attention(
         **options,
     )
     return (out, weights) if return_weights else out
+
+
+_COMMON_ARGS = {"q", "k", "v", "mask", "bias", "is_causal", "scale", "dropout_p", "return_weights"}
+
+
+def _check_options(backend: str, options: dict[str, Any]) -> None:
+    params = inspect.signature(_BACKENDS[backend]).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = sorted(set(params) - _COMMON_ARGS)
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"backend {backend!r} does not take option(s) {unknown}; "
+            f"its options: {accepted or 'none'}"
+        )
 
 
 def _check_inputs(
