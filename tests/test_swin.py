@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers  # test extra, pinned in pyproject
 
 from attnlab.errors import UserError
 from attnlab.models.swin import (
@@ -21,8 +22,6 @@ from attnlab.models.swin import (
     window_reverse,
 )
 
-transformers = pytest.importorskip("transformers")
-
 
 def _rerandomise(model: torch.nn.Module) -> None:
     """HF zeroes biases and the relative-position tables: random values expose mapping bugs."""
@@ -32,6 +31,11 @@ def _rerandomise(model: torch.nn.Module) -> None:
                 p.copy_(1 + 0.1 * torch.randn_like(p))
             else:
                 p.normal_(0, 0.05)
+    # every parameter is now non-constant: no zero bias or table and no unit norm weight survives
+    for name, p in model.named_parameters():
+        assert p.numel() == 1 or float(p.detach().std()) > 0.01, name
+    # the relative-position tables are parameters, so they were re-randomised above
+    assert any(n.endswith("relative_position_bias_table") for n, _ in model.named_parameters())
 
 
 def _hf_swin(cls, **kw):
@@ -74,6 +78,9 @@ def test_swin_classifier_matches_hf_logits_and_round_trips():
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-5, rtol=0)
+        ref = hf.swin(x)
+        torch.testing.assert_close(ours.features(x), ref.last_hidden_state, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ours.pooled_features(x), ref.pooler_output, atol=1e-5, rtol=0)
     cfg, back = swin_to_hf(ours)
     assert sorted(back) == sorted(sd)
     for k in sd:

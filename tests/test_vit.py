@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers  # test extra, pinned in pyproject
 
 from attnlab.errors import UserError
 from attnlab.models.vit import (
@@ -17,8 +18,6 @@ from attnlab.models.vit import (
     vit_to_hf,
 )
 
-transformers = pytest.importorskip("transformers")
-
 
 def _rerandomise(model: torch.nn.Module) -> None:
     """HF's init zeroes biases and sets norms to (1, 0): random values expose mapping bugs."""
@@ -28,6 +27,9 @@ def _rerandomise(model: torch.nn.Module) -> None:
                 p.copy_(1 + 0.1 * torch.randn_like(p))
             else:
                 p.normal_(0, 0.05)
+    # every parameter is now non-constant: no zero bias or table and no unit norm weight survives
+    for name, p in model.named_parameters():
+        assert p.numel() == 1 or float(p.detach().std()) > 0.01, name
 
 
 def _hf_vit(cls, **kw):
@@ -76,6 +78,8 @@ def test_vit_classifier_matches_hf_logits_and_round_trips():
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-5, rtol=0)
+        ref = hf.vit(x).last_hidden_state
+        torch.testing.assert_close(ours.encode(x), ref, atol=1e-5, rtol=0)
     cfg, back = vit_to_hf(ours)
     assert sorted(back) == sorted(sd)
     for k in sd:
