@@ -53,12 +53,21 @@ def test_train_eval_classify_round_trip(vit_run, tmp_path, capsys):
     assert Image.open(att).size[0] > 100
 
 
-@pytest.mark.parametrize("model", ["swin", "cnn"])
-def test_train_swin_and_cnn(model, tmp_path, capsys):
+@pytest.mark.parametrize("model,size", [("swin", "16"), ("cnn", "8")])
+def test_train_swin_and_cnn(model, size, tmp_path, capsys):
+    # --image-size resizes the fixed-size sources too; eval reloads the data at that size
     out = tmp_path / model
-    assert main(["train", "image", "--model", model, "--out", str(out), *FAST]) == 0
+    argv = ["train", "image", "--model", model, "--image-size", size, "--out", str(out)]
+    assert main([*argv, *FAST]) == 0
+    s = int(size)
+    assert json.loads((out / "labels.json").read_text())["image_shape"] == [1, s, s]
     assert main(["eval", str(out), "--weights", "last"]) == 0
     assert f"{model} on digits test split" in capsys.readouterr().out
+    # class-token maps are ViT-only: refused before anything is classified or printed
+    png = _digit_png(tmp_path / "d.png")
+    assert main(["classify", str(out), str(png), "--attention", str(tmp_path / "a.png")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and f"this run is '{model}'" in captured.err
 
 
 def test_train_on_shapes_folder(tmp_path):
@@ -149,6 +158,17 @@ def test_bad_input_exit_2_with_named_values(vit_run, tmp_path, capsys):
     err = _err(capsys, ["classify", str(vit_run), str(big), "--no-resize"])
     assert "12×12" in err and "8×8" in err
     assert "nope.png" in _err(capsys, ["classify", str(vit_run), str(tmp_path / "nope.png")])
+    assert "--top-k must be at least 1, got 0" in _err(
+        capsys, ["classify", str(vit_run), str(big), "--top-k", "0"]
+    )
+    # options of another architecture and unknown presets/fields are named, not ignored
+    err = _err(capsys, ["train", "image", "--model", "cnn", "--pooling", "mean", "--out", out])
+    assert "--pooling applies to --model vit only" in err
+    err = _err(capsys, ["train", "image", "--preset", "huge", "--out", out, *FAST])
+    assert "unknown vit preset 'huge'" in err and "vit-b16" in err
+    err = _err(capsys, ["train", "image", "--set", "depth=3", "--out", out, *FAST])
+    assert "vit has no config field 'depth'" in err and "n_layers" in err
+    assert not (tmp_path / "x").exists()
 
 
 def test_model_rejects_wrong_channels_through_the_library():

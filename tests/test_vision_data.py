@@ -225,3 +225,22 @@ def test_train_fraction_keeps_a_subset():
     assert len(small.train_y) == round(0.1 * len(d.train[1]))
     with pytest.raises(ValueError, match="train_fraction"):
         ImageClassificationTask(d, train_fraction=0.0)
+
+
+def test_image_size_resizes_fixed_size_sources():
+    from attnlab.data.images import load_image_data
+
+    d = load_digits()
+    assert load_image_data("digits", image_size=8).image_shape == (1, 8, 8)
+    big = load_image_data("digits", image_size=16)
+    assert big.image_shape == (1, 16, 16) and torch.equal(big.test[1], d.test[1])
+    # an upsampled image keeps its range, and blank (all-zero) corners stay blank
+    x, x16 = d.test[0], big.test[0]
+    assert 0 <= float(x16.min()) and float(x16.max()) <= 1
+    blank = x[:, 0, 0, 0] == 0
+    assert bool((x16[blank, 0, 0, 0] == 0).all())
+    # shrinking (antialiased) averages neighbours: each image keeps its mean brightness
+    small = load_image_data("digits", image_size=4)
+    torch.testing.assert_close(small.test[0].mean((1, 2, 3)), x.mean((1, 2, 3)), atol=0.05, rtol=0)
+    with pytest.raises(UserError, match="image size must be positive, got 0"):
+        load_image_data("digits", image_size=0)

@@ -9,6 +9,7 @@ The CLI parses and prints; the work is in :mod:`attnlab.data.images`, :mod:`attn
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -53,9 +54,9 @@ def build_image_model(
         UserError: unknown model, or a config that does not fit (e.g. patch size not dividing
             the image size; the message names the values).
     """
-    from attnlab.models.cnn import CNNConfig, ResidualCNN
-    from attnlab.models.swin import SwinConfig, SwinTransformer
-    from attnlab.models.vit import VisionTransformer, ViTConfig
+    from attnlab.models.cnn import CNN_PRESETS, CNNConfig, ResidualCNN
+    from attnlab.models.swin import SWIN_PRESETS, SwinConfig, SwinTransformer
+    from attnlab.models.vit import VIT_PRESETS, VisionTransformer, ViTConfig
 
     kinds = {
         "vit": (ViTConfig, VisionTransformer),
@@ -69,6 +70,16 @@ def build_image_model(
         raise UserError(f"images must be square, got {h}×{w}")
     cfg_cls, model_cls = kinds[model]
     preset = preset or ("tiny" if h <= 16 else "small")
+    presets = {"vit": VIT_PRESETS, "swin": SWIN_PRESETS, "cnn": CNN_PRESETS}[model]
+    if preset not in presets:
+        raise UserError(f"unknown {model} preset {preset!r}; known: {', '.join(presets)}")
+    known = {f.name for f in dataclasses.fields(cfg_cls)}
+    unknown = sorted(set(overrides or {}) - known)
+    if unknown:
+        raise UserError(
+            f"{model} has no config field {', '.join(map(repr, unknown))}; "
+            f"its fields: {', '.join(sorted(known))}"
+        )
     fields = dict(image_size=h, in_channels=c, num_classes=len(classes), labels=list(classes))
     try:
         cfg = cfg_cls.preset(preset, **{**fields, **(overrides or {})})
@@ -157,14 +168,20 @@ def _train_image(args: argparse.Namespace) -> int:
     cfg = train_config_from_args(args)
     task = _task_from_args(args, cfg.seed)
     overrides = _parse_overrides(args.set)
-    for flag, key in (
-        ("patch_size", "patch_size"),
-        ("window_size", "window_size"),
-        ("pooling", "pooling"),
-        ("position", "position"),
+    for flag, models in (
+        ("patch_size", ("vit", "swin")),
+        ("window_size", ("swin",)),
+        ("pooling", ("vit",)),
+        ("position", ("vit",)),
     ):
-        if getattr(args, flag) is not None:
-            overrides[key] = getattr(args, flag)
+        if getattr(args, flag) is None:
+            continue
+        if args.model not in models:
+            raise UserError(
+                f"--{flag.replace('_', '-')} applies to --model {' or '.join(models)} only "
+                f"(got --model {args.model})"
+            )
+        overrides[flag] = getattr(args, flag)
     import torch
 
     torch.manual_seed(cfg.seed)
@@ -191,18 +208,27 @@ def _train_image(args: argparse.Namespace) -> int:
 def _eval_image(args: argparse.Namespace) -> int:
     import torch
 
+    if args.batch_size < 1 or (args.max_batches is not None and args.max_batches < 1):
+        raise UserError(
+            f"--batch-size and --max-batches must be at least 1, got {args.batch_size} and "
+            f"{args.max_batches}"
+        )
     model, cfg = _load_run(args.run_dir, args.weights)
     task = task_from_run_config(cfg.get("task", {}))
     x, y = task.data.test
     if args.max_batches is not None:
         x, y = x[: args.max_batches * args.batch_size], y[: args.max_batches * args.batch_size]
-    from attnlab.data.images import accuracy
-
-    acc, loss = accuracy(model, task.prepare(x), y, batch_size=args.batch_size)
+    model.eval()
     with torch.no_grad():
-        pred = torch.cat(
-            [model(task.prepare(x[i : i + 256])).argmax(-1) for i in range(0, len(y), 256)]
+        logits = torch.cat(
+            [
+                model(task.prepare(x[i : i + args.batch_size])).float()
+                for i in range(0, len(y), args.batch_size)
+            ]
         )
+    loss = float(torch.nn.functional.cross_entropy(logits, y))
+    pred = logits.argmax(-1)
+    acc = float((pred == y).float().mean())
     print(
         f"{cfg['kind']} on {task.data.name} test split: accuracy {acc:.4f} "
         f"({int((pred == y).sum())}/{len(y)}), loss {loss:.4f}"
@@ -221,7 +247,11 @@ def _classify(args: argparse.Namespace) -> int:
 
     from attnlab.data.images import normalize, read_image
 
+    if args.top_k < 1:
+        raise UserError(f"--top-k must be at least 1, got {args.top_k}")
     model, cfg = _load_run(args.run_dir, args.weights)
+    if args.attention and cfg["kind"] != "vit":
+        raise UserError(f"--attention draws ViT class-token attention; this run is {cfg['kind']!r}")
     labels_path = Path(args.run_dir) / "labels.json"
     if labels_path.exists():
         info = json.loads(labels_path.read_text())
@@ -243,15 +273,11 @@ def _classify(args: argparse.Namespace) -> int:
     x = normalize(image[None], mean, std)
     with torch.no_grad():
         probs = model(x).softmax(-1)[0]
-    k = max(1, min(args.top_k, len(classes)))
+    k = min(args.top_k, len(classes))
     top = probs.topk(k)
     for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True):
         print(f"{classes[i]:>16s}  {p:.4f}")
     if args.attention:
-        if cfg["kind"] != "vit":
-            raise UserError(
-                f"--attention draws ViT class-token attention; this run is {cfg['kind']!r}"
-            )
         from attnlab.viz.vision import plot_vit_attention
 
         plot_vit_attention(
@@ -323,7 +349,8 @@ def _add_data_args(p: argparse.ArgumentParser, *, default: str = "digits") -> No
         "--image-size",
         type=int,
         default=None,
-        help="resize folder images to this (default 32); shapes resolution",
+        help="square side in pixels: folder images are resized to it (default 32), shapes are "
+        "drawn at it (default 32), digits/cifar10/mnist keep their size unless it is given",
     )
     g.add_argument(
         "--channels",

@@ -10,6 +10,7 @@ Sources (:func:`load_image_data` picks one by name):
   downloaded.
 - ``mnist``: MNIST-format IDX files (``train-images-idx3-ubyte`` …, optionally ``.gz``).
 
+``load_image_data(..., image_size=S)`` resizes the fixed-size sources too (:func:`resize_splits`).
 Every source ends as an :class:`ImageSplits` of float images in [0, 1], shape ``(N, C, H, W)``,
 split into train / val / test. :class:`ImageClassificationTask` serves batches to the shared
 trainer, normalised with the training set's per-channel mean and std, with optional augmentation
@@ -45,6 +46,7 @@ __all__ = [
     "load_image_folder",
     "load_cifar10",
     "load_mnist",
+    "resize_splits",
     "read_image",
     "random_crop",
     "random_flip",
@@ -416,15 +418,39 @@ def load_image_data(
         raise UserError(f"unknown image data {source!r}; choose from {', '.join(DATA_SOURCES)}")
     if source in ("folder", "cifar10", "mnist") and not path:
         raise UserError(f"--data {source} needs --data-path pointing at the files on disk")
-    if source == "digits":
-        return load_digits(seed=seed)
+    if image_size is not None and image_size < 1:
+        raise UserError(f"image size must be positive, got {image_size}")
     if source == "shapes":
         return make_shapes(shapes_n, image_size or 32, label=shapes_label, seed=seed)
     if source == "folder":
         return load_image_folder(path, image_size=image_size or 32, channels=channels, seed=seed)
-    if source == "cifar10":
-        return load_cifar10(path, seed=seed)
-    return load_mnist(path, seed=seed)
+    if source == "digits":
+        splits = load_digits(seed=seed)
+    elif source == "cifar10":
+        splits = load_cifar10(path, seed=seed)
+    else:
+        splits = load_mnist(path, seed=seed)
+    return resize_splits(splits, image_size) if image_size else splits
+
+
+def resize_splits(splits: ImageSplits, image_size: int) -> ImageSplits:
+    """Every split resized to ``image_size × image_size`` (bilinear, antialiased when shrinking).
+
+    For the fixed-size sources (digits 8×8, CIFAR-10 32×32, MNIST 28×28), e.g. to fit MNIST to a
+    Swin whose windows need a multiple of 4 tokens per side.
+    """
+    if splits.image_shape[1:] == (image_size, image_size):
+        return splits
+
+    def resize(part: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        x = torch.nn.functional.interpolate(
+            part[0], size=(image_size, image_size), mode="bilinear", antialias=True
+        )  # (N, C, S, S)
+        return x.clamp(0.0, 1.0), part[1]
+
+    return ImageSplits(
+        resize(splits.train), resize(splits.val), resize(splits.test), splits.classes, splits.name
+    )
 
 
 # ----------------------------------------------------------------------------------------------
