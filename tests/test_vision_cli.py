@@ -211,6 +211,12 @@ def test_inductive_bias_experiment_small(tmp_path, capsys):
     assert "at least three" in _err(
         capsys, ["experiment", "inductive-bias", "--fractions", "0.5,1", "--out", str(out)]
     )
+    # an earlier sweep is not silently replaced
+    err = _err(capsys, ["experiment", "inductive-bias", "--steps", "1", "--out", str(out)])
+    assert "already holds inductive-bias results" in err and "--overwrite" in err
+    assert "steps and batch_size must be at least 1, got 0" in _err(
+        capsys, ["experiment", "inductive-bias", "--steps", "0", "--out", str(tmp_path / "z")]
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -320,7 +320,9 @@ def _inductive_bias(args: argparse.Namespace) -> int:
         cnn=_parse_overrides(args.cnn_set),
         device=args.device,
     )
-    result = run_inductive_bias(settings, args.out, progress=not args.no_progress)
+    result = run_inductive_bias(
+        settings, args.out, progress=not args.no_progress, overwrite=args.overwrite
+    )
     print(format_table(result))
     print(
         f"\n{len(result['runs'])} runs in {result['elapsed']:.0f} s; table, JSON and plot in "
@@ -461,6 +463,9 @@ def register(groups) -> None:
     e.add_argument("--no-progress", action="store_true")
     e.add_argument(
         "--out", default="runs/inductive-bias", help="output directory (default: %(default)s)"
+    )
+    e.add_argument(
+        "--overwrite", action="store_true", help="replace the results of an earlier sweep in --out"
     )
     e.set_defaults(func=_inductive_bias)
 

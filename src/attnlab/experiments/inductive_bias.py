@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from attnlab.errors import RunDirError
 from attnlab.runs import atomic_save, atomic_write_text
 
 __all__ = [
@@ -68,6 +69,10 @@ class InductiveBiasSettings:
         self.fractions = fr
         if not self.seeds:
             raise ValueError("give at least one seed")
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(
+                f"steps and batch_size must be at least 1, got {self.steps} and {self.batch_size}"
+            )
 
 
 def _build(kind: str, splits, overrides: dict[str, Any]):
@@ -83,7 +88,11 @@ def _build(kind: str, splits, overrides: dict[str, Any]):
 
 
 def run_inductive_bias(
-    settings: InductiveBiasSettings, out_dir: str | Path, *, progress: bool = False
+    settings: InductiveBiasSettings,
+    out_dir: str | Path,
+    *,
+    progress: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Any]:
     """Train both models on every fraction (and seed) and measure test accuracy.
 
@@ -91,6 +100,10 @@ def run_inductive_bias(
         settings: see :class:`InductiveBiasSettings`.
         out_dir: where the per-run directories and the summary files go.
         progress: show the trainer's progress bars.
+        overwrite: replace the results of an earlier sweep in ``out_dir``.
+
+    Raises:
+        RunDirError: ``out_dir`` already holds results and ``overwrite`` is not set.
 
     Returns:
         ``{"settings", "runs": [per-run dicts], "table": [per fraction: n_train, vit/cnn mean
@@ -100,6 +113,10 @@ def run_inductive_bias(
     from attnlab.train import TrainConfig, train
 
     out = Path(out_dir)
+    if (out / "results.json").exists() and not overwrite:
+        raise RunDirError(
+            f"{str(out)!r} already holds inductive-bias results; pass --overwrite to replace them"
+        )
     t0 = time.perf_counter()
     runs: list[dict[str, Any]] = []
     params: dict[str, int] = {}
