@@ -466,3 +466,16 @@ def test_warmup_longer_than_run_is_warned(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="attnlab.train.trainer"):
         train(make_model(), ToyTask(), base_cfg(steps=2, warmup_steps=5), tmp_path / "r")
     assert "never reaches" in caplog.text
+
+
+def test_resuming_a_cosine_run_with_a_new_length_is_warned(tmp_path, caplog):
+    """Cosine fitted to N steps then resumed to 2N is not one 2N run: say so; a constant
+    schedule (exact, see above) resumes silently."""
+    for schedule in ("cosine", "constant"):
+        run = tmp_path / schedule
+        train(make_model(), ToyTask(), base_cfg(steps=4, schedule=schedule), run)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="attnlab.train.trainer"):
+            cfg = base_cfg(steps=6, schedule=schedule)
+            train(make_model(), ToyTask(), cfg, run, resume=True)
+        assert ("fitted to steps=4" in caplog.text) == (schedule == "cosine"), caplog.text

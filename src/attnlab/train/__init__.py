@@ -12,11 +12,12 @@ from attnlab.train.config import TrainConfig
 from attnlab.train.losses import cross_entropy
 from attnlab.train.optim import LRSchedule, make_optimizer, param_groups
 from attnlab.train.task import Task, to_device
-from attnlab.train.trainer import TrainingDiverged, TrainResult, train
+from attnlab.train.trainer import TrainingDiverged, TrainResult, check_run_dir, train
 
 __all__ = [
     "TrainConfig",
     "train",
+    "check_run_dir",
     "TrainResult",
     "TrainingDiverged",
     "add_train_args",

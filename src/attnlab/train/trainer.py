@@ -52,7 +52,7 @@ from attnlab.train.config import TrainConfig
 from attnlab.train.optim import LRSchedule, make_optimizer
 from attnlab.train.task import Task, to_device
 
-__all__ = ["train", "TrainResult", "TrainingDiverged"]
+__all__ = ["train", "TrainResult", "TrainingDiverged", "check_run_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -176,8 +176,17 @@ def _model_identity(model: nn.Module) -> tuple[str, dict]:
     return kind, json.loads(json.dumps(cfg_dict))  # JSON-normalised (tuples -> lists)
 
 
-def _check_run_dir(run_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse to clobber an existing run; check that a resume has something to resume."""
+def check_run_dir(run_dir: str | Path, resume: bool = False, overwrite: bool = False) -> None:
+    """Refuse to clobber an existing run; check that a resume has something to resume.
+
+    :func:`train` calls it first; a command can call it earlier, before slow preparations.
+
+    Raises:
+        RunDirError: ``run_dir`` holds a run (and neither ``resume`` nor ``overwrite``), is not
+            a directory, is not an attnlab run (``overwrite``), or has no checkpoint (``resume``).
+        UserError: both ``resume`` and ``overwrite``.
+    """
+    run_dir = Path(run_dir)
     if resume and overwrite:
         raise UserError("choose one of resume (continue the run) and overwrite (start again)")
     if run_dir.exists() and not run_dir.is_dir():
@@ -285,7 +294,7 @@ def train(
         )
     kind, model_cfg = _model_identity(model)
 
-    _check_run_dir(run_dir, resume, overwrite)
+    check_run_dir(run_dir, resume, overwrite)
     dist_utils.barrier()  # every rank has checked before rank 0 deletes anything
     if main and overwrite and run_dir.exists():
         shutil.rmtree(run_dir)
@@ -302,12 +311,26 @@ def train(
         )
     else:
         _seed_all(cfg.seed + rank)
-    if resume:
+    if resume and main:  # messages once, from rank 0
         saved = runs.read_config(run_dir)
         if saved.get("task") != json.loads(json.dumps(task.config_dict())):
             log.warning("resuming %s with a different task config: the data may differ", run_dir)
-        if saved.get("train") != json.loads(json.dumps(cfg.to_dict())):
+        saved_train = saved.get("train") or {}
+        if saved_train != json.loads(json.dumps(cfg.to_dict())):
             log.info("resuming %s with changed training settings", run_dir)
+        length = "max_time" if cfg.timed else "steps"
+        old_length = saved_train.get(length)
+        if cfg.schedule == "cosine" and old_length not in (None, getattr(cfg, length)):
+            log.warning(
+                "resuming a cosine schedule fitted to %s=%s with %s=%s: the learning rate "
+                "jumps back up from where the shorter schedule left it, so this is not the "
+                "same as one run of the new length (constant and inverse_sqrt schedules are; "
+                "or give the full length from the start and stop early with Ctrl-C)",
+                length,
+                old_length,
+                length,
+                getattr(cfg, length),
+            )
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         config = {
@@ -319,7 +342,7 @@ def train(
         runs.atomic_write_text(run_dir / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
         if not resume:
             task.save_artifacts(run_dir)
-    if not cfg.timed and cfg.schedule != "inverse_sqrt" and cfg.warmup >= cfg.steps:
+    if main and not cfg.timed and cfg.schedule != "inverse_sqrt" and cfg.warmup >= cfg.steps:
         log.warning(
             "the warm-up (%d steps) is not shorter than the run (%d steps): the learning rate "
             "never reaches lr=%g; lower --warmup",
@@ -409,7 +432,8 @@ def _load_checkpoint(
     else:  # only rank 0's streams are saved; the others restart from a distinct, fixed seed
         _seed_all(cfg.seed + rank + 7919 * step)
     history = _read_history(run_dir / METRICS_FILE, step)
-    log.info("resuming %s from step %d", run_dir, step)
+    if rank == 0:
+        log.info("resuming %s from step %d", run_dir, step)
     return prog, history
 
 
@@ -686,7 +710,8 @@ class _Loop:
         if "val_loss" in val:
             prog.val_loss = _finite_or_none(val["val_loss"])
             if prog.val_loss is None:
-                log.warning("validation loss is %s at step %d", val["val_loss"], prog.step)
+                if self.main:
+                    log.warning("validation loss is %s at step %d", val["val_loss"], prog.step)
             elif prog.best_val_loss is None or prog.val_loss < prog.best_val_loss:
                 prog.best_val_loss = prog.val_loss
                 improved = True
