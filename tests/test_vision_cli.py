@@ -150,6 +150,12 @@ def test_bad_input_exit_2_with_named_values(vit_run, tmp_path, capsys):
         ["train", "image", "--data", "folder", "--data-path", str(empty), "--out", out, *FAST],
     )
     assert "b' contains no images" in err
+    (empty / "b" / "2.png").write_bytes(b"\x89PNG truncated")
+    err = _err(
+        capsys,
+        ["train", "image", "--data", "folder", "--data-path", str(empty), "--out", out, *FAST],
+    )
+    assert "cannot read image" in err and "2.png" in err
     # classify: unreadable file, wrong size with --no-resize, missing file
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"\x89PNG broken")
