@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab.attention.core import causal_mask, key_padding_mask, scaled_dot_product_attention
 from attnlab.attention.efficient import elu_feature_map
@@ -51,7 +52,8 @@ def test_window_at_least_n_is_full_causal_attention(w):
         torch.testing.assert_close(b, a, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("w,chunk", [(1, None), (5, None), (5, 3), (12, 7)])
+# w up to and beyond both lengths: with n_q > n_k a two-sided window reaches n_q − 1 keys ahead
+@pytest.mark.parametrize("w,chunk", [(1, None), (5, None), (5, 3), (12, 7), (33, 4), (50, None)])
 @pytest.mark.parametrize("is_causal", [True, False])
 @pytest.mark.parametrize("n_q,n_k", [(37, 37), (16, 41), (41, 30)])
 def test_window_zero_weight_beyond_w_and_equals_banded_math(w, chunk, is_causal, n_q, n_k):
@@ -91,6 +93,42 @@ def test_window_with_query_dependent_mask_and_bias_matches_math():
         q, k, v, mask=mask, bias=bias, is_causal=True, backend="window", window=6, chunk=4
     )
     torch.testing.assert_close(got, ref, atol=ATOL, rtol=0)
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the element count of the largest tensor any operation produces."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize(
+    "backend,opts",
+    [
+        ("window", {"window": 8}),
+        ("linear", {"feature_map": "elu", "chunk": 32}),
+        ("linear", {"feature_map": "favor", "n_features": 16, "chunk": 32}),
+    ],
+)
+def test_no_n_by_n_tensor_forward_or_backward(backend, opts):
+    # banded / linear: every intermediate is O(N·(c + w)) or O(N·F), never the (H, N, N) scores
+    H, N = 2, 256
+    q, k, v = _qkv(1, H, H, N, N, D=8, Dv=8)
+    pad = key_padding_mask(torch.tensor([N - 10]), N)
+    with _LargestTensor() as mode:
+        out = scaled_dot_product_attention(
+            q, k, v, mask=pad, is_causal=True, backend=backend, **opts
+        )
+        out.square().sum().backward()
+    assert mode.largest < H * N * N / 4
 
 
 def test_window_returns_weights_only_when_asked():

@@ -34,15 +34,17 @@ def _loss_grads_and_saved(config: ModelConfig, state: dict | None, idx: torch.Te
     return model.state_dict(), loss.detach(), grads, sum(saved)
 
 
-@pytest.mark.parametrize("backend,preset", [("math", "tiny"), ("tiled", "llama-tiny")])
-def test_checkpointed_model_gets_the_same_gradients(backend, preset):
-    base = ModelConfig.preset(
-        preset,
-        backend=backend,
-        n_layers=3,
-        max_seq_len=64,
-        **({"backend_options": {"block_q": 16, "block_k": 16}} if backend == "tiled" else {}),
-    )
+@pytest.mark.parametrize(
+    "backend,preset,overrides",
+    [
+        ("math", "tiny", {}),
+        ("tiled", "llama-tiny", {"backend_options": {"block_q": 16, "block_k": 16}}),
+        # dropout: the recomputed forward must draw the very same dropout masks
+        ("math", "gpt2-tiny", {"dropout": 0.2, "attn_dropout": 0.2}),
+    ],
+)
+def test_checkpointed_model_gets_the_same_gradients(backend, preset, overrides):
+    base = ModelConfig.preset(preset, backend=backend, n_layers=3, max_seq_len=64, **overrides)
     ckpt = ModelConfig.from_dict({**base.to_dict(), "activation_checkpointing": True})
     idx = torch.randint(0, base.vocab_size, (2, 49))
     state, loss_a, grads_a, saved_a = _loss_grads_and_saved(base, None, idx)

@@ -121,8 +121,10 @@ def window_attention(
         else positive_int_option("window", "chunk", chunk)
     )
     offset = Tk - Tq
+    # reach of the band: query positions p run from offset to Tk − 1, keys from 0 to Tk − 1, so
+    # no key lies more than Tk − 1 before a query or more than Tq − 1 after it
     left = min(w - 1, max(Tk - 1, 0))  # keys before the query that can be seen
-    right = 0 if is_causal else left  # keys after it
+    right = 0 if is_causal else min(w - 1, max(Tq - 1, 0))  # keys after it
     n = -(-Tq // c)  # chunks
     L = c + left + right  # keys one chunk can reach
     # padded key index of chunk n's first key: the key at absolute position offset + n·c − left
