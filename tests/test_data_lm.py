@@ -91,6 +91,24 @@ def test_file_and_folder_corpora(tmp_path):
     assert load_corpus(str(tmp_path / "d" / "b.txt")).text == "second"
 
 
+def test_unreadable_files(tmp_path, monkeypatch):
+    """A file that cannot be read is skipped inside a folder, and a clear error on its own."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "a.txt").write_text("first")
+    (tmp_path / "d" / "locked.txt").write_text("secret")
+    read = corpus_mod._read_text_file
+
+    def flaky(path):
+        if path.name == "locked.txt":
+            raise PermissionError(13, "Permission denied", str(path))
+        return read(path)
+
+    monkeypatch.setattr(corpus_mod, "_read_text_file", flaky)
+    assert load_corpus(str(tmp_path / "d")).text == "first"
+    with pytest.raises(UserError, match="cannot read corpus file .*Permission denied"):
+        load_corpus(str(tmp_path / "d" / "locked.txt"))
+
+
 def test_bad_corpora(tmp_path):
     with pytest.raises(UserError, match="unknown corpus 'wikipedia'"):
         load_corpus("wikipedia")

@@ -130,8 +130,32 @@ def test_bad_input_gives_one_clear_error(tmp_path, capsys, trained):
     assert "256" in _error(
         capsys, ["train", "lm", "--tokenizer", "bpe", "--vocab-size", "10", *out]
     )
-    # an existing run is not overwritten without --overwrite / --resume
-    assert "exist" in _error(capsys, ["train", "lm", *TINY, "--steps", "1", "--out", str(trained)])
+    assert "unknown LSTM preset 'gpt2'" in _error(
+        capsys, ["train", "lm", "--arch", "lstm", "--preset", "gpt2", *out]
+    )
+    assert "seq_len must be positive, got 0" in _error(
+        capsys, ["train", "lm", "--seq-len", "0", *out]
+    )
+    # an existing run is not overwritten without --overwrite / --resume, and this is said before
+    # the corpus is read (no model summary line first)
+    before = {p.name: p.read_bytes() for p in trained.iterdir()}
+    rc = main(["train", "lm", *TINY, "--steps", "1", "--out", str(trained)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "already exists" in err[0], err
+    # --resume keeps the saved model and data: contradicting options are refused, naming them
+    resume = ["train", "lm", "--resume", "--out", str(trained), "--steps", "2"]
+    msg = _error(capsys, [*resume, "--data", "stdlib", "--set", "d_model=64", "--seq-len", "16"])
+    assert "--data 'stdlib'" in msg and "d_model=64" in msg and "--seq-len 16" in msg
+    assert "--arch 'lstm_lm'" in _error(capsys, [*resume, "--arch", "lstm"])
+    assert {p.name: p.read_bytes() for p in trained.iterdir()} == before
+
+    assert "--max-batches must be >= 1" in _error(
+        capsys, ["eval", str(trained), "--max-batches", "0"]
+    )
+    assert "--batch-size must be >= 1" in _error(
+        capsys, ["eval", str(trained), "--batch-size", "0"]
+    )
+    assert "unknown device 'foo'" in _error(capsys, ["generate", str(trained), "--device", "foo"])
 
     msg = _error(capsys, ["generate", str(trained), "--prompt", "snowman ☃ and Ω"])
     assert "'☃'" in msg and "'Ω'" in msg

@@ -49,11 +49,7 @@ def model_config(arch: str, preset: str, overrides: dict[str, Any]):
     cls = {"transformer": ModelConfig, "lstm": LSTMConfig, "bigram": BigramConfig}.get(arch)
     if cls is None:
         raise UserError(f"unknown architecture {arch!r}; choose from {sorted(ARCHS)}")
-    if arch != "transformer" and preset not in ("tiny", "small", "medium"):
-        preset = "tiny" if arch == "bigram" else "small"
-    if arch == "bigram":
-        preset = "tiny"
-    return cls.preset(preset, **overrides)
+    return cls.preset(preset, **overrides)  # an unknown preset raises, naming the known ones
 
 
 def build_model(config):
@@ -104,11 +100,10 @@ def _load_lm(
 
 
 def _device(name: str | None) -> str:
-    import torch
+    """``auto`` -> cuda if available, else cpu; an unknown or absent device is a UserError."""
+    from attnlab.train.distributed import resolve_device
 
-    if name in (None, "auto"):
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
+    return str(resolve_device(name or "auto"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -121,12 +116,14 @@ def _train_lm(args: argparse.Namespace) -> int:
     from attnlab.data.corpus import LMTask
     from attnlab.data.tokenizers import load_tokenizer
     from attnlab.runs import _find_kind
-    from attnlab.train import train, train_config_from_args
+    from attnlab.train import check_run_dir, train, train_config_from_args
 
     cfg = train_config_from_args(args)
     out = Path(args.out)
+    check_run_dir(out, args.resume, args.overwrite)  # before reading and tokenising the corpus
     if args.resume:
         saved = _lm_run_config(out)
+        _check_resume_options(args, saved)
         tokenizer = load_tokenizer(out)
         task = LMTask.from_config(saved["task"], tokenizer)
         model = _find_kind(saved["kind"]).build(saved["model"])
@@ -136,19 +133,20 @@ def _train_lm(args: argparse.Namespace) -> int:
             overrides["backend"] = args.backend
         if args.checkpointing:
             overrides["activation_checkpointing"] = True
-        base = model_config(args.arch, args.preset, overrides)
-        seq_len = args.seq_len or base.max_seq_len
+        arch, preset = args.arch or "transformer", args.preset or "tiny"
+        base = model_config(arch, preset, overrides)
+        seq_len = base.max_seq_len if args.seq_len is None else args.seq_len
         task = LMTask.build(
-            args.data,
-            tokenizer=args.tokenizer,
-            vocab_size=args.vocab_size,
+            args.data or "pydoc",
+            tokenizer=args.tokenizer or "char",
+            vocab_size=args.vocab_size or 512,
             seq_len=seq_len,
             seed=cfg.seed,
             max_chars=args.max_chars,
         )
         config = model_config(
-            args.arch,
-            args.preset,
+            arch,
+            preset,
             {**overrides, "vocab_size": task.vocab_size, "max_seq_len": seq_len},
         )
         torch.manual_seed(cfg.seed)
@@ -166,6 +164,47 @@ def _train_lm(args: argparse.Namespace) -> int:
     if main_rank:
         _print_result(result)
     return 0
+
+
+def _check_resume_options(args: argparse.Namespace, saved: dict) -> None:
+    """A resume continues the run as saved: refuse model or data options that contradict it."""
+    task, kind = saved["task"], saved["kind"]
+    diffs = []
+
+    def differs(flag: str, given: Any, stored: Any) -> None:
+        if given is not None and given != stored:
+            diffs.append(f"{flag} {given!r} (the run has {stored!r})")
+
+    if args.arch is not None:
+        differs("--arch", ARCHS[args.arch], kind)
+    if args.data is not None and Path(args.data).exists() and Path(task["data"]).exists():
+        differs("--data", str(Path(args.data).resolve()), str(Path(task["data"]).resolve()))
+    else:
+        differs("--data", args.data, task["data"])
+    differs("--tokenizer", args.tokenizer, task.get("tokenizer"))
+    differs("--seq-len", args.seq_len, task["seq_len"])
+    differs("--max-chars", args.max_chars, task.get("max_chars"))
+    if args.preset is not None or args.set or args.backend is not None or args.checkpointing:
+        overrides = _parse_overrides(args.set)
+        if args.backend is not None:
+            overrides["backend"] = args.backend
+        if args.checkpointing:
+            overrides["activation_checkpointing"] = True
+        arch = {v: k for k, v in ARCHS.items()}[kind]
+        fixed = {k: saved["model"][k] for k in ("vocab_size", "max_seq_len")}
+        wanted = json.loads(
+            json.dumps(model_config(arch, args.preset or "tiny", {**overrides, **fixed}).to_dict())
+        )
+        # a preset names every field; without one, only the fields set on this command line
+        keys = wanted if args.preset is not None else overrides
+        for key in sorted(k for k in keys if wanted[k] != saved["model"].get(k)):
+            diffs.append(f"model {key}={wanted[key]!r} (the run has {saved['model'].get(key)!r})")
+    if diffs:
+        raise UserError(
+            f"--resume continues {args.out!r} as it was configured, but "
+            + "; ".join(diffs)
+            + ". Drop these options, or start a new run (another --out, or --overwrite)"
+        )
 
 
 def _print_result(result) -> None:
@@ -271,6 +310,10 @@ def _generate(args: argparse.Namespace) -> int:
 def _eval_lm(args: argparse.Namespace) -> int:
     from attnlab.data.corpus import LMTask
 
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.max_batches is not None and args.max_batches < 1:
+        raise UserError(f"--max-batches must be >= 1, got {args.max_batches}")
     model, tok, cfg = _load_lm(args.run_dir, args.weights, _device(getattr(args, "device", None)))
     task = LMTask.from_config(cfg["task"], tok)
     res = task.val_loss(model, batch_size=args.batch_size, n_batches=args.max_batches)
@@ -337,11 +380,12 @@ def register(groups) -> None:
         description="Train a language model on a local corpus (nothing is downloaded). "
         "Examples: 'attnlab train lm --preset tiny --steps 200 --out runs/tiny'; "
         "'attnlab train lm --preset llama-mini --tokenizer bpe --max-time 300 --out runs/llama'; "
-        "continue a run with '--resume --steps 400 --out runs/tiny'.",
+        "continue a run with '--resume --steps 400 --out runs/tiny' (model and data options "
+        "are those saved in the run).",
     )
     p.add_argument(
         "--data",
-        default="pydoc",
+        default=None,
         metavar="CORPUS",
         help="'pydoc' (CPython's help topics, default), 'stdlib' (the standard "
         "library's .py source) or a path to a text file or folder",
@@ -349,14 +393,14 @@ def register(groups) -> None:
     p.add_argument(
         "--arch",
         choices=sorted(ARCHS),
-        default="transformer",
+        default=None,
         help="model family: transformer (DecoderLM, default), lstm or bigram baselines",
     )
     p.add_argument(
         "--preset",
-        default="tiny",
-        help=f"transformer size/style preset: {', '.join(sorted(PRESETS))} (LSTM: "
-        "tiny, small, medium)",
+        default=None,
+        help=f"size/style preset (default tiny); transformer: {', '.join(sorted(PRESETS))}; "
+        "lstm: tiny, small, medium; bigram: tiny",
     )
     p.add_argument(
         "--set",
@@ -369,13 +413,13 @@ def register(groups) -> None:
     p.add_argument(
         "--tokenizer",
         choices=["char", "bpe"],
-        default="char",
+        default=None,
         help="character-level (default) or byte-level BPE trained on the corpus",
     )
     p.add_argument(
         "--vocab-size",
         type=int,
-        default=512,
+        default=None,
         help="BPE vocabulary size (default 512; at least 256)",
     )
     p.add_argument(

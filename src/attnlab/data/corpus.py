@@ -119,12 +119,19 @@ def load_corpus(source: str, *, max_chars: int | None = None) -> Corpus:
             for f in sorted(p for p in path.rglob("*") if p.is_file()):
                 if any(part.startswith(".") for part in f.relative_to(path).parts):
                     continue
-                t = _read_text_file(f)
+                try:
+                    t = _read_text_file(f)
+                except OSError as err:  # unreadable, or removed while we read the folder
+                    log.warning("skipping %s: %s", f, err)
+                    continue
                 if t:
                     texts.append(t)
             text = "\n".join(texts)
         else:
-            text = _read_text_file(path)
+            try:
+                text = _read_text_file(path)
+            except OSError as err:
+                raise UserError(f"cannot read corpus file {str(path)!r}: {err}") from None
             if text is None:
                 raise UserError(f"corpus file {str(path)!r} is not UTF-8 text")
         source = str(path.resolve())
