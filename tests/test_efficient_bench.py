@@ -97,6 +97,10 @@ def test_bench_rejects_bad_arguments(capsys):
     assert main(["bench", "attention", "--backends", "nope"]) == 2
     err = capsys.readouterr().err
     assert "--n must be positive" in err and "unknown backend" in err
+    assert main(["bench", "long-context", "--preset", "tiny", "--backends", "tiled", "nope"]) == 2
+    assert main(["bench", "long-context", "--preset", "tiny", "--window", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown backend(s) ['nope']" in err and "--window must be positive" in err
 
 
 def test_long_context_cli_prints_the_formula(capsys):

@@ -98,7 +98,7 @@ def register(groups) -> None:
         "with each backend, with and without activation checkpointing, and measure one "
         "Transformer block's forward+backward peak memory (fresh subprocess per backend).",
     )
-    lc.add_argument("--seq-len", type=int, default=4096)
+    lc.add_argument("--seq-len", type=int, default=4096, help="sequence length (default 4096)")
     lc.add_argument(
         "--preset",
         default="gpt2-small",
@@ -108,11 +108,17 @@ def register(groups) -> None:
     lc.add_argument("--n-layers", type=int, default=None, help="override the preset's layers")
     lc.add_argument("--n-heads", type=int, default=None, help="override the preset's heads")
     lc.add_argument("--d-model", type=int, default=None, help="override the preset's width")
-    lc.add_argument("--batch", type=int, default=1)
-    lc.add_argument("--backends", nargs="+", default=["math", "tiled", "sdpa"])
+    lc.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    lc.add_argument(
+        "--backends",
+        nargs="+",
+        default=["math", "tiled", "sdpa"],
+        help="backends to compare (default math tiled sdpa)",
+    )
+    lc.add_argument("--window", type=int, default=256, help="window w of 'window' (default 256)")
     lc.add_argument("--no-measure", action="store_true", help="formula only")
-    lc.add_argument("--threads", type=int, default=None)
-    lc.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    lc.add_argument("--threads", type=int, default=None, help="torch threads of the measurement")
+    lc.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="default cpu")
     lc.set_defaults(func=run_long_context)
 
 
@@ -183,11 +189,15 @@ def run_attention_bench(args: argparse.Namespace) -> int:
 
 def run_long_context(args: argparse.Namespace) -> int:
     """``attnlab bench long-context``: formula per backend, then one measured block."""
+    from attnlab.attention import available_backends
     from attnlab.config import ModelConfig
     from attnlab.experiments.attention_bench import block_memory, lm_attention_memory_formula
 
-    _positive("--seq-len", args.seq_len)
-    _positive("--batch", args.batch)
+    for name in ("seq_len", "batch", "window", "threads"):
+        _positive("--" + name.replace("_", "-"), getattr(args, name))
+    unknown = sorted(set(args.backends) - set(available_backends()))
+    if unknown:
+        raise UserError(f"unknown backend(s) {unknown}; choose from {available_backends()}")
     overrides = {
         k: v
         for k, v in (
@@ -236,6 +246,7 @@ def run_long_context(args: argparse.Namespace) -> int:
         batch=args.batch,
         threads=args.threads,
         device=args.device,
+        options={"window": {"window": args.window}},
     ):
         if "error" in row:
             print(f"  {row['backend']:<8} error: {row['error']}")

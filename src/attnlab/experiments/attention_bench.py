@@ -221,9 +221,9 @@ def _run_subprocess(spec: dict, timeout: float | None = None) -> dict:
         env=env,
         timeout=timeout,
     )
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {"error": " | ".join(tail) or f"exit status {proc.returncode}"}
+    if proc.returncode != 0:  # the exception line of the traceback says what went wrong
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
+        return {"error": tail[0] if tail else f"exit status {proc.returncode}"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -479,8 +479,12 @@ def block_memory(
     batch: int = 1,
     threads: int | None = None,
     device: str = "cpu",
+    options: dict[str, dict[str, Any]] | None = None,
 ) -> list[dict]:
-    """Measured peak memory of one block's forward+backward per backend (fresh subprocesses)."""
+    """Measured peak memory of one block's forward+backward per backend (fresh subprocesses).
+
+    ``options`` holds per-backend options, e.g. ``{"window": {"window": 256}}``.
+    """
     rows = []
     for backend in backends:
         spec = {
@@ -489,6 +493,7 @@ def block_memory(
             "d_model": d_model,
             "n_heads": n_heads,
             "backend": backend,
+            "options": (options or {}).get(backend, {}),
             "batch": batch,
             "threads": threads,
             "device": device,
