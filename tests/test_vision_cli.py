@@ -220,6 +220,10 @@ def test_inductive_bias_experiment_small(tmp_path, capsys):
     # an earlier sweep is not silently replaced
     err = _err(capsys, ["experiment", "inductive-bias", "--steps", "1", "--out", str(out)])
     assert "already holds inductive-bias results" in err and "--overwrite" in err
+    # a bad model override is reported before any model is trained
+    bad = tmp_path / "bad"
+    err = _err(capsys, ["experiment", "inductive-bias", "--vit-set", "depth=2", "--out", str(bad)])
+    assert "vit has no config field 'depth'" in err and not bad.exists()
     assert "steps and batch_size must be at least 1, got 0" in _err(
         capsys, ["experiment", "inductive-bias", "--steps", "0", "--out", str(tmp_path / "z")]
     )

@@ -86,7 +86,10 @@ def build_image_model(
     except TypeError as err:
         raise UserError(f"bad --set for {model}: {err}") from None
     except ValueError as err:
-        raise UserError(f"{model} preset {preset!r} does not fit {h}×{w} images: {err}") from None
+        raise UserError(
+            f"{model} preset {preset!r} does not fit {h}×{w} images: {err} (--image-size, "
+            "--patch-size, --window-size or --set change the sizes)"
+        ) from None
     return model_cls(cfg)
 
 
@@ -310,6 +313,9 @@ def _inductive_bias(args: argparse.Namespace) -> int:
         data=args.data,
         data_path=args.data_path,
         image_size=args.image_size,
+        channels=args.channels,
+        shapes_n=args.shapes_n,
+        shapes_label=args.shapes_label,
         fractions=fractions,
         steps=args.steps,
         batch_size=args.batch_size,
@@ -361,7 +367,12 @@ def _add_data_args(p: argparse.ArgumentParser, *, default: str = "digits") -> No
         default=3,
         help="channels for folder images (default: %(default)s)",
     )
-    g.add_argument("--shapes-n", type=int, default=3000, help="number of generated shapes")
+    g.add_argument(
+        "--shapes-n",
+        type=int,
+        default=3000,
+        help="number of generated shapes (default: %(default)s)",
+    )
     g.add_argument(
         "--shapes-label",
         choices=("shape", "colour", "both"),

@@ -13,6 +13,7 @@ model). The test split is the same for every fraction (it changes with the seed)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -22,7 +23,7 @@ from typing import Any
 
 import torch
 
-from attnlab.errors import RunDirError
+from attnlab.errors import RunDirError, UserError
 from attnlab.runs import atomic_save, atomic_write_text
 
 __all__ = [
@@ -40,6 +41,8 @@ class InductiveBiasSettings:
 
     Attributes:
         data: image source (``digits`` or ``shapes``; others need ``data_path``).
+        image_size, channels, shapes_n, shapes_label: as for
+            :func:`attnlab.data.images.load_image_data`.
         fractions: shares of the training split, at least three, increasing.
         steps, batch_size, lr, warmup: the budget, identical for both models.
         seeds: one run per seed (data subset, init and batch order change with it).
@@ -49,6 +52,9 @@ class InductiveBiasSettings:
     data: str = "digits"
     data_path: str | None = None
     image_size: int | None = None
+    channels: int = 3
+    shapes_n: int = 3000
+    shapes_label: str = "shape"
     fractions: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5, 1.0])
     steps: int = 300
     batch_size: int = 64
@@ -76,15 +82,31 @@ class InductiveBiasSettings:
 
 
 def _build(kind: str, splits, overrides: dict[str, Any]):
+    """The ``tiny`` (≤ 16 px) or ``small`` preset of ``kind`` sized for the data.
+
+    Raises:
+        UserError: an override that is not a config field, or sizes that do not fit.
+    """
     from attnlab.models.cnn import CNNConfig, ResidualCNN
     from attnlab.models.vit import VisionTransformer, ViTConfig
 
-    c, h, _ = splits.image_shape
+    cfg_cls, model_cls = (
+        (ViTConfig, VisionTransformer) if kind == "vit" else (CNNConfig, ResidualCNN)
+    )
+    known = {f.name for f in dataclasses.fields(cfg_cls)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise UserError(
+            f"--{kind}-set: {kind} has no config field {', '.join(map(repr, unknown))}; "
+            f"its fields: {', '.join(sorted(known))}"
+        )
+    c, h, w = splits.image_shape
     preset = "tiny" if h <= 16 else "small"
     common = dict(image_size=h, in_channels=c, num_classes=len(splits.classes))
-    if kind == "vit":
-        return VisionTransformer(ViTConfig.preset(preset, **{**common, **overrides}))
-    return ResidualCNN(CNNConfig.preset(preset, **{**common, **overrides}))
+    try:
+        return model_cls(cfg_cls.preset(preset, **{**common, **overrides}))
+    except ValueError as err:
+        raise UserError(f"{kind} preset {preset!r} does not fit {h}×{w} images: {err}") from None
 
 
 def run_inductive_bias(
@@ -123,8 +145,16 @@ def run_inductive_bias(
     n_test = 0
     for seed in settings.seeds:
         splits = load_image_data(
-            settings.data, path=settings.data_path, image_size=settings.image_size, seed=seed
+            settings.data,
+            path=settings.data_path,
+            image_size=settings.image_size,
+            channels=settings.channels,
+            seed=seed,
+            shapes_n=settings.shapes_n,
+            shapes_label=settings.shapes_label,
         )
+        if not runs:  # both models must build before anything is trained
+            _build("cnn", splits, settings.cnn), _build("vit", splits, settings.vit)
         for frac in settings.fractions:
             for kind in ("cnn", "vit"):
                 torch.manual_seed(seed)
