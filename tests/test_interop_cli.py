@@ -63,6 +63,14 @@ def test_convert_failure_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("attnlab: error:") and "T5Model" in err and "LlamaForCausalLM" in err
     assert not (tmp_path / "run").exists()
+    (tmp_path / "file").write_text("x")
+    for argv in (
+        ["--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "file")],
+        ["--to-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "x")],
+    ):
+        assert main(["convert", *argv]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert "exists and is not a directory" in err[0] and "not an attnlab config" in err[1]
 
 
 def test_load_hf_lm_for_generation(tmp_path):

@@ -112,6 +112,21 @@ def test_sharded_index_pointing_at_missing_shard(tmp_path):
         from_hf(tmp_path)
 
 
+def test_sharded_index_that_does_not_match_its_shards(tmp_path):
+    build_hf("llama", num_hidden_layers=1).save_pretrained(tmp_path, max_shard_size="40KB")
+    index_path = tmp_path / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shard = sorted(set(index["weight_map"].values()))[0]
+    index["weight_map"]["model.layers.0.mlp.extra.weight"] = shard  # held by no shard
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(UserError, match=rf"do not hold: model.layers.0.mlp.extra.weight \({shard}"):
+        from_hf(tmp_path)
+    index["weight_map"] = {"model.norm.weight": 3}
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(UserError, match="'weight_map' must map tensor names to shard file names"):
+        from_hf(tmp_path)
+
+
 def test_unsupported_options(tmp_path, llama_dir):
     def llama3(cfg):
         cfg["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}
@@ -161,8 +176,16 @@ def test_to_hf_does_not_overwrite(tmp_path):
     (tmp_path / "out" / "keep.txt").write_text("x")
     with pytest.raises(UserError, match="not empty"):
         to_hf(model, tmp_path / "out")
+    # files of the replaced checkpoint that would describe another model are removed
+    (tmp_path / "out" / "tokenizer.json").write_text("{}")
+    (tmp_path / "out" / "generation_config.json").write_text('{"eos_token_id": 7}')
+    (tmp_path / "out" / "model-00001-of-00002.safetensors").write_bytes(b"x")
     to_hf(model, tmp_path / "out", overwrite=True)
-    assert (tmp_path / "out" / "config.json").exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "config.json",
+        "keep.txt",
+        "model.safetensors",
+    ]
 
 
 def test_bad_tokenizer_json(tmp_path, llama_dir):

@@ -51,6 +51,8 @@ def _from_hf(args: argparse.Namespace) -> int:
     from attnlab.runs import atomic_write_text, save_model
 
     src, out = Path(args.from_hf), Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"{str(out)!r} exists and is not a directory")
     if out.exists() and any(out.iterdir()) and not args.overwrite:
         raise RunDirError(f"{str(out)!r} already exists; pass --overwrite to replace it")
     model = from_hf(src, dtype=args.dtype)

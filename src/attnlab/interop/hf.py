@@ -605,11 +605,16 @@ def _weight_files(path: Path) -> dict[str, Path]:
             raise UserError(
                 f"{index} is not a safetensors index (needs 'weight_map'): {err}"
             ) from None
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(f, str) for f in weight_map.values()
+        ):
+            raise UserError(f"{index}: 'weight_map' must map tensor names to shard file names")
         missing = sorted({f for f in weight_map.values() if not (path / f).exists()})
         if missing:
             raise UserError(f"{index} lists shard files that are not in {str(path)!r}: {missing}")
         files = {name: path / f for name, f in weight_map.items()}
-        # the index must describe the shards truthfully
+        # the index must describe the shards truthfully, both ways
+        listed: set[str] = set()
         for shard in sorted(set(files.values())):
             with _open(shard) as f:
                 for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
@@ -618,6 +623,14 @@ def _weight_files(path: Path) -> dict[str, Path]:
                             f"tensor {name!r} is in shard {shard.name} but {INDEX_NAME} "
                             f"says {files[name].name if name in files else 'nothing'}"
                         )
+                    listed.add(name)
+        absent = sorted(set(files) - listed)
+        if absent:
+            raise UserError(
+                f"{INDEX_NAME} lists tensors that their shards do not hold: "
+                + ", ".join(f"{n} ({files[n].name})" for n in absent[:10])
+                + (" ..." if len(absent) > 10 else "")
+            )
         return files
     single = path / WEIGHTS_NAME
     if single.exists():
@@ -1012,7 +1025,8 @@ def to_hf(
         path: output folder (created).
         tokenizer: a ``tokenizers.Tokenizer`` or attnlab byte-level BPE tokenizer (saved as
             ``tokenizer.json``), or the path of a Hugging Face ``tokenizer.json`` to copy.
-        overwrite: replace an existing checkpoint in ``path``.
+        overwrite: replace an existing checkpoint in ``path`` (its weights, ``config.json``,
+            ``tokenizer.json`` and ``generation_config.json``; other files are left alone).
         moe_layout: Mixtral expert layout, ``per_expert`` (default, readable by every
             transformers version) or ``fused``.
         dtype: save in this dtype (default: the model's).
@@ -1059,8 +1073,15 @@ def to_hf(
     sd = {n: t.detach().to("cpu", dtype or t.dtype).contiguous().clone() for n, t in sd.items()}
     hf_cfg["dtype"] = str(next(iter(sd.values())).dtype).removeprefix("torch.")
     path.mkdir(parents=True, exist_ok=True)
-    for old in path.glob("model*.safetensors*"):
-        old.unlink()
+    # replacing a checkpoint: none of the old one's weights, tokenizer or generation settings
+    # may survive to describe the new model
+    stale = [
+        *path.glob("model*.safetensors*"),
+        path / "generation_config.json",
+        path / TOKENIZER_NAME,
+    ]
+    for old in stale:
+        old.unlink(missing_ok=True)
     meta = {"format": "pt"}
     total = sum(t.numel() * t.element_size() for t in sd.values())
     if max_shard_size is None or total <= max_shard_size:
