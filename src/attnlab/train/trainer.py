@@ -403,7 +403,11 @@ def _load_checkpoint(
     try:
         state = torch.load(run_dir / STATE_FILE, map_location="cpu", weights_only=True)
     except Exception as err:  # pickle / zip errors of a damaged file
-        raise RunDirError(f"cannot read {run_dir / STATE_FILE}: {err}") from None
+        # torch's own message is pages long and suggests weights_only=False: do not pass it on
+        raise RunDirError(
+            f"cannot read {run_dir / STATE_FILE}: the file is damaged or not an attnlab "
+            f"training state ({type(err).__name__})"
+        ) from None
     step = state["progress"]["step"]
     weights_step = _weights_step(run_dir / LAST_FILE)
     if weights_step != step:
