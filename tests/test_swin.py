@@ -287,3 +287,25 @@ def test_swin_without_qkv_bias_matches_hf():
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours.features(x), hf(x).last_hidden_state, atol=1e-5, rtol=0)
+
+
+def test_from_hf_folder_goes_through_this_conversion(tmp_path, monkeypatch):
+    """attnlab.interop.from_hf loads Swin folders with swin_from_hf_state_dict, the function the
+    parity tests above check, and gives the same logits."""
+    import attnlab.models.swin as swin_module
+    from attnlab.interop import from_hf
+
+    hf = _hf_swin(transformers.SwinForImageClassification)
+    hf.save_pretrained(tmp_path)
+    calls = []
+
+    def spy(cfg_dict, state_dict):
+        calls.append(sorted(state_dict))
+        return swin_from_hf_state_dict(cfg_dict, state_dict)
+
+    monkeypatch.setattr(swin_module, "swin_from_hf_state_dict", spy)
+    ours = from_hf(tmp_path)
+    assert len(calls) == 1
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-5, rtol=0)
