@@ -86,6 +86,10 @@ def test_load_hf_lm_for_generation(tmp_path):
     ref = hf.generate(ids, max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert torch.equal(out, ref)
     assert model.hf_config["eos_token_id"] == 0
+    # transformers' generate reads generation_config.json first: so does from_hf
+    (tmp_path / "hf" / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, 7]}))
+    model, _ = load_hf_lm(tmp_path / "hf")
+    assert model.hf_config["eos_token_id"] == [0, 7]
 
 
 @pytest.mark.parametrize(

@@ -738,8 +738,10 @@ def from_hf(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None) 
 
     Returns:
         The model. Its ``hf_config`` attribute keeps the checkpoint's
-        ``config.json`` (e.g. ``eos_token_id`` for generation). The tokenizer is separate:
-        :func:`load_hf_tokenizer`.
+        ``config.json`` (e.g. ``eos_token_id`` for generation), with the token ids of a
+        ``generation_config.json`` beside it taking precedence, as in transformers' ``generate``
+        (chat checkpoints often list their extra end-of-turn ids only there). The tokenizer is
+        separate: :func:`load_hf_tokenizer`.
 
     Raises:
         UserError: not a checkpoint folder, unsupported architecture, missing/extra tensors or
@@ -786,8 +788,23 @@ def from_hf(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None) 
     missing = [m for m in missing if not (cfg.tie_embeddings and m == "lm_head.weight")]
     if missing or unexpected:  # a mapping bug, not a user error: the names were checked above
         raise RuntimeError(f"internal mapping error: missing {missing}, unexpected {unexpected}")
-    model.hf_config = hf
+    model.hf_config = {**hf, **_generation_token_ids(path)}
     return model.eval()
+
+
+def _generation_token_ids(path: Path) -> dict:
+    """``bos/eos/pad_token_id`` set in ``generation_config.json`` (``{}`` when none or unreadable)."""
+    gen_path = path / "generation_config.json"
+    if not gen_path.exists():
+        return {}
+    try:
+        gen = json.loads(gen_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        log.warning("ignoring %s: not valid JSON (%s)", gen_path, err)
+        return {}
+    if not isinstance(gen, dict):
+        return {}
+    return {k: gen[k] for k in HF_GENERATION_KEYS if gen.get(k) is not None}
 
 
 def _vision_from_hf(path: Path, hf: dict, dtype: torch.dtype) -> nn.Module:
