@@ -142,6 +142,10 @@ def test_cifar10_python_batches(tmp_path):
     (root / "test_batch").write_bytes(b"garbage")
     with pytest.raises(UserError, match="test_batch"):
         load_cifar10(root)
+    with open(root / "test_batch", "wb") as f:  # a pickle, but not a batch dict
+        pickle.dump([1, 2, 3], f)
+    with pytest.raises(UserError, match="test_batch.*not a CIFAR-10 batch"):
+        load_cifar10(root)
     with pytest.raises(FileNotFoundError, match="CIFAR-10"):
         load_cifar10(tmp_path / "nothing")
 

@@ -117,6 +117,8 @@ def _split(
 
 def _train_val(images: Tensor, labels: Tensor, seed: int, val_frac: float = 0.1):
     n = len(labels)
+    if n < 2:
+        raise UserError(f"{n} training images are too few to hold out a validation split")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     n_val = max(1, round(val_frac * n))
     tr, va = perm[n_val:], perm[:n_val]
@@ -231,7 +233,13 @@ def read_image(path: str | Path, *, image_size: int | None = None, channels: int
             if image_size is not None and im.size != (image_size, image_size):
                 im = im.resize((image_size, image_size), Image.BILINEAR)
             arr = np.asarray(im, dtype=np.float32) / 255.0
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+    except (
+        UnidentifiedImageError,
+        Image.DecompressionBombError,
+        OSError,
+        SyntaxError,
+        ValueError,
+    ) as err:
         raise UserError(f"cannot read image {str(path)!r}: {err}") from None
     t = torch.from_numpy(arr.copy())
     return t[None] if channels == 1 else t.permute(2, 0, 1)  # (C, H, W)
@@ -310,6 +318,8 @@ def load_cifar10(path: str | Path, *, seed: int = 0) -> ImageSplits:
 
     def read(f: Path) -> tuple[Tensor, Tensor]:
         d = _unpickle(f)
+        if not isinstance(d, dict):
+            raise UserError(f"{str(f)!r} is not a CIFAR-10 batch (a pickled {type(d).__name__})")
         data, labels = d.get(b"data"), d.get(b"labels", d.get(b"fine_labels"))
         if data is None or labels is None:
             raise UserError(f"{str(f)!r} is not a CIFAR-10 batch (needs b'data' and b'labels')")
@@ -319,8 +329,11 @@ def load_cifar10(path: str | Path, *, seed: int = 0) -> ImageSplits:
                 f"{str(f)!r}: CIFAR-10 data must be (N, 3072) with N labels, got "
                 f"{data.shape} and {len(labels)} labels"
             )
+        y = torch.tensor(list(labels), dtype=torch.long)
+        if len(y) and int(y.min()) < 0:
+            raise UserError(f"{str(f)!r}: negative class label {int(y.min())}")
         x = torch.from_numpy(data.reshape(-1, 3, 32, 32).astype(np.float32) / 255.0)
-        return x, torch.tensor(list(labels), dtype=torch.long)
+        return x, y
 
     parts = [read(f) for f in train_files]
     x, y = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
