@@ -102,6 +102,11 @@ def test_shape_mismatch_names_tensor_and_both_shapes(tmp_path, llama_dir):
     msg = str(e.value)
     assert "model.layers.0.mlp.gate_proj.weight has shape [96, 64] in the file" in msg
     assert "implies [80, 64]" in msg and "nothing was loaded" in msg
+    # nor written: the CLI leaves no half-made run directory behind
+    from attnlab.cli import main
+
+    assert main(["convert", "--from-hf", str(bad), "--out", str(tmp_path / "run")]) == 2
+    assert not (tmp_path / "run").exists()
 
 
 def test_sharded_index_pointing_at_missing_shard(tmp_path):
