@@ -165,6 +165,9 @@ def test_bad_input_gives_one_clear_error(tmp_path, capsys, trained):
     assert "unknown LSTM preset 'gpt2'" in _error(
         capsys, ["train", "lm", "--arch", "lstm", "--preset", "gpt2", *out]
     )
+    assert "--vocab-size" in _error(capsys, ["train", "lm", "--set", "vocab_size=1000", *out])
+    msg = _error(capsys, ["train", "lm", "--seq-len", "16", "--set", "max_seq_len=64", *out])
+    assert "--seq-len 16 and --set max_seq_len=64 disagree" in msg
     assert "seq_len must be positive, got 0" in _error(
         capsys, ["train", "lm", "--seq-len", "0", *out]
     )

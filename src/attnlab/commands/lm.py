@@ -129,6 +129,16 @@ def _train_lm(args: argparse.Namespace) -> int:
         model = _find_kind(saved["kind"]).build(saved["model"])
     else:
         overrides = _parse_overrides(args.set)
+        if "vocab_size" in overrides:
+            raise UserError(
+                "the vocabulary size comes from the tokenizer: use --vocab-size (BPE), "
+                "not --set vocab_size"
+            )
+        if args.seq_len is not None and overrides.get("max_seq_len", args.seq_len) != args.seq_len:
+            raise UserError(
+                f"--seq-len {args.seq_len} and --set max_seq_len={overrides['max_seq_len']} "
+                "disagree (they are the same thing: give one)"
+            )
         if args.backend is not None:
             overrides["backend"] = args.backend
         if args.checkpointing:
