@@ -203,6 +203,10 @@ def run_dir(tmp_path_factory):
             "30",
             "--eval-every",
             "30",
+            "--warmup",  # a short warm-up, so that 30 steps already produce words
+            "10",
+            "--lr",
+            "3e-3",
             "--out",
             str(out),
             "--no-progress",
@@ -225,15 +229,67 @@ def test_translate_cli(run_dir, tmp_path, capsys):
         == 0
     )
     assert capsys.readouterr().out.count("\t") == 2  # one "translation<TAB>score" per input
+    sentences = ["one", "seven hundred and twelve", "forty-four"]
+    alone = []
+    for s in sentences:
+        assert main(["translate", str(run_dir), s]) == 0
+        alone.append(capsys.readouterr().out.strip())
     f = tmp_path / "in.txt"
-    f.write_text("one\n\nseven hundred\n", encoding="utf-8")
-    assert main(["translate", str(run_dir), "--file", str(f), "--scores"]) == 0
-    assert capsys.readouterr().out.count("\t") == 2  # blank lines skipped
+    f.write_text("\n".join([sentences[0], "", *sentences[1:]]) + "\n", encoding="utf-8")
+    assert main(["translate", str(run_dir), "--file", str(f)]) == 0
+    # blank lines skipped; one padded batch gives each sentence's own translation, in order
+    assert capsys.readouterr().out.splitlines() == alone
+
+
+def test_alignment_heatmap_rows_are_outputs_and_columns_are_source_tokens(
+    run_dir, tmp_path, capsys, monkeypatch
+):
+    from attnlab.viz import attention as viz
+
+    seen = {}
+    real_plot, real_grid = viz.plot_attention, viz.plot_attention_grid
+
+    def spy(kind, real):
+        def plot(weights, path, **kw):
+            seen[kind] = (weights, kw)
+            return real(weights, path, **kw)
+
+        return plot
+
+    monkeypatch.setattr(viz, "plot_attention", spy("mean", real_plot))
+    monkeypatch.setattr(viz, "plot_attention_grid", spy("grid", real_grid))
     png = tmp_path / "align.png"
-    assert main(["translate", str(run_dir), "twenty one", "--attention", str(png)]) == 0
-    assert png.stat().st_size > 0 and (tmp_path / "align.layer0.png").exists()
+    assert (
+        main(["translate", str(run_dir), "Twenty-one", "--beam", "2", "--attention", str(png)]) == 0
+    )
+    assert png.stat().st_size > 0 and (tmp_path / "align.layer0.png").stat().st_size > 0
+    text = capsys.readouterr().out.splitlines()[0]
+    w, kw = seen["mean"]
+    assert kw["cols"] == ["twenty", "one"]  # the normalised source, padding excluded
+    # the output pieces of the printed translation, then <end>
+    assert kw["rows"][-1] == "<end>" and "".join(kw["rows"][:-1]).replace("▁", " ").strip() == text
+    assert w.shape == (len(kw["rows"]), 2)
+    torch.testing.assert_close(w.sum(-1), torch.ones(len(kw["rows"])))  # a distribution per row
+    H = json.loads((run_dir / "config.json").read_text())["model"]["n_heads"]
+    assert seen["grid"][0].shape == (H, len(kw["rows"]), 2)
+    torch.testing.assert_close(seen["grid"][0].mean(0), w)  # the last layer's head average
+
+
+def test_eval_scores_the_heldout_split(run_dir, tmp_path, capsys):
+    """attnlab eval's exact match = the share of held-out lines whose translation (by the
+    translate command, same batches) equals the target."""
+    lines = (run_dir / "heldout.tsv").read_text(encoding="utf-8").splitlines()
+    pairs = [line.split("\t") for line in lines]
+    f = tmp_path / "src.txt"
+    f.write_text("\n".join(s for s, _ in pairs) + "\n", encoding="utf-8")
+    assert main(["translate", str(run_dir), "--file", str(f), "--batch-size", "32"]) == 0
+    outs = capsys.readouterr().out.splitlines()
+    expected = sum(o == t for o, (_, t) in zip(outs, pairs)) / len(pairs)
     assert main(["eval", str(run_dir)]) == 0
-    assert "exact match" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    m = re.search(r"held-out \((\d+) sentences, greedy\): exact match ([0-9.]+)", out)
+    assert m, out
+    assert int(m.group(1)) == len(pairs) and float(m.group(2)) == pytest.approx(expected, abs=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -250,6 +306,29 @@ def test_translate_bad_input(run_dir, capsys, argv_tail, message):
     assert main(["translate", str(run_dir), *argv_tail]) == 2
     err = capsys.readouterr().err
     assert err.startswith("attnlab: error:") and message in err
+    assert capsys.readouterr().out == ""  # nothing half-printed before the error
+
+
+def test_translate_refusals_come_before_any_output(run_dir, tmp_path, capsys):
+    """Errors found after loading the run still print no translation; --allow-unk translates."""
+    cases = [
+        (["one", "--attention", str(tmp_path / "a.png"), "--layer", "9"], "--layer 9 out of"),
+        (["one", "--batch-size", "0"], "--batch-size must be at least 1"),
+        (["--file", str(tmp_path)], "not a file"),
+    ]
+    for tail, message in cases:
+        assert main(["translate", str(run_dir), *tail]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("attnlab: error:") and message in err, err
+    assert main(["translate", str(run_dir), "twenty bananas", "--allow-unk"]) == 0
+    assert capsys.readouterr().out.count("\n") == 1  # one translation line
+    lm = tmp_path / "lm"
+    lm.mkdir()
+    (lm / "config.json").write_text(json.dumps({"kind": "decoder_lm", "model": {}}))
+    assert main(["translate", str(lm), "one"]) == 2
+    assert "not a translation model" in capsys.readouterr().err
+    assert main(["eval", str(run_dir), "--batch-size", "0"]) == 2
+    assert "--batch-size must be at least 1" in capsys.readouterr().err
 
 
 def test_train_bad_input(tmp_path, capsys):

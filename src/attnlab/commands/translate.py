@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 from attnlab.errors import UserError
@@ -239,6 +240,11 @@ def _run_train(args: argparse.Namespace) -> int:
 def _load(run_dir: str, weights: str):
     from attnlab import runs
 
+    kind = runs.read_config(run_dir)["kind"]
+    if kind not in MODEL_KINDS:
+        raise UserError(
+            f"{run_dir} holds a {kind!r} model, not a translation model ({', '.join(MODEL_KINDS)})"
+        )
     name = "best.safetensors" if weights == "best" else "model.safetensors"
     if not (Path(run_dir) / name).exists():
         name = "model.safetensors"
@@ -255,8 +261,10 @@ def _read_inputs(args: argparse.Namespace) -> list[str]:
             lines = sys.stdin.read().splitlines()
         else:
             path = Path(args.file)
-            if not path.is_file():
+            if not path.exists():
                 raise UserError(f"{path}: no such file")
+            if not path.is_file():
+                raise UserError(f"{path}: not a file (expected one sentence per line)")
             try:
                 lines = path.read_text(encoding="utf-8").splitlines()
             except UnicodeDecodeError:
@@ -272,10 +280,21 @@ def _run_translate(args: argparse.Namespace) -> int:
 
     if args.beam < 1:
         raise UserError(f"--beam must be at least 1, got {args.beam}")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     texts = _read_inputs(args)
     if args.attention and len(texts) != 1:
         raise UserError(f"--attention draws one sentence; got {len(texts)}")
     model, vocabs = _load(args.run_dir, args.weights)
+    if args.attention:  # refuse before printing anything
+        if model.kind == "rnn":
+            raise UserError(
+                "model kind 'rnn' has no attention to draw (the fixed-context rnn sees only "
+                "the final encoder state); use rnn-attn or transformer"
+            )
+        L = getattr(model.config, "n_dec_layers", 1)
+        if not -L <= args.layer < L:
+            raise UserError(f"--layer {args.layer} out of range for {L} decoder layer(s)")
     res = translate_texts(
         model,
         vocabs,
@@ -293,34 +312,35 @@ def _run_translate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plot_alignment(model, r, path: str, layer: int) -> None:
-    from attnlab.viz.attention import plot_attention, plot_attention_grid
+def _title(*parts: str, n_cols: int) -> str:
+    """Wrap a heatmap title to roughly the figure's width (it grows with the source length)."""
+    width = 28 + 3 * n_cols
+    return "\n".join(line for p in parts for line in textwrap.wrap(p, width))
 
-    if r.alignment is None:
-        raise UserError(
-            f"model kind {model.kind!r} has no attention to draw (the fixed-context "
-            "rnn sees only the final encoder state); use rnn-attn or transformer"
-        )
+
+def _plot_alignment(model, r, path: str, layer: int) -> None:
+    """Rows = output tokens (``<end>`` included), columns = source tokens."""
+    from attnlab.viz import attention as viz
+
     a = r.alignment  # (L, H, T, S)
     L = a.shape[0]
-    if not -L <= layer < L:
-        raise UserError(f"--layer {layer} out of range for {L} decoder layers")
-    title = f"{r.source} → {r.text}"
-    if L == 1 and a.shape[1] == 1:
-        plot_attention(a[0, 0], path, rows=r.out_tokens, cols=r.src_tokens, title=title)
+    src, out = r.source, f"→ {r.text}"
+    if L == 1 and a.shape[1] == 1:  # rnn-attn: Bahdanau's α
+        title = _title(src, out, n_cols=len(r.src_tokens))
+        viz.plot_attention(a[0, 0], path, rows=r.out_tokens, cols=r.src_tokens, title=title)
         print(f"alignment written to {path}")
         return
-    plot_attention(
+    viz.plot_attention(
         a[layer].mean(0),
         path,
         rows=r.out_tokens,
         cols=r.src_tokens,
-        title=f"{title} (layer {layer % L}, head average)",
+        title=_title(src, out, f"(layer {layer % L}, head average)", n_cols=len(r.src_tokens)),
     )
     stem = Path(path)
     for i in range(L):
         p = stem.with_name(f"{stem.stem}.layer{i}{stem.suffix or '.png'}")
-        plot_attention_grid(
+        viz.plot_attention_grid(
             a[i], p, rows=r.out_tokens, cols=r.src_tokens, title=f"cross-attention, layer {i}"
         )
     print(f"alignment written to {path} (+ {L} per-layer head grids next to it)")
@@ -330,6 +350,10 @@ def _run_eval(args: argparse.Namespace) -> int:
     from attnlab.data.translation import read_tsv
     from attnlab.translate import evaluate_pairs
 
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.max_batches is not None and args.max_batches < 1:
+        raise UserError(f"--max-batches must be at least 1, got {args.max_batches}")
     model, vocabs = _load(args.run_dir, args.weights)
     path = Path(args.run_dir) / "heldout.tsv"
     pairs = read_tsv(path)
