@@ -270,3 +270,15 @@ def test_backend_and_checkpointing_flags_reach_the_model_config(tmp_path, capsys
     assert cfg["backend"] == "tiled" and cfg["activation_checkpointing"] is True
     assert main(["train", "lm", *TINY, "--backend", "nope", "--out", str(tmp_path / "x")]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_a_run_on_a_relative_corpus_path_evaluates_from_anywhere(tmp_path, capsys, monkeypatch):
+    (tmp_path / "corpus.txt").write_text("the cat sat on the mat. " * 200)
+    monkeypatch.chdir(tmp_path)
+    args = ["--arch", "bigram", "--seq-len", "16", "--batch-size", "4", "--no-progress"]
+    assert main(["train", "lm", "--data", "corpus.txt", *args, "--steps", "1", "--out", "r"]) == 0
+    task = json.loads((tmp_path / "r" / "config.json").read_text())["task"]
+    assert task["data"] == str(tmp_path / "corpus.txt")
+    monkeypatch.chdir(tmp_path.parent)
+    assert main(["eval", str(tmp_path / "r")]) == 0
+    assert "perplexity" in capsys.readouterr().out

@@ -272,7 +272,7 @@ class LMTask:
             seq_len=seq_len,
             seed=seed,
             val_fraction=val_fraction,
-            data=data,
+            data=corpus.name,  # a file or folder as an absolute path: resumable from anywhere
             max_chars=max_chars,
         )
 
