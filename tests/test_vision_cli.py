@@ -268,3 +268,22 @@ def test_model_attention_maps_and_overlay(tmp_path):
     assert Image.open(tmp_path / "o.png").format == "PNG"
     with pytest.raises(ValueError, match="need_weights"):
         attention_rollout([])
+
+
+def test_plot_vit_attention_maps_are_softmax_qk_of_the_last_block(tmp_path):
+    """The class-token map equals softmax(QKᵀ/√d) of the last block recomputed from its weights."""
+    from attnlab.viz.vision import plot_vit_attention
+
+    model = VisionTransformer(ViTConfig.preset("tiny")).eval()
+    block_inputs = []
+    model.blocks[-1].register_forward_pre_hook(lambda m, args: block_inputs.append(args[0]))
+    image = torch.rand(1, 8, 8)
+    maps = plot_vit_attention(model, image, tmp_path / "att.png")
+    assert Image.open(tmp_path / "att.png").format == "PNG"
+    blk, (T, C, H) = model.blocks[-1], (17, 64, 4)
+    with torch.no_grad():
+        q, k, _ = blk.attn.qkv(blk.norm1(block_inputs[0])).split(C, dim=-1)  # (1, T, C) each
+        q, k = (t.view(1, T, H, C // H).transpose(1, 2) for t in (q, k))  # (1, H, T, D)
+        w = (q @ k.transpose(-1, -2) / (C // H) ** 0.5).softmax(-1)  # (1, H, T, T)
+    torch.testing.assert_close(maps["cls_attention"], w.mean(1)[0, 0, 1:].view(4, 4))
+    assert maps["rollout"].shape == (4, 4) and bool((maps["rollout"] >= 0).all())

@@ -137,18 +137,16 @@ def plot_vit_attention(
         ``{"cls_attention": (Gh, Gw), "rollout": (Gh, Gw)}``.
     """
     x = (image if normalized is None else normalized)[None]
+    x = x.to(next(model.parameters()).device)
     was_training = model.training
     model.eval()
     model(x, need_weights=True)
     model.train(was_training)
     g = model.config.grid_size
     n_prefix = getattr(model, "n_prefix", 1)
+    first = "last-layer class-token attention" if n_prefix else "last-layer mean attention"
     maps = {
-        "last-layer class-token attention"
-        if n_prefix
-        else "last-layer mean attention": cls_attention(model.attn_weights, n_prefix=n_prefix)[
-            0
-        ].view(g, g),
+        first: cls_attention(model.attn_weights, n_prefix=n_prefix)[0].view(g, g),
         "attention rollout": attention_rollout(model.attn_weights, n_prefix=n_prefix)[0].view(g, g),
     }
     overlay_attention(image, maps, path, title=title)
