@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from attnlab.cli import main
 from attnlab.experiments.attention_bench import (
@@ -92,7 +93,7 @@ def test_markdown_table_ratios():
     assert "tiled/sdpa time 2.00×" in table and "math/tiled memory 20.0×" in table
 
 
-def test_bench_rejects_bad_arguments(capsys):
+def test_bench_rejects_bad_arguments(capsys, monkeypatch):
     assert main(["bench", "attention", "--n", "0"]) == 2
     assert main(["bench", "attention", "--backends", "nope"]) == 2
     err = capsys.readouterr().err
@@ -101,6 +102,9 @@ def test_bench_rejects_bad_arguments(capsys):
     assert main(["bench", "long-context", "--preset", "tiny", "--window", "0"]) == 2
     err = capsys.readouterr().err
     assert "unknown backend(s) ['nope']" in err and "--window must be positive" in err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU-only machine
+    assert main(["bench", "attention", "--n", "64", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
 
 
 def test_long_context_cli_prints_the_formula(capsys):

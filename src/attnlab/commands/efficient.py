@@ -122,6 +122,13 @@ def register(groups) -> None:
     lc.set_defaults(func=run_long_context)
 
 
+def _check_device(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is available to this torch build")
+
+
 def _positive(name: str, value: int | float | None) -> None:
     if value is not None and value <= 0:
         raise UserError(f"{name} must be positive, got {value}")
@@ -150,6 +157,7 @@ def run_attention_bench(args: argparse.Namespace) -> int:
     unknown = sorted(set(args.backends) - set(available_backends()))
     if unknown:
         raise UserError(f"unknown backend(s) {unknown}; choose from {available_backends()}")
+    _check_device(args.device)
     tiled = {k: v for k, v in (("block_q", args.block_q), ("block_k", args.block_k)) if v}
     linear = {"feature_map": args.feature_map}
     if args.feature_map == "favor":
@@ -234,6 +242,7 @@ def run_long_context(args: argparse.Namespace) -> int:
     print("  (weights, gradients and AdamW state add 16 bytes per parameter on top)")
     if args.no_measure:
         return 0
+    _check_device(args.device)
     print(
         f"\nmeasured: one block (d_model {c.d_model}, {c.n_heads} heads) forward+backward at "
         f"T={args.seq_len}, batch {args.batch}:"
