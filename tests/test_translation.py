@@ -402,6 +402,16 @@ def test_rnn_runs_have_alignments_only_with_attention(tmp_path, capsys):
         rc = main(["translate", str(out), "twenty one", "--attention", str(png)])
         assert (rc == 0) == (kind == "rnn-attn") and png.exists() == (kind == "rnn-attn")
     assert "no attention to draw" in capsys.readouterr().err
+    # a resume continues with the run's own data and model (here rnn, numbers 0-99 -> it) ...
+    out = tmp_path / "rnn"
+    assert main(["train", "translate", "--out", str(out), "--steps", "7", "--resume"]) == 0
+    assert "trained rnn" in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["task"]["high"] == 99
+    # ... and refuses options that would change the vocabulary or the model
+    argv = ["train", "translate", "--out", str(out), "--steps", "9", "--resume"]
+    assert main([*argv, "--lang", "de", "--cell", "lstm"]) == 2
+    err = capsys.readouterr().err
+    assert "--lang 'de' (the run has lang='it')" in err and "cell='lstm'" in err
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,8 +46,56 @@ __all__ = [
     "evaluate_pairs",
     "default_max_len",
     "build_model",
+    "model_config",
+    "model_from_config",
     "train_defaults",
 ]
+
+
+def _families() -> dict:
+    from attnlab.models.rnn import AttnRNNSeq2Seq, RNNSeq2Seq, RNNSeq2SeqConfig
+    from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+
+    return {
+        "rnn": (RNNSeq2Seq, RNNSeq2SeqConfig),
+        "rnn-attn": (AttnRNNSeq2Seq, RNNSeq2SeqConfig),
+        "transformer": (Seq2SeqTransformer, Seq2SeqConfig),
+    }
+
+
+def model_config(
+    kind: str,
+    src_vocab_size: int,
+    tgt_vocab_size: int,
+    *,
+    preset: str | None = None,
+    max_seq_len: int | None = None,
+    **overrides,
+):
+    """The config :func:`build_model` would use (``RNNSeq2SeqConfig`` or ``Seq2SeqConfig``).
+
+    Raises:
+        UserError: unknown kind, preset or config field for this kind.
+    """
+    families = _families()
+    if kind not in families:
+        raise UserError(f"unknown translation model {kind!r}; choose from {sorted(families)}")
+    cfg_cls = families[kind][1]
+    fields = cfg_cls.__dataclass_fields__
+    bad = sorted(set(overrides) - set(fields))
+    if bad:
+        raise UserError(f"option(s) {bad} do not apply to model {kind!r}")
+    if max_seq_len is not None and "max_seq_len" in fields:
+        overrides["max_seq_len"] = max_seq_len
+    try:
+        return cfg_cls.preset(
+            preset or "small",
+            src_vocab_size=src_vocab_size,
+            tgt_vocab_size=tgt_vocab_size,
+            **overrides,
+        )
+    except ValueError as err:
+        raise UserError(str(err)) from None
 
 
 def build_model(
@@ -71,33 +119,21 @@ def build_model(
     Raises:
         UserError: unknown kind, preset or config field for this kind.
     """
-    from attnlab.models.rnn import AttnRNNSeq2Seq, RNNSeq2Seq, RNNSeq2SeqConfig
-    from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+    cfg = model_config(
+        kind,
+        src_vocab_size,
+        tgt_vocab_size,
+        preset=preset,
+        max_seq_len=max_seq_len,
+        **overrides,
+    )
+    return _families()[kind][0](cfg)
 
-    families = {
-        "rnn": (RNNSeq2Seq, RNNSeq2SeqConfig),
-        "rnn-attn": (AttnRNNSeq2Seq, RNNSeq2SeqConfig),
-        "transformer": (Seq2SeqTransformer, Seq2SeqConfig),
-    }
-    if kind not in families:
-        raise UserError(f"unknown translation model {kind!r}; choose from {sorted(families)}")
-    cls, cfg_cls = families[kind]
-    fields = cfg_cls.__dataclass_fields__
-    bad = sorted(set(overrides) - set(fields))
-    if bad:
-        raise UserError(f"option(s) {bad} do not apply to model {kind!r}")
-    if max_seq_len is not None and "max_seq_len" in fields:
-        overrides["max_seq_len"] = max_seq_len
-    try:
-        cfg = cfg_cls.preset(
-            preset or "small",
-            src_vocab_size=src_vocab_size,
-            tgt_vocab_size=tgt_vocab_size,
-            **overrides,
-        )
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    return cls(cfg)
+
+def model_from_config(kind: str, config: dict) -> nn.Module:
+    """A fresh model of ``kind`` from a saved config dict (``config.json``'s ``"model"``)."""
+    cls, cfg_cls = _families()[kind]
+    return cls(cfg_cls.from_dict(config))
 
 
 def train_defaults(kind: str) -> dict:

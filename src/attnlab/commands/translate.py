@@ -32,26 +32,28 @@ def register(groups) -> None:
         "Defaults: transformer = label smoothing 0.1, inverse-square-root schedule with warm-up, "
         "Adam betas (0.9, 0.98); RNNs = cosine schedule, no smoothing.",
     )
-    d = p.add_argument_group("data")
+    d = p.add_argument_group("data (a --resume reuses the run's data; these may only repeat it)")
     d.add_argument(
         "--task",
         choices=["numbers", "dates", "tsv"],
-        default="numbers",
-        help="numbers: English number words -> --lang words; dates: human-written "
+        default=None,
+        help="numbers (default): English number words -> --lang words; dates: human-written "
         "dates -> ISO; tsv: your own source<TAB>target file (--data)",
     )
-    d.add_argument("--lang", default="it", help="numbers: target language (it, fr, de, ...)")
-    d.add_argument("--low", type=int, default=0, help="numbers: smallest number (default 0)")
+    d.add_argument(
+        "--lang", default=None, help="numbers: target language (it, fr, de, ...; default it)"
+    )
+    d.add_argument("--low", type=int, default=None, help="numbers: smallest number (default 0)")
     d.add_argument(
         "--high",
         type=int,
-        default=999_999,
+        default=None,
         help="numbers: largest number; controls source length (default 999999)",
     )
     d.add_argument(
         "--n-examples",
         type=int,
-        default=20_000,
+        default=None,
         help="numbers/dates: pairs to generate (default 20000)",
     )
     d.add_argument("--data", help="tsv: path of the parallel file")
@@ -59,24 +61,28 @@ def register(groups) -> None:
         "--src-level",
         choices=["word", "char", "bpe"],
         default=None,
-        help="source vocabulary level (default per task)",
+        help="source vocabulary level (default per task: numbers word, dates char, tsv word)",
     )
     d.add_argument(
         "--tgt-level",
         choices=["word", "char", "bpe"],
         default=None,
-        help="target vocabulary level (default per task)",
+        help="target vocabulary level (default per task: numbers bpe, dates char, tsv word)",
     )
-    d.add_argument("--bpe-vocab", type=int, default=200, help="BPE vocabulary size")
+    d.add_argument("--bpe-vocab", type=int, default=None, help="BPE vocabulary size (default 200)")
     d.add_argument(
         "--max-len",
         type=int,
-        default=64,
+        default=None,
         help="drop pairs longer than this many tokens (default 64)",
     )
-    d.add_argument("--keep-case", action="store_true", help="do not lower-case the text")
-    m = p.add_argument_group("model")
-    m.add_argument("--model", choices=MODEL_KINDS, default="transformer")
+    d.add_argument(
+        "--keep-case", action="store_true", default=None, help="do not lower-case the text"
+    )
+    m = p.add_argument_group("model (a --resume reuses the run's model)")
+    m.add_argument(
+        "--model", choices=MODEL_KINDS, default=None, help="model kind (default transformer)"
+    )
     m.add_argument(
         "--preset",
         default=None,
@@ -179,44 +185,66 @@ def register(groups) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+# DataConfig field -> the flag that sets it
+_DATA_FLAGS = {
+    "task": "--task",
+    "lang": "--lang",
+    "low": "--low",
+    "high": "--high",
+    "n_examples": "--n-examples",
+    "path": "--data",
+    "src_level": "--src-level",
+    "tgt_level": "--tgt-level",
+    "bpe_vocab_size": "--bpe-vocab",
+    "max_len": "--max-len",
+    "lowercase": "--keep-case",
+}
+
+
 def _run_train(args: argparse.Namespace) -> int:
     from attnlab.data.translation import DataConfig, TranslationTask, build_data
-    from attnlab.train import train, train_config_from_args
-    from attnlab.translate import build_model, train_defaults
+    from attnlab.runs import read_config
+    from attnlab.train import check_run_dir, train, train_config_from_args
+    from attnlab.translate import build_model, model_from_config, train_defaults
 
-    data = build_data(
-        DataConfig(
-            task=args.task,
-            lang=args.lang,
-            low=args.low,
-            high=args.high,
-            n_examples=args.n_examples,
-            path=args.data,
-            src_level=args.src_level,
-            tgt_level=args.tgt_level,
-            bpe_vocab_size=args.bpe_vocab,
-            max_len=args.max_len,
-            lowercase=not args.keep_case,
-            seed=args.seed,
-        )
-    )
-    overrides = {
-        k: v
-        for k, v in {
-            "cell": args.cell,
-            "norm_position": args.norm_position,
-            "position": args.position,
-        }.items()
-        if v is not None
+    check_run_dir(args.out, args.resume, args.overwrite)  # before generating the data
+    given = {
+        "task": args.task,
+        "lang": args.lang,
+        "low": args.low,
+        "high": args.high,
+        "n_examples": args.n_examples,
+        "path": args.data,
+        "src_level": args.src_level,
+        "tgt_level": args.tgt_level,
+        "bpe_vocab_size": args.bpe_vocab,
+        "max_len": args.max_len,
+        "lowercase": None if args.keep_case is None else not args.keep_case,
     }
-    model = build_model(
-        args.model,
-        len(data.src_vocab),
-        len(data.tgt_vocab),
-        preset=args.preset,
-        max_seq_len=2 * max(data.stats["max_src_len"], data.stats["max_tgt_len"]) + 16,
-        **overrides,
-    )
+    given = {k: v for k, v in given.items() if v is not None}
+    options = {"cell": args.cell, "norm_position": args.norm_position, "position": args.position}
+    options = {k: v for k, v in options.items() if v is not None}
+    if args.resume:
+        saved = read_config(args.out)
+        kind = saved["kind"]
+        if kind not in MODEL_KINDS:
+            raise UserError(f"{args.out} holds a {kind!r} model, not a translation model")
+        data_cfg = DataConfig.from_dict(saved["task"])
+        _check_resume(args, kind, data_cfg, given, options, saved["model"])
+        data = build_data(data_cfg)
+        model = model_from_config(kind, saved["model"])
+    else:
+        kind = args.model or "transformer"
+        data = build_data(DataConfig(**given, seed=args.seed))
+        model = build_model(
+            kind,
+            len(data.src_vocab),
+            len(data.tgt_vocab),
+            preset=args.preset,
+            max_seq_len=2 * max(data.stats["max_src_len"], data.stats["max_tgt_len"]) + 16,
+            **options,
+        )
+    args.model = kind
     defaults = train_defaults(args.model)
     fill = {k: v for k, v in defaults.items() if getattr(args, k, None) is None}
     cfg = train_config_from_args(args, **fill)
@@ -235,6 +263,37 @@ def _run_train(args: argparse.Namespace) -> int:
         f'"{data.splits["test"][0][0]}"'
     )
     return 0
+
+
+def _check_resume(args, kind, data_cfg, given: dict, options: dict, saved_model: dict) -> None:
+    """A resume continues the run as saved: refuse data or model options that contradict it
+    (a different vocabulary would silently scramble the trained embeddings)."""
+    from attnlab.translate import model_config
+
+    diffs = []
+    for key, value in given.items():
+        stored = getattr(data_cfg, key)
+        if key == "path" and stored is not None and Path(value).resolve() == Path(stored).resolve():
+            continue
+        if value != stored:
+            shown = "given" if key == "lowercase" else repr(value)
+            diffs.append(f"{_DATA_FLAGS[key]} {shown} (the run has {key}={stored!r})")
+    if args.model is not None and args.model != kind:
+        diffs.append(f"--model {args.model!r} (the run has {kind!r})")
+    elif args.preset is not None or options:
+        sizes = {k: saved_model[k] for k in ("src_vocab_size", "tgt_vocab_size")}
+        wanted = model_config(
+            kind, **sizes, preset=args.preset, max_seq_len=saved_model.get("max_seq_len"), **options
+        ).to_dict()
+        keys = wanted if args.preset is not None else options  # a preset names every field
+        for key in sorted(k for k in keys if wanted[k] != saved_model.get(k)):
+            diffs.append(f"model {key}={wanted[key]!r} (the run has {saved_model.get(key)!r})")
+    if diffs:
+        raise UserError(
+            f"--resume continues {args.out} as it was configured, but "
+            + "; ".join(diffs)
+            + ". Drop these options, or start a new run (another --out, or --overwrite)"
+        )
 
 
 def _load(run_dir: str, weights: str):
