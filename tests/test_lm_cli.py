@@ -182,6 +182,7 @@ def test_bad_input_gives_one_clear_error(tmp_path, capsys, trained):
     msg = _error(capsys, [*resume, "--data", "stdlib", "--set", "d_model=64", "--seq-len", "16"])
     assert "--data 'stdlib'" in msg and "d_model=64" in msg and "--seq-len 16" in msg
     assert "--arch 'lstm_lm'" in _error(capsys, [*resume, "--arch", "lstm"])
+    assert "refusing to write the demo" in _error(capsys, ["demo", "--out", str(trained)])
     assert {p.name: p.read_bytes() for p in trained.iterdir()} == before
 
     assert "--max-batches must be >= 1" in _error(

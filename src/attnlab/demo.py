@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from attnlab.errors import UserError
+
 __all__ = ["run_demo"]
 
 SEQ_LEN = 128
@@ -101,6 +103,10 @@ def _fastest_threads(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Te
     return choice
 
 
+#: what a demo directory holds; re-running the demo overwrites exactly these
+DEMO_FILES = ("transformer", "lstm", "bigram", "loss.png", "attention.png", "report.json")
+
+
 def run_demo(
     out: str | Path = "runs/demo",
     *,
@@ -138,6 +144,15 @@ def run_demo(
 
     say = log or (lambda s: None)
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"demo output {str(out)!r} exists and is not a directory")
+    entries = [p.name for p in out.iterdir()] if out.exists() else []
+    foreign = sorted(n for n in entries if n not in DEMO_FILES and not n.startswith("."))
+    if foreign:  # re-running overwrites an earlier demo, never a run or other files
+        raise UserError(
+            f"refusing to write the demo into {str(out)!r}: it holds other files "
+            f"({', '.join(foreign[:5])}); choose another --out"
+        )
     out.mkdir(parents=True, exist_ok=True)
     task = LMTask.build("pydoc", tokenizer="char", seq_len=SEQ_LEN, seed=seed)
     V = task.vocab_size
