@@ -101,6 +101,11 @@ def _find_kind(name: str) -> ModelKind:
 # ----------------------------------------------------------------------------------------------
 # atomic writes
 
+# mkstemp creates files readable by the owner only; give them the usual 0o666 & ~umask instead
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+_FILE_MODE = 0o666 & ~_UMASK
+
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temporary file and a rename (never a half-written file)."""
@@ -112,6 +117,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -133,6 +139,7 @@ def atomic_save(path: str | os.PathLike, writer: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         writer(tmp)
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
