@@ -300,6 +300,15 @@ def test_dtype_option(tmp_path):
     hf.save_pretrained(tmp_path / "hf")
     model = from_hf(tmp_path / "hf", dtype="bfloat16")
     assert model.tok_emb.weight.dtype == torch.bfloat16
+    # RoPE frequencies stay fp32: θ^(−2i/D) exactly, not rounded to bf16's 8-bit mantissa
+    inv_freq = model.blocks[0].attn.rope.inv_freq
+    D = model.config.head_dim or model.config.d_model // model.config.n_heads
+    expected = 1.0 / model.config.rope_theta ** (torch.arange(0, D, 2).float() / D)
+    assert inv_freq.dtype == torch.float32 and torch.equal(inv_freq, expected)
+    ids = torch.randint(0, V, (1, 12))
+    with torch.no_grad():  # bf16 weights: the fp32 reference's logits to bf16 precision
+        ref = hf(input_ids=ids).logits
+        assert (model(ids).float() - ref).abs().max().item() < 0.05 * ref.abs().max().item()
     assert from_hf(tmp_path / "hf", dtype="auto").tok_emb.weight.dtype == torch.float32
 
 

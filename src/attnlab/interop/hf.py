@@ -783,13 +783,27 @@ def from_hf(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None) 
     if moe_layout == "per_expert":
         hf_sd = _merge_experts(hf_sd, cfg)
     sd = hf_to_attnlab_state_dict(family, hf_sd, cfg)
-    model = model.to(target_dtype)
+    model = _params_to(model, target_dtype)
     missing, unexpected = model.load_state_dict(sd, strict=False)
     missing = [m for m in missing if not (cfg.tie_embeddings and m == "lm_head.weight")]
     if missing or unexpected:  # a mapping bug, not a user error: the names were checked above
         raise RuntimeError(f"internal mapping error: missing {missing}, unexpected {unexpected}")
     model.hf_config = {**hf, **_generation_token_ids(path)}
     return model.eval()
+
+
+def _params_to(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Parameters to ``dtype``; buffers (RoPE's ``inv_freq``) stay fp32.
+
+    ``Module.to(bfloat16)`` would round the RoPE frequencies to 8 bits of mantissa, which puts
+    the rotation angles radians off after a few thousand positions; transformers keeps them fp32.
+    """
+    buffers = {n: b for n, b in model.named_buffers()}
+    model = model.to(dtype)
+    for name, b in buffers.items():
+        owner, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(owner), attr, b)
+    return model
 
 
 def _generation_token_ids(path: Path) -> dict:
@@ -849,7 +863,7 @@ def _vision_from_hf(path: Path, hf: dict, dtype: torch.dtype) -> nn.Module:
         model = from_sd(hf, sd)
     except RuntimeError as err:  # load_state_dict; the check above should have caught it
         raise UserError(f"the weights in {str(path)!r} do not fit the model: {err}") from None
-    model = model.to(dtype)
+    model = _params_to(model, dtype)
     model.hf_config = hf
     return model.eval()
 
