@@ -300,6 +300,7 @@ def test_eval_scores_the_heldout_split(run_dir, tmp_path, capsys):
         ([], "nothing to translate"),
         (["--file", "/nonexistent/in.txt"], "no such file"),
         (["one", "--beam", "0"], "--beam must be at least 1"),
+        (["one " * 200], "the input has 200 source tokens; this model takes at most"),
     ],
 )
 def test_translate_bad_input(run_dir, capsys, argv_tail, message):

@@ -390,7 +390,8 @@ def translate_texts(
         strict: refuse sentences with tokens outside the source vocabulary.
 
     Raises:
-        UserError: an empty sentence or (``strict``) unknown tokens; the message names them.
+        UserError: an empty sentence, (``strict``) unknown tokens, or a sentence longer than the
+            Transformer's ``max_seq_len``; the message names them.
     """
     if not texts:
         raise UserError("no input sentences to translate")
@@ -401,6 +402,14 @@ def translate_texts(
             ids.append(vocabs.encode_source(t, strict=strict))
         except UserError as err:
             raise UserError(f"input {i + 1}: {err}" if len(texts) > 1 else str(err)) from None
+    cap = getattr(getattr(model, "config", None), "max_seq_len", None)  # transformer positions
+    for i, x in enumerate(ids):
+        if cap is not None and len(x) > cap:
+            where = f"input {i + 1}" if len(ids) > 1 else "the input"
+            raise UserError(
+                f"{where} has {len(x)} source tokens; this model takes at most {cap} "
+                "(max_seq_len, set from the longest training pair)"
+            )
     max_len = max_len or default_max_len(model, vocabs.max_tgt_len)
     dev = _device(model)
     out: list[Translation] = []

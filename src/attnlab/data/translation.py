@@ -543,10 +543,12 @@ def build_data(config: DataConfig) -> TranslationData:
         else:
             n_filtered += 1
     if len(kept) < 3:
-        raise UserError(
-            f"only {len(kept)} sentence pairs left after length filtering "
-            f"(min_len={c.min_len}, max_len={c.max_len}); need at least 3"
+        why = (
+            f"after length filtering (min_len={c.min_len}, max_len={c.max_len})"
+            if n_filtered
+            else f"in the {c.task} data (distinct sources)"
         )
+        raise UserError(f"only {len(kept)} sentence pairs {why}; need at least 3")
     random.Random(f"split-{c.seed}").shuffle(kept)
     n_val = max(1, round(c.val_frac * len(kept))) if c.val_frac > 0 else 0
     n_test = max(1, round(c.test_frac * len(kept))) if c.test_frac > 0 else 0
