@@ -186,3 +186,10 @@ def test_alibi_bias_is_minus_slope_times_distance():
     per_row = alibi_bias(slopes, torch.tensor([[0, 1, 2], [2, 3, 4]]), torch.arange(5))
     assert per_row.shape == (2, 4, 3, 5)
     torch.testing.assert_close(per_row[0], bias)
+
+
+def test_rope_frequencies_stay_fp32_when_the_model_is_cast_to_bf16():
+    rope = RotaryEmbedding(64, theta=10000.0)
+    exact = rope.inv_freq.clone()
+    rope.to(torch.bfloat16)
+    assert rope.inv_freq.dtype == torch.float32 and torch.equal(rope.inv_freq, exact)

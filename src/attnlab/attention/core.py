@@ -271,7 +271,8 @@ def scaled_dot_product_attention(
         return_weights: also return the ``(..., Tq, Tk)`` weights (math-type backends only).
         bias: float tensor added to the scores, broadcastable to ``(..., Tq, Tk)`` (ALiBi, relative
             position bias).
-        **options: backend-specific options (``block_size`` for ``tiled``, ``window`` for ``window``...).
+        **options: backend-specific options (``block_q``/``block_k`` for ``tiled``, ``window`` for
+            ``window``, ``feature_map`` for ``linear``...).
 
     Returns:
         ``out (..., Tq, Dv)``, or ``(out, weights)`` when ``return_weights``.

@@ -107,8 +107,18 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"RoPE needs an even head_dim, got {head_dim}")
         self.head_dim = head_dim
         self.theta = theta
-        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", self._frequencies(), persistent=False)
+
+    def _frequencies(self, device=None) -> Tensor:
+        exps = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim
+        return 1.0 / self.theta**exps  # θ^(−2i/D), always fp32
+
+    def _apply(self, fn, recurse=True):
+        # model.to(bfloat16) would round the frequencies and put long-range angles off by
+        # radians: let the buffer follow the device, never the dtype
+        super()._apply(fn, recurse)
+        self.inv_freq = self._frequencies(device=self.inv_freq.device)
+        return self
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """positions ``(T,)`` or ``(B, T)`` -> cos, sin ``(B or 1, 1, T, D)`` in fp32."""
