@@ -229,11 +229,18 @@ class PrefixState:
         return PrefixState(*(t.index_select(0, index) for t in (self.src, self.mask, self.prefix)))
 
 
-def test_cached_beam_search_equals_recomputing_every_prefix():
-    """Beam 3 over a padded batch: the KV caches (self and cross), reordered after every step,
-    give the same hypotheses and scores as full recomputation; each returned log-probability is
-    the teacher-forced sum for its tokens; each sentence alone gives the same result."""
-    model = _transformer()
+@pytest.mark.parametrize("kind", ["transformer", "rnn", "rnn-attn"])
+def test_cached_beam_search_equals_recomputing_every_prefix(kind):
+    """Beam 3 over a padded batch: the decoding state (the Transformer's self/cross KV caches,
+    the RNN's recurrent state), reordered after every step, gives the same hypotheses and scores
+    as full recomputation; each returned log-probability is the teacher-forced sum for its
+    tokens; each sentence alone gives the same result."""
+    from attnlab.translate import build_model
+
+    if kind == "transformer":
+        model = _transformer()
+    else:
+        model = build_model(kind, 15, 11, preset="tiny").eval()
     src, mask = _src()
     cached = beam_search(model, src, mask, beam=3, max_len=7, alpha=0.6)
     ref = beam_search(Recompute(model), src, mask, beam=3, max_len=7, alpha=0.6)
