@@ -91,6 +91,9 @@ def test_tsv_reading_normalisation_and_filtering(tmp_path):
         encoding="utf-8",
     )
     assert read_tsv(p)[0] == ("Hello!", "Ciao!")  # extra columns ignored
+    bom = tmp_path / "bom.tsv"
+    bom.write_bytes("\ufeffHi\tCiao\r\nBye\tAddio\r\n".encode())  # Windows editors' UTF-8
+    assert read_tsv(bom) == [("Hi", "Ciao"), ("Bye", "Addio")]
     data = build_data(DataConfig(task="tsv", path=str(p), max_len=5))
     everything = [pair for split in data.splits.values() for pair in split]
     assert ("good morning .", "buongiorno .") in [

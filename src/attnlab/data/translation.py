@@ -389,7 +389,7 @@ def read_tsv(path: str | Path, *, src_col: int = 0, tgt_col: int = 1) -> list[tu
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
             try:
-                line = raw.decode("utf-8").rstrip("\r\n")
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8").rstrip("\r\n")
             except UnicodeDecodeError:
                 raise UserError(f"{path}:{lineno}: not valid UTF-8 text") from None
             if not line.strip():
