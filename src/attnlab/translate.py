@@ -482,7 +482,8 @@ def evaluate_pairs(
 ) -> dict:
     """Translate the sources of ``pairs`` and score them against the targets.
 
-    BLEU is computed over the target vocabulary's tokens (words, BPE pieces or characters, both
+    Exact match compares target-vocabulary token sequences (so word-level detokenisation spaces
+    do not count). BLEU is computed over the target vocabulary's tokens (words, BPE pieces or characters, both
     sides tokenised the same way): Italian and German numbers are single compound words, so
     word-level BLEU would only repeat exact match. chrF works on the detokenised text. Unknown
     source tokens become ``<unk>`` here (held-out data may contain unseen words).
@@ -510,13 +511,16 @@ def evaluate_pairs(
         return " ".join(vocabs.tgt.tokenize(text))
 
     ref_toks = [toks(r) for r in refs]
+    # exact match on token sequences: word-level output is detokenised with a space between all
+    # tokens ("buongiorno , anna !"), which the reference text does not have
+    correct = [vocabs.tgt.tokenize(h) == vocabs.tgt.tokenize(r) for h, r in zip(hyps, refs)]
     # BLEU-4 needs 4-grams: with only shorter references it is undefined (None), not 0
     has_4grams = any(len(r.split()) >= 4 for r in ref_toks)
     return {
-        "exact_match": exact_match(hyps, refs),
+        "exact_match": sum(correct) / len(correct) if correct else 0.0,
         "bleu": (bleu([toks(h) for h in hyps], ref_toks, tokenize="none") if has_4grams else None),
         "chrf": chrf(hyps, refs),
         "n": len(pairs),
         "hypotheses": hyps,
-        "correct": [" ".join(h.split()) == " ".join(r.split()) for h, r in zip(hyps, refs)],
+        "correct": correct,
     }

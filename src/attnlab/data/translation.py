@@ -100,6 +100,8 @@ class Normalizer:
 # vocabularies
 
 _WORD_RE = re.compile(r"\w+|[^\w\s]")
+_NO_SPACE_BEFORE = re.compile(r" (?=[.,!?;:%)\]}»'’])")
+_NO_SPACE_AFTER = re.compile(r"([(\[{«¿¡'’]) ")
 
 
 class Vocab:
@@ -243,7 +245,13 @@ class Vocab:
             return "".join(tokens)
         if self.level == "bpe":
             return "".join(tokens).replace("▁", " ").strip()
-        return " ".join(tokens)
+        # word level: spaces between words, none before closing punctuation, after opening
+        # brackets or around apostrophes ("buongiorno, anna!", "dov'è"); a heuristic, since
+        # the tokens do not record the original spacing
+        text = " ".join(tokens)
+        text = _NO_SPACE_BEFORE.sub("", text)
+        text = _NO_SPACE_AFTER.sub(r"\1", text)
+        return text
 
 
 def _split(text: str, level: str) -> list[str]:
