@@ -51,7 +51,7 @@ def plot_attention(
     ax.set_xlabel("keys (attended to)")
     ax.set_ylabel("queries")
     if title:
-        ax.set_title(title)
+        ax.set_title(title, wrap=True)
     fig.tight_layout()
     atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
@@ -86,7 +86,7 @@ def plot_attention_grid(
         else:
             ax.set_yticks([])
     if title:
-        fig.suptitle(title)
+        fig.suptitle(title, wrap=True)
     fig.tight_layout()
     atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
