@@ -159,6 +159,12 @@ def test_bad_input_gives_one_clear_error(tmp_path, capsys, trained):
     assert "empty" in _error(capsys, ["train", "lm", "--data", str(tmp_path / "empty.txt"), *out])
     assert "divisible" in _error(capsys, ["train", "lm", "--set", "d_model=65", *out])
     assert "d_modle" in _error(capsys, ["train", "lm", "--set", "d_modle=64", *out])
+    assert "must be a number, got 'abc'" in _error(
+        capsys, ["train", "lm", "--set", "dropout=abc", *out]
+    )
+    assert "hidden must be an integer" in _error(
+        capsys, ["train", "lm", "--arch", "lstm", "--set", "hidden=big", *out]
+    )
     assert "256" in _error(
         capsys, ["train", "lm", "--tokenizer", "bpe", "--vocab-size", "10", *out]
     )
@@ -266,9 +272,10 @@ def test_generate_from_a_hugging_face_folder(tmp_path, capsys):
 def test_backend_and_checkpointing_flags_reach_the_model_config(tmp_path, capsys):
     run = tmp_path / "run"
     args = [*TINY, "--steps", "2", "--backend", "tiled", "--checkpointing", "--out", str(run)]
-    assert main(["train", "lm", *args]) == 0
+    assert main(["train", "lm", *args, "--set", "bias=False", "--set", "n_kv_heads=None"]) == 0
     cfg = json.loads((run / "config.json").read_text())["model"]
     assert cfg["backend"] == "tiled" and cfg["activation_checkpointing"] is True
+    assert cfg["bias"] is False and cfg["n_kv_heads"] == cfg["n_heads"]  # Python spellings
     assert main(["train", "lm", *TINY, "--backend", "nope", "--out", str(tmp_path / "x")]) == 2
     assert "nope" in capsys.readouterr().err
 

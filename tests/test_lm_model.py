@@ -144,6 +144,12 @@ def test_config_roundtrip_and_derived_values():
         (dict(vocab_size=0), "vocab_size"),
         (dict(n_heads=4, head_dim=5, position="rope"), "even"),
         (dict(norm="batchnorm"), "norm"),
+        # wrong types from JSON / --set: refused, never truthy strings or late TypeErrors
+        (dict(bias="False"), "bias must be true or false, got 'False'"),
+        (dict(dropout="abc"), "dropout must be a number"),
+        (dict(n_kv_heads="2"), "n_kv_heads must be an integer or null"),
+        (dict(top_k=True), "top_k must be an integer"),
+        (dict(rope_theta=None), "rope_theta must be a number"),
     ],
 )
 def test_config_values_that_do_not_fit_raise_naming_them(kw, words):

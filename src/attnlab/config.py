@@ -22,6 +22,38 @@ _NORMS = ("layernorm", "rmsnorm")
 _POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
 
 
+def check_field_types(
+    obj: Any,
+    *,
+    ints: tuple[str, ...] = (),
+    optional_ints: tuple[str, ...] = (),
+    floats: tuple[str, ...] = (),
+    bools: tuple[str, ...] = (),
+) -> None:
+    """Raise ``ValueError`` naming the first field whose value has the wrong type.
+
+    Values come from JSON and ``--set KEY=VALUE``, so ``"abc"`` for a number or ``"False"`` for a
+    flag must be refused here rather than fail later or, worse, count as true.
+    """
+
+    def bad(name: str, want: str) -> ValueError:
+        return ValueError(f"{name} must be {want}, got {getattr(obj, name)!r}")
+
+    for name in ints + optional_ints:
+        v = getattr(obj, name)
+        if not (isinstance(v, int) and not isinstance(v, bool)) and not (
+            v is None and name in optional_ints
+        ):
+            raise bad(name, "an integer" + (" or null" if name in optional_ints else ""))
+    for name in floats:
+        v = getattr(obj, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise bad(name, "a number")
+    for name in bools:
+        if not isinstance(getattr(obj, name), bool):
+            raise bad(name, "true or false")
+
+
 def _swiglu_hidden(d_model: int, multiple_of: int = 8) -> int:
     # Llama's rule: 2/3 of a 4·d MLP so a gated FFN (three matrices) has the same parameter count
     h = int(8 * d_model / 3)
@@ -65,6 +97,28 @@ class ModelConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
+        check_field_types(
+            self,
+            ints=(
+                "vocab_size",
+                "max_seq_len",
+                "d_model",
+                "n_layers",
+                "n_heads",
+                "n_experts",
+                "top_k",
+            ),
+            optional_ints=("n_kv_heads", "head_dim", "ffn_hidden"),
+            floats=(
+                "moe_aux_coef",
+                "norm_eps",
+                "rope_theta",
+                "dropout",
+                "attn_dropout",
+                "init_std",
+            ),
+            bools=("bias", "tie_embeddings", "activation_checkpointing"),
+        )
         for name in ("vocab_size", "max_seq_len", "d_model", "n_layers", "n_heads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")

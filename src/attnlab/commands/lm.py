@@ -28,16 +28,18 @@ ARCHS = {"transformer": "decoder_lm", "lstm": "lstm_lm", "bigram": "bigram_lm"}
 
 
 def _parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["d_model=128", "qk_norm=rmsnorm", "bias=false"]`` -> typed dict (JSON values, else str)."""
+    """``["d_model=128", "qk_norm=rmsnorm", "bias=false"]`` -> typed dict (JSON values, Python's
+    True/False/None, else str)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UserError(f"--set expects KEY=VALUE, got {item!r}")
+        spelled = {"None": None, "none": None, "null": None, "True": True, "False": False}
         try:
-            out[key.strip()] = json.loads(value)
+            out[key.strip()] = spelled[value] if value in spelled else json.loads(value)
         except json.JSONDecodeError:
-            out[key.strip()] = None if value in ("None", "none") else value
+            out[key.strip()] = value  # a string; the config checks its type
     return out
 
 

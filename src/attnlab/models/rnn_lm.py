@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
+from attnlab.config import check_field_types
 from attnlab.runs import register_kind
 
 __all__ = ["LSTMConfig", "LSTMLM", "BigramConfig", "BigramLM"]
@@ -50,6 +51,12 @@ class LSTMConfig:
     tie_embeddings: bool = False  # needs emb_dim == hidden
 
     def __post_init__(self) -> None:
+        check_field_types(
+            self,
+            ints=("vocab_size", "max_seq_len", "emb_dim", "hidden", "n_layers"),
+            floats=("dropout",),
+            bools=("tie_embeddings",),
+        )
         for name in ("vocab_size", "max_seq_len", "emb_dim", "hidden", "n_layers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -127,6 +134,7 @@ class BigramConfig:
     max_seq_len: int = 128
 
     def __post_init__(self) -> None:
+        check_field_types(self, ints=("vocab_size", "max_seq_len"))
         if self.vocab_size < 1 or self.max_seq_len < 1:
             raise ValueError(
                 f"vocab_size and max_seq_len must be positive, got "
