@@ -2,7 +2,6 @@
 exhaustive search, frozen encoders, and a short training run that names what is in the image."""
 
 import itertools
-import math
 from types import SimpleNamespace
 
 import pytest
@@ -144,6 +143,23 @@ def test_beam_search_finds_the_best_caption_greedy_misses():
     assert best[0] == best[1]
 
 
+def test_decoding_runs_past_the_full_stop_until_end():
+    """'.' separates sentences inside a caption; only <end> stops greedy and beam decoding."""
+    vocab = build_vocab()
+    dot, two = vocab.stoi["."], vocab.stoi["two"]
+    eps = 1e-6
+    table = [[eps] * len(vocab) for _ in range(len(vocab))]
+    table[Vocab.START][dot] = 1.0  # <start> -> "." -> "two" -> <end>
+    table[dot][two] = 1.0
+    table[two][Vocab.END] = 1.0
+    table = [[p / sum(r) for p in r] for r in table]
+    m = TableModel(table)
+    x = torch.zeros(1, 3, 1, 1)
+    assert greedy_decode(m, x) == [[dot, two]]
+    assert beam_decode(m, x, beam_size=2) == [[dot, two]]
+    assert vocab.decode([Vocab.START, dot, two, Vocab.END]) == ". two"
+
+
 def test_beam_search_with_real_model_returns_valid_captions():
     m = tiny("transformer")
     out = beam_decode(m, torch.rand(2, 3, 32, 32), beam_size=3)
@@ -182,6 +198,8 @@ def test_config_checks_and_round_trip():
         CaptionConfig(d_model=60, n_heads=8)
     with pytest.raises(ValueError, match="known"):
         CaptionConfig.preset("huge")
+    with pytest.raises(ValueError, match="arch='lstm'"):
+        CaptionConfig(arch="transformer", features="logits")
     c = CaptionConfig.preset("small", arch="lstm")
     assert CaptionConfig.from_dict(c.to_dict()) == c
     assert isinstance(build_captioner(c), LSTMCaptioner)
@@ -195,36 +213,48 @@ def test_wrong_image_size_is_a_clear_error():
 
 
 @pytest.mark.slow
-def test_short_training_names_objects_in_the_image(tmp_path):
-    """~300 steps of the CNN+LSTM captioner through the shared trainer: the colour-shape pairs
-    its captions name are in the image far more often than a random pair would be."""
+@pytest.mark.parametrize(
+    "arch,steps,margin",
+    [
+        # (object, colour, shape) margins, below the smallest gaps seeds 0-2 gave:
+        # lstm 0.15, 0.19, 0.06; transformer 0.34, 0.51, 0.13
+        ("lstm", 300, (0.1, 0.15, 0.03)),
+        ("transformer", 200, (0.25, 0.3, 0.08)),
+    ],
+)
+def test_short_training_names_objects_in_the_image(tmp_path, arch, steps, margin):
+    """A short run through the shared trainer: the objects, colours and shapes the captions
+    name are in *their* image more often than in the other scenes (the same captions scored
+    against the others: what a captioner with these word habits gets without looking). A
+    uniformly random colour-shape pair would be too weak a chance level: the data favour some
+    colours, so naming the common pairs blindly already beats it by half."""
     from attnlab.runs import load
     from attnlab.train import TrainConfig, train
 
     task = CaptionTask(n_train=1500, n_val=100, n_unseen=50)
     vocab = task.vocab
-    model = build_captioner(CaptionConfig.preset("tiny", arch="lstm", vocab_size=len(vocab)))
+    model = build_captioner(CaptionConfig.preset("tiny", arch=arch, vocab_size=len(vocab)))
     cfg = TrainConfig(
-        steps=300,
+        steps=steps,
         batch_size=48,
         lr=3e-3,
         warmup_steps=20,
         weight_decay=0.0,
-        eval_every=300,
+        eval_every=steps,
         eval_batches=2,
         progress=False,
         device="cpu",
     )
     result = train(model, task, cfg, tmp_path / "run")
-    assert result.steps == 300
+    assert result.steps == steps
     loaded, vocab2 = load(tmp_path / "run")
     assert vocab2.itos == vocab.itos
     m = caption_metrics(loaded, vocab2, task.sets("val"), range(100))
-    assert m["object_precision"] > 2 * m["chance_precision"], m
+    m.pop("captions")
+    assert m["other_object_precision"] > 1.5 * m["chance_precision"], m  # the prior is real
+    for what, gap in zip(("object", "colour", "shape"), margin):
+        assert m[f"{what}_precision"] > m[f"other_{what}_precision"] + gap, (what, m)
     assert m["bleu"] > 20
-    words = {w for c in m["captions"] for w in c.split()}
-    assert words & {"red", "green", "blue", "yellow", "purple", "orange"}
-    assert not math.isnan(m["bleu"])
     x = images_to_tensor(task.sets("val").images[:2])
     assert greedy_decode(loaded, x)  # the loaded model decodes
 
@@ -246,6 +276,8 @@ def test_caption_metrics_on_known_captions(monkeypatch):
     m = caption_metrics(model, build_vocab(), unseen, range(40), train_captions=train_caps)
     assert m["novel_combo"] == 1.0 and m["object_precision"] == 1.0 and m["exact_match"] == 1.0
     assert m["retrieved"] == 0.0 and m["bleu"] > 99
+    assert m["colour_precision"] == m["shape_precision"] == 1.0
+    assert m["other_object_precision"] < 0.5 and m["other_colour_precision"] < 0.9
     fixed = "a yellow circle left of a blue square"
     assert fixed in train_caps
     monkeypatch.setattr(cap, "caption_images", lambda m, x, v, beam_size=1: [fixed] * len(x))
@@ -257,3 +289,6 @@ def test_caption_metrics_on_known_captions(monkeypatch):
         for c in (("yellow", "circle"), ("blue", "square"))
     )
     assert m["object_precision"] == pytest.approx(present / 80)
+    # a caption that ignores the image scores the same against every other scene
+    assert m["other_object_precision"] == pytest.approx(m["object_precision"])
+    assert m["other_colour_precision"] == pytest.approx(m["colour_precision"])

@@ -127,6 +127,12 @@ def test_caption_bad_images(cap_run, tmp_path, capsys):
         assert main(["caption", str(cap_run / "tr"), str(path)]) == 2
         assert msg in capsys.readouterr().err
     assert main(["caption", str(cap_run / "tr"), str(big), "--beam", "0"]) == 2
+    # every image is checked before any caption is printed
+    good = str(cap_run / "scenes" / "scene_0.png")
+    capsys.readouterr()
+    assert main(["caption", str(cap_run / "tr"), good, str(big)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "40x40" in err
 
 
 @pytest.mark.parametrize(
@@ -164,3 +170,23 @@ def test_caption_experiments_print_their_tables(tmp_path, capsys, name, expect):
     )
     out = capsys.readouterr().out
     assert all(e in out for e in expect), out
+    # a second run into the same --out refuses before training anything
+    assert main(["experiment", name, "--out", str(tmp_path), "--no-progress"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["train", "caption", "--model", "transformer", "--features", "logits"], "arch='lstm'"),
+        (["train", "caption", "--pretrain-steps", "-1"], "--pretrain-steps"),
+        (["experiment", "caption-retrieval", "--beam", "0"], "beam"),
+        (["experiment", "caption-features", "--n-eval", "0"], "n_eval"),
+    ],
+)
+def test_bad_settings_stop_before_training(tmp_path, capsys, argv, msg):
+    capsys.readouterr()
+    assert main(argv + ["--out", str(tmp_path / "x"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnlab: error:") and msg in err and "Traceback" not in err
+    assert not (tmp_path / "x").exists()

@@ -190,6 +190,7 @@ def test_vocab_covers_generated_text_and_flags_unknown_words():
             assert v.encode(qa.question)[1] == [] and qa.answer in answer_list()
     ids, unknown = v.encode("What color is the zebra?")
     assert unknown == ["zebra"] and ids.count(Vocab.UNK) == 1  # "color" is an alias of "colour"
+    assert v.encode("is the café 12 ?")[1] == ["café", "12"]  # whole words, whole numbers
     assert v.stoi["."] not in (Vocab.END, Vocab.START)  # the full stop is an ordinary word
     assert v.decode([Vocab.START, v.stoi["two"], v.stoi["."], Vocab.END, v.stoi["red"]]) == "two ."
     two = v.encode_caption("a red circle left of a blue square . two green triangles")
@@ -214,6 +215,28 @@ def test_read_scene_image_errors(tmp_path):
         read_scene_image(bad, 32)
     with pytest.raises(UserError, match="does not exist"):
         read_scene_image(tmp_path / "missing.png", 32)
+    with pytest.raises(UserError, match="not an image file"):
+        read_scene_image(tmp_path, 32)
+    grey = tmp_path / "grey.png"  # other modes are converted to RGB
+    Image.fromarray(LAYOUT.render()[..., 0]).save(grey)
+    torch.testing.assert_close(read_scene_image(grey, 32)[0, 1], x[0, 0])
+
+
+def test_evaluation_skips_question_types_a_tiny_split_lacks():
+    """One validation scene without a closest/farthest question (two circles and a square on
+    a line, the square in the middle): evaluation uses the types it has instead of searching
+    forever."""
+    task = VQATask(n_train=5, n_val=1, n_unseen=1)
+    scene = make_scene(
+        ("red", "circle", 6, 16), ("blue", "square", 16, 16), ("red", "circle", 26, 16)
+    )
+    task.sets("val").scenes[0] = scene
+    task.sets("val").questions[0] = scene_questions(scene)
+    types = {qa.qtype for _, qa in task.eval_pairs("val", 3)}
+    assert types == {qa.qtype for qa in scene_questions(scene)} and "closest" not in types
+    assert 0.0 <= task.answer_frequency_baseline(by="question") <= 1.0
+    with pytest.raises(ValueError, match="by="):
+        task.answer_frequency_baseline(by="colour")
 
 
 def test_tasks_batches_are_deterministic_and_split_over_ranks():

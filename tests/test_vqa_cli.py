@@ -84,16 +84,21 @@ def test_unknown_words_get_a_notice_not_a_crash(vqa_run, capsys):
     assert "unknown word" in err and "'zebra'" in err and "'hat'" in err
 
 
-@pytest.mark.parametrize("case", ["missing", "not-an-image", "wrong-size", "not-a-run", "empty"])
+@pytest.mark.parametrize(
+    "case", ["missing", "not-an-image", "a-directory", "wrong-size", "not-a-run", "empty", "top"]
+)
 def test_bad_input_exits_nonzero_with_a_clear_message(vqa_run, tmp_path, capsys, case):
     run, image, question = str(vqa_run / "run"), str(vqa_run / "scenes" / "scene_0.png"), "why?"
     expect = {
         "missing": "does not exist",
         "not-an-image": "cannot read",
         "wrong-size": "64x64",
+        "a-directory": "not an image file",
         "not-a-run": "run directory",
         "empty": "empty",
+        "top": "--top",
     }[case]
+    extra = ["--top", "0"] if case == "top" else []
     if case == "missing":
         image = str(tmp_path / "nope.png")
     elif case == "not-an-image":
@@ -102,20 +107,28 @@ def test_bad_input_exits_nonzero_with_a_clear_message(vqa_run, tmp_path, capsys,
     elif case == "wrong-size":
         image = str(tmp_path / "big.png")
         Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(image)
+    elif case == "a-directory":
+        image = str(tmp_path)
     elif case == "not-a-run":
         run = str(tmp_path)
-    else:
+    elif case == "empty":
         question = "  "
     capsys.readouterr()
-    assert main(["ask", run, image, question]) == 2
+    assert main(["ask", run, image, question, *extra]) == 2
     assert expect in capsys.readouterr().err
+
+
+def test_scene_out_must_be_a_directory(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(["scene", "--out", str(tmp_path / "file")]) == 2
+    assert "not a directory" in capsys.readouterr().err
 
 
 def test_eval_reports_accuracy_and_baselines(vqa_run, capsys):
     capsys.readouterr()
     assert main(["eval", str(vqa_run / "run"), "--max-batches", "1", "--batch-size", "14"]) == 0
     out = capsys.readouterr().out
-    assert "val: accuracy" in out and "unseen: accuracy" in out and "majority per type" in out
+    assert "val: accuracy" in out and "unseen: accuracy" in out and "majority per question" in out
 
 
 def test_ask_refuses_a_captioning_run(vqa_run, tmp_path, capsys):

@@ -19,6 +19,7 @@ from pathlib import Path
 from attnlab.errors import UserError
 
 CAPTION_MODELS = ("lstm", "transformer")
+WEIGHTS_HELP = "best: the checkpoint with the lowest validation loss (default); last: the final one"
 CAPTION_KINDS = ("caption_lstm", "caption_transformer")
 VQA_KINDS = ("vqa_lstm", "vqa_transformer")
 
@@ -31,9 +32,11 @@ def register(groups) -> None:
 
     def data_args(p):
         d = p.add_argument_group("data")
-        d.add_argument("--image-size", type=int, default=32, help="scene side in pixels")
+        d.add_argument(
+            "--image-size", type=int, default=32, help="scene side in pixels (default 32)"
+        )
         d.add_argument("--n-train", type=int, default=4000, help="training scenes (default 4000)")
-        d.add_argument("--n-val", type=int, default=300, help="validation scenes")
+        d.add_argument("--n-val", type=int, default=300, help="validation scenes (default 300)")
         d.add_argument(
             "--colour-bias",
             type=float,
@@ -71,7 +74,8 @@ def register(groups) -> None:
         "--features",
         choices=["penultimate", "logits"],
         default="penultimate",
-        help="lstm: read the encoder's penultimate features or its class logits",
+        help="--model lstm only: start the LSTM from the encoder's penultimate features "
+        "(default) or from its class logits",
     )
     m.add_argument(
         "--freeze-encoder",
@@ -82,7 +86,7 @@ def register(groups) -> None:
         "--pretrain-steps",
         type=int,
         default=0,
-        help="first train the encoder as a majority-shape classifier for N steps",
+        help="first train the encoder as a majority-shape classifier for N steps (default 0)",
     )
     add_train_args(
         p, steps=1500, batch_size=64, lr=2e-3, warmup=50, eval_every=250, weight_decay=0.0
@@ -110,15 +114,15 @@ def register(groups) -> None:
         description="Print a caption for a scene image (PNG of the training size, e.g. from "
         "'attnlab scene').",
     )
-    c.add_argument("run_dir")
-    c.add_argument("image", nargs="+", help="image file(s)")
+    c.add_argument("run_dir", help="a run of 'attnlab train caption'")
+    c.add_argument("image", nargs="+", help="image file(s) of the size the model was trained on")
     c.add_argument("--beam", type=int, default=1, help="beam width (1 = greedy)")
     c.add_argument(
         "--attention",
         metavar="PNG",
         help="transformer: write per-word cross-attention maps of the first image",
     )
-    c.add_argument("--weights", choices=["best", "last"], default="best")
+    c.add_argument("--weights", choices=["best", "last"], default="best", help=WEIGHTS_HELP)
     c.set_defaults(func=_run_caption)
 
     a = groups["top"].add_parser(
@@ -127,11 +131,16 @@ def register(groups) -> None:
         description="Answer a question about a scene image. Words outside the model's "
         "vocabulary are reported and read as <unk>.",
     )
-    a.add_argument("run_dir")
-    a.add_argument("image")
-    a.add_argument("question")
-    a.add_argument("--top", type=int, default=3, help="show this many answers with probabilities")
-    a.add_argument("--weights", choices=["best", "last"], default="best")
+    a.add_argument("run_dir", help="a run of 'attnlab train vqa'")
+    a.add_argument("image", help="image file of the size the model was trained on")
+    a.add_argument("question", help='e.g. "what colour is the circle?"')
+    a.add_argument(
+        "--top",
+        type=int,
+        default=3,
+        help="also show the N most likely answers with probabilities on stderr (default 3)",
+    )
+    a.add_argument("--weights", choices=["best", "last"], default="best", help=WEIGHTS_HELP)
     a.set_defaults(func=_run_ask)
 
     s = groups["top"].add_parser(
@@ -140,52 +149,74 @@ def register(groups) -> None:
         description="Write scene_K.png (and an 8x enlarged copy), plus scene_K.json / .txt "
         "with the objects, reference captions and every question with its answer.",
     )
-    s.add_argument("--out", required=True, help="output directory")
-    s.add_argument("--n", type=int, default=1, help="how many scenes")
-    s.add_argument("--split", choices=["train", "val", "unseen"], default="val")
+    s.add_argument("--out", required=True, help="output directory (files in it are replaced)")
+    s.add_argument("--n", type=int, default=1, help="how many scenes (default 1)")
+    s.add_argument(
+        "--split",
+        choices=["train", "val", "unseen"],
+        default="val",
+        help="unseen: every scene holds a held-out colour-shape combination (default val)",
+    )
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--image-size", type=int, default=32)
+    s.add_argument("--image-size", type=int, default=32, help="side in pixels (default 32)")
     s.set_defaults(func=_run_scene)
 
-    def exp_args(e, out, steps):
+    def exp_args(e, out, steps, n_train):
         e.add_argument("--out", default=out, help="output directory (default %(default)s)")
-        e.add_argument("--steps", type=int, default=steps, help="steps per model")
+        e.add_argument(
+            "--steps", type=int, default=steps, help="steps per model (default %(default)s)"
+        )
         e.add_argument(
             "--max-time",
             type=float,
             default=None,
+            metavar="SECONDS",
             help="seconds of training per model (overrides --steps)",
         )
-        e.add_argument("--batch-size", type=int, default=64)
-        e.add_argument("--n-train", type=int, default=None, help="training scenes")
-        e.add_argument("--preset", choices=["tiny", "small"], default="tiny")
-        e.add_argument("--device", default="auto")
+        e.add_argument("--batch-size", type=int, default=64, help="default %(default)s")
+        e.add_argument(
+            "--n-train", type=int, default=n_train, help="training scenes (default %(default)s)"
+        )
+        e.add_argument("--preset", choices=["tiny", "small"], default="tiny", help="model size")
+        e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
         e.add_argument("--seed", type=int, default=0)
-        e.add_argument("--overwrite", action="store_true")
+        e.add_argument(
+            "--overwrite", action="store_true", help="replace the runs of an earlier --out"
+        )
         e.add_argument("--no-progress", dest="progress", action="store_false")
 
     e = groups["experiment"].add_parser(
         "vqa-bias", help="blind (question-only) vs image-reading VQA accuracy per question type"
     )
-    exp_args(e, "runs/vqa-bias", 800)
+    exp_args(e, "runs/vqa-bias", 800, 3000)
     e.add_argument("--models", nargs="+", choices=list(VQA_MODELS), default=list(VQA_MODELS))
-    e.add_argument("--colour-bias", type=float, default=0.3)
+    e.add_argument(
+        "--colour-bias",
+        type=float,
+        default=0.3,
+        help="chance an object takes its shape's favourite colour (default 0.3)",
+    )
     e.set_defaults(func=_run_vqa_bias)
     e = groups["experiment"].add_parser(
         "caption-retrieval",
         help="do captioners compose or retrieve? verbatim training "
         "captions and unseen colour-shape combinations, both captioners",
     )
-    exp_args(e, "runs/caption-retrieval", 800)
-    e.add_argument("--beam", type=int, default=1)
+    exp_args(e, "runs/caption-retrieval", 800, 2000)
+    e.add_argument("--beam", type=int, default=1, help="beam width (default 1: greedy)")
     e.add_argument("--n-eval", type=int, default=200, help="val and unseen scenes captioned")
     e.set_defaults(func=_run_caption_retrieval)
     e = groups["experiment"].add_parser(
         "caption-features",
         help="CNN+LSTM captioner from the classifier's logits vs its penultimate features",
     )
-    exp_args(e, "runs/caption-features", 800)
-    e.add_argument("--pretrain-steps", type=int, default=300)
+    exp_args(e, "runs/caption-features", 800, 2000)
+    e.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=300,
+        help="steps training the classifier before it is frozen (default 300)",
+    )
     e.add_argument("--n-eval", type=int, default=200, help="val scenes captioned")
     e.add_argument(
         "--encoder-width",
@@ -217,6 +248,8 @@ def _run_train_caption(args: argparse.Namespace) -> int:
     from attnlab.models.caption import CaptionConfig, build_captioner, pretrain_encoder
     from attnlab.train import train, train_config_from_args
 
+    if args.pretrain_steps < 0:
+        raise UserError(f"--pretrain-steps must be >= 0, got {args.pretrain_steps}")
     cfg = train_config_from_args(args)
     task = _task(CaptionTask, args)
     model = build_captioner(
@@ -273,11 +306,16 @@ def _run_train_vqa(args: argparse.Namespace) -> int:
     )
     result = train(model, task, cfg, args.out, resume=args.resume, overwrite=args.overwrite)
     acc = task.accuracy_by_type(model, per_type=50)
+
+    def base(by: str) -> float:
+        return task.answer_frequency_baseline(by=by, per_type=50)
+
     print(
         f"trained vqa {args.model} ({_n_params(model):,} parameters) for {result.steps} steps "
         f"in {result.elapsed:.0f}s: train loss {result.final_train_loss:.3f}, val loss "
-        f"{_fmt(result.val_loss)}, val accuracy {acc['all']:.1%} (answer-frequency baseline "
-        f"{task.answer_frequency_baseline():.1%})"
+        f"{_fmt(result.val_loss)}, val accuracy {acc['all']:.1%} (answering from training "
+        f"answer frequencies: {base('answer'):.1%} with the most common answer, "
+        f"{base('question'):.1%} with each question's)"
     )
     print(
         f"run saved in {result.run_dir}; try: attnlab scene --out scenes{_size(args)} && "
@@ -330,9 +368,8 @@ def _run_caption(args: argparse.Namespace) -> int:
     if args.beam < 1:
         raise UserError(f"--beam must be >= 1, got {args.beam}")
     model, vocab = _load(args.run_dir, args.weights, CAPTION_KINDS, "caption")
-    size = model.config.image_size
-    for k, path in enumerate(args.image):
-        x = read_scene_image(path, size)
+    images = [read_scene_image(path, model.config.image_size) for path in args.image]  # all first
+    for k, (path, x) in enumerate(zip(args.image, images)):
         ids = greedy_decode(model, x)[0] if args.beam == 1 else beam_decode(model, x, args.beam)[0]
         text = vocab.decode(ids)
         print(f"{path}: {text}" if len(args.image) > 1 else text)
@@ -349,6 +386,8 @@ def _run_ask(args: argparse.Namespace) -> int:
 
     from attnlab.data.scenes import read_scene_image
 
+    if args.top < 1:
+        raise UserError(f"--top must be >= 1, got {args.top}")
     model, vocab = _load(args.run_dir, args.weights, VQA_KINDS, "vqa")
     x = read_scene_image(args.image, model.config.image_size)
     ids, unknown = vocab.encode(args.question)
@@ -389,6 +428,8 @@ def _run_scene(args: argparse.Namespace) -> int:
         raise UserError(f"--n must be >= 1, got {args.n}")
     sset = SceneSet(SceneConfig(image_size=args.image_size), args.split, args.n, args.seed)
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {str(out)!r} is a file, not a directory")
     out.mkdir(parents=True, exist_ok=True)
     for k, scene in enumerate(sset.scenes):
         img = sset.images[k]
@@ -458,7 +499,8 @@ def _run_eval_caption(args: argparse.Namespace) -> int:
         m = caption_metrics(model, vocab, sset, range(min(n, len(sset))), train_captions=train_caps)
         print(
             f"{split}: BLEU {m['bleu']:.1f}, object precision {m['object_precision']:.1%} "
-            f"(chance {m['chance_precision']:.1%}), verbatim training captions "
+            f"(same captions on other scenes {m['other_object_precision']:.1%}, random pair "
+            f"{m['chance_precision']:.1%}), verbatim training captions "
             f"{m['retrieved']:.1%}"
             + (f", held-out combination named {m['novel_combo']:.1%}" if split == "unseen" else "")
         )
@@ -470,16 +512,23 @@ def _run_eval_vqa(args: argparse.Namespace) -> int:
 
     model, _ = _load(args.run_dir, args.weights, VQA_KINDS, "vqa")
     task = _eval_task(args.run_dir, VQATask)
-    per_type = (args.max_batches * args.batch_size // 7) if args.max_batches else 100
+    per_type = max(1, args.max_batches * args.batch_size // 7) if args.max_batches else 100
     for split in ("val", "unseen"):
-        acc = task.accuracy_by_type(model, split, per_type=max(1, per_type))
+        acc = task.accuracy_by_type(model, split, per_type=per_type)
         print(
             f"{split}: accuracy {acc['all']:.1%} — "
             + ", ".join(f"{t} {v:.0%}" for t, v in acc.items() if t != "all")
         )
     print(
-        f"answer-frequency baselines (val): majority {task.answer_frequency_baseline():.1%}, "
-        f"majority per type {task.answer_frequency_baseline(per_type=True):.1%}"
+        "answer-frequency baselines (val): "
+        + ", ".join(
+            f"majority {name} {task.answer_frequency_baseline(by=by, per_type=per_type):.1%}"
+            for name, by in (
+                ("answer", "answer"),
+                ("per type", "type"),
+                ("per question", "question"),
+            )
+        )
     )
     return 0
 
@@ -489,7 +538,7 @@ def _run_eval_vqa(args: argparse.Namespace) -> int:
 
 
 def _exp_common(args) -> dict:
-    d = {
+    return {
         "out": args.out,
         "steps": args.steps,
         "max_time": args.max_time,
@@ -499,10 +548,8 @@ def _exp_common(args) -> dict:
         "seed": args.seed,
         "overwrite": args.overwrite,
         "progress": args.progress,
+        "n_train": args.n_train,
     }
-    if args.n_train is not None:
-        d["n_train"] = args.n_train
-    return d
 
 
 def _run_vqa_bias(args: argparse.Namespace) -> int:

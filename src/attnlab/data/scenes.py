@@ -496,7 +496,8 @@ def shape_label(scene: Scene) -> int:
 # vocabulary
 
 
-_TOKEN_RE = re.compile(r"[a-z]+|[^\sa-z]")
+# Words (any alphabet, so "café" is one unknown word, not "caf" + "é"), numbers, punctuation marks.
+_TOKEN_RE = re.compile(r"[^\W\d_]+|\d+|[^\w\s]")
 _ALIASES = {
     "color": "colour",
     "colors": "colours",
@@ -619,20 +620,22 @@ def read_scene_image(path: str | Path, image_size: int) -> Tensor:
     from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"image file {str(path)!r} does not exist")
+    if not path.is_file():
+        raise UserError(f"{str(path)!r} is not an image file")
     try:
         with Image.open(path) as im:
-            im = im.convert("RGB")
-            arr = np.asarray(im, dtype=np.uint8)
-    except (UnidentifiedImageError, OSError) as err:
+            # The header gives the size: a wrong-sized (or huge) image is refused undecoded.
+            if im.size != (image_size, image_size):
+                raise UserError(
+                    f"image {str(path)!r} is {im.size[0]}x{im.size[1]} pixels; this model "
+                    f"was trained on {image_size}x{image_size} scenes "
+                    f"(write one with 'attnlab scene --out DIR --image-size {image_size}')"
+                )
+            arr = np.asarray(im.convert("RGB"), dtype=np.uint8)
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError) as err:
         raise UserError(f"cannot read {str(path)!r} as an image: {err}") from None
-    if arr.shape[:2] != (image_size, image_size):
-        raise UserError(
-            f"image {str(path)!r} is {arr.shape[1]}x{arr.shape[0]} pixels; this model "
-            f"was trained on {image_size}x{image_size} scenes "
-            f"(write one with 'attnlab scene --out DIR --image-size {image_size}')"
-        )
     return images_to_tensor(arr)
 
 
@@ -823,12 +826,15 @@ class VQATask(_TaskBase):
         return loss, {"acc": float(acc)}
 
     def eval_pairs(self, split: str = "val", per_type: int | None = None) -> list[tuple[int, QA]]:
-        """A fixed, type-balanced evaluation set: ``per_type`` questions of each type."""
+        """A fixed, type-balanced evaluation set: ``per_type`` questions of each type the split
+        has (a few scenes may not support every type)."""
         sset = self.sets(split)
+        present = {q.qtype for qs in sset.questions for q in qs}
         rng = _rng(self.seed + 7919, split, 0)
         pairs = []
         for t in QUESTION_TYPES:
-            pairs += self._sample(sset, rng, per_type or self.eval_per_type, qtype=t)
+            if t in present:
+                pairs += self._sample(sset, rng, per_type or self.eval_per_type, qtype=t)
         return pairs
 
     def eval_batches(self, batch_size: int, n_batches: int):
@@ -841,29 +847,47 @@ class VQATask(_TaskBase):
             yield self._batch(sset, chunk)
 
     def answer_frequency_baseline(
-        self, split: str = "val", *, per_type: bool = False, n_samples: int = 4000
+        self,
+        split: str = "val",
+        *,
+        by: str = "answer",
+        per_type: int | None = None,
+        n_samples: int = 4000,
     ) -> float:
         """Accuracy of answering from training answer frequencies alone, on the fixed,
         type-balanced evaluation set the models are scored on.
 
         Args:
             split: the evaluation split.
-            per_type: ``False``: always the single most frequent training answer; ``True``: the
-                most frequent answer of the question's type (a prior a blind model can learn).
+            by: ``"answer"``: always the single most frequent training answer; ``"type"``: the
+                most frequent answer of the question's type; ``"question"``: the most frequent
+                answer to the very same question text (falling back to the overall one) — about
+                the best any image-blind answerer can do, so a model that beats it reads the image.
+            per_type: size of the evaluation set, as in :meth:`eval_pairs` (pass the models').
             n_samples: training questions counted.
+
+        Raises:
+            ValueError: ``by`` is not one of the three.
         """
+        keys = {
+            "answer": lambda qa: None,
+            "type": lambda qa: qa.qtype,
+            "question": lambda qa: qa.question,
+        }
+        if by not in keys:
+            raise ValueError(f"unknown baseline by={by!r}; choose from {list(keys)}")
+        key = keys[by]
         rng = _rng(self.seed + 1, "train", 0)
         sample = self._sample(self.sets("train"), rng, n_samples)
         overall = Counter(qa.answer for _, qa in sample).most_common(1)[0][0]
-        by_type = {
-            t: Counter(qa.answer for _, qa in sample if qa.qtype == t).most_common(1)
-            for t in QUESTION_TYPES
-        }
-        pairs = self.eval_pairs(split)
+        counts: dict[Any, Counter] = {}
+        for _, qa in sample:
+            counts.setdefault(key(qa), Counter())[qa.answer] += 1
+        pairs = self.eval_pairs(split, per_type)
         hits = 0
         for _, qa in pairs:
-            guess = by_type[qa.qtype][0][0] if per_type and by_type[qa.qtype] else overall
-            hits += qa.answer == guess
+            seen = counts.get(key(qa))
+            hits += qa.answer == (seen.most_common(1)[0][0] if seen else overall)
         return hits / len(pairs)
 
     @torch.no_grad()

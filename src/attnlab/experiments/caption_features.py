@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.data.scenes import CaptionTask
+from attnlab.experiments.scene_runs import check_fresh, train_for_experiment
 from attnlab.runs import atomic_write_text
 
 __all__ = ["CaptionFeaturesConfig", "run", "format_table"]
@@ -41,6 +42,12 @@ class CaptionFeaturesConfig:
     progress: bool = True
     overwrite: bool = False
 
+    def __post_init__(self) -> None:
+        if self.pretrain_steps < 1:
+            raise ValueError(f"pretrain_steps must be >= 1, got {self.pretrain_steps}")
+        if self.n_eval < 1:
+            raise ValueError(f"n_eval must be >= 1, got {self.n_eval}")
+
 
 def run(cfg: CaptionFeaturesConfig) -> dict:
     """Pre-train the classifier, train both captioners on its frozen features, measure.
@@ -57,9 +64,9 @@ def run(cfg: CaptionFeaturesConfig) -> dict:
         caption_metrics,
         pretrain_encoder,
     )
-    from attnlab.train import TrainConfig, train
 
     out = Path(cfg.out)
+    check_fresh(out, ["logits", "penultimate"], cfg.overwrite)
     task = CaptionTask(n_train=cfg.n_train, n_val=cfg.n_eval, n_unseen=10, seed=cfg.seed)
     torch.manual_seed(cfg.seed)
     width = {} if cfg.encoder_width is None else {"encoder_width": cfg.encoder_width}
@@ -88,20 +95,7 @@ def run(cfg: CaptionFeaturesConfig) -> dict:
             )
         )
         model.encoder.load_state_dict(encoder_state)
-        tcfg = TrainConfig(
-            steps=cfg.steps,
-            max_time=cfg.max_time,
-            batch_size=cfg.batch_size,
-            lr=cfg.lr,
-            warmup_steps=50,
-            weight_decay=0.0,
-            eval_every=10**9,
-            eval_batches=2,
-            seed=cfg.seed,
-            device=cfg.device,
-            progress=cfg.progress,
-        )
-        res = train(model, task, tcfg, out / features, overwrite=cfg.overwrite)
+        res = train_for_experiment(model, task, cfg, out / features)
         m = caption_metrics(model, task.vocab, task.sets("val"), range(cfg.n_eval))
         results["rows"][features] = {
             k: m[k]
@@ -111,6 +105,8 @@ def run(cfg: CaptionFeaturesConfig) -> dict:
                 "colour_precision",
                 "shape_precision",
                 "chance_precision",
+                "other_colour_precision",
+                "other_shape_precision",
             )
         }
         results["examples"][features] = m["captions"][:5]
@@ -135,8 +131,14 @@ def format_table(results: dict) -> str:
         f"{m} {results['steps'][m]} steps/{results['seconds'][m]}s" for m in results["steps"]
     )
     ex = "\n".join(f"  {m}: " + " | ".join(e[:3]) for m, e in results["examples"].items())
+    blind = ", ".join(
+        f"{m} colour {100 * r['other_colour_precision']:.0f}% / shape "
+        f"{100 * r['other_shape_precision']:.0f}%"
+        for m, r in results["rows"].items()
+    )
     return "\n".join(lines) + (
-        f"\n\nfrozen classifier (majority shape, 3 classes): held-out accuracy "
+        f"\n\nthe same captions scored on the other scenes (what ignoring the image gets): {blind}"
+        f"\nfrozen classifier (majority shape, 3 classes): held-out accuracy "
         f"{100 * results['classifier_acc']:.0f}%; object precision of a random colour-shape "
         f"pair: {100 * chance:.0f}%\ntraining: {steps}\nexamples:\n{ex}"
     )

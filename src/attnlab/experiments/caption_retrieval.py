@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from attnlab.data.scenes import CaptionTask, SceneSet
+from attnlab.experiments.scene_runs import check_fresh, train_for_experiment
 from attnlab.runs import atomic_write_text
 
 __all__ = ["CaptionRetrievalConfig", "run", "format_table", "nearest_neighbour_captions"]
@@ -48,6 +49,14 @@ class CaptionRetrievalConfig:
     device: str = "auto"
     progress: bool = True
     overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.models or any(m not in ("lstm", "transformer") for m in self.models):
+            raise ValueError(f"models {self.models} must be among ['lstm', 'transformer']")
+        if self.beam_size < 1:
+            raise ValueError(f"beam_size (--beam) must be >= 1, got {self.beam_size}")
+        if self.n_eval < 1:
+            raise ValueError(f"n_eval must be >= 1, got {self.n_eval}")
 
 
 def nearest_neighbour_captions(train: SceneSet, query: SceneSet, indices) -> list[str]:
@@ -91,9 +100,9 @@ def run(cfg: CaptionRetrievalConfig) -> dict:
     import sacrebleu
 
     from attnlab.models.caption import CaptionConfig, build_captioner, caption_metrics
-    from attnlab.train import TrainConfig, train
 
     out = Path(cfg.out)
+    check_fresh(out, cfg.models, cfg.overwrite)
     task = CaptionTask(n_train=cfg.n_train, n_val=cfg.n_eval, n_unseen=cfg.n_eval, seed=cfg.seed)
     train_set = task.sets("train")
     train_caps = train_set.caption_set()
@@ -104,20 +113,7 @@ def run(cfg: CaptionRetrievalConfig) -> dict:
         model = build_captioner(
             CaptionConfig.preset(cfg.preset, arch=arch, vocab_size=len(task.vocab))
         )
-        tcfg = TrainConfig(
-            steps=cfg.steps,
-            max_time=cfg.max_time,
-            batch_size=cfg.batch_size,
-            lr=cfg.lr,
-            warmup_steps=50,
-            weight_decay=0.0,
-            eval_every=10**9,
-            eval_batches=2,
-            seed=cfg.seed,
-            device=cfg.device,
-            progress=cfg.progress,
-        )
-        res = train(model, task, tcfg, out / arch, overwrite=cfg.overwrite)
+        res = train_for_experiment(model, task, cfg, out / arch)
         results["steps"][name], results["seconds"][name] = res.steps, round(res.elapsed, 1)
         row = {}
         for split in ("val", "unseen"):

@@ -3,8 +3,9 @@
 The lecture's warning: a VQA model can score well without looking at the image, by learning
 which answers go with which questions ("what colour is the sky?" -> blue). We train the blind
 LSTM model and the image-reading models on the same scenes with the same budget and compare their
-accuracy per question type, next to two answer-frequency baselines (the majority answer overall,
-and the majority answer of the question's type). Where the blind model matches the full ones,
+accuracy per question type, next to three answer-frequency baselines (the majority answer overall,
+of the question's type, and of the very same question text — about the best a model that never
+looks at the image can do). Where the blind model matches the full ones,
 the data let the question give the answer away; the gap is what the image contributes.
 
 The scene generator has a knob for this: ``SceneConfig.colour_bias`` (default 0.3) gives each
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab.data.scenes import QUESTION_TYPES, SceneConfig, VQATask
+from attnlab.experiments.scene_runs import check_fresh, train_for_experiment
 from attnlab.runs import atomic_write_text
 
 __all__ = ["VQA_MODELS", "VQABiasConfig", "run", "format_table", "vqa_config_for"]
@@ -77,6 +79,13 @@ class VQABiasConfig:
     progress: bool = True
     overwrite: bool = False
 
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.models if m not in VQA_MODELS]
+        if not self.models or unknown:
+            raise ValueError(f"models {self.models} must be among {list(VQA_MODELS)}")
+        if self.per_type < 1:
+            raise ValueError(f"per_type must be >= 1, got {self.per_type}")
+
 
 def run(cfg: VQABiasConfig) -> dict:
     """Train every model, then score each on the same type-balanced validation questions.
@@ -86,9 +95,9 @@ def run(cfg: VQABiasConfig) -> dict:
         "steps": {model: n}, "seconds": {model: s}}``; also written to ``out/results.json``.
     """
     from attnlab.models.vqa import build_vqa
-    from attnlab.train import TrainConfig, train
 
     out = Path(cfg.out)
+    check_fresh(out, cfg.models, cfg.overwrite)
     task = VQATask(
         scene=SceneConfig(colour_bias=cfg.colour_bias),
         n_train=cfg.n_train,
@@ -99,25 +108,12 @@ def run(cfg: VQABiasConfig) -> dict:
     results: dict = {"accuracy": {}, "steps": {}, "seconds": {}}
     for name in cfg.models:
         model = build_vqa(vqa_config_for(name, task.vocab, preset=cfg.preset))
-        tcfg = TrainConfig(
-            steps=cfg.steps,
-            max_time=cfg.max_time,
-            batch_size=cfg.batch_size,
-            lr=cfg.lr,
-            warmup_steps=50,
-            weight_decay=0.0,
-            eval_every=10**9,
-            eval_batches=2,
-            seed=cfg.seed,
-            device=cfg.device,
-            progress=cfg.progress,
-        )
-        res = train(model, task, tcfg, out / name, overwrite=cfg.overwrite)
+        res = train_for_experiment(model, task, cfg, out / name)
         results["accuracy"][name] = task.accuracy_by_type(model, per_type=cfg.per_type)
         results["steps"][name], results["seconds"][name] = res.steps, round(res.elapsed, 1)
-    results["baselines"] = {
-        "majority answer": task.answer_frequency_baseline(),
-        "majority per type": task.answer_frequency_baseline(per_type=True),
+    results["baselines"] = {  # on the questions the models were scored on
+        f"majority {name}": task.answer_frequency_baseline(by=by, per_type=cfg.per_type)
+        for name, by in (("answer", "answer"), ("per type", "type"), ("per question", "question"))
     }
     atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     return results

@@ -112,6 +112,11 @@ class CaptionConfig:
             raise ValueError(f"unknown encoder {self.encoder!r}; choose from {ENCODERS}")
         if self.features not in FEATURES:
             raise ValueError(f"unknown features {self.features!r}; choose from {FEATURES}")
+        if self.features == "logits" and self.arch != "lstm":
+            raise ValueError(
+                f"features='logits' is for the LSTM captioner (arch='lstm'); arch={self.arch!r} "
+                "reads the encoder's grid of image tokens"
+            )
         if self.features == "logits" and self.num_classes < 1:
             raise ValueError(
                 f"features='logits' needs an encoder head: num_classes >= 1, got {self.num_classes}"
@@ -556,6 +561,10 @@ def caption_metrics(
         ``object_precision``: fraction of named (colour, shape) objects present in the scene;
         ``colour_precision`` / ``shape_precision``: the same for the colour / shape word alone;
         ``chance_precision``: object precision of a caption naming a uniformly random combination;
+        ``other_object_precision`` / ``other_colour_precision`` / ``other_shape_precision``: the
+            same captions scored against the *other* scenes' objects (each caption against every
+            other scene, averaged) — what a captioner with the same word habits would score if
+            it ignored the image, so the gap to the ``*_precision`` above is what it read there;
         ``exact_match``: fraction of captions equal to one of the scene's own references;
         ``retrieved``: fraction that appear verbatim in ``train_captions`` (when given);
         ``novel_combo``: fraction of scenes where a held-out combination present in the scene
@@ -567,6 +576,8 @@ def caption_metrics(
     from attnlab.data.scenes import images_to_tensor, mentioned_objects
 
     indices = list(indices)
+    if not indices:
+        raise ValueError("caption_metrics needs at least one scene")
     device = next(model.parameters()).device
     hyps: list[str] = []
     for b in range(0, len(indices), batch_size):
@@ -577,28 +588,47 @@ def caption_metrics(
     n_refs = max(len(r) for r in refs)
     ref_streams = [[r[k] if k < len(r) else r[0] for r in refs] for k in range(n_refs)]
     bleu = sacrebleu.corpus_bleu(hyps, ref_streams).score
-    named = hit = colour_hit = shape_hit = 0
-    chance = 0.0
     held = set(sset.config.heldout_combos())
     n_combos = len(sset.config.colours) * len(sset.config.shapes)
+    present = [{(o.colour, o.shape) for o in sset.scenes[i].objects} for i in indices]
+    scenes = [(p, {c for c, _ in p}, {s for _, s in p}) for p in present]
+    mentioned = [mentioned_objects(h) for h in hyps]
+    named = sum(map(len, mentioned))
+
+    def hits(m: list[tuple[str, str]], scene: tuple[set, set, set]) -> list[int]:
+        """How many of the objects named in ``m``, their colours and their shapes ``scene``
+        (its objects, colours, shapes) holds."""
+        objs, colours, shapes = scene
+        return [
+            sum(cs in objs for cs in m),
+            sum(c in colours for c, _ in m),
+            sum(s in shapes for _, s in m),
+        ]
+
+    n = len(indices)
+    own, other = [0.0] * 3, [0.0] * 3
+    for k, m in enumerate(mentioned):
+        own = [a + b for a, b in zip(own, hits(m, scenes[k]))]
+        if m and n > 1:  # this caption against each of the other scenes, averaged
+            h = [hits(m, scenes[j]) for j in range(n) if j != k]
+            other = [a + sum(col) / (n - 1) for a, col in zip(other, zip(*h))]
+    own = [x / named if named else 0.0 for x in own]
+    other = [x / named if named else 0.0 for x in other] if n > 1 else [float("nan")] * 3
+    chance = sum(len(p) / n_combos for p in present)
     novel_hit = novel_total = 0
-    for i, h in zip(indices, hyps):
-        present = {(o.colour, o.shape) for o in sset.scenes[i].objects}
-        m = mentioned_objects(h)
-        named += len(m)
-        hit += sum(cs in present for cs in m)
-        colour_hit += sum(c in {p[0] for p in present} for c, _ in m)
-        shape_hit += sum(sh in {p[1] for p in present} for _, sh in m)
-        chance += len(present) / n_combos
-        if present & held:
+    for p, m in zip(present, mentioned):
+        if p & held:
             novel_total += 1
-            novel_hit += bool(set(m) & present & held)
+            novel_hit += bool(set(m) & p & held)
     out = {
         "bleu": bleu,
-        "object_precision": hit / named if named else 0.0,
-        "colour_precision": colour_hit / named if named else 0.0,
-        "shape_precision": shape_hit / named if named else 0.0,
-        "chance_precision": chance / len(indices),
+        "object_precision": own[0],
+        "colour_precision": own[1],
+        "shape_precision": own[2],
+        "chance_precision": chance / n,
+        "other_object_precision": other[0],
+        "other_colour_precision": other[1],
+        "other_shape_precision": other[2],
         "exact_match": sum(h in set(r) for h, r in zip(hyps, refs)) / len(hyps),
         "novel_combo": novel_hit / novel_total if novel_total else float("nan"),
         "captions": hyps,
