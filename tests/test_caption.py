@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attnlab.data.scenes import CaptionTask, Vocab, build_vocab, images_to_tensor
+from attnlab.errors import UserError
 from attnlab.models.caption import (
     CaptionConfig,
     LSTMCaptioner,
@@ -54,6 +55,23 @@ def test_cross_attention_weights_are_distributions_over_image_tokens(encoder):
     assert (Y, B, H, L) == (2, 2, m.config.n_heads, 6) and N == 64  # 8x8 grid / 4x4 patches
     assert maps.min() >= 0
     torch.testing.assert_close(maps.sum(-1), torch.ones(Y, B, H, L))
+
+
+def test_word_attention_maps_are_image_grids_one_per_predicted_word():
+    from attnlab.models.caption import word_attention
+
+    m = tiny("transformer", n_layers=2)
+    image, words = torch.rand(3, 32, 32), [5, 9, 12]
+    maps = word_attention(m, image, words)  # <start> predicts words[0], ..., words[-1] -> <end>
+    assert maps.shape == (len(words) + 1, 8, 8) and maps.min() >= 0
+    torch.testing.assert_close(maps.sum((1, 2)), torch.ones(len(words) + 1))
+    full = m.cross_attention_maps(image[None], torch.tensor([[Vocab.START, *words]]))
+    torch.testing.assert_close(maps.flatten(1), full[-1, 0].mean(0))  # last layer, head mean
+    # causal: the map for word t does not depend on the words after it
+    other = word_attention(m, image, [5, 9, 30])
+    torch.testing.assert_close(other[:3], maps[:3])
+    with pytest.raises(UserError, match="Transformer"):
+        word_attention(tiny("lstm"), image, words)
 
 
 @pytest.mark.parametrize(
@@ -206,8 +224,6 @@ def test_config_checks_and_round_trip():
 
 
 def test_wrong_image_size_is_a_clear_error():
-    from attnlab.errors import UserError
-
     with pytest.raises(UserError, match="32, 32"):
         tiny("transformer")(torch.rand(1, 3, 48, 48), tokens(1))
 
