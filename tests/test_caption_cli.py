@@ -95,6 +95,7 @@ def test_attention_maps_png(cap_run, tmp_path, capsys):
         == 0
     )
     assert Image.open(png).size[0] > 100
+    capsys.readouterr()
     assert (
         main(
             [
@@ -107,7 +108,8 @@ def test_attention_maps_png(cap_run, tmp_path, capsys):
         )
         == 2
     )
-    assert "Transformer captioner" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert "Transformer captioner" in err and out == ""  # refused before captioning
 
 
 def test_eval_reports_bleu_and_retrieval(cap_run, capsys):

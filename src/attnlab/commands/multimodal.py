@@ -368,6 +368,11 @@ def _run_caption(args: argparse.Namespace) -> int:
     if args.beam < 1:
         raise UserError(f"--beam must be >= 1, got {args.beam}")
     model, vocab = _load(args.run_dir, args.weights, CAPTION_KINDS, "caption")
+    if args.attention and model.kind != "caption_transformer":
+        raise UserError(
+            "--attention needs the Transformer captioner (the LSTM one has no attention over "
+            "the image)"
+        )
     images = [read_scene_image(path, model.config.image_size) for path in args.image]  # all first
     for k, (path, x) in enumerate(zip(args.image, images)):
         ids = greedy_decode(model, x)[0] if args.beam == 1 else beam_decode(model, x, args.beam)[0]

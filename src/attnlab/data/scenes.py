@@ -501,7 +501,6 @@ _TOKEN_RE = re.compile(r"[^\W\d_]+|\d+|[^\w\s]")
 _ALIASES = {
     "color": "colour",
     "colors": "colours",
-    "gray": "grey",
     "leftmost": "left",
     "nearest": "closest",
     "furthest": "farthest",
