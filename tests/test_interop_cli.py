@@ -157,3 +157,27 @@ def test_converted_run_without_tokenizer_loads_with_tokenizer_none(tmp_path, cap
     # generating text needs a tokenizer: one clear message, exit 2
     assert main(["generate", str(run), "--prompt", "hi", "-n", "2"]) == 2
     assert "tokenizer" in capsys.readouterr().err
+
+
+def test_generate_on_a_converted_run_stops_at_the_checkpoints_end_of_text(tmp_path, capsys):
+    hf = build_hf("llama", num_hidden_layers=1)
+    hf.save_pretrained(tmp_path / "hf")
+    word_tokenizer().save(str(tmp_path / "hf" / "tokenizer.json"))
+    run = tmp_path / "run"
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(run)]) == 0
+    model, tok = attnlab.load(run)
+    prompt = "w3 w7 w11"
+    greedy = attnlab.generate(model, torch.tensor([tok.encode(prompt)]), 6, temperature=0.0)
+    first = int(greedy[0, 3])
+    argv = ["generate", str(run), "--prompt", prompt, "-n", "6", "--temperature", "0"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    words = [f"w{int(t)}" for t in greedy[0]]
+    assert capsys.readouterr().out.replace(" ", "").strip() == "".join(words)
+
+    cfg = json.loads((run / "config.json").read_text())
+    cfg["source"]["eos_token_id"] = first  # the first greedy token is now end-of-text
+    (run / "config.json").write_text(json.dumps(cfg))
+    assert main(argv) == 0
+    # stopped at once: nothing after the prompt (the stop token itself is not printed)
+    assert capsys.readouterr().out.replace(" ", "").strip() == "".join(words[:3])

@@ -263,7 +263,11 @@ def _generate(args: argparse.Namespace) -> int:
         model, tok = load_hf_lm(args.from_hf, device=_device(args.device))
         stop_ids = getattr(model, "hf_config", {}).get("eos_token_id")  # int, list or None
     elif args.run_dir:
-        model, tok, _ = _load_lm(args.run_dir, args.weights, _device(args.device), need_task=False)
+        model, tok, cfg = _load_lm(
+            args.run_dir, args.weights, _device(args.device), need_task=False
+        )
+        # a run converted from a Hugging Face checkpoint remembers its end-of-text id(s)
+        stop_ids = (cfg.get("source") or {}).get("eos_token_id")
     else:
         raise UserError("give a run directory (or --from-hf DIR)")
     ids = _encode_prompt(tok, args.prompt)
