@@ -308,3 +308,19 @@ def test_caption_metrics_on_known_captions(monkeypatch):
     # a caption that ignores the image scores the same against every other scene
     assert m["other_object_precision"] == pytest.approx(m["object_precision"])
     assert m["other_colour_precision"] == pytest.approx(m["colour_precision"])
+
+
+def test_nearest_neighbour_baseline_retrieves_the_closest_training_caption():
+    """Queried with the training scenes themselves, the pixel-space neighbour of each scene is
+    itself; scored, its captions are verbatim training captions that name only present objects."""
+    from attnlab.data.scenes import SceneConfig, SceneSet
+    from attnlab.experiments.caption_retrieval import nearest_neighbour_captions
+    from attnlab.models.caption import score_captions
+
+    train = SceneSet(SceneConfig(), "train", 50, seed=2)
+    hyps = nearest_neighbour_captions(train, train, range(50))
+    assert hyps == [caps[0] for caps in train.captions]
+    m = score_captions(hyps, train, range(50), train_captions=train.caption_set())
+    assert m["retrieved"] == m["exact_match"] == m["object_precision"] == 1.0
+    with pytest.raises(ValueError, match="one caption per scene"):
+        score_captions(hyps[:3], train, range(50))

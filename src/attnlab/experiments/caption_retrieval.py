@@ -30,6 +30,8 @@ from attnlab.runs import atomic_write_text
 
 __all__ = ["CaptionRetrievalConfig", "run", "format_table", "nearest_neighbour_captions"]
 
+METRICS = ("bleu", "retrieved", "exact_match", "object_precision", "novel_combo")
+
 
 @dataclass
 class CaptionRetrievalConfig:
@@ -69,27 +71,6 @@ def nearest_neighbour_captions(train: SceneSet, query: SceneSet, indices) -> lis
     return out
 
 
-def _score(hyps: list[str], sset: SceneSet, indices, train_caps: set[str]) -> dict:
-    """Retrieval, exact match and novel-combination rate of given captions (as caption_metrics)."""
-    from attnlab.data.scenes import mentioned_objects
-
-    held = set(sset.config.heldout_combos())
-    novel = [
-        bool(
-            set(mentioned_objects(h)) & {(o.colour, o.shape) for o in sset.scenes[i].objects} & held
-        )
-        for h, i in zip(hyps, indices)
-    ]
-    named = [(cs, i) for h, i in zip(hyps, indices) for cs in mentioned_objects(h)]
-    prec = sum(cs in {(o.colour, o.shape) for o in sset.scenes[i].objects} for cs, i in named)
-    return {
-        "retrieved": sum(h in train_caps for h in hyps) / len(hyps),
-        "exact_match": sum(h in set(sset.captions[i]) for h, i in zip(hyps, indices)) / len(hyps),
-        "object_precision": prec / len(named) if named else 0.0,
-        "novel_combo": sum(novel) / len(novel) if sset.split == "unseen" else float("nan"),
-    }
-
-
 def run(cfg: CaptionRetrievalConfig) -> dict:
     """Train the captioners, caption ``n_eval`` val and unseen scenes, measure.
 
@@ -97,9 +78,12 @@ def run(cfg: CaptionRetrievalConfig) -> dict:
         ``{"rows": {name: {"val": metrics, "unseen": metrics}}, "examples": {...}, "steps": ...}``,
         also written to ``out/results.json``.
     """
-    import sacrebleu
-
-    from attnlab.models.caption import CaptionConfig, build_captioner, caption_metrics
+    from attnlab.models.caption import (
+        CaptionConfig,
+        build_captioner,
+        caption_metrics,
+        score_captions,
+    )
 
     out = Path(cfg.out)
     check_fresh(out, cfg.models, cfg.overwrite)
@@ -125,23 +109,15 @@ def run(cfg: CaptionRetrievalConfig) -> dict:
                 beam_size=cfg.beam_size,
                 train_captions=train_caps,
             )
-            row[split] = {
-                k: m[k]
-                for k in ("bleu", "retrieved", "exact_match", "object_precision", "novel_combo")
-            }
+            row[split] = {k: m[k] for k in METRICS}
             results["examples"].setdefault(name, {})[split] = m["captions"][:5]
         results["rows"][name] = row
     row = {}
     for split in ("val", "unseen"):
         sset = task.sets(split)
         hyps = nearest_neighbour_captions(train_set, sset, idx)
-        refs = [sset.captions[i] for i in idx]
-        n_refs = max(map(len, refs))
-        streams = [[r[k] if k < len(r) else r[0] for r in refs] for k in range(n_refs)]
-        row[split] = {
-            "bleu": sacrebleu.corpus_bleu(hyps, streams).score,
-            **_score(hyps, sset, idx, train_caps),
-        }
+        m = score_captions(hyps, sset, idx, train_captions=train_caps)
+        row[split] = {k: m[k] for k in METRICS}
     results["rows"]["nearest neighbour (pixels)"] = row
     atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     return results

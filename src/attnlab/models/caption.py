@@ -47,6 +47,7 @@ __all__ = [
     "beam_decode",
     "caption_images",
     "caption_metrics",
+    "score_captions",
     "pretrain_encoder",
     "freeze_unused",
     "word_attention",
@@ -554,7 +555,26 @@ def caption_metrics(
     train_captions: set[str] | None = None,
     batch_size: int = 128,
 ) -> dict:
-    """Decode captions for scenes ``indices`` of a :class:`~attnlab.data.scenes.SceneSet`.
+    """Decode captions for scenes ``indices`` of a :class:`~attnlab.data.scenes.SceneSet` and
+    score them with :func:`score_captions`."""
+    from attnlab.data.scenes import images_to_tensor
+
+    indices = list(indices)
+    if not indices:
+        raise ValueError("caption_metrics needs at least one scene")
+    device = next(model.parameters()).device
+    hyps: list[str] = []
+    for b in range(0, len(indices), batch_size):
+        idx = indices[b : b + batch_size]
+        imgs = images_to_tensor(sset.images[idx]).to(device)
+        hyps += caption_images(model, imgs, vocab, beam_size=beam_size)
+    return score_captions(hyps, sset, indices, train_captions=train_captions)
+
+
+def score_captions(
+    hyps: list[str], sset, indices: Iterable[int], *, train_captions: set[str] | None = None
+) -> dict:
+    """Score captions ``hyps`` of scenes ``indices`` of a :class:`~attnlab.data.scenes.SceneSet`.
 
     Returns a dict with
         ``bleu``: corpus BLEU (sacrebleu) against all reference captions of each scene;
@@ -573,17 +593,11 @@ def caption_metrics(
     """
     import sacrebleu
 
-    from attnlab.data.scenes import images_to_tensor, mentioned_objects
+    from attnlab.data.scenes import mentioned_objects
 
     indices = list(indices)
-    if not indices:
-        raise ValueError("caption_metrics needs at least one scene")
-    device = next(model.parameters()).device
-    hyps: list[str] = []
-    for b in range(0, len(indices), batch_size):
-        idx = indices[b : b + batch_size]
-        imgs = images_to_tensor(sset.images[idx]).to(device)
-        hyps += caption_images(model, imgs, vocab, beam_size=beam_size)
+    if not indices or len(hyps) != len(indices):
+        raise ValueError(f"need one caption per scene, got {len(hyps)} for {len(indices)} scenes")
     refs = [sset.captions[i] for i in indices]
     n_refs = max(len(r) for r in refs)
     ref_streams = [[r[k] if k < len(r) else r[0] for r in refs] for k in range(n_refs)]
