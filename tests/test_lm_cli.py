@@ -290,3 +290,20 @@ def test_a_run_on_a_relative_corpus_path_evaluates_from_anywhere(tmp_path, capsy
     monkeypatch.chdir(tmp_path.parent)
     assert main(["eval", str(tmp_path / "r")]) == 0
     assert "perplexity" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--backend", "window"], "window"),  # window needs its size
+        (["--backend", "tiled", "--set", "attn_dropout=0.1"], "dropout"),
+        (["--backend", "tiled", "--set", 'backend_options={"blok_q": 8}'], "blok_q"),
+    ],
+)
+def test_a_backend_that_cannot_run_fails_before_the_run_directory_is_written(
+    tmp_path, capsys, extra, message
+):
+    run = tmp_path / "run"
+    assert main(["train", "lm", *TINY, "--steps", "2", *extra, "--out", str(run)]) == 2
+    assert message in capsys.readouterr().err
+    assert not run.exists()

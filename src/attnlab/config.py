@@ -173,6 +173,9 @@ class ModelConfig:
             )
         if not isinstance(self.backend_options, dict):
             raise ValueError(f"backend_options must be a dict, got {self.backend_options!r}")
+        from attnlab.attention.core import check_backend
+
+        check_backend(self.backend, self.backend_options, dropout_p=self.attn_dropout)
 
     # -- serialisation -------------------------------------------------------------------------
 

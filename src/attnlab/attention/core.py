@@ -40,6 +40,7 @@ __all__ = [
     "repeat_kv",
     "register_backend",
     "available_backends",
+    "check_backend",
 ]
 
 # name -> fn(q, k, v, *, mask, bias, is_causal, scale, dropout_p, return_weights, **options)
@@ -329,6 +330,21 @@ def _check_options(backend: str, options: dict[str, Any]) -> None:
             f"backend {backend!r} does not take option(s) {unknown}; "
             f"its options: {accepted or 'none'}"
         )
+
+
+def check_backend(
+    backend: str, options: dict[str, Any] | None = None, *, dropout_p: float = 0.0
+) -> None:
+    """Raise ``ValueError`` now if ``backend`` cannot run with ``options`` and ``dropout_p``.
+
+    Model configs call this when they are built, so a bad choice (``window`` without a window, a
+    misspelled option, dropout on ``tiled``) fails before a run directory is written, not at the
+    first forward pass. It runs the backend once on a tiny causal input.
+    """
+    x = torch.zeros(1, 1, 2, 8)
+    scaled_dot_product_attention(
+        x, x, x, is_causal=True, dropout_p=dropout_p, backend=backend, **(options or {})
+    )
 
 
 def _check_inputs(
