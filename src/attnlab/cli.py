@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from attnlab.errors import UserError
@@ -59,17 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         rc = args.func(args)
-    except (
-        UserError,
-        ValueError,
-        FileNotFoundError,
-        NotADirectoryError,
-        IsADirectoryError,
-        PermissionError,
-    ) as err:
+    except BrokenPipeError:  # `attnlab ... | head`: the reader left, which is not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 0
+    except (UserError, ValueError, OSError) as err:  # OSError: missing files, full disk, ...
         if args.debug:
             raise
-        print(f"attnlab: error: {err}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
+            print(f"attnlab: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)

@@ -37,8 +37,10 @@ def add_eval_parser(top) -> None:
         default="best",
         help="which checkpoint to evaluate (default: best, falling back to last)",
     )
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-batches", type=int, default=None, help="limit the evaluation size")
+    p.add_argument("--batch-size", type=int, default=32, help="examples per batch (default 32)")
+    p.add_argument(
+        "--max-batches", type=int, default=None, help="evaluate only the first N batches"
+    )
     p.set_defaults(func=_run_eval)
 
 
