@@ -43,11 +43,16 @@ __all__ = [
     "check_backend",
 ]
 
+# arguments every backend takes; anything else a backend accepts is one of its options
+_COMMON_ARGS = {"q", "k", "v", "mask", "bias", "is_causal", "scale", "dropout_p", "return_weights"}
+
 # name -> fn(q, k, v, *, mask, bias, is_causal, scale, dropout_p, return_weights, **options)
 #         returning (out, weights_or_None). q/k/v already validated; k/v may have fewer heads (GQA).
 _BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {}
 # backends that can return attention weights
 _WEIGHT_BACKENDS: set[str] = set()
+# backend name -> the option names its function takes (None: it takes any **options)
+_BACKEND_OPTIONS: dict[str, frozenset[str] | None] = {}
 
 
 def register_backend(
@@ -61,6 +66,9 @@ def register_backend(
     _BACKENDS[name] = fn
     if returns_weights:
         _WEIGHT_BACKENDS.add(name)
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    _BACKEND_OPTIONS[name] = None if takes_any else frozenset(params) - _COMMON_ARGS
 
 
 def available_backends() -> list[str]:
@@ -316,19 +324,15 @@ def scaled_dot_product_attention(
     return (out, weights) if return_weights else out
 
 
-_COMMON_ARGS = {"q", "k", "v", "mask", "bias", "is_causal", "scale", "dropout_p", "return_weights"}
-
-
 def _check_options(backend: str, options: dict[str, Any]) -> None:
-    params = inspect.signature(_BACKENDS[backend]).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    accepted = _BACKEND_OPTIONS[backend]
+    if accepted is None:
         return
-    accepted = sorted(set(params) - _COMMON_ARGS)
-    unknown = sorted(set(options) - set(accepted))
+    unknown = sorted(set(options) - accepted)
     if unknown:
         raise ValueError(
             f"backend {backend!r} does not take option(s) {unknown}; "
-            f"its options: {accepted or 'none'}"
+            f"its options: {sorted(accepted) or 'none'}"
         )
 
 
