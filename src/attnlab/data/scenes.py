@@ -607,7 +607,9 @@ def images_to_tensor(images: np.ndarray) -> Tensor:
     t = torch.from_numpy(np.array(images, dtype=np.uint8))  # a writable copy
     if t.dim() == 3:
         t = t.unsqueeze(0)
-    return t.permute(0, 3, 1, 2).float().div_(255.0)  # (N, 3, H, W)
+    # contiguous: a channels-last view hangs or crashes oneDNN's convolution backward on some
+    # CPUs (seen on AMD EPYC with torch 2.13)
+    return t.permute(0, 3, 1, 2).float().div_(255.0).contiguous()  # (N, 3, H, W)
 
 
 def read_scene_image(path: str | Path, image_size: int) -> Tensor:

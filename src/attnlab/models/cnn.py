@@ -170,7 +170,8 @@ class ResidualCNN(nn.Module):
         """
         c = self.config
         check_images(images, c.in_channels, c.image_size or None, what="CNN")
-        return self.stages(self.stem(images))
+        # a channels-last view hangs or crashes oneDNN's convolution backward on some CPUs
+        return self.stages(self.stem(images.contiguous()))
 
     def features(self, images: Tensor) -> Tensor:
         """Grid tokens ``(B, N = h·w, C)``, numbered row by row (like ViT patches)."""
