@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/generate.py
 
 lint: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 

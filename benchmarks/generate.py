@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from attnlab.config import ModelConfig
-from attnlab.generate import generate
+from attnlab.decoding import generate
 from attnlab.models.lm import DecoderLM
 
 sys.path.insert(0, str(Path(__file__).parent))

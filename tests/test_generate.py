@@ -8,7 +8,7 @@ import torch
 from attnlab import generate as attnlab_generate
 from attnlab.config import PRESETS, ModelConfig
 from attnlab.errors import UserError
-from attnlab.generate import generate, left_pad, sample_next
+from attnlab.decoding import generate, left_pad, sample_next
 from attnlab.models.lm import DecoderLM
 
 SHRINK = dict(n_layers=1, vocab_size=64, max_seq_len=64)

@@ -16,7 +16,7 @@ import pytest
 import torch
 import transformers  # test extra, pinned in pyproject
 
-from attnlab.generate import generate
+from attnlab.decoding import generate
 from attnlab.interop import from_hf, to_hf
 
 V = 97  # vocabulary of every tiny reference model

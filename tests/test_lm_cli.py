@@ -251,7 +251,7 @@ def test_generate_from_a_hugging_face_folder(tmp_path, capsys):
 
     from attnlab.config import ModelConfig
     from attnlab.data.tokenizers import ByteBPETokenizer
-    from attnlab.generate import generate
+    from attnlab.decoding import generate
     from attnlab.interop import to_hf
     from attnlab.models.lm import DecoderLM
 

@@ -180,7 +180,7 @@ def _run(
     out, task, transformer, budget, steps, seed, device, progress, val_batches, threads, say
 ) -> dict[str, Any]:
     """The three trainings, the measurements and the figures (see :func:`run_demo`)."""
-    from attnlab.generate import generate
+    from attnlab.decoding import generate
     from attnlab.models.rnn_lm import LSTMLM, BigramConfig, BigramLM, LSTMConfig
     from attnlab.runs import atomic_write_text
     from attnlab.train import TrainConfig, train

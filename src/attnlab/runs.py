@@ -1,38 +1,40 @@
-"""Run directories: saving models with their config, and ``attnlab.load(run_dir)``.
+"""Run directories, and ``attnlab.load(run)`` for every kind of run.
 
 A run directory holds::
 
     config.json          {"kind": <model kind>, "model": <model config>, "train": ..., "task": ...}
     model.safetensors    the weights (last checkpoint)
     best.safetensors     the weights with the best validation loss (when validation ran)
-    tokenizer.json       (or another tokenizer file the model kind knows how to read)
+    tokenizer.json       the tokenizer (LMs), vocab.json (translation, captioning, VQA) or
+                         labels.json (image classifiers: class names, image shape, normalisation)
     state.pt             optimizer / scheduler / RNG / step, for --resume
     metrics.jsonl        one JSON object per logged step
     loss.png             the loss curve
 
-Every model family registers its *kind* here with :func:`register_kind`: the class to build from
-the config dict, and how to read its tokenizer back. ``load`` then works for every family.
-Writes are atomic: a temporary file in the same directory, then ``os.replace``.
+``load`` rebuilds the model from the kind's registered config and class
+(:mod:`attnlab.models.registry`) and reads back what the kind needs to turn inputs into tensors
+and outputs into words: one loader for every family, used by every command. Writes are atomic
+(:mod:`attnlab.fileio`).
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
-import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from attnlab.errors import RunDirError
+from attnlab.errors import RunDirError, UserError
+from attnlab.fileio import atomic_save, atomic_write_bytes, atomic_write_text
+from attnlab.models.registry import ModelKind, get_kind
 
 __all__ = [
-    "register_kind",
+    "LoadedRun",
     "load",
     "load_model",
     "save_model",
@@ -40,115 +42,11 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_save",
-    "ModelKind",
+    "WEIGHT_FILES",
 ]
 
-# Modules that register kinds when imported; load() imports them on demand.
-_KIND_MODULES = [
-    "attnlab.models.lm",
-    "attnlab.models.rnn_lm",
-    "attnlab.models.rnn",
-    "attnlab.models.seq2seq",
-    "attnlab.models.vit",
-    "attnlab.models.swin",
-    "attnlab.models.cnn",
-    "attnlab.models.caption",
-    "attnlab.models.vqa",
-]
-
-
-@dataclass
-class ModelKind:
-    """How to rebuild one model family from a run directory.
-
-    ``build(config_dict) -> nn.Module``; ``load_tokenizer(run_dir) -> tokenizer or None``.
-    """
-
-    name: str
-    build: Callable[[dict], nn.Module]
-    load_tokenizer: Callable[[Path], Any] | None = None
-
-
-_KINDS: dict[str, ModelKind] = {}
-
-
-def register_kind(
-    name: str,
-    build: Callable[[dict], nn.Module],
-    load_tokenizer: Callable[[Path], Any] | None = None,
-) -> None:
-    """Register a model family under ``name`` (the ``kind`` in config.json)."""
-    _KINDS[name] = ModelKind(name, build, load_tokenizer)
-
-
-def _find_kind(name: str) -> ModelKind:
-    if name not in _KINDS:
-        for mod in _KIND_MODULES:
-            try:
-                importlib.import_module(mod)
-            except ModuleNotFoundError as err:
-                if err.name != mod:
-                    raise
-            if name in _KINDS:
-                break
-    if name not in _KINDS:
-        raise RunDirError(
-            f"unknown model kind {name!r} in config.json; known kinds: {sorted(_KINDS)}"
-        )
-    return _KINDS[name]
-
-
-# ----------------------------------------------------------------------------------------------
-# atomic writes
-
-# mkstemp creates files readable by the owner only; give them the usual 0o666 & ~umask instead
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-_FILE_MODE = 0o666 & ~_UMASK
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temporary file and a rename (never a half-written file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_save(path: str | os.PathLike, writer: Callable[[str], None]) -> None:
-    """Call ``writer(tmp_path)`` then rename the result onto ``path`` (for torch.save, PNGs...)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix or ".tmp"
-    )
-    os.close(fd)
-    try:
-        writer(tmp)
-        os.chmod(tmp, _FILE_MODE)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-# ----------------------------------------------------------------------------------------------
-# save / load
+#: ``weights=`` names accepted by :func:`load` besides a file name
+WEIGHT_FILES = {"last": "model.safetensors", "best": "best.safetensors"}
 
 
 def read_config(run_dir: str | os.PathLike) -> dict:
@@ -177,47 +75,206 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> None:
     atomic_save(path, lambda tmp: st_save_model(model, tmp))
 
 
-def load_model(
-    run_dir: str | os.PathLike,
-    *,
-    weights: str = "model.safetensors",
-    map_location: str | torch.device = "cpu",
-) -> nn.Module:
-    """Rebuild the model of a run directory from its config and weights (eval mode)."""
-    from safetensors.torch import load_model as st_load_model
+def _weights_path(run_dir: Path, weights: str) -> Path:
+    name = WEIGHT_FILES.get(weights, weights)
+    path = run_dir / name
+    if name == WEIGHT_FILES["best"] and not path.exists():
+        path = run_dir / WEIGHT_FILES["last"]  # no validation ran: the last weights are the best
+    if not path.exists():
+        raise RunDirError(f"{str(run_dir)!r} has no weights file {name}")
+    return path
 
-    run_dir = Path(run_dir)
-    cfg = read_config(run_dir)
-    kind = _find_kind(cfg["kind"])
+
+def _build(run_dir: Path, cfg: dict) -> tuple[ModelKind, nn.Module]:
     try:
-        model = kind.build(cfg["model"])
-    except (TypeError, KeyError) as err:
+        kind = get_kind(cfg["kind"])
+    except UserError as err:
+        raise RunDirError(f"{run_dir / 'config.json'}: {err}") from None
+    try:
+        model = kind.config_cls.from_dict(cfg["model"])
+        model = kind.build(model)
+    except (TypeError, KeyError, ValueError) as err:
         raise RunDirError(
             f"{run_dir / 'config.json'}: model config does not fit kind {cfg['kind']!r}: {err}"
         ) from None
-    wpath = run_dir / weights
-    if not wpath.exists():
-        raise RunDirError(f"{str(run_dir)!r} has no weights file {weights}")
+    return kind, model
+
+
+def load_model(
+    run_dir: str | os.PathLike,
+    *,
+    weights: str = "last",
+    map_location: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """Rebuild the model of a run directory from its config and weights (eval mode).
+
+    Args:
+        weights: ``last`` (model.safetensors), ``best`` (best.safetensors, or the last weights
+            when no validation ran) or a file name in the run directory.
+        map_location: device for the weights.
+        dtype: convert floating-point parameters to this dtype (e.g. ``torch.bfloat16``).
+
+    Raises:
+        RunDirError: a missing or damaged run directory or weights file, or weights that do not
+            fit the config.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    run_dir = Path(run_dir)
+    cfg = read_config(run_dir)
+    kind, model = _build(run_dir, cfg)
+    wpath = _weights_path(run_dir, weights)
     try:
-        missing, unexpected = st_load_model(model, wpath, strict=False, device=str(map_location))
-    except Exception as err:  # safetensors raises several types on a corrupted file
+        state = load_file(wpath, device=str(map_location))
+    except (SafetensorError, OSError, ValueError) as err:
         raise RunDirError(f"cannot read weights {wpath}: {err}") from None
+    if kind.upgrade is not None:
+        state = kind.upgrade(state)
+    model.to(map_location)
+    _load_state(model, state, wpath)
+    if dtype is not None:
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.data = p.data.to(dtype)
+    return model.eval()
+
+
+def _load_state(model: nn.Module, state: dict, wpath: Path) -> None:
+    """Load ``state`` into ``model``; tied weights may be stored under any one of their names."""
+    expected = model.state_dict()
+    # safetensors stores a tied tensor once, under one of its names: fill in the others
+    groups: dict[int, list[str]] = {}
+    for name, t in expected.items():
+        groups.setdefault(t.data_ptr() if t.numel() else id(t), []).append(name)
+    for names in groups.values():
+        present = [n for n in names if n in state]
+        if present and len(names) > 1:
+            for n in names:
+                state.setdefault(n, state[present[0]])
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
         raise RunDirError(
-            f"weights {wpath} do not match the model: missing {sorted(missing)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]}"
+            f"weights {wpath} do not match the model: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
         )
-    return model.eval()
+    for name, t in state.items():
+        if tuple(t.shape) != tuple(expected[name].shape):
+            raise RunDirError(
+                f"weights {wpath}: {name} has shape {tuple(t.shape)}, the model expects "
+                f"{tuple(expected[name].shape)}"
+            )
+    model.load_state_dict(state, strict=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# what else a run holds: tokenizer, vocabularies, labels
+
+
+def _read_tokenizer(run_dir: Path, cfg: dict) -> Any:
+    from attnlab.data.tokenizers import TOKENIZER_FILE, load_tokenizer
+
+    # a run converted from a checkpoint without tokenizer.json still loads (tokenizer None)
+    if not (run_dir / TOKENIZER_FILE).exists():
+        return None
+    return load_tokenizer(run_dir)
+
+
+def _read_translation_vocab(run_dir: Path, cfg: dict) -> Any:
+    from attnlab.data.translation import load_vocabs
+
+    return load_vocabs(run_dir)
+
+
+def _read_scene_vocab(run_dir: Path, cfg: dict) -> Any:
+    from attnlab.data.scenes import Vocab
+
+    return Vocab.load(run_dir / "vocab.json")
+
+
+def _read_labels(run_dir: Path, cfg: dict) -> Any:
+    from attnlab.data.images import ImageSettings
+
+    return ImageSettings.from_run(run_dir, cfg)
+
+
+_ARTIFACT_READERS = {
+    "tokenizer": _read_tokenizer,
+    "translation_vocab": _read_translation_vocab,
+    "scene_vocab": _read_scene_vocab,
+    "labels": _read_labels,
+    "none": lambda run_dir, cfg: None,
+}
+
+
+@dataclass
+class LoadedRun:
+    """Everything :func:`load` reads from a run directory.
+
+    It unpacks as ``model, tokenizer = attnlab.load(run)``; ``tokenizer`` is what the kind reads
+    and writes text or labels with: a tokenizer (LMs), the translation vocabularies, the scene
+    vocabulary (captioning, VQA), or the image settings (classifiers: class names, image shape,
+    normalisation); ``None`` for kinds without one.
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    kind: str
+    run_dir: Path
+    config: dict = field(repr=False)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.model, self.tokenizer))
+
+    def __getitem__(self, i: int) -> Any:
+        return (self.model, self.tokenizer)[i]
+
+    def __len__(self) -> int:
+        return 2
+
+    @property
+    def task(self) -> dict:
+        """config.json's ``task`` section (data settings), ``{}`` when absent."""
+        return self.config.get("task") or {}
+
+    @property
+    def train(self) -> dict:
+        """config.json's ``train`` section, ``{}`` when absent (converted checkpoints)."""
+        return self.config.get("train") or {}
 
 
 def load(
     run_dir: str | os.PathLike,
     *,
-    weights: str = "model.safetensors",
+    weights: str = "last",
     map_location: str | torch.device = "cpu",
-) -> tuple[nn.Module, Any]:
-    """``(model, tokenizer)`` from a run directory; the tokenizer is ``None`` for kinds without one."""
-    model = load_model(run_dir, weights=weights, map_location=map_location)
-    kind = _find_kind(read_config(run_dir)["kind"])
-    tok = kind.load_tokenizer(Path(run_dir)) if kind.load_tokenizer else None
-    return model, tok
+    dtype: torch.dtype | None = None,
+    kinds: tuple[str, ...] | None = None,
+) -> LoadedRun:
+    """Load any run directory: ``model, tokenizer = attnlab.load(run)``.
+
+    Args:
+        run_dir: a directory written by ``attnlab train ...`` or ``attnlab convert``.
+        weights: ``last``, ``best`` or a weights file name in the run directory.
+        map_location: device for the model.
+        dtype: convert floating-point parameters (``torch.bfloat16`` for fast CPU decoding).
+        kinds: accept only these model kinds (a command's check), refusing others by name.
+
+    Returns:
+        A :class:`LoadedRun` (model in eval mode, tokenizer/vocabulary/labels, kind, config).
+
+    Raises:
+        RunDirError: a missing, damaged or foreign run directory, or a kind not in ``kinds``.
+    """
+    run_dir = Path(run_dir)
+    cfg = read_config(run_dir)
+    if kinds is not None and cfg["kind"] not in kinds:
+        raise RunDirError(
+            f"{str(run_dir)!r} holds a {cfg['kind']!r} model; this needs one of {list(kinds)}"
+        )
+    model = load_model(run_dir, weights=weights, map_location=map_location, dtype=dtype)
+    kind = get_kind(cfg["kind"])
+    tokenizer = _ARTIFACT_READERS[kind.artifacts](run_dir, cfg)
+    return LoadedRun(model, tokenizer, cfg["kind"], run_dir, cfg)

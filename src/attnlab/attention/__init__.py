@@ -2,6 +2,7 @@
 
 from attnlab.attention.additive import AdditiveAttention
 from attnlab.attention.cache import KVCache
+from attnlab.attention.capture import AttentionMaps, capture_attention, collect_aux_losses
 from attnlab.attention.core import (
     available_backends,
     causal_mask,
@@ -16,6 +17,9 @@ from attnlab.attention.multihead import MultiHeadAttention
 
 __all__ = [
     "AdditiveAttention",
+    "AttentionMaps",
+    "capture_attention",
+    "collect_aux_losses",
     "KVCache",
     "MultiHeadAttention",
     "available_backends",

@@ -9,10 +9,13 @@ Shapes: B batch (or beams), Hkv key/value heads, T_max capacity, D head width.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
-__all__ = ["KVCache"]
+__all__ = ["KVCache", "DecodeState"]
 
 
 class KVCache(nn.Module):
@@ -76,3 +79,33 @@ class KVCache(nn.Module):
 
     def reset(self) -> None:
         self.length = 0
+
+
+@dataclasses.dataclass
+class DecodeState:
+    """Base of every model's incremental-decoding state (see :mod:`attnlab.decoding`).
+
+    A model's state is a dataclass of tensors whose first dimension is the batch (encoder output,
+    masks, recurrent states), :class:`KVCache` objects and lists of them, and plain values.
+    :meth:`reorder` keeps batch rows ``index`` of all of them — what beam search needs after each
+    step — so no model writes its own.
+    """
+
+    def reorder(self, index: Tensor) -> DecodeState:
+        """Row b of every batched field becomes old row ``index[b]``; returns ``self``."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, _reorder(getattr(self, f.name), index))
+        return self
+
+
+def _reorder(value: Any, index: Tensor) -> Any:
+    if isinstance(value, Tensor):
+        return value.index_select(0, index.to(value.device)) if value.dim() > 0 else value
+    if isinstance(value, KVCache):
+        value.reorder(index.to(value.k.device))
+        return value
+    if isinstance(value, list):
+        return [_reorder(v, index) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_reorder(v, index) for v in value)
+    return value

@@ -41,6 +41,7 @@ __all__ = [
     "register_backend",
     "available_backends",
     "check_backend",
+    "backend_for_weights",
 ]
 
 # arguments every backend takes; anything else a backend accepts is one of its options
@@ -322,6 +323,27 @@ def scaled_dot_product_attention(
         **options,
     )
     return (out, weights) if return_weights else out
+
+
+def backend_for_weights(backend: str) -> str:
+    """The backend to use when the attention weights are wanted (a capture, ``need_weights``).
+
+    Exact backends that compute no weights (``auto``, ``sdpa``, ``tiled``) give way to ``math``,
+    which computes the same numbers explicitly.
+
+    Raises:
+        ValueError: an approximate backend (``window``, ``linear``...), whose weights do not exist.
+    """
+    if backend in ("auto", "sdpa", "tiled"):
+        return "math"
+    if backend not in _BACKENDS:
+        _load_optional_backends()
+    if backend in _WEIGHT_BACKENDS:
+        return backend
+    raise ValueError(
+        f"backend {backend!r} computes no attention weights to show; use an exact backend "
+        "(auto, sdpa, math, tiled) to read them"
+    )
 
 
 def _check_options(backend: str, options: dict[str, Any]) -> None:

@@ -1,4 +1,4 @@
-"""Multi-head attention: self or cross, grouped-query, QK-norm, RoPE/ALiBi, KV cache.
+"""Multi-head attention: self or cross, grouped-query, QK-norm, positions, KV cache.
 
     head_i = Attention(X W_Qⁱ, C W_Kⁱ, C W_Vⁱ),   MHA(X, C) = Concat(head_1 … head_H) W_O
 
@@ -18,13 +18,26 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.cache import KVCache
-from attnlab.attention.core import scaled_dot_product_attention
+from attnlab.attention.capture import capturing_attention, report_attention
+from attnlab.attention.core import backend_for_weights, scaled_dot_product_attention
 from attnlab.layers.norm import make_norm
-from attnlab.layers.position import RotaryEmbedding, alibi_bias, alibi_slopes
+from attnlab.layers.position import ALiBi, NoPositions, Positions, RotaryEmbedding
 
 __all__ = ["MultiHeadAttention", "PositionName"]
 
 PositionName = Literal["none", "rope", "alibi"]
+
+
+def _attention_positions(position: str | Positions, head_dim: int, n_heads: int, theta: float):
+    if isinstance(position, Positions):
+        return position
+    if position == "rope":
+        return RotaryEmbedding(head_dim, theta=theta)
+    if position == "alibi":
+        return ALiBi(n_heads)
+    if position == "none":
+        return NoPositions()
+    raise ValueError(f"unknown position {position!r}; choose 'none', 'rope' or 'alibi'")
 
 
 class MultiHeadAttention(nn.Module):
@@ -42,10 +55,17 @@ class MultiHeadAttention(nn.Module):
         qk_norm: ``None`` | ``"rmsnorm"`` | ``"layernorm"``: normalise q and k per head.
         qk_norm_eps: ε of the QK-norm.
         dropout: dropout on the attention weights (training only).
-        position: ``none`` | ``rope`` | ``alibi``: relative positions applied inside attention.
+        position: ``none`` | ``rope`` | ``alibi``, or a :class:`~attnlab.layers.position.Positions`
+            module (its ``rotate`` and ``bias`` act here; one module may serve every layer).
         rope_theta: RoPE's base θ.
         backend: attention backend (see :func:`attnlab.attention.scaled_dot_product_attention`).
         backend_options: extra options for the backend (``block_size``, ``window``...).
+        qkv, q_proj, kv_proj, out_proj, q_norm, k_norm: ready-made parts that replace the ones
+            built from the options above (e.g. a Q/K/V projection without bias but an output
+            projection with one); shapes are checked.
+
+    Weights: while :func:`attnlab.attention.capture_attention` is open (or ``need_weights``), the
+    layer computes explicit weights and reports them; it never keeps them.
 
     Raises:
         ValueError: widths or head counts that do not fit together.
@@ -65,10 +85,16 @@ class MultiHeadAttention(nn.Module):
         qk_norm: str | None = None,
         qk_norm_eps: float = 1e-6,
         dropout: float = 0.0,
-        position: str = "none",
+        position: str | Positions = "none",
         rope_theta: float = 10000.0,
         backend: str = "auto",
         backend_options: dict | None = None,
+        qkv: nn.Module | None = None,
+        q_proj: nn.Module | None = None,
+        kv_proj: nn.Module | None = None,
+        out_proj: nn.Module | None = None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -84,9 +110,8 @@ class MultiHeadAttention(nn.Module):
             head_dim = d_model // n_heads
         if n_heads % n_kv_heads != 0:
             raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
-        if position not in ("none", "rope", "alibi"):
-            raise ValueError(f"unknown position {position!r}; choose 'none', 'rope' or 'alibi'")
-        if cross and position != "none":
+        positions = _attention_positions(position, head_dim, n_heads, rope_theta)
+        if cross and positions.relative:
             raise ValueError(
                 "cross-attention takes no relative positions (position must be 'none')"
             )
@@ -99,32 +124,40 @@ class MultiHeadAttention(nn.Module):
             head_dim,
         )
         self.cross = cross
-        self.position = position
+        self.position = position if isinstance(position, str) else type(position).__name__
         self.dropout = dropout
         self.backend = backend
         self.backend_options = dict(backend_options or {})
         kw = {"device": device, "dtype": dtype}
         q_width, kv_width = n_heads * head_dim, n_kv_heads * head_dim
+
+        def part(given: nn.Module | None, name: str, n_in: int, n_out: int, b: bool) -> nn.Module:
+            if given is None:
+                return nn.Linear(n_in, n_out, bias=b, **kw)
+            w = getattr(given, "weight", None)
+            if w is not None and tuple(w.shape) != (n_out, n_in):
+                raise ValueError(f"{name} must map {n_in} -> {n_out}, got weight {tuple(w.shape)}")
+            return given
+
         if cross:
             self.context_dim = d_model if context_dim is None else context_dim
-            self.q_proj = nn.Linear(d_model, q_width, bias=bias, **kw)
-            self.kv_proj = nn.Linear(self.context_dim, 2 * kv_width, bias=bias, **kw)  # K | V
+            self.q_proj = part(q_proj, "q_proj", d_model, q_width, bias)
+            self.kv_proj = part(kv_proj, "kv_proj", self.context_dim, 2 * kv_width, bias)  # K | V
         else:
             if context_dim is not None and context_dim != d_model:
                 raise ValueError("context_dim is for cross-attention (cross=True)")
             self.context_dim = d_model
-            self.qkv = nn.Linear(d_model, q_width + 2 * kv_width, bias=bias, **kw)  # Q | K | V
-        self.out_proj = nn.Linear(
-            q_width, d_model, bias=bias if out_bias is None else out_bias, **kw
-        )
+            self.qkv = part(qkv, "qkv", d_model, q_width + 2 * kv_width, bias)  # Q | K | V
+        out_b = bias if out_bias is None else out_bias
+        self.out_proj = part(out_proj, "out_proj", q_width, d_model, out_b)
         if qk_norm is None:
-            self.q_norm, self.k_norm = nn.Identity(), nn.Identity()
+            self.q_norm = q_norm if q_norm is not None else nn.Identity()
+            self.k_norm = k_norm if k_norm is not None else nn.Identity()
         else:
-            self.q_norm = make_norm(qk_norm, head_dim, eps=qk_norm_eps, **kw)
-            self.k_norm = make_norm(qk_norm, head_dim, eps=qk_norm_eps, **kw)
-        self.rope = RotaryEmbedding(head_dim, theta=rope_theta) if position == "rope" else None
-        if position == "alibi":
-            self.register_buffer("alibi_slopes", alibi_slopes(n_heads), persistent=False)
+            self.q_norm = q_norm or make_norm(qk_norm, head_dim, eps=qk_norm_eps, **kw)
+            self.k_norm = k_norm or make_norm(qk_norm, head_dim, eps=qk_norm_eps, **kw)
+        # relative schemes (RoPE, ALiBi...) act here; absolute ones are the model's business
+        self.positions = positions if positions.relative else NoPositions()
 
     def make_cache(self, batch_size: int, max_seq_len: int, *, device=None, dtype=None) -> KVCache:
         """An empty KV cache sized for this layer."""
@@ -163,7 +196,8 @@ class MultiHeadAttention(nn.Module):
             bias: extra additive scores broadcastable to ``(B, H, T, S)``.
             cache: KV cache: self-attention appends this step's keys/values; cross-attention fills
                 it once from ``context`` and reuses it.
-            need_weights: return the attention weights ``(B, H, T, S)`` (math backend).
+            need_weights: return the attention weights ``(B, H, T, S)`` (math backend); also on
+                while a capture is open.
 
         Returns:
             ``(out (B, T, C), weights or None)``.
@@ -203,20 +237,26 @@ class MultiHeadAttention(nn.Module):
             q = self.q_norm(q.view(B, T, H, D).transpose(1, 2))  # (B, H, T, D)
             k = self.k_norm(k.view(B, T, Hkv, D).transpose(1, 2))  # (B, Hkv, T, D)
             v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
-            if self.position != "none" and positions is None:
+            relative = self.positions.relative
+            if relative and positions is None:
                 positions = torch.arange(past, past + T, device=x.device)
-            if self.rope is not None:
-                q, k = self.rope(q, k, positions, positions)
+            if relative:
+                q, k = self.positions.rotate(q, k, positions, positions)
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, Hkv, past + T, D)
-            if self.position == "alibi":
+            if relative:
                 S = k.shape[-2]
                 # the newest key is this step's last query, so key j sits at position
                 # last_query_pos - (S - 1 - j); left padding shifts keys and queries alike
                 last = positions[..., -1:]  # (1,) or (B, 1)
                 k_pos = torch.arange(S, device=x.device) - (S - 1) + last  # (S,) or (B, S)
-                alibi = alibi_bias(self.alibi_slopes, positions, k_pos)  # (H, T, S) | (B, H, T, S)
-                bias = alibi if bias is None else bias + alibi
+                pos_bias = self.positions.bias(positions, k_pos)  # (H, T, S) | (B, H, T, S)
+                if pos_bias is not None:
+                    bias = pos_bias if bias is None else bias + pos_bias
+        need_weights = need_weights or capturing_attention()
+        backend, options = self.backend, self.backend_options
+        if need_weights and backend_for_weights(backend) != backend:
+            backend, options = backend_for_weights(backend), {}
         result = scaled_dot_product_attention(
             q,
             k,
@@ -225,10 +265,12 @@ class MultiHeadAttention(nn.Module):
             is_causal=is_causal,
             bias=bias,
             dropout_p=self.dropout if self.training else 0.0,
-            backend=self.backend,
+            backend=backend,
             return_weights=need_weights,
-            **self.backend_options,
+            **options,
         )
         out, weights = result if need_weights else (result, None)
+        if weights is not None:
+            report_attention(self, weights)
         out = out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H·D)
         return self.out_proj(out), weights

@@ -3,7 +3,7 @@ runs) and ``attnlab demo``.
 
 The CLI only parses and prints; the work is done by :mod:`attnlab.data.corpus` (corpus, tokenizer,
 task), :mod:`attnlab.models` (models), :mod:`attnlab.train` (the loop) and
-:mod:`attnlab.generate` (sampling).
+:mod:`attnlab.decoding` (sampling, beam search).
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ def _encode_prompt(tok, prompt: str) -> list[int]:
 def _generate(args: argparse.Namespace) -> int:
     import torch
 
-    from attnlab.generate import stream_generate
+    from attnlab.decoding import stream_generate
 
     if args.n < 0:
         raise UserError(f"-n must be >= 0, got {args.n}")

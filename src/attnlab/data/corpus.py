@@ -170,7 +170,7 @@ def tokenize_cached(corpus: Corpus, tokenizer) -> np.ndarray:
         return np.memmap(path, dtype=dtype, mode="r")
     ids = np.asarray(_encode(tokenizer, corpus.text), dtype=dtype)
     try:
-        from attnlab.runs import atomic_write_bytes
+        from attnlab.fileio import atomic_write_bytes
 
         atomic_write_bytes(path, ids.tobytes())
     except OSError as err:
@@ -191,7 +191,7 @@ def _cached_bpe(corpus: Corpus, vocab_size: int) -> ByteBPETokenizer:
             pass
     tok = ByteBPETokenizer.train(corpus.text, vocab_size)
     try:
-        from attnlab.runs import atomic_write_text
+        from attnlab.fileio import atomic_write_text
 
         atomic_write_text(path, tok.to_json())
     except OSError as err:

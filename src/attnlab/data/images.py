@@ -621,7 +621,7 @@ class ImageClassificationTask:
         self, model: torch.nn.Module, batch: tuple[Tensor, Tensor], cfg: Any
     ) -> tuple[Tensor, dict[str, float]]:
         """Cross-entropy (with the run's label smoothing) and accuracy."""
-        from attnlab.train.losses import cross_entropy
+        from attnlab.tasks.losses import cross_entropy
 
         images, labels = batch
         logits = model(images)
@@ -680,7 +680,7 @@ class ImageClassificationTask:
 
     def save_artifacts(self, run_dir: Path) -> None:
         """``labels.json``: class names, image shape and normalisation (read by ``classify``)."""
-        from attnlab.runs import atomic_write_text
+        from attnlab.fileio import atomic_write_text
 
         info = {
             "classes": self.classes,

@@ -569,7 +569,7 @@ class Vocab:
         return cls(list(d["words"]), list(d["answers"]))
 
     def save(self, path: str | Path) -> None:
-        from attnlab.runs import atomic_write_text
+        from attnlab.fileio import atomic_write_text
 
         atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
 
@@ -747,7 +747,7 @@ class CaptionTask(_TaskBase):
         return self._batch(sset, idx, rng)
 
     def loss(self, model, batch, cfg) -> tuple[Tensor, dict[str, float]]:
-        from attnlab.train.losses import cross_entropy
+        from attnlab.tasks.losses import cross_entropy
 
         tokens = batch["tokens"]
         logits = model(batch["images"], tokens[:, :-1])  # (B, L-1, V)
@@ -817,7 +817,7 @@ class VQATask(_TaskBase):
         return self._batch(sset, self._sample(sset, rng, self._share(batch_size, world)))
 
     def loss(self, model, batch, cfg) -> tuple[Tensor, dict[str, float]]:
-        from attnlab.train.losses import cross_entropy
+        from attnlab.tasks.losses import cross_entropy
 
         logits = model(batch["images"], batch["questions"], batch["lengths"])  # (B, A)
         loss = cross_entropy(

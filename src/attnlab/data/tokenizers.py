@@ -87,7 +87,7 @@ class CharTokenizer:
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     def save(self, directory: str | os.PathLike) -> Path:
-        from attnlab.runs import atomic_write_text
+        from attnlab.fileio import atomic_write_text
 
         path = Path(directory) / TOKENIZER_FILE
         atomic_write_text(path, self.to_json())
@@ -157,7 +157,7 @@ class ByteBPETokenizer:
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
     def save(self, directory: str | os.PathLike) -> Path:
-        from attnlab.runs import atomic_write_text
+        from attnlab.fileio import atomic_write_text
 
         path = Path(directory) / TOKENIZER_FILE
         atomic_write_text(path, self.to_json())

@@ -704,7 +704,7 @@ class TranslationTask:
 
     def save_artifacts(self, run_dir: str | Path) -> None:
         """Write ``vocab.json`` (vocabularies, normalisation) and ``heldout.tsv`` (test split)."""
-        from attnlab.runs import atomic_write_text
+        from attnlab.fileio import atomic_write_text
 
         run_dir = Path(run_dir)
         atomic_write_text(

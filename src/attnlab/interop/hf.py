@@ -1074,7 +1074,7 @@ def to_hf(
     """
     from safetensors.torch import save_file
 
-    from attnlab.runs import atomic_save, atomic_write_text
+    from attnlab.fileio import atomic_save, atomic_write_text
 
     path = Path(path)
     if path.exists() and not path.is_dir():

@@ -1,23 +1,36 @@
-"""Transformer building blocks: positions, norms, FFNs, mixture of experts, the block."""
+"""Transformer building blocks: positions, norms, FFNs, mixture of experts, drop-path, patch
+embedding and the block."""
 
+from attnlab.layers.drop_path import DropPath, drop_path
 from attnlab.layers.ffn import MLP, SwiGLU
 from attnlab.layers.moe import MoE, load_balancing_loss
 from attnlab.layers.norm import LayerNorm, RMSNorm, make_norm
+from attnlab.layers.patch_embed import PatchEmbedding, check_images
 from attnlab.layers.position import (
+    ALiBi,
     LearnedPositionalEmbedding,
+    NoPositions,
+    Positions,
     RotaryEmbedding,
     SinusoidalPositionalEmbedding,
     alibi_bias,
     alibi_slopes,
+    build_positions,
     sincos_2d,
     sinusoidal_table,
 )
+from attnlab.layers.position.grid import interpolate_positions
 
 __all__ = [
-    "MLP",
+    "ALiBi",
+    "DropPath",
     "LayerNorm",
     "LearnedPositionalEmbedding",
+    "MLP",
     "MoE",
+    "NoPositions",
+    "PatchEmbedding",
+    "Positions",
     "RMSNorm",
     "RotaryEmbedding",
     "SinusoidalPositionalEmbedding",
@@ -26,6 +39,10 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "build_block",
+    "build_positions",
+    "check_images",
+    "drop_path",
+    "interpolate_positions",
     "load_balancing_loss",
     "make_norm",
     "sincos_2d",
@@ -34,7 +51,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # block.py needs attnlab.attention, which needs layers.norm/position: import it lazily
+    # block.py needs attnlab.attention, whose multi-head layer needs layers.norm/position:
+    # importing it here eagerly would make the two package inits import each other
     if name in ("TransformerBlock", "build_block"):
         from attnlab.layers import block
 

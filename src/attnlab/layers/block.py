@@ -4,23 +4,31 @@
     pre-norm  (GPT-2 onward):  x = x + Sublayer(Norm(x))
 
 One block serves encoders (self-attention), decoders (causal self-attention, optional
-cross-attention to an encoder's output) and vision models; the model wrappers add embeddings, masks
-and heads. Parts a block lacks (cross-attention) are ``nn.Identity`` placeholders.
+cross-attention to an encoder's output) and vision models (Swin wraps it in window partitioning);
+the model wrappers add embeddings, masks and heads. Parts a block lacks (cross-attention,
+drop-path) are ``nn.Identity`` placeholders, so ``forward`` has no branches on them.
+
+``build_block(config)`` reads the fields of a :class:`attnlab.config.BlockConfig` (any object with
+those attributes: the building blocks do not import the config layer).
 
 Shape legend: B batch, T time, S context length, C d_model.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from types import SimpleNamespace
+from typing import Any, Literal
 
 from torch import Tensor, nn
 
 from attnlab.attention.cache import KVCache
+from attnlab.attention.core import check_backend
 from attnlab.attention.multihead import MultiHeadAttention
+from attnlab.layers.drop_path import DropPath
 from attnlab.layers.ffn import MLP, SwiGLU
 from attnlab.layers.moe import MoE
 from attnlab.layers.norm import make_norm
+from attnlab.layers.position import Positions
 
 __all__ = ["TransformerBlock", "build_block", "NormPosition"]
 
@@ -37,6 +45,7 @@ class TransformerBlock(nn.Module):
         cross_attn, norm_cross: cross-attention and its norm (decoders of encoder–decoders).
         norm_position: ``pre`` or ``post``.
         dropout: residual dropout on each sub-layer's output.
+        drop_path: stochastic depth: drop each residual branch for whole samples with this rate.
     """
 
     def __init__(
@@ -50,6 +59,7 @@ class TransformerBlock(nn.Module):
         norm_cross: nn.Module | None = None,
         norm_position: str = "pre",
         dropout: float = 0.0,
+        drop_path: float = 0.0,
     ) -> None:
         super().__init__()
         if norm_position not in ("pre", "post"):
@@ -62,13 +72,12 @@ class TransformerBlock(nn.Module):
         self.norm_cross = norm_cross if norm_cross is not None else nn.Identity()
         self.norm_position = norm_position
         self.dropout = nn.Dropout(dropout)
-        self.attn_weights: Tensor | None = None  # filled when need_weights=True
-        self.cross_weights: Tensor | None = None
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def _residual(self, x: Tensor, norm: nn.Module, sublayer) -> Tensor:
         if self.norm_position == "pre":
-            return x + self.dropout(sublayer(norm(x)))
-        return norm(x + self.dropout(sublayer(x)))
+            return x + self.drop_path(self.dropout(sublayer(norm(x))))
+        return norm(x + self.drop_path(self.dropout(sublayer(x))))
 
     def forward(
         self,
@@ -77,11 +86,11 @@ class TransformerBlock(nn.Module):
         mask: Tensor | None = None,
         is_causal: bool = False,
         positions: Tensor | None = None,
+        attn_bias: Tensor | None = None,
         cache: KVCache | None = None,
         context: Tensor | None = None,
         context_mask: Tensor | None = None,
         cross_cache: KVCache | None = None,
-        need_weights: bool = False,
     ) -> Tensor:
         """``x (B, T, C) -> (B, T, C)``.
 
@@ -89,23 +98,20 @@ class TransformerBlock(nn.Module):
             mask: self-attention mask broadcastable to ``(B, H, T, T_total)``; True = may attend.
             is_causal: causal self-attention.
             positions: query positions for RoPE/ALiBi.
+            attn_bias: additive self-attention scores broadcastable to ``(B, H, T, T_total)``
+                (Swin's relative table, T5's bias computed once for all layers).
             cache: self-attention KV cache.
             context: encoder output ``(B, S, C_ctx)`` for cross-attention.
             context_mask: cross-attention mask broadcastable to ``(B, H, T, S)``.
             cross_cache: cache of the context's keys/values.
-            need_weights: keep this call's attention weights in ``attn_weights`` / ``cross_weights``.
+
+        Attention weights are not kept: read them with :func:`attnlab.attention.capture_attention`.
         """
 
         def self_attention(h: Tensor) -> Tensor:
-            out, w = self.attn(
-                h,
-                mask=mask,
-                is_causal=is_causal,
-                positions=positions,
-                cache=cache,
-                need_weights=need_weights,
+            out, _ = self.attn(
+                h, mask=mask, is_causal=is_causal, positions=positions, bias=attn_bias, cache=cache
             )
-            self.attn_weights = w
             return out
 
         x = self._residual(x, self.norm1, self_attention)
@@ -114,83 +120,125 @@ class TransformerBlock(nn.Module):
                 raise ValueError("this block has cross-attention: pass context=(B, S, C)")
 
             def cross_attention(h: Tensor) -> Tensor:
-                out, w = self.cross_attn(
-                    h, context, mask=context_mask, cache=cross_cache, need_weights=need_weights
-                )
-                self.cross_weights = w
+                out, _ = self.cross_attn(h, context, mask=context_mask, cache=cross_cache)
                 return out
 
             x = self._residual(x, self.norm_cross, cross_attention)
         return self._residual(x, self.norm2, self.ffn)
 
 
+_BLOCK_DEFAULTS: dict[str, Any] = dict(
+    n_kv_heads=None,
+    head_dim=None,
+    ffn="mlp",
+    ffn_hidden=None,
+    activation="gelu",
+    n_experts=8,
+    top_k=2,
+    norm="layernorm",
+    norm_eps=1e-5,
+    norm_position="pre",
+    bias=True,
+    qk_norm=None,
+    position="none",
+    rope_theta=10000.0,
+    dropout=0.0,
+    attn_dropout=0.0,
+    drop_path=0.0,
+    backend="auto",
+    backend_options=None,
+)
+
+
 def build_block(
-    d_model: int,
-    n_heads: int,
+    config: Any = None,
+    n_heads: int | None = None,
     *,
-    n_kv_heads: int | None = None,
-    head_dim: int | None = None,
-    ffn: str = "mlp",
-    ffn_hidden: int | None = None,
-    activation: str = "gelu",
-    n_experts: int = 8,
-    top_k: int = 2,
-    norm: str = "layernorm",
-    norm_eps: float = 1e-5,
-    norm_position: str = "pre",
-    bias: bool = True,
-    qk_norm: str | None = None,
-    position: str = "none",
-    rope_theta: float = 10000.0,
-    dropout: float = 0.0,
-    attn_dropout: float = 0.0,
     cross_attention: bool = False,
     context_dim: int | None = None,
-    backend: str = "auto",
-    backend_options: dict | None = None,
+    positions: Positions | None = None,
+    drop_path: float | None = None,
     device=None,
     dtype=None,
+    **options: Any,
 ) -> TransformerBlock:
     """Assemble a :class:`TransformerBlock` from named components.
 
-    Model builders call this with values read from their config; ``ffn`` is ``mlp`` | ``swiglu`` |
-    ``moe``, ``norm`` is ``layernorm`` | ``rmsnorm``, ``position`` is ``none`` | ``rope`` | ``alibi``.
+    Two ways to call it:
+
+    - ``build_block(config)``: the block fields of a config (a :class:`attnlab.config.BlockConfig`
+      or a family config that embeds it) — how every model builds its blocks;
+    - ``build_block(d_model, n_heads, ffn=..., norm=..., position=...)``: the same fields as keywords.
+
+    Args:
+        config: the config, or ``d_model`` for the keyword form.
+        n_heads: heads (keyword form only).
+        cross_attention, context_dim: add cross-attention to a context of this width.
+        positions: the model's shared position module; its ``rotate``/``bias`` act in attention
+            (default: built from ``position`` when that is ``rope`` or ``alibi``).
+        drop_path: this block's stochastic-depth rate (default: the config's ``drop_path``).
+        **options: keyword form: ``ffn`` (``mlp`` | ``swiglu`` | ``moe``), ``ffn_hidden``,
+            ``activation``, ``n_experts``, ``top_k``, ``norm`` (``layernorm`` | ``rmsnorm``),
+            ``norm_eps``, ``norm_position``, ``bias``, ``qk_norm``, ``position`` (``none`` |
+            ``rope`` | ``alibi``), ``rope_theta``, ``dropout``, ``attn_dropout``, ``backend``,
+            ``backend_options``.
+
+    Raises:
+        ValueError: unknown component names, a backend that cannot run with its options.
     """
+    if isinstance(config, int):
+        if n_heads is None:
+            raise ValueError("build_block(d_model, n_heads, ...): n_heads is missing")
+        unknown = sorted(set(options) - set(_BLOCK_DEFAULTS))
+        if unknown:
+            raise ValueError(f"unknown block option(s) {unknown}; known: {sorted(_BLOCK_DEFAULTS)}")
+        config = SimpleNamespace(**{**_BLOCK_DEFAULTS, **options}, d_model=config, n_heads=n_heads)
+    elif options or n_heads is not None:
+        raise ValueError("build_block(config) takes no other block options; change the config")
+    c = config
     kw = {"device": device, "dtype": dtype}
+    backend_options = dict(c.backend_options or {})
+    check_backend(c.backend, backend_options, dropout_p=c.attn_dropout)
+    position = positions if positions is not None else c.position
+    if isinstance(position, str) and position not in ("rope", "alibi"):
+        position = "none"  # absolute schemes are added to the embeddings by the model
     attn_kw = dict(
-        n_kv_heads=n_kv_heads,
-        head_dim=head_dim,
-        bias=bias,
-        qk_norm=qk_norm,
-        dropout=attn_dropout,
-        backend=backend,
+        n_kv_heads=c.n_kv_heads,
+        head_dim=c.head_dim,
+        bias=c.bias,
+        qk_norm=c.qk_norm,
+        dropout=c.attn_dropout,
+        backend=c.backend,
         backend_options=backend_options,
         **kw,
     )
-    attn = MultiHeadAttention(d_model, n_heads, position=position, rope_theta=rope_theta, **attn_kw)
-    if ffn == "mlp":
-        ffn_mod: nn.Module = MLP(d_model, ffn_hidden, activation=activation, bias=bias, **kw)
-    elif ffn == "swiglu":
-        ffn_mod = SwiGLU(d_model, ffn_hidden, bias=bias, **kw)
-    elif ffn == "moe":
+    attn = MultiHeadAttention(
+        c.d_model, c.n_heads, position=position, rope_theta=c.rope_theta, **attn_kw
+    )
+    ffn_hidden = c.ffn_hidden
+    if c.ffn == "mlp":
+        ffn_mod: nn.Module = MLP(c.d_model, ffn_hidden, activation=c.activation, bias=c.bias, **kw)
+    elif c.ffn == "swiglu":
+        ffn_mod = SwiGLU(c.d_model, ffn_hidden, bias=c.bias, **kw)
+    elif c.ffn == "moe":
         ffn_mod = MoE(
-            d_model,
-            ffn_hidden or 4 * d_model,
-            n_experts,
-            top_k,
-            expert="swiglu" if activation == "silu" else "mlp",
-            activation=activation,
+            c.d_model,
+            ffn_hidden or 4 * c.d_model,
+            c.n_experts,
+            c.top_k,
+            expert="swiglu" if c.activation == "silu" else "mlp",
+            activation=c.activation,
             **kw,
         )
     else:
-        raise ValueError(f"unknown ffn {ffn!r}; choose 'mlp', 'swiglu' or 'moe'")
+        raise ValueError(f"unknown ffn {c.ffn!r}; choose 'mlp', 'swiglu' or 'moe'")
 
     def make() -> nn.Module:
-        return make_norm(norm, d_model, eps=norm_eps, bias=bias, **kw)
+        return make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias, **kw)
 
     cross = norm_cross = None
     if cross_attention:
-        cross = MultiHeadAttention(d_model, n_heads, cross=True, context_dim=context_dim, **attn_kw)
+        cross = MultiHeadAttention(c.d_model, c.n_heads, cross=True, context_dim=context_dim, **attn_kw)
         norm_cross = make()
     return TransformerBlock(
         attn,
@@ -199,6 +247,7 @@ def build_block(
         make(),
         cross_attn=cross,
         norm_cross=norm_cross,
-        norm_position=norm_position,
-        dropout=dropout,
+        norm_position=c.norm_position,
+        dropout=c.dropout,
+        drop_path=c.drop_path if drop_path is None else drop_path,
     )

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.attention.capture import report_aux_loss
 from attnlab.layers.ffn import ACTIVATIONS
 
 __all__ = ["MoE", "load_balancing_loss"]
@@ -45,8 +46,8 @@ class MoE(nn.Module):
         expert: ``swiglu`` (Mixtral) or ``mlp`` (two layers with ``activation``).
         activation: the MLP expert's activation.
 
-    After each forward, ``aux_loss`` holds the load-balancing loss and ``expert_counts`` the number
-    of tokens routed to each expert.
+    Each forward reports its load-balancing loss and the number of tokens routed to each expert
+    to an open :func:`attnlab.attention.collect_aux_losses` context; the layer keeps neither.
     """
 
     def __init__(
@@ -81,8 +82,6 @@ class MoE(nn.Module):
         self.act = ACTIVATIONS[activation]
         for w in (self.w_in, self.w_out):
             nn.init.normal_(w, std=w.shape[-1] ** -0.5)
-        self.aux_loss = torch.zeros(())
-        self.expert_counts = torch.zeros(n_experts, dtype=torch.long)
 
     def expert_forward(self, e: int, h: Tensor) -> Tensor:
         """Expert e on tokens ``h (n, C)``."""
@@ -108,6 +107,8 @@ class MoE(nn.Module):
                 continue
             y = self.expert_forward(e, flat[tok]) * top_w[tok, slot, None]
             out.index_add_(0, tok, y)
-        self.aux_loss = load_balancing_loss(probs, top_idx, self.n_experts)
-        self.expert_counts = torch.bincount(top_idx.flatten(), minlength=self.n_experts).detach()
+        report_aux_loss(
+            load_balancing_loss(probs, top_idx, self.n_experts),
+            torch.bincount(top_idx.flatten(), minlength=self.n_experts).detach(),
+        )
         return out.reshape(shape)

@@ -4,10 +4,13 @@
     hˡ = Block_l(hˡ⁻¹), causal self-attention   l = 1 … L
     logits = norm_f(hᴸ) W_outᵀ                   W_out = E when embeddings are tied
 
-The causal mask is always on; RoPE and ALiBi act inside attention. Left-padded batches are
-supported through ``attention_mask`` (True = real token): padded keys are masked out and each
-row's positions count only its real tokens, so a padded prompt behaves exactly like the prompt
-alone. Incremental decoding passes one KV cache per block (:meth:`DecoderLM.make_caches`).
+The causal mask is always on. Positions go through the one interface of
+:mod:`attnlab.layers.position`: the model owns one position module (``pos_emb``) whose ``embed``
+adds absolute positions and whose ``rotate``/``bias`` (RoPE, ALiBi) every block's attention
+applies. Left-padded batches are supported through ``attention_mask`` (True = real token): padded
+keys are masked out and each row's positions count only its real tokens, so a padded prompt
+behaves exactly like the prompt alone. Incremental decoding (:meth:`DecoderLM.start_decoding`,
+:meth:`DecoderLM.decode_step`) keeps one KV cache per block.
 
 Shape legend: B batch, T new tokens, S = past + T keys, C d_model, V vocab_size, H heads.
 """
@@ -15,21 +18,32 @@ Shape legend: B batch, T new tokens, S = past + T keys, C d_model, V vocab_size,
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from attnlab.attention.cache import KVCache
-from attnlab.config import ModelConfig
+from attnlab.attention.cache import DecodeState, KVCache
+from attnlab.attention.capture import capture_attention
+from attnlab.config.lm import ModelConfig
 from attnlab.layers.block import build_block
-from attnlab.layers.moe import MoE
 from attnlab.layers.norm import make_norm
-from attnlab.layers.position import LearnedPositionalEmbedding, sinusoidal_table
-from attnlab.runs import register_kind
+from attnlab.layers.position import build_positions
+from attnlab.models.registry import register_kind
 
-__all__ = ["DecoderLM"]
+__all__ = ["DecoderLM", "LMDecodeState"]
+
+
+@dataclass
+class LMDecodeState(DecodeState):
+    """Incremental decoding of a :class:`DecoderLM`: one KV cache per block, and which of the
+    tokens fed so far are real (left padding)."""
+
+    caches: list[KVCache]
+    mask: Tensor  # (B, S) bool: True = real token, for the S tokens fed so far
+    padded: bool = field(default=False)  # some row has padding: pass the mask to the model
 
 
 class DecoderLM(nn.Module):
@@ -40,11 +54,13 @@ class DecoderLM(nn.Module):
 
     Attributes (a stable layout that :mod:`attnlab.interop` maps to Hugging Face names):
         tok_emb: ``nn.Embedding(V, C)``.
-        pos_emb: :class:`LearnedPositionalEmbedding` when ``position == "learned"``, else absent.
+        pos_emb: the position module (:func:`attnlab.layers.build_positions`); only the learned
+            one has weights (``pos_emb.weight``).
         blocks: ``nn.ModuleList`` of :class:`TransformerBlock`.
         norm_f: final norm (``nn.Identity`` for post-norm models, whose blocks end normalised).
         lm_head: ``nn.Linear(C, V, bias=False)``; the Parameter ``tok_emb.weight`` when tied.
-        aux_loss: the summed MoE load-balancing loss of the last forward (0 without MoE).
+
+    MoE load-balancing losses are reported to :func:`attnlab.attention.collect_aux_losses`.
     """
 
     kind: ClassVar[str] = "decoder_lm"
@@ -54,39 +70,16 @@ class DecoderLM(nn.Module):
         self.config = config
         c = config
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
-        if c.position == "learned":
-            self.pos_emb = LearnedPositionalEmbedding(c.max_seq_len, c.d_model)
-        elif c.position == "sinusoidal":
-            self.register_buffer(
-                "pos_table", sinusoidal_table(c.max_seq_len, c.d_model), persistent=False
-            )
-        self.drop = nn.Dropout(c.dropout)
-        attn_position = c.position if c.position in ("rope", "alibi") else "none"
-        self.blocks = nn.ModuleList(
-            build_block(
-                c.d_model,
-                c.n_heads,
-                n_kv_heads=c.n_kv_heads,
-                head_dim=c.head_dim,
-                ffn=c.ffn,
-                ffn_hidden=c.ffn_hidden,
-                activation=c.activation,
-                n_experts=c.n_experts,
-                top_k=c.top_k,
-                norm=c.norm,
-                norm_eps=c.norm_eps,
-                norm_position=c.norm_position,
-                bias=c.bias,
-                qk_norm=c.qk_norm,
-                position=attn_position,
-                rope_theta=c.rope_theta,
-                dropout=c.dropout,
-                attn_dropout=c.attn_dropout,
-                backend=c.backend,
-                backend_options=c.backend_options,
-            )
-            for _ in range(c.n_layers)
+        self.pos_emb = build_positions(
+            c.position,
+            d_model=c.d_model,
+            n_heads=c.n_heads,
+            head_dim=c.head_dim,
+            max_seq_len=c.max_seq_len,
+            rope_theta=c.rope_theta,
         )
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(build_block(c, positions=self.pos_emb) for _ in range(c.n_layers))
         self.norm_f = (
             make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
             if c.norm_position == "pre"
@@ -96,7 +89,6 @@ class DecoderLM(nn.Module):
         self.reset_parameters()
         if c.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
-        self.aux_loss: Tensor = torch.zeros(())
 
     def reset_parameters(self) -> None:
         """GPT-2 initialisation: N(0, init_std), residual projections scaled by 1/√(2L)."""
@@ -132,7 +124,7 @@ class DecoderLM(nn.Module):
         positions: Tensor | None = None,
         need_weights: bool = False,
         logits_to_keep: int | None = None,
-    ) -> Tensor:
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Next-token logits for every position.
 
         Args:
@@ -142,17 +134,27 @@ class DecoderLM(nn.Module):
             caches: KV caches from :meth:`make_caches`; this call appends its T tokens.
             positions: absolute positions ``(T,)`` or ``(B, T)``; default: the count of earlier
                 real tokens in the row (``past + arange(T)`` without a mask).
-            need_weights: keep each block's attention weights in ``blocks[i].attn_weights``
-                (uses the math attention path).
+            need_weights: also return each block's attention weights (the math attention path).
             logits_to_keep: compute logits for the last this many positions only (generation
                 needs just the last one; the output projection is the costliest matmul).
 
         Returns:
-            logits ``(B, T, V)``, or ``(B, logits_to_keep, V)``.
+            logits ``(B, T, V)`` (or ``(B, logits_to_keep, V)``); with ``need_weights``,
+            ``(logits, weights)`` with one ``(B, H, T, S)`` tensor per block.
 
         Raises:
             ValueError: wrong shapes, a sequence longer than ``max_seq_len``, mismatched caches.
         """
+        if need_weights:
+            with capture_attention(self) as maps:
+                logits = self(
+                    idx,
+                    attention_mask=attention_mask,
+                    caches=caches,
+                    positions=positions,
+                    logits_to_keep=logits_to_keep,
+                )
+            return logits, maps.select("attn")
         c = self.config
         if idx.dim() != 2:
             raise ValueError(f"idx must be (B, T) token ids, got shape {tuple(idx.shape)}")
@@ -183,38 +185,64 @@ class DecoderLM(nn.Module):
         elif positions is None:
             positions = torch.arange(past, S, device=idx.device)  # (T,)
 
-        x = self.tok_emb(idx)  # (B, T, C)
-        if c.position == "learned":
-            x = x + self.pos_emb(positions)
-        elif c.position == "sinusoidal":
-            if positions.numel() and int(positions.max()) >= c.max_seq_len:
-                raise ValueError(f"position {int(positions.max())} >= max_seq_len={c.max_seq_len}")
-            x = x + self.pos_table[positions].to(x.dtype)
-        x = self.drop(x)
+        x = self.drop(self.pos_emb.embed(self.tok_emb(idx), positions))  # (B, T, C)
         # ALiBi's bias depends only on the distance i − j, which padding does not change, and the
         # attention layer measures it in cache slots; give it slot positions unless told otherwise
         attn_positions = None if (c.position == "alibi" and derived_positions) else positions
         # the causal constraint is vacuous for a single new token (it may see every cached key)
         is_causal = T > 1 or caches is None
-        aux = x.new_zeros(())
         for i, block in enumerate(self.blocks):
             kwargs = dict(
                 mask=mask,
                 is_causal=is_causal,
                 positions=attn_positions,
                 cache=None if caches is None else caches[i],
-                need_weights=need_weights,
             )
             if c.activation_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(block, x, use_reentrant=False, **kwargs)
             else:
                 x = block(x, **kwargs)
-            if isinstance(block.ffn, MoE):
-                aux = aux + block.ffn.aux_loss
-        self.aux_loss = aux
         if logits_to_keep is not None:
             x = x[:, -logits_to_keep:]  # (B, logits_to_keep, C)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
+
+    # -- incremental decoding (the interface of attnlab.decoding) -------------------------------
+
+    def start_decoding(
+        self, batch_size: int, max_len: int | None = None, *, device=None
+    ) -> LMDecodeState:
+        """An empty state for ``batch_size`` rows and up to ``max_len`` tokens (prompt included)."""
+        device = device or self.tok_emb.weight.device
+        return LMDecodeState(
+            caches=self.make_caches(batch_size, max_len, device=device),
+            mask=torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
+        )
+
+    def decode_step(
+        self, tokens: Tensor, state: LMDecodeState, *, attention_mask: Tensor | None = None
+    ) -> tuple[Tensor, LMDecodeState]:
+        """Feed ``tokens (B, T)`` (a left-padded prompt, then one token at a time).
+
+        Args:
+            attention_mask: ``(B, T)``, True = real token (default: all real).
+
+        Returns:
+            ``(logits (B, V) of the next token, state)``.
+        """
+        new = (
+            torch.ones_like(tokens, dtype=torch.bool)
+            if attention_mask is None
+            else attention_mask.to(device=tokens.device, dtype=torch.bool)
+        )
+        state.mask = torch.cat([state.mask, new], dim=1)
+        state.padded = state.padded or not bool(new.all())
+        logits = self(
+            tokens,
+            caches=state.caches,
+            attention_mask=state.mask if state.padded else None,
+            logits_to_keep=1,
+        )
+        return logits[:, -1], state
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
         """Number of distinct parameters (tied weights counted once)."""
@@ -222,18 +250,8 @@ class DecoderLM(nn.Module):
         n = sum(p.numel() for p in seen.values())
         if exclude_embeddings:
             n -= self.tok_emb.weight.numel()
-            if self.config.position == "learned":
-                n -= self.pos_emb.weight.numel()
+            n -= sum(p.numel() for p in self.pos_emb.parameters())
         return n
 
 
-def _load_tokenizer(run_dir):
-    from attnlab.data.tokenizers import TOKENIZER_FILE, load_tokenizer
-
-    # a run converted from a checkpoint without tokenizer.json still loads (tokenizer None)
-    if not (run_dir / TOKENIZER_FILE).exists():
-        return None
-    return load_tokenizer(run_dir)
-
-
-register_kind(DecoderLM.kind, lambda d: DecoderLM(ModelConfig.from_dict(d)), _load_tokenizer)
+register_kind(DecoderLM.kind, ModelConfig, DecoderLM, artifacts="tokenizer")

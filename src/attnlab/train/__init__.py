@@ -9,9 +9,9 @@ provides a :class:`Task` (batches, loss, validation set).
 
 from attnlab.train.cli_args import add_train_args, train_config_from_args
 from attnlab.train.config import TrainConfig
-from attnlab.train.losses import cross_entropy
+from attnlab.tasks.losses import cross_entropy
 from attnlab.train.optim import LRSchedule, make_optimizer, param_groups
-from attnlab.train.task import Task, to_device
+from attnlab.tasks.base import Task, to_device
 from attnlab.train.trainer import TrainingDiverged, TrainResult, check_run_dir, train
 
 __all__ = [

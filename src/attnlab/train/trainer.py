@@ -50,7 +50,7 @@ from attnlab.errors import RunDirError, UserError
 from attnlab.train import distributed as dist_utils
 from attnlab.train.config import TrainConfig
 from attnlab.train.optim import LRSchedule, make_optimizer
-from attnlab.train.task import Task, to_device
+from attnlab.tasks.base import Task, to_device
 
 __all__ = ["train", "TrainResult", "TrainingDiverged", "check_run_dir"]
 
@@ -752,7 +752,7 @@ class _Loop:
         prog.last_ckpt_step = prog.step  # only now: Ctrl-C during the writes saves again
         self._write_metrics()
         if self.history:
-            from attnlab.viz.curves import plot_curves
+            from attnlab.train.curves import plot_curves
 
             plot_curves(d / METRICS_FILE, d / CURVE_FILE)
 

@@ -1,4 +1,4 @@
-"""Autoregressive sampling: greedy, temperature, top-k, top-p, with a KV cache.
+"""Autoregressive sampling from language models: greedy, temperature, top-k, top-p, beam.
 
 At each step the model gives logits for the next token; we pick one and feed it back:
 
@@ -7,8 +7,10 @@ At each step the model gives logits for the next token; we pick one and feed it 
     top-k        keep the k largest logits, renormalise
     top-p        keep the smallest set of tokens whose probability sums to ≥ p (nucleus)
 
-With the KV cache (the default) the prompt is encoded once and every later step feeds only the new
-token, reusing the keys/values of earlier positions: O(S) per token instead of O(S²).
+With the KV cache (the default, through the model's ``start_decoding`` / ``decode_step``) the
+prompt is encoded once and every later step feeds only the new token, reusing the keys/values of
+earlier positions: O(S) per token instead of O(S²). Models without that interface (the bigram
+table) recompute the window at every step.
 Prompts of different lengths go in one batch left-padded with ``attention_mask`` (True = real
 token); a padded prompt yields the same tokens as the prompt alone. Once the context
 (``max_seq_len``) is full, the oldest tokens are dropped and the window is encoded again.
@@ -24,9 +26,11 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from attnlab.decoding.interface import supports_decoding
+from attnlab.decoding.search import Hypothesis, beam_search
 from attnlab.errors import UserError
 
-__all__ = ["generate", "stream_generate", "sample_next", "left_pad"]
+__all__ = ["generate", "stream_generate", "sample_next", "left_pad", "beam_generate"]
 
 
 def sample_next(
@@ -138,14 +142,14 @@ def stream_generate(
         else attention_mask.to(device=device, dtype=torch.bool)
     )
     has_padding = not bool(mask.all())
-    use_cache = use_cache and hasattr(model, "make_caches")
+    use_cache = use_cache and supports_decoding(model)
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         fwd_kwargs = {"logits_to_keep": 1}  # only the last position's logits are needed
     else:
         fwd_kwargs = {}
     finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=device)
     start = 0  # first column of the context window
-    caches, cached = None, 0  # caches hold columns [start, cached)
+    state, cached = None, 0  # the decoding state holds columns [start, cached)
     was_training = model.training
     model.eval()
     try:
@@ -153,21 +157,23 @@ def stream_generate(
             L = tokens.shape[1]
             if L - start > ctx:  # context full: slide the window, re-encode it
                 start = L - (ctx - ctx // 4 if use_cache else ctx)
-                caches = None
-            window_mask = mask[:, start:] if has_padding else None
-            kwargs = dict(fwd_kwargs)
-            if window_mask is not None:
-                kwargs["attention_mask"] = window_mask
+                state = None
             if use_cache:
-                if caches is None:
+                if state is None:
                     # room for this window plus the tokens still to come, never the whole
                     # max_seq_len (imported Llama checkpoints have 32k-131k positions)
                     capacity = min(ctx, L - start + max_new_tokens - step)
-                    caches = model.make_caches(tokens.shape[0], capacity)
+                    state = model.start_decoding(tokens.shape[0], capacity)
                     cached = start
-                logits = model(tokens[:, cached:], caches=caches, **kwargs)[:, -1]  # (B, V)
+                new_mask = mask[:, cached:] if has_padding else None
+                logits, state = model.decode_step(
+                    tokens[:, cached:], state, attention_mask=new_mask
+                )  # (B, V)
                 cached = L
             else:
+                kwargs = dict(fwd_kwargs)
+                if has_padding:
+                    kwargs["attention_mask"] = mask[:, start:]
                 logits = model(tokens[:, start:], **kwargs)[:, -1]  # (B, V)
             nxt = sample_next(
                 logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
@@ -201,8 +207,8 @@ def generate(
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
     Args:
-        model: a language model with ``config.max_seq_len`` (a :class:`attnlab.DecoderLM`; other
-            models without ``make_caches`` are run without a cache).
+        model: a language model with ``config.max_seq_len`` (a :class:`attnlab.DecoderLM`;
+            models without ``start_decoding`` / ``decode_step`` are run without a cache).
         idx: prompts ``(B, T)``, left-padded when their lengths differ.
         max_new_tokens: tokens to add.
         temperature: 0 = greedy; >0 samples from softmax(logits / temperature).
@@ -238,3 +244,63 @@ def generate(
             callback(nxt)
         out.append(nxt[:, None].to(idx.device))
     return torch.cat(out, dim=1)
+
+
+@torch.no_grad()
+def beam_generate(
+    model: nn.Module,
+    idx: Tensor,
+    max_new_tokens: int,
+    *,
+    beam: int = 4,
+    alpha: float = 0.6,
+    stop: int | None = None,
+    attention_mask: Tensor | None = None,
+) -> list[Hypothesis]:
+    """Beam search continuation of each prompt (the most probable continuation, not a sample).
+
+    Args:
+        model: an LM with the incremental-decoding interface (:class:`attnlab.DecoderLM`).
+        idx: prompts ``(B, T)``, left-padded with ``attention_mask`` when their lengths differ.
+        max_new_tokens: tokens to add (fewer when ``stop`` ends a beam).
+        beam: width K.
+        alpha: GNMT length-penalty exponent (matters only when ``stop`` ends beams early).
+        stop: end-of-text id that finishes a beam.
+
+    Returns:
+        One :class:`~attnlab.decoding.search.Hypothesis` per prompt (new tokens only).
+
+    Raises:
+        UserError: a model without the interface, a prompt longer than the context, bad sizes.
+    """
+    ctx = _check(model, idx, max_new_tokens, 0.0, None, None, attention_mask)
+    if not supports_decoding(model):
+        raise UserError(f"beam search needs a KV-cache model; {type(model).__name__} has none")
+    if beam < 1:
+        raise UserError(f"beam width must be at least 1, got {beam}")
+    if max_new_tokens < 1:
+        return [Hypothesis([], 0.0, 0.0) for _ in range(idx.shape[0])]
+    if idx.shape[1] + max_new_tokens > ctx:
+        raise UserError(
+            f"beam search keeps the whole output in the context: the prompt ({idx.shape[1]}) "
+            f"plus {max_new_tokens} new tokens exceed max_seq_len={ctx}"
+        )
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        state = model.start_decoding(idx.shape[0], idx.shape[1] + max_new_tokens)
+        mask = None if attention_mask is None else {"attention_mask": attention_mask.to(device)}
+        return beam_search(
+            model,
+            state,
+            idx.to(device),
+            beam=beam,
+            max_len=max_new_tokens,
+            end_id=stop,
+            pad_id=0 if stop is None else stop,
+            alpha=alpha,
+            first_kwargs=mask,
+        )
+    finally:
+        model.train(was_training)

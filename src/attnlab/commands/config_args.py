@@ -1,0 +1,118 @@
+"""``--config FILE`` and ``--set KEY=VALUE`` for every ``attnlab train KIND``: one parser.
+
+The settings of a run come in three sections (``model``, ``train``, ``task``; see
+:mod:`attnlab.config.overrides`), merged from the lowest to the highest priority:
+
+    the command's defaults  <  --config FILE (or the run's config.json on --resume)
+                            <  flags typed on the command line  <  --set KEY=VALUE
+
+Only flags the user actually typed override the file: :func:`track_explicit` marks them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from typing import Any
+
+from attnlab.config.overrides import apply_overrides, load_config_file, parse_overrides
+
+__all__ = [
+    "add_config_args",
+    "track_explicit",
+    "explicit_dests",
+    "resolve_sections",
+]
+
+_GIVEN = "_explicit_dests"
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--config FILE`` and ``--set KEY=VALUE`` (repeatable) to a train sub-command."""
+    g = parser.add_argument_group("configuration")
+    g.add_argument(
+        "--config",
+        metavar="FILE",
+        help="settings from a TOML, YAML or JSON file with [model], [train] and [task] sections "
+        "(a run's config.json works too); flags typed here override it",
+    )
+    g.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one setting: model.n_heads=8, train.lr=3e-4, task.seq_len=64; a key "
+        "without a section is a model field (--set position=alibi). Repeatable",
+    )
+
+
+def _tracked(action_cls: type) -> type:
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: N807
+        given = getattr(namespace, _GIVEN, None)
+        if given is None:
+            given = set()
+            setattr(namespace, _GIVEN, given)
+        given.add(self.dest)
+        return action_cls.__call__(self, parser, namespace, values, option_string)
+
+    return type(f"Tracked{action_cls.__name__}", (action_cls,), {"__call__": __call__})
+
+
+def track_explicit(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Make ``parser`` remember which options were typed (see :func:`explicit_dests`).
+
+    Call it after every argument has been added.
+    """
+    for action in parser._actions:
+        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+            continue
+        if not type(action).__name__.startswith("Tracked"):
+            action.__class__ = _tracked(type(action))
+    return parser
+
+
+def explicit_dests(args: argparse.Namespace) -> set[str]:
+    """The ``dest`` names of the options typed on the command line."""
+    return set(getattr(args, _GIVEN, set()))
+
+
+def resolve_sections(
+    args: argparse.Namespace,
+    flag_keys: Mapping[str, str],
+    *,
+    base: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Merge defaults, a config file (or ``base``), typed flags and ``--set`` into sections.
+
+    Args:
+        args: parsed arguments of a parser given to :func:`track_explicit`.
+        flag_keys: ``dest -> "section.key"`` for every flag that is a setting
+            (``{"lr": "train.lr", "seq_len": "task.seq_len", "preset": "model.preset"}``).
+        base: settings to start from instead of ``--config`` (a resumed run's config.json).
+
+    Returns:
+        ``{"model": {...}, "train": {...}, "task": {...}}`` (plus ``kind`` when the file has one).
+        Flag defaults that are ``None`` mean "not set" and are left out.
+
+    Raises:
+        ConfigError: a bad config file or ``--set`` item.
+    """
+    given = explicit_dests(args)
+    defaults = {
+        key: getattr(args, dest)
+        for dest, key in flag_keys.items()
+        if dest not in given and getattr(args, dest, None) is not None
+    }
+    typed = {key: getattr(args, dest) for dest, key in flag_keys.items() if dest in given}
+    sections: dict[str, Any] = {"model": {}, "train": {}, "task": {}}
+    sections = apply_overrides(sections, defaults)
+    if base is None and getattr(args, "config", None):
+        base = load_config_file(args.config)
+    if base:
+        for name, section in base.items():
+            if isinstance(section, Mapping):
+                sections[name] = {**sections.get(name, {}), **section}
+            else:
+                sections[name] = section
+    sections = apply_overrides(sections, typed)
+    return apply_overrides(sections, parse_overrides(getattr(args, "set", None) or []))

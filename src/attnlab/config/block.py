@@ -1,0 +1,136 @@
+"""``BlockConfig``: everything a Transformer block needs, embedded in every Transformer family.
+
+The LM, the seq2seq Transformer, ViT, Swin, the captioner and VQA configs all inherit these
+fields, so each family gets grouped-query attention, RoPE/ALiBi, QK-norm, SwiGLU, mixture of
+experts, drop-path and every attention backend without new code: ``build_block(config)`` in
+:mod:`attnlab.layers.block` reads them. ``config.block`` is the plain ``BlockConfig`` part.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from attnlab.config.base import Config, ConfigError
+
+__all__ = [
+    "BlockConfig",
+    "swiglu_hidden",
+    "FFNKind",
+    "NormKind",
+    "NormPosition",
+    "PositionKind",
+    "Activation",
+]
+
+FFNKind = Literal["mlp", "swiglu", "moe"]
+NormKind = Literal["layernorm", "rmsnorm"]
+NormPosition = Literal["pre", "post"]
+Activation = Literal["gelu_tanh", "gelu", "relu", "silu"]
+#: 1-D position schemes (vision families narrow or extend this in their own configs)
+PositionKind = Literal["learned", "sinusoidal", "rope", "alibi", "none"]
+
+
+def swiglu_hidden(d_model: int, multiple_of: int = 8) -> int:
+    """Llama's rule: 2/3 of a 4·d MLP, so a gated FFN (three matrices) has the MLP's parameters."""
+    h = int(8 * d_model / 3)
+    return multiple_of * ((h + multiple_of - 1) // multiple_of)
+
+
+@dataclass
+class BlockConfig(Config):
+    """The fields of one Transformer block (see :func:`attnlab.layers.build_block`).
+
+    Attributes:
+        d_model: residual width C.
+        n_heads: query heads H.
+        n_kv_heads: key/value heads (None = n_heads; fewer = grouped-query attention, 1 = MQA).
+        head_dim: per-head width (None = d_model // n_heads).
+        ffn: ``mlp`` | ``swiglu`` | ``moe``.
+        ffn_hidden: inner width (None = 4·d for mlp, ≈ 8/3·d for gated FFNs).
+        activation: MLP activation; MoE experts are SwiGLU when ``silu``.
+        n_experts, top_k, moe_aux_coef: mixture of experts (``ffn == "moe"``).
+        norm, norm_eps, norm_position: ``layernorm`` | ``rmsnorm``, its ε, ``pre`` | ``post``.
+        position: how order enters (``learned`` | ``sinusoidal`` | ``rope`` | ``alibi`` | ``none``).
+        rope_theta: RoPE's base θ.
+        qk_norm: normalise q and k per head (None | ``rmsnorm`` | ``layernorm``).
+        bias: biases in the linear layers and LayerNorms.
+        dropout: residual and embedding dropout. attn_dropout: on the attention weights.
+        drop_path: stochastic depth: the largest rate, reached by the last block (linear in depth).
+        backend, backend_options: attention backend (see ``scaled_dot_product_attention``).
+    """
+
+    d_model: int = 64
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    ffn: FFNKind = "mlp"
+    ffn_hidden: int | None = None
+    activation: Activation = "gelu_tanh"
+    n_experts: int = 8
+    top_k: int = 2
+    moe_aux_coef: float = 0.01
+    norm: NormKind = "layernorm"
+    norm_eps: float = 1e-5
+    norm_position: NormPosition = "pre"
+    position: PositionKind = "learned"
+    rope_theta: float = 10000.0
+    qk_norm: NormKind | None = None
+    bias: bool = True
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    drop_path: float = 0.0
+    backend: str = "auto"
+    backend_options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        super().validate()
+        self.positive("d_model", "n_heads", "n_experts", "top_k")
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads != 0:
+            raise ConfigError(
+                f"n_heads ({self.n_heads}) must be a positive multiple of n_kv_heads "
+                f"({self.n_kv_heads})"
+            )
+        if self.head_dim is None:
+            if self.d_model % self.n_heads != 0:
+                raise ConfigError(
+                    f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads}), "
+                    "or set head_dim"
+                )
+            self.head_dim = self.d_model // self.n_heads
+        self.positive("head_dim")
+        if self.position == "rope" and self.head_dim % 2 != 0:
+            raise ConfigError(f"RoPE needs an even head_dim, got {self.head_dim}")
+        if self.position == "sinusoidal" and self.d_model % 2 != 0:
+            raise ConfigError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        if self.ffn_hidden is None:
+            gated = self.ffn == "swiglu" or (self.ffn == "moe" and self.activation == "silu")
+            self.ffn_hidden = swiglu_hidden(self.d_model) if gated else 4 * self.d_model
+        self.positive("ffn_hidden")
+        if self.ffn == "moe" and not 1 <= self.top_k <= self.n_experts:
+            raise ConfigError(
+                f"top_k ({self.top_k}) must be between 1 and n_experts ({self.n_experts})"
+            )
+        self.positive("moe_aux_coef", allow_zero=True)
+        self.positive("norm_eps", "rope_theta")
+        self.fraction("dropout", "attn_dropout", "drop_path")
+
+    @property
+    def block(self) -> BlockConfig:
+        """The plain :class:`BlockConfig` part of this (family) config.
+
+        A family's own position schemes (ViT's 2-D grids, Swin's window table) live outside the
+        blocks' attention and appear here as ``none``.
+        """
+        d = self.block_fields()
+        if d["position"] not in typing.get_args(PositionKind):
+            d["position"] = "none"
+        return BlockConfig(**d)
+
+    def block_fields(self) -> dict[str, Any]:
+        """The block fields as a dict (what ``build_block`` reads)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(BlockConfig)}

@@ -1,0 +1,154 @@
+"""Configs of the language models: the decoder-only Transformer (GPT-2, Llama and Mixtral styles)
+and the LSTM and bigram baselines, with their presets.
+
+    ModelConfig.preset("llama-tiny", d_model=128)   # a named preset with overrides
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from attnlab.config.base import Config, ConfigError
+from attnlab.config.block import BlockConfig
+
+__all__ = ["ModelConfig", "LSTMConfig", "BigramConfig", "PRESETS"]
+
+_GPT2 = dict(
+    ffn="mlp",
+    activation="gelu_tanh",
+    norm="layernorm",
+    norm_eps=1e-5,
+    position="learned",
+    bias=True,
+    tie_embeddings=True,
+)
+_LLAMA = dict(
+    ffn="swiglu",
+    activation="silu",
+    norm="rmsnorm",
+    norm_eps=1e-6,
+    position="rope",
+    bias=False,
+    tie_embeddings=False,
+    rope_theta=10000.0,
+)
+_MIXTRAL = dict(_LLAMA, ffn="moe", norm_eps=1e-5, rope_theta=1e6, moe_aux_coef=0.01)
+_SMALL_CTX = dict(vocab_size=256, max_seq_len=128)
+
+#: Named presets. ``tiny`` runs in CPU seconds; ``*-small`` are GPT-2-small sized (124M for gpt2).
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(_GPT2, **_SMALL_CTX, d_model=64, n_layers=2, n_heads=4),
+    "gpt2-tiny": dict(_GPT2, **_SMALL_CTX, d_model=64, n_layers=2, n_heads=4),
+    "gpt2-mini": dict(_GPT2, **_SMALL_CTX, d_model=128, n_layers=4, n_heads=4),
+    "gpt2-small": dict(
+        _GPT2, vocab_size=50257, max_seq_len=1024, d_model=768, n_layers=12, n_heads=12
+    ),
+    "gpt2": dict(_GPT2, vocab_size=50257, max_seq_len=1024, d_model=768, n_layers=12, n_heads=12),
+    "llama-tiny": dict(_LLAMA, **_SMALL_CTX, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2),
+    "llama-mini": dict(_LLAMA, **_SMALL_CTX, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2),
+    "llama-small": dict(
+        _LLAMA,
+        vocab_size=32000,
+        max_seq_len=1024,
+        d_model=768,
+        n_layers=12,
+        n_heads=12,
+        n_kv_heads=4,
+    ),
+    "mixtral-tiny": dict(
+        _MIXTRAL,
+        **_SMALL_CTX,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        n_experts=4,
+        top_k=2,
+        ffn_hidden=96,
+    ),
+    "mixtral-small": dict(
+        _MIXTRAL,
+        vocab_size=32000,
+        max_seq_len=1024,
+        d_model=512,
+        n_layers=8,
+        n_heads=8,
+        n_kv_heads=2,
+        n_experts=8,
+        top_k=2,
+        ffn_hidden=1024,
+    ),
+}
+
+
+@dataclass
+class ModelConfig(BlockConfig):
+    """A decoder-only Transformer language model: the block fields plus the LM's own.
+
+    Defaults are GPT-2's choices (learned positions, pre-LayerNorm, tanh-GELU MLP, biases, tied
+    embeddings) at a CPU-friendly size.
+
+    Attributes:
+        vocab_size: V.
+        max_seq_len: the context length; learned position tables have this many rows.
+        n_layers: L blocks.
+        tie_embeddings: the output projection shares the token embedding matrix.
+        activation_checkpointing: recompute each block in backward (saves memory).
+        init_std: standard deviation of the normal initialisation.
+    """
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
+
+    vocab_size: int = 256
+    max_seq_len: int = 128
+    n_layers: int = 2
+    tie_embeddings: bool = True
+    activation_checkpointing: bool = False
+    init_std: float = 0.02
+
+    def validate(self) -> None:
+        super().validate()
+        self.positive("vocab_size", "max_seq_len", "n_layers", "init_std")
+
+
+@dataclass
+class LSTMConfig(Config):
+    """An LSTM language model. ``max_seq_len`` is the training window (generation slides it)."""
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "tiny": dict(emb_dim=32, hidden=64),
+        "small": dict(emb_dim=128, hidden=256),
+        "medium": dict(emb_dim=256, hidden=512, n_layers=2),
+    }
+
+    vocab_size: int = 256
+    max_seq_len: int = 128
+    emb_dim: int = 128
+    hidden: int = 256
+    n_layers: int = 1
+    dropout: float = 0.0
+    tie_embeddings: bool = False  # needs emb_dim == hidden
+
+    def validate(self) -> None:
+        super().validate()
+        self.positive("vocab_size", "max_seq_len", "emb_dim", "hidden", "n_layers")
+        self.fraction("dropout")
+        if self.tie_embeddings and self.emb_dim != self.hidden:
+            raise ConfigError(
+                f"tie_embeddings needs emb_dim == hidden, got {self.emb_dim} and {self.hidden}"
+            )
+
+
+@dataclass
+class BigramConfig(Config):
+    """A table of next-token logits indexed by the current token."""
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {"tiny": {}}
+
+    vocab_size: int = 256
+    max_seq_len: int = 128
+
+    def validate(self) -> None:
+        super().validate()
+        self.positive("vocab_size", "max_seq_len")

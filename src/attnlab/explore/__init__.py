@@ -1,0 +1,1 @@
+"""attnlab.explore: the interactive attention explorer (a self-contained HTML page)."""

@@ -1,0 +1,2 @@
+"""attnlab.metrics: scores of model outputs (exact match, BLEU, chrF, caption scores, accuracy,
+calibration)."""

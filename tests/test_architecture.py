@@ -1,0 +1,87 @@
+"""The shape of the codebase: layers that point one way, no import cycles, files of one job."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "attnlab"
+
+
+def test_import_layer_contract_holds():
+    """`lint-imports` (import-linter, configured in pyproject.toml) finds no upward import,
+    counting imports inside functions."""
+    r = subprocess.run(
+        [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    modules = sorted(graph.modules)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.find_modules_directly_imported_by(v)):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for m in modules:
+        if m not in index:
+            visit(m)
+    return out
+
+
+def test_no_import_cycle_between_modules():
+    graph = grimp.build_graph("attnlab")
+    assert _cycles(graph) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    g = grimp.ImportGraph()
+    for m in ("p", "p.a", "p.b", "p.c"):
+        g.add_module(m)
+    g.add_import(importer="p.a", imported="p.b")
+    g.add_import(importer="p.b", imported="p.a")
+    g.add_import(importer="p.c", imported="p.a")
+    assert _cycles(g) == [["p.a", "p.b"]]
+
+
+def test_no_source_file_over_600_lines():
+    long = {
+        str(p.relative_to(SRC)): n
+        for p in SRC.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 600
+    }
+    assert long == {}
