@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from attnlab.errors import UserError
+from attnlab.errors import RunDirError, UserError
 
 __all__ = [
     "DATA_SOURCES",
@@ -127,6 +127,40 @@ def _train_val(images: Tensor, labels: Tensor, seed: int, val_frac: float = 0.1)
 
 # ----------------------------------------------------------------------------------------------
 # sources
+
+
+@dataclass
+class ImageSettings:
+    """What an image classifier's run needs to read new images: class names, the input shape and
+    the normalisation (``labels.json`` of the run; the task section of older runs)."""
+
+    classes: list[str]
+    image_shape: tuple[int, int, int]  # (channels, height, width)
+    mean: list[float]
+    std: list[float]
+    data: str | None = None
+
+    @classmethod
+    def from_run(cls, run_dir: str | Path, config: dict | None = None) -> ImageSettings:
+        """Read ``labels.json`` of ``run_dir`` (falling back to config.json's ``task``).
+
+        Raises:
+            RunDirError: neither holds the classes, image shape and normalisation.
+        """
+        path = Path(run_dir) / "labels.json"
+        try:
+            info = json.loads(path.read_text()) if path.exists() else (config or {}).get("task", {})
+            return cls(
+                list(info["classes"]),
+                tuple(info["image_shape"]),
+                list(info["mean"]),
+                list(info["std"]),
+                info.get("data"),
+            )
+        except (KeyError, ValueError, TypeError):
+            raise RunDirError(
+                f"{str(run_dir)!r} lacks labels.json (classes, image shape, normalisation)"
+            ) from None
 
 
 def load_digits(*, seed: int = 0) -> ImageSplits:

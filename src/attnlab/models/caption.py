@@ -34,7 +34,7 @@ from attnlab.errors import UserError
 from attnlab.layers.block import build_block
 from attnlab.layers.norm import make_norm
 from attnlab.layers.position import LearnedPositionalEmbedding, sincos_2d
-from attnlab.runs import register_kind
+from attnlab.models.registry import register_kind
 
 __all__ = [
     "CaptionConfig",
@@ -411,13 +411,15 @@ def build_captioner(config: CaptionConfig) -> _Captioner:
 
 register_kind(
     LSTMCaptioner.kind,
-    lambda d: LSTMCaptioner(CaptionConfig.from_dict(d)),
-    lambda run_dir: _load_vocab(run_dir),
+    CaptionConfig,
+    LSTMCaptioner,
+    artifacts="scene_vocab",
 )
 register_kind(
     TransformerCaptioner.kind,
-    lambda d: TransformerCaptioner(CaptionConfig.from_dict(d)),
-    lambda run_dir: _load_vocab(run_dir),
+    CaptionConfig,
+    TransformerCaptioner,
+    artifacts="scene_vocab",
 )
 
 

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from attnlab.models.vit import check_images
-from attnlab.runs import register_kind
+from attnlab.models.registry import register_kind
 
 __all__ = ["CNNConfig", "ResidualCNN", "ResidualBlock", "CNN_PRESETS"]
 
@@ -186,4 +186,4 @@ class ResidualCNN(nn.Module):
         return self.head(self.drop(self.pooled_features(images)))
 
 
-register_kind("cnn", lambda d: ResidualCNN(CNNConfig.from_dict(d)))
+register_kind("cnn", CNNConfig, ResidualCNN, artifacts="labels")

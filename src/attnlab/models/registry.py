@@ -4,7 +4,8 @@ Every model family registers itself here when its module is imported::
 
     register_kind("decoder_lm", ModelConfig, DecoderLM, artifacts="tokenizer")
 
-and :func:`build_model` / :func:`attnlab.load` then work for every family. ``artifacts`` says what
+and :func:`build_model` / :func:`attnlab.load` then work for every family (every module of
+:mod:`attnlab.models` is imported on the first look-up of an unknown kind). ``artifacts`` says what
 the run directory holds besides weights (how :mod:`attnlab.runs` reads it back); ``upgrade`` maps
 the weight names of earlier releases to today's.
 """
@@ -12,6 +13,7 @@ the weight names of earlier releases to today's.
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -23,20 +25,6 @@ from attnlab.errors import UserError
 __all__ = ["ModelKind", "register_kind", "get_kind", "build_model", "known_kinds", "kind_of"]
 
 Artifacts = Literal["tokenizer", "translation_vocab", "scene_vocab", "labels", "none"]
-
-# Modules that register kinds when imported; get_kind() imports them on demand.
-_KIND_MODULES = (
-    "attnlab.models.lm",
-    "attnlab.models.rnn_lm",
-    "attnlab.models.rnn",
-    "attnlab.models.seq2seq",
-    "attnlab.models.vit",
-    "attnlab.models.swin",
-    "attnlab.models.cnn",
-    "attnlab.models.caption",
-    "attnlab.models.vqa",
-)
-
 
 @dataclass(frozen=True)
 class ModelKind:
@@ -75,12 +63,11 @@ def register_kind(
 
 
 def _import_all() -> None:
-    for mod in _KIND_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as err:
-            if err.name != mod:
-                raise
+    """Import every module of :mod:`attnlab.models` (each registers its kinds)."""
+    import attnlab.models as package
+
+    for info in pkgutil.walk_packages(package.__path__, prefix="attnlab.models."):
+        importlib.import_module(info.name)
 
 
 def get_kind(name: str) -> ModelKind:

@@ -31,7 +31,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab.attention.additive import AdditiveAttention
 from attnlab.data.translation import load_vocabs
-from attnlab.runs import register_kind
+from attnlab.models.registry import register_kind
 
 __all__ = ["RNNSeq2SeqConfig", "RNNSeq2Seq", "AttnRNNSeq2Seq", "RNNDecodeState"]
 
@@ -247,7 +247,5 @@ class AttnRNNSeq2Seq(RNNSeq2Seq):
     uses_attention: ClassVar[bool] = True
 
 
-register_kind(RNNSeq2Seq.kind, lambda d: RNNSeq2Seq(RNNSeq2SeqConfig.from_dict(d)), load_vocabs)
-register_kind(
-    AttnRNNSeq2Seq.kind, lambda d: AttnRNNSeq2Seq(RNNSeq2SeqConfig.from_dict(d)), load_vocabs
-)
+register_kind(RNNSeq2Seq.kind, RNNSeq2SeqConfig, RNNSeq2Seq, artifacts="translation_vocab")
+register_kind(AttnRNNSeq2Seq.kind, RNNSeq2SeqConfig, AttnRNNSeq2Seq, artifacts="translation_vocab")

@@ -30,7 +30,7 @@ from attnlab.attention.cache import KVCache
 from attnlab.data.translation import load_vocabs
 from attnlab.layers import build_block, make_norm
 from attnlab.layers.position import LearnedPositionalEmbedding, SinusoidalPositionalEmbedding
-from attnlab.runs import register_kind
+from attnlab.models.registry import register_kind
 
 __all__ = ["Seq2SeqConfig", "Seq2SeqTransformer", "DecodeState"]
 
@@ -376,5 +376,5 @@ class Seq2SeqTransformer(nn.Module):
 
 
 register_kind(
-    Seq2SeqTransformer.kind, lambda d: Seq2SeqTransformer(Seq2SeqConfig.from_dict(d)), load_vocabs
+    Seq2SeqTransformer.kind, Seq2SeqConfig, Seq2SeqTransformer, artifacts="translation_vocab"
 )

@@ -41,7 +41,7 @@ from attnlab.models.vit import (
     hf_activation,
     hf_num_labels,
 )
-from attnlab.runs import register_kind
+from attnlab.models.registry import register_kind
 
 __all__ = [
     "SwinConfig",
@@ -514,7 +514,7 @@ class SwinTransformer(nn.Module):
         return self.head(self.pooled_features(images, need_weights=need_weights))
 
 
-register_kind("swin", lambda d: SwinTransformer(SwinConfig.from_dict(d)))
+register_kind("swin", SwinConfig, SwinTransformer, artifacts="labels")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from attnlab.errors import UserError
 from attnlab.layers.block import build_block
 from attnlab.layers.norm import make_norm
 from attnlab.layers.position import sincos_2d
-from attnlab.runs import register_kind
+from attnlab.models.registry import register_kind
 
 __all__ = [
     "ViTConfig",
@@ -466,7 +466,7 @@ class VisionTransformer(nn.Module):
         return self.head(self.pool(tokens))
 
 
-register_kind("vit", lambda d: VisionTransformer(ViTConfig.from_dict(d)))
+register_kind("vit", ViTConfig, VisionTransformer, artifacts="labels")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from attnlab.layers.block import build_block
 from attnlab.layers.norm import make_norm
 from attnlab.layers.position import LearnedPositionalEmbedding, sincos_2d
 from attnlab.models.caption import ENCODERS, build_image_encoder, freeze_unused
-from attnlab.runs import register_kind
+from attnlab.models.registry import register_kind
 
 __all__ = ["VQAConfig", "VQA_PRESETS", "LSTMVQA", "TransformerVQA", "build_vqa"]
 
@@ -287,5 +287,5 @@ def _load_vocab(run_dir):
     return Vocab.load(run_dir / "vocab.json")
 
 
-register_kind(LSTMVQA.kind, lambda d: LSTMVQA(VQAConfig.from_dict(d)), _load_vocab)
-register_kind(TransformerVQA.kind, lambda d: TransformerVQA(VQAConfig.from_dict(d)), _load_vocab)
+register_kind(LSTMVQA.kind, VQAConfig, LSTMVQA, artifacts="scene_vocab")
+register_kind(TransformerVQA.kind, VQAConfig, TransformerVQA, artifacts="scene_vocab")
