@@ -136,3 +136,17 @@ def test_kinds_and_config():
         RNNSeq2SeqConfig(cell="rnn")
     with pytest.raises(ValueError, match="preset"):
         RNNSeq2SeqConfig.preset("huge")
+
+
+@pytest.mark.parametrize("preset", RNNSeq2SeqConfig.presets())
+@pytest.mark.parametrize("cls", [RNNSeq2Seq, AttnRNNSeq2Seq])
+def test_preset_sweep_forward_backward(cls, preset):
+    """Every preset: finite logits, every parameter gets a finite gradient."""
+    cfg = RNNSeq2SeqConfig.preset(preset, src_vocab_size=V_SRC, tgt_vocab_size=V_TGT, dropout=0.0)
+    model = cls(cfg).train()
+    src, mask, tgt = batch()
+    logits = model(src, mask, tgt)
+    assert logits.shape == (3, 5, V_TGT) and torch.isfinite(logits).all()
+    nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten()).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name

@@ -276,3 +276,26 @@ def test_config_validation_and_round_trip():
     with pytest.raises(ValueError, match="unknown Seq2SeqConfig field"):
         Seq2SeqConfig.from_dict({"d_model": 8, "bogus": 1})
     assert Seq2SeqConfig(norm_position="pre").final_norm is True
+
+
+SLOW_PRESETS = {"vaswani", "vaswani-big"}
+
+
+@pytest.mark.parametrize(
+    "preset",
+    [
+        pytest.param(p, marks=pytest.mark.slow) if p in SLOW_PRESETS else p
+        for p in Seq2SeqConfig.presets()
+    ],
+)
+def test_preset_sweep_forward_backward(preset):
+    """Every preset (small vocabularies): finite logits and loss, every parameter gets a
+    gradient (dropout off so that the check is deterministic)."""
+    cfg = Seq2SeqConfig.preset(preset, src_vocab_size=V_SRC, tgt_vocab_size=V_TGT, dropout=0.0)
+    model = Seq2SeqTransformer(cfg).train()
+    src, mask, tgt = batch(B=2, T=4, lengths=(7, 3))
+    logits = model(src, mask, tgt)
+    assert logits.shape == (2, 4, V_TGT) and torch.isfinite(logits).all()
+    nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten()).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
