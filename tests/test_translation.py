@@ -336,45 +336,20 @@ def test_translate_refusals_come_before_any_output(run_dir, tmp_path, capsys):
 
 
 def test_train_bad_input(tmp_path, capsys):
-    common = ["--steps", "1", "--no-progress", "--preset", "tiny"]
-    assert main(["train", "translate", "--lang", "xx", "--out", str(tmp_path / "a"), *common]) == 2
+    def train(out: str, *options: str) -> int:
+        common = ["--steps", "1", "--no-progress", "--preset", "tiny"]
+        return main(["train", "translate", *options, "--out", str(tmp_path / out), *common])
+
+    assert train("a", "--lang", "xx") == 2
     assert "unknown language 'xx'" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "train",
-                "translate",
-                "--task",
-                "tsv",
-                "--data",
-                str(tmp_path / "missing.tsv"),
-                "--out",
-                str(tmp_path / "b"),
-                *common,
-            ]
-        )
-        == 2
-    )
+    assert train("b", "--task", "tsv", "--data", str(tmp_path / "missing.tsv")) == 2
     assert "missing.tsv: no such file" in capsys.readouterr().err
     bad = tmp_path / "bad.tsv"
     bad.write_text("a\tb\nno tab here\n", encoding="utf-8")
-    assert (
-        main(
-            [
-                "train",
-                "translate",
-                "--task",
-                "tsv",
-                "--data",
-                str(bad),
-                "--out",
-                str(tmp_path / "c"),
-                *common,
-            ]
-        )
-        == 2
-    )
+    assert train("c", "--task", "tsv", "--data", str(bad)) == 2
     assert "bad.tsv:2:" in capsys.readouterr().err
+    assert train("d", "--set", "task.lang=xx") == 2  # --set is checked the same way
+    assert "unknown language 'xx'" in capsys.readouterr().err
 
 
 def test_rnn_runs_have_alignments_only_with_attention(tmp_path, capsys):
