@@ -65,3 +65,21 @@ def test_bad_shapes_raise_naming_them():
         attn(torch.randn(2, 6), torch.randn(2, 3, 5), torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"keys must be \(B=2, S, Dh\), got \(3, 3, 5\)"):
         attn(torch.randn(2, 6), torch.randn(3, 3, 5))
+
+
+def test_weights_are_reported_to_a_capture_and_not_kept():
+    """Inside capture_attention the layer reports exactly the α it returns, per call; outside a
+    capture nothing is recorded and the module holds no weights afterwards."""
+    from attnlab.attention import capture_attention
+
+    attn = AdditiveAttention(6, 5)
+    s, h = torch.randn(2, 3, 6), torch.randn(2, 4, 5)
+    real = padding_mask([4, 2], 4)
+    with capture_attention(attn) as maps:
+        _, w_step = attn(s[:, 0], h, real)
+        _, w_all = attn(s, h, real)
+    calls = maps.calls("")  # the root module's name is ""
+    assert len(calls) == 2
+    torch.testing.assert_close(calls[0], w_step)
+    torch.testing.assert_close(calls[1], w_all)
+    assert not [k for k in vars(attn) if "weight" in k and not k.startswith("_")]

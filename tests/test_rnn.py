@@ -64,7 +64,7 @@ def test_bottleneck_decoder_sees_only_the_final_state():
                         state.keys_proj = model.attention.project_keys(state.keys)
                 logits = []
                 for t in range(tgt.shape[1]):
-                    step, state = model.decode_step(tgt[:, t], state)
+                    step, state = model.decode_step(tgt[:, t : t + 1], state)
                     logits.append(step)
                 outs.append(torch.stack(logits, 1))
         changed = (outs[0] - outs[1]).abs().max() > 1e-4
@@ -76,15 +76,15 @@ def test_bahdanau_weights_follow_the_formula_each_step():
     model = make(AttnRNNSeq2Seq)
     src, mask, tgt = batch()
     with torch.no_grad():
-        model(src, mask, tgt, need_weights=True)
-        w = model.last_weights  # (B, T, S)
+        logits, w = model(src, mask, tgt, need_weights=True)  # w: (B, T, S)
+        torch.testing.assert_close(logits, model(src, mask, tgt))
         state = model.start_decoding(src, mask)
         att = model.attention
         for t in range(tgt.shape[1]):
             e = att.v(torch.tanh(att.W_s(state.s)[:, None] + att.W_h(state.keys))).squeeze(-1)
             alpha = e.masked_fill(~mask, float("-inf")).softmax(-1)
             torch.testing.assert_close(w[:, t], alpha)
-            _, state = model.decode_step(tgt[:, t], state)
+            _, state = model.decode_step(tgt[:, t : t + 1], state)
     assert w.masked_select(~mask[:, None, :].expand_as(w)).abs().max() == 0
     torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:2]))
     assert (w[0, 0] - w[0, 1]).abs().max() > 1e-6  # a new distribution at each step
@@ -105,6 +105,28 @@ def test_every_parameter_gets_a_gradient(cls, cfg):
             assert p.grad.abs().sum() > 0, name
 
 
+@pytest.mark.parametrize("cls", [RNNSeq2Seq, AttnRNNSeq2Seq])
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_decode_steps_equal_teacher_forced_forward(cls, cell):
+    """decode_step one token at a time, or a prefix in one call then one at a time, gives the
+    teacher-forced forward's logits; the fixed-context rnn returns no attention weights."""
+    model = make(cls, cell=cell)
+    src, mask, tgt = batch()
+    T = tgt.shape[1]
+    with torch.no_grad():
+        full, weights = model(src, mask, tgt, need_weights=True)
+        state = model.start_decoding(src, mask, T)
+        steps = [model.decode_step(tgt[:, t : t + 1], state)[0] for t in range(T)]
+        state = model.start_decoding(src, mask, T)
+        prefix, state = model.decode_step(tgt[:, :2], state)
+        rest = [model.decode_step(tgt[:, t : t + 1], state)[0] for t in range(2, T)]
+    torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(prefix, full[:, 1], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(torch.stack(rest, 1), full[:, 2:], atol=1e-6, rtol=1e-6)
+    assert (weights is None) == (cls is RNNSeq2Seq)
+    assert not any(hasattr(m, "last_weights") or hasattr(m, "weights") for m in model.modules())
+
+
 def test_kinds_and_config():
     assert RNNSeq2Seq.kind == "rnn" and AttnRNNSeq2Seq.kind == "rnn-attn"
     assert make(RNNSeq2Seq).attention is None
@@ -114,3 +136,17 @@ def test_kinds_and_config():
         RNNSeq2SeqConfig(cell="rnn")
     with pytest.raises(ValueError, match="preset"):
         RNNSeq2SeqConfig.preset("huge")
+
+
+@pytest.mark.parametrize("preset", RNNSeq2SeqConfig.presets())
+@pytest.mark.parametrize("cls", [RNNSeq2Seq, AttnRNNSeq2Seq])
+def test_preset_sweep_forward_backward(cls, preset):
+    """Every preset: finite logits, every parameter gets a finite gradient."""
+    cfg = RNNSeq2SeqConfig.preset(preset, src_vocab_size=V_SRC, tgt_vocab_size=V_TGT, dropout=0.0)
+    model = cls(cfg).train()
+    src, mask, tgt = batch()
+    logits = model(src, mask, tgt)
+    assert logits.shape == (3, 5, V_TGT) and torch.isfinite(logits).all()
+    nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten()).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name

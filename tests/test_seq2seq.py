@@ -131,8 +131,8 @@ def test_padding_in_the_source_changes_nothing(position):
     torch.testing.assert_close(garbled, base, atol=1e-5, rtol=0)
     torch.testing.assert_close(padded_more, base, atol=1e-5, rtol=0)
     with torch.no_grad():
-        model(src, mask, tgt, need_weights=True)
-    w = model.cross_attention()  # (L, B, H, T, S)
+        _, weights = model(src, mask, tgt, need_weights=True)
+    w = torch.stack(weights["cross"])  # (L, B, H, T, S)
     assert w.shape[:2] == (model.config.n_dec_layers, src.shape[0])
     assert float(w.masked_select(~mask[None, :, None, None, :].expand_as(w)).abs().max()) == 0.0
     torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
@@ -140,22 +140,84 @@ def test_padding_in_the_source_changes_nothing(position):
 
 @pytest.mark.parametrize(
     "overrides",
-    [{}, {"norm_position": "pre", "position": "rope"}, {"position": "learned", "n_kv_heads": 2}],
+    [
+        {},
+        {"norm_position": "pre", "position": "rope"},
+        {"position": "learned", "n_kv_heads": 2},
+        {"position": "alibi", "norm_position": "pre"},
+    ],
 )
 def test_kv_cache_steps_equal_teacher_forced_forward(overrides):
-    """Decoding one token at a time with self/cross KV caches gives the full forward's logits."""
+    """Decoding one token at a time with self/cross KV caches gives the full forward's logits;
+    so does feeding a prefix in one step and the rest one token at a time."""
     model = tiny(**overrides)
     src, mask, tgt = batch()
+    T = tgt.shape[1]
     with torch.no_grad():
         full = model(src, mask, tgt)  # (B, T, V)
-        state = model.start_decoding(src, mask, max_len=tgt.shape[1])
+        state = model.start_decoding(src, mask, max_len=T)
         steps = []
-        for t in range(tgt.shape[1]):
-            logits, state = model.decode_step(tgt[:, t], state)
+        for t in range(T):
+            logits, state = model.decode_step(tgt[:, t : t + 1], state)
             steps.append(logits)
+        state2 = model.start_decoding(src, mask, max_len=T)
+        prefix, state2 = model.decode_step(tgt[:, :3], state2)
+        rest = [model.decode_step(tgt[:, t : t + 1], state2)[0] for t in range(3, T)]
     torch.testing.assert_close(torch.stack(steps, 1), full, atol=1e-5, rtol=1e-5)
-    assert state.self_caches[0].length == tgt.shape[1]
+    torch.testing.assert_close(prefix, full[:, 2], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.stack(rest, 1), full[:, 3:], atol=1e-5, rtol=1e-5)
+    assert state.self_caches[0].length == T
     assert state.cross_caches[0].length == src.shape[1]
+
+
+@pytest.mark.parametrize("overrides", [{}, {"norm_position": "pre", "n_kv_heads": 2}])
+def test_returned_weights_are_the_softmax_of_each_layers_projections(overrides):
+    """need_weights: every encoder, decoder and cross-attention map equals
+    softmax(q kᵀ/√D) recomputed from that layer's own projections of its inputs (encoder/cross:
+    padding masked; decoder: causal), read with hooks on the layer inputs."""
+    model = tiny(**overrides)
+    c = model.config
+    src, mask, tgt = batch()
+    inputs = {}
+
+    def keep(name):
+        def hook(module, args, kwargs):
+            inputs[name] = (args, kwargs)
+
+        return hook
+
+    for name, m in model.named_modules():
+        if name.endswith("attn"):
+            m.register_forward_pre_hook(keep(name), with_kwargs=True)
+    with torch.no_grad():
+        logits, weights = model(src, mask, tgt, need_weights=True)
+        torch.testing.assert_close(logits, model(src, mask, tgt))  # same forward either way
+        B, T = tgt.shape
+        H, Hkv, D = c.n_heads, c.n_kv_heads, c.head_dim
+
+        def softmax(q, k, allowed):  # q (B, Tq, H·D), k (B, Tk, Hkv·D), allowed (B|1, Tq, Tk)
+            q = q.view(B, -1, H, D).transpose(1, 2)  # (B, H, Tq, D)
+            k = k.view(B, -1, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, 1)
+            scores = q @ k.transpose(-1, -2) / D**0.5  # (B, H, Tq, Tk)
+            return scores.masked_fill(~allowed[:, None], float("-inf")).softmax(-1)
+
+        pad = mask[:, None, :]  # (B, 1, S)
+        causal = torch.ones(T, T, dtype=torch.bool).tril()[None]  # (1, T, T)
+        for i, block in enumerate(model.encoder):
+            (x,), _ = inputs[f"encoder.{i}.attn"]
+            q, k, _ = block.attn.qkv(x).split([H * D, Hkv * D, Hkv * D], -1)
+            torch.testing.assert_close(weights["encoder"][i], softmax(q, k, pad))
+        for i, block in enumerate(model.decoder):
+            (y,), _ = inputs[f"decoder.{i}.attn"]
+            q, k, _ = block.attn.qkv(y).split([H * D, Hkv * D, Hkv * D], -1)
+            torch.testing.assert_close(weights["decoder"][i], softmax(q, k, causal))
+            (h, memory), _ = inputs[f"decoder.{i}.cross_attn"]
+            k, _ = block.cross_attn.kv_proj(memory).split(Hkv * D, -1)
+            expected = softmax(block.cross_attn.q_proj(h), k, pad)
+            torch.testing.assert_close(weights["cross"][i], expected)
+    assert len(weights["encoder"]) == c.n_enc_layers and len(weights["cross"]) == c.n_dec_layers
+    stored = ("cross_weights", "attn_weights", "weights")
+    assert not any(hasattr(m, a) for m in model.modules() for a in stored)  # nothing kept
 
 
 VARIANTS = [
@@ -165,6 +227,7 @@ VARIANTS = [
     {"position": "learned", "tie_embeddings": False},
     {"position": "none", "norm": "rmsnorm", "ffn": "swiglu", "bias": False},
     {"qk_norm": "rmsnorm", "n_kv_heads": 1},
+    {"position": "alibi", "drop_path": 0.1},
 ]
 
 
@@ -210,6 +273,29 @@ def test_config_validation_and_round_trip():
         Seq2SeqConfig(d_model=30, n_heads=4)
     with pytest.raises(ValueError, match="position"):
         Seq2SeqConfig(position="alibi2")
-    with pytest.raises(ValueError, match="unknown Seq2SeqConfig fields"):
+    with pytest.raises(ValueError, match="unknown Seq2SeqConfig field"):
         Seq2SeqConfig.from_dict({"d_model": 8, "bogus": 1})
     assert Seq2SeqConfig(norm_position="pre").final_norm is True
+
+
+SLOW_PRESETS = {"vaswani", "vaswani-big"}
+
+
+@pytest.mark.parametrize(
+    "preset",
+    [
+        pytest.param(p, marks=pytest.mark.slow) if p in SLOW_PRESETS else p
+        for p in Seq2SeqConfig.presets()
+    ],
+)
+def test_preset_sweep_forward_backward(preset):
+    """Every preset (small vocabularies): finite logits and loss, every parameter gets a
+    gradient (dropout off so that the check is deterministic)."""
+    cfg = Seq2SeqConfig.preset(preset, src_vocab_size=V_SRC, tgt_vocab_size=V_TGT, dropout=0.0)
+    model = Seq2SeqTransformer(cfg).train()
+    src, mask, tgt = batch(B=2, T=4, lengths=(7, 3))
+    logits = model(src, mask, tgt)
+    assert logits.shape == (2, 4, V_TGT) and torch.isfinite(logits).all()
+    nn.functional.cross_entropy(logits.flatten(0, 1), tgt.flatten()).backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name

@@ -9,13 +9,12 @@ import torch
 from num2words import num2words
 
 from attnlab.cli import main
+from attnlab.config.translation import TranslationTaskConfig as DataConfig
 from attnlab.data.translation import (
     END_ID,
     PAD_ID,
     SPECIALS,
     START_ID,
-    DataConfig,
-    TranslationTask,
     Vocab,
     build_data,
     make_dates,
@@ -23,6 +22,8 @@ from attnlab.data.translation import (
     read_tsv,
 )
 from attnlab.errors import UserError
+from attnlab.models.translation import build_translation_model as build_model
+from attnlab.tasks.translation import TranslationTask
 
 # ---------------------------------------------------------------------------------------------
 # data
@@ -163,8 +164,6 @@ def test_task_batches_are_deterministic_teacher_forced_and_padded():
 
 def test_padding_is_ignored_in_the_loss():
     """Extra padded target positions (any logits there) leave the loss unchanged."""
-    from attnlab.translate import build_model
-
     data = build_data(DataConfig(task="numbers", lang="it", high=999, n_examples=300))
     task = TranslationTask(data, eval_examples=0)
     model = build_model("rnn-attn", len(data.src_vocab), len(data.tgt_vocab), preset="tiny")
@@ -330,51 +329,27 @@ def test_translate_refusals_come_before_any_output(run_dir, tmp_path, capsys):
     lm.mkdir()
     (lm / "config.json").write_text(json.dumps({"kind": "decoder_lm", "model": {}}))
     assert main(["translate", str(lm), "one"]) == 2
-    assert "not a translation model" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "holds a 'decoder_lm' model" in err and "'rnn', 'rnn-attn', 'transformer'" in err
     assert main(["eval", str(run_dir), "--batch-size", "0"]) == 2
     assert "--batch-size must be at least 1" in capsys.readouterr().err
 
 
 def test_train_bad_input(tmp_path, capsys):
-    common = ["--steps", "1", "--no-progress", "--preset", "tiny"]
-    assert main(["train", "translate", "--lang", "xx", "--out", str(tmp_path / "a"), *common]) == 2
+    def train(out: str, *options: str) -> int:
+        common = ["--steps", "1", "--no-progress", "--preset", "tiny"]
+        return main(["train", "translate", *options, "--out", str(tmp_path / out), *common])
+
+    assert train("a", "--lang", "xx") == 2
     assert "unknown language 'xx'" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "train",
-                "translate",
-                "--task",
-                "tsv",
-                "--data",
-                str(tmp_path / "missing.tsv"),
-                "--out",
-                str(tmp_path / "b"),
-                *common,
-            ]
-        )
-        == 2
-    )
+    assert train("b", "--task", "tsv", "--data", str(tmp_path / "missing.tsv")) == 2
     assert "missing.tsv: no such file" in capsys.readouterr().err
     bad = tmp_path / "bad.tsv"
     bad.write_text("a\tb\nno tab here\n", encoding="utf-8")
-    assert (
-        main(
-            [
-                "train",
-                "translate",
-                "--task",
-                "tsv",
-                "--data",
-                str(bad),
-                "--out",
-                str(tmp_path / "c"),
-                *common,
-            ]
-        )
-        == 2
-    )
+    assert train("c", "--task", "tsv", "--data", str(bad)) == 2
     assert "bad.tsv:2:" in capsys.readouterr().err
+    assert train("d", "--set", "task.lang=xx") == 2  # --set is checked the same way
+    assert "unknown language 'xx'" in capsys.readouterr().err
 
 
 def test_rnn_runs_have_alignments_only_with_attention(tmp_path, capsys):
@@ -418,6 +393,94 @@ def test_rnn_runs_have_alignments_only_with_attention(tmp_path, capsys):
     assert "--lang 'de' (the run has lang='it')" in err and "cell='lstm'" in err
 
 
+def _losses(run) -> list[dict]:
+    """The training and validation records of metrics.jsonl without timings."""
+    keep = ("step", "loss", "grad_norm", "acc", "lr", "val_loss", "val_acc", "val_exact")
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [{k: r[k] for k in keep if k in r} for r in map(json.loads, lines)]
+
+
+@pytest.mark.parametrize("kind", ["rnn", "rnn-attn", "transformer"])
+def test_training_again_from_a_saved_config_json_gives_identical_losses(kind, tmp_path, capsys):
+    """`--config RUN/config.json` (new --out) rebuilds the same data, model and training
+    settings: every logged loss is identical, and so is the new run's config.json."""
+    first, again = tmp_path / "first", tmp_path / "again"
+    argv = [
+        "train", "translate", "--high", "99", "--n-examples", "120", "--model", kind,
+        "--preset", "tiny", "--steps", "6", "--log-every", "1", "--eval-every", "3",
+        "--eval-batches", "1", "--batch-size", "8", "--lr", "3e-3", "--warmup", "2",
+        "--set", "task.eval_examples=4", "--no-progress", "--out", str(first),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert (
+        main(["train", "translate", "--config", str(first / "config.json"), "--out", str(again)])
+        == 0
+    )
+    capsys.readouterr()
+    losses = _losses(first)
+    assert len([r for r in losses if "loss" in r]) == 6 and any("val_loss" in r for r in losses)
+    assert _losses(again) == losses
+    cfg = json.loads((again / "config.json").read_text())
+    assert cfg == json.loads((first / "config.json").read_text())
+    assert cfg["kind"] == kind and cfg["task"]["eval_examples"] == 4
+
+
+def test_config_file_flags_and_set_merge_in_order(tmp_path, capsys):
+    """defaults < --config file (with model.preset) < typed flags < --set; an undotted --set key
+    is a model field; --seed seeds the data too."""
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(
+        'kind = "transformer"\n'
+        '[model]\npreset = "tiny"\nd_model = 32\nn_heads = 4\n'
+        "[train]\nlr = 0.01\nsteps = 2\nbatch_size = 8\n"
+        "[task]\nhigh = 50\nn_examples = 60\neval_examples = 0\n"
+    )
+    out = tmp_path / "run"
+    argv = [
+        "train", "translate", "--config", str(cfg), "--lr", "0.002", "--set", "train.warmup_steps=1",
+        "--set", "n_heads=2", "--set", "task.high=40", "--seed", "3", "--no-progress", "--out", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    capsys.readouterr()
+    saved = json.loads((out / "config.json").read_text())
+    m, t, tr = saved["model"], saved["task"], saved["train"]
+    assert (m["d_model"], m["n_heads"], m["n_enc_layers"], m["ffn_hidden"]) == (32, 2, 2, 128)
+    assert (t["high"], t["n_examples"], t["seed"]) == (40, 60, 3)
+    assert (tr["lr"], tr["steps"], tr["warmup_steps"], tr["seed"]) == (0.002, 2, 1, 3)
+    assert tr["schedule"] == "inverse_sqrt" and tr["betas"] == [0.9, 0.98]  # family defaults
+    bad = ["train", "translate", "--config", str(cfg), "--out", str(tmp_path / "bad")]
+    assert main([*bad, "--set", "task.bogus=1"]) == 2
+    assert "unknown TranslationTaskConfig field(s) ['bogus']" in capsys.readouterr().err
+    assert main([*bad, "--model", "rnn"]) == 2  # the file's transformer fields do not fit
+    assert "do not apply to model 'rnn'" in capsys.readouterr().err
+
+
+def test_moe_transformer_adds_its_load_balancing_loss():
+    """ffn=moe: the task's loss is the token cross-entropy plus moe_aux_coef × the experts'
+    load-balancing losses reported during that forward (nothing stored on the model)."""
+    from attnlab.attention import collect_aux_losses
+    from attnlab.tasks.losses import cross_entropy
+
+    data = build_data(DataConfig(task="numbers", lang="it", high=99, n_examples=100))
+    task = TranslationTask(data, eval_examples=0)
+    model = build_model(
+        "transformer", len(data.src_vocab), len(data.tgt_vocab), preset="tiny",
+        ffn="moe", n_experts=4, top_k=2, moe_aux_coef=0.5,
+    )  # fmt: skip
+    b = task.get_batch("train", 0, 6)
+
+    class Cfg:
+        label_smoothing = 0.0
+
+    loss = task.loss(model, b, Cfg)[0]
+    with collect_aux_losses() as aux:
+        logits = model(b.src, b.src_mask, b.tgt_in)
+    ce = cross_entropy(logits, b.tgt_out.masked_fill(b.tgt_out == PAD_ID, -100))
+    assert len(aux.losses) == model.config.n_enc_layers + model.config.n_dec_layers  # one per FFN
+    torch.testing.assert_close(loss, ce + 0.5 * aux.total())
+    assert float(aux.total().detach()) > 0
+
+
 # ---------------------------------------------------------------------------------------------
 # learning
 
@@ -426,8 +489,8 @@ def test_rnn_runs_have_alignments_only_with_attention(tmp_path, capsys):
 def test_small_transformer_learns_italian_numbers():
     """English -> Italian numbers 0-999: a tiny Transformer reaches high exact match on numbers
     it never saw in training within a short CPU run."""
+    from attnlab.metrics.translation import evaluate_pairs
     from attnlab.train import TrainConfig, train
-    from attnlab.translate import build_model, evaluate_pairs
 
     data = build_data(DataConfig(task="numbers", lang="it", high=999, n_examples=1000))
     task = TranslationTask(data, eval_examples=0)

@@ -1,27 +1,41 @@
-"""Greedy and beam search: exhaustive optimum on hand-built models, width 1 = greedy, KV cache."""
+"""Translation decoding through attnlab.decoding: exhaustive optimum on hand-built and real
+models, width 1 = greedy, KV cache and recurrent state against recomputation, alignments, scores."""
 
 import itertools
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
 from torch import nn
 
+from attnlab.attention.cache import DecodeState
 from attnlab.data.translation import END_ID, PAD_ID, START_ID
+from attnlab.decoding import length_penalty
+from attnlab.metrics.translation import decode
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
-from attnlab.translate import beam_search, greedy_decode, length_penalty
+from attnlab.models.translation import build_translation_model
+
+
+def greedy_decode(model, src, mask, *, max_len, need_weights=False):
+    return decode(model, src, mask, beam=1, max_len=max_len, need_weights=need_weights)
+
+
+def beam_search(model, src, mask, *, beam, max_len, alpha=0.6, need_weights=False):
+    return decode(
+        model, src, mask, beam=beam, max_len=max_len, alpha=alpha, need_weights=need_weights
+    )
+
 
 # ids 0-3 are <pad> <start> <end> <unk>; the fake models' "words" are 4 and 5
 A, B = 4, 5
 V = 6
 
 
-class State:
-    def __init__(self, prefix: torch.Tensor, src: torch.Tensor):
-        self.prefix, self.src = prefix, src  # (N, t), (N, S)
-
-    def reorder(self, index):
-        return State(self.prefix.index_select(0, index), self.src.index_select(0, index))
+@dataclass
+class State(DecodeState):
+    prefix: torch.Tensor  # (N, t) tokens fed so far, <start> first
+    src: torch.Tensor  # (N, S)
 
 
 class TableModel(nn.Module):
@@ -45,13 +59,13 @@ class TableModel(nn.Module):
     def start_decoding(self, src, src_mask, max_len):
         return State(torch.zeros(src.shape[0], 0, dtype=torch.long), src)
 
-    def decode_step(self, prev, state, need_weights=False):
-        prefix = state.prefix if prev is None else torch.cat([state.prefix, prev[:, None]], 1)
+    def decode_step(self, tokens, state):
+        state.prefix = torch.cat([state.prefix, tokens], 1)
         rows = [
             self.logits_for(tuple(s.tolist()), tuple(p.tolist()[1:]))
-            for s, p in zip(state.src, prefix)
+            for s, p in zip(state.src, state.prefix)
         ]
-        return torch.stack(rows), State(prefix, state.src)
+        return torch.stack(rows), state
 
 
 def seq_logprob(model: TableModel, src: tuple, seq: tuple) -> float:
@@ -191,8 +205,25 @@ def test_transformer_width_one_is_greedy_and_alignments_have_one_row_per_output(
         with torch.no_grad():
             i = b4.index(h)
             ys = torch.tensor([[START_ID, *h.ids[:-1]]])
-            model(src[i : i + 1], mask[i : i + 1], ys, need_weights=True)
-        torch.testing.assert_close(h.alignment, model.cross_attention()[:, 0], atol=1e-5, rtol=1e-4)
+            _, weights = model(src[i : i + 1], mask[i : i + 1], ys, need_weights=True)
+        cross = torch.stack(weights["cross"])[:, 0]  # (L, H, T, S)
+        torch.testing.assert_close(h.alignment, cross, atol=1e-5, rtol=1e-4)
+
+
+def test_rnn_attn_alignment_is_bahdanau_alpha_of_the_chosen_hypothesis():
+    """rnn-attn: one (1, 1, T, S) map per hypothesis, equal to the α of a teacher-forced re-run;
+    the fixed-context rnn has none."""
+    model = build_translation_model("rnn-attn", 15, 11, preset="tiny").eval()
+    src, mask = _src()
+    for h, i in zip(beam_search(model, src, mask, beam=3, max_len=6, need_weights=True), range(4)):
+        with torch.no_grad():
+            ys = torch.tensor([[START_ID, *h.ids[:-1]]])
+            _, alpha = model(src[i : i + 1], mask[i : i + 1], ys, need_weights=True)
+        torch.testing.assert_close(h.alignment, alpha[:, None], atol=1e-5, rtol=1e-4)
+    rnn = build_translation_model("rnn", 15, 11, preset="tiny").eval()
+    assert all(
+        h.alignment is None for h in greedy_decode(rnn, src, mask, max_len=4, need_weights=True)
+    )
 
 
 def test_length_penalty_is_gnmt():
@@ -215,18 +246,16 @@ class Recompute(nn.Module):
     def start_decoding(self, src, src_mask, max_len):
         return PrefixState(src, src_mask, torch.zeros(src.shape[0], 0, dtype=torch.long))
 
-    def decode_step(self, prev, state, need_weights=False):
-        prefix = torch.cat([state.prefix, prev[:, None]], 1)  # (N, t)
-        logits = self.model(state.src, state.mask, prefix)[:, -1]
-        return logits, PrefixState(state.src, state.mask, prefix)
+    def decode_step(self, tokens, state):
+        state.prefix = torch.cat([state.prefix, tokens], 1)  # (N, t)
+        return self.model(state.src, state.mask, state.prefix)[:, -1], state
 
 
-class PrefixState:
-    def __init__(self, src, mask, prefix):
-        self.src, self.mask, self.prefix = src, mask, prefix
-
-    def reorder(self, index):
-        return PrefixState(*(t.index_select(0, index) for t in (self.src, self.mask, self.prefix)))
+@dataclass
+class PrefixState(DecodeState):
+    src: torch.Tensor  # (N, S)
+    mask: torch.Tensor  # (N, S)
+    prefix: torch.Tensor  # (N, t)
 
 
 @pytest.mark.parametrize("kind", ["transformer", "rnn", "rnn-attn"])
@@ -235,12 +264,10 @@ def test_cached_beam_search_equals_recomputing_every_prefix(kind):
     the RNN's recurrent state), reordered after every step, gives the same hypotheses and scores
     as full recomputation; each returned log-probability is the teacher-forced sum for its
     tokens; each sentence alone gives the same result."""
-    from attnlab.translate import build_model
-
     if kind == "transformer":
         model = _transformer()
     else:
-        model = build_model(kind, 15, 11, preset="tiny").eval()
+        model = build_translation_model(kind, 15, 11, preset="tiny").eval()
     src, mask = _src()
     cached = beam_search(model, src, mask, beam=3, max_len=7, alpha=0.6)
     ref = beam_search(Recompute(model), src, mask, beam=3, max_len=7, alpha=0.6)
@@ -268,23 +295,23 @@ class Oracle(nn.Module):
         self.table, self.V = table, vocab_size
 
     def start_decoding(self, src, src_mask, max_len):
-        refs = [self.table[tuple(s[m].tolist())] for s, m in zip(src, src_mask)]
-        return OracleState(refs, 0)
+        refs = [[*self.table[tuple(s[m].tolist())], END_ID] for s, m in zip(src, src_mask)]
+        n = max(len(r) for r in refs)
+        padded = torch.tensor([r + [END_ID] * (n - len(r)) for r in refs])  # (N, n)
+        return OracleState(padded, 0)
 
-    def decode_step(self, prev, state, need_weights=False):
-        logits = torch.full((len(state.refs), self.V), -10.0)
-        for i, ref in enumerate(state.refs):
-            seq = [*ref, END_ID]
-            logits[i, seq[min(state.t, len(seq) - 1)]] = 10.0
-        return logits, OracleState(state.refs, state.t + 1)
+    def decode_step(self, tokens, state):
+        state.fed += tokens.shape[1]
+        N, n = state.refs.shape
+        logits = torch.full((N, self.V), -10.0)
+        logits[torch.arange(N), state.refs[:, min(state.fed - 1, n - 1)]] = 10.0
+        return logits, state
 
 
-class OracleState:
-    def __init__(self, refs, t):
-        self.refs, self.t = refs, t
-
-    def reorder(self, index):
-        return OracleState([self.refs[i] for i in index.tolist()], self.t)
+@dataclass
+class OracleState(DecodeState):
+    refs: torch.Tensor  # (N, n) each reference then <end>, padded with <end>
+    fed: int  # tokens fed so far (<start> first): the next output is refs[:, fed - 1]
 
 
 @pytest.mark.parametrize("level", ["word", "char", "bpe"])
@@ -292,7 +319,7 @@ def test_a_perfect_translator_scores_full_marks(level):
     """Exact match, BLEU and chrF of a model that outputs every reference exactly are 100, also
     for punctuation that word-level detokenisation writes with extra spaces."""
     from attnlab.data.translation import Normalizer, TranslationVocabs, Vocab
-    from attnlab.translate import evaluate_pairs
+    from attnlab.metrics.translation import evaluate_pairs
 
     pairs = [
         ("Good morning, Anna!", "Buongiorno, Anna!"),
@@ -311,3 +338,45 @@ def test_a_perfect_translator_scores_full_marks(level):
         assert res["bleu"] == pytest.approx(100.0) and res["chrf"] == pytest.approx(100.0)
         # the printed text: detokenised back to the reference (word level: but for "3,5")
         assert res["hypotheses"][:3] == [norm(t) for _, t in pairs[:3]]
+
+
+def _teacher_forced_logprob(model, src, mask, seq) -> float:
+    """log p(seq | src) from one teacher-forced forward (<pad>, <start> never generated)."""
+    with torch.no_grad():
+        logits = model(src, mask, torch.tensor([[START_ID, *seq[:-1]]]))[0]  # (T, V)
+    logits[:, [PAD_ID, START_ID]] = float("-inf")
+    return float(logits.log_softmax(-1).gather(1, torch.tensor(seq)[:, None]).sum())
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+@pytest.mark.parametrize("kind", ["rnn", "rnn-attn", "transformer"])
+def test_real_models_wide_beam_equals_exhaustive_search(kind, alpha):
+    """A tiny target vocabulary (3 words + the 4 specials), max_len 3: every output the decoder
+    can produce (words then <end>, or 3 tokens cut at max_len) scored by a teacher-forced
+    forward; beam search as wide as the search space returns the best one with its score."""
+    V_tgt, max_len = 7, 3
+    torch.manual_seed(1)
+    model = build_translation_model(kind, 15, V_tgt, preset="tiny", dropout=0.0).eval()
+    # sharpen the untrained model's next-token distributions (logits × 5, the same in the
+    # forward and in decode_step), so that the optimum is not always the shortest output
+    head = model.lm_head if kind == "transformer" else model.out
+    head.register_forward_hook(lambda module, args, out: out * 5.0)
+    src, mask = _src()
+    tokens = [t for t in range(V_tgt) if t not in (PAD_ID, START_ID, END_ID)]  # <unk> and words
+    candidates = [
+        (*body, END_ID) if n < max_len else body
+        for n in range(max_len + 1)
+        for body in itertools.product(tokens, repeat=n)
+    ]
+    width = len(tokens) ** max_len  # more than the live prefixes at any step
+    hyps = beam_search(model, src, mask, beam=width, max_len=max_len, alpha=alpha)
+    for i, h in enumerate(hyps):
+        row_src, row_mask = src[i : i + 1], mask[i : i + 1]
+        scored = [
+            (_teacher_forced_logprob(model, row_src, row_mask, list(seq)), seq)
+            for seq in candidates
+        ]
+        best_lp, best = max(scored, key=lambda x: x[0] / float(length_penalty(len(x[1]), alpha)))
+        assert h.ids == list(best)
+        assert h.logprob == pytest.approx(best_lp, abs=1e-4)
+        assert h.score == pytest.approx(best_lp / float(length_penalty(len(best), alpha)), abs=1e-4)

@@ -4,6 +4,9 @@
     α   = softmax(e) over the (unpadded) source
     c   = Σ_j α_j h_j                      the context vector for this decoder step
 
+The weights α are returned, and reported to an open :func:`attnlab.attention.capture_attention`
+(as ``(B, S)`` for one query, ``(B, T, S)`` for several); the layer keeps nothing.
+
 Shape legend: B batch, S source length, Ds decoder state width, Dh encoder state width, A
 attention width, T decoder steps (optional: several queries at once).
 """
@@ -12,6 +15,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+
+from attnlab.attention.capture import report_attention
 
 __all__ = ["AdditiveAttention"]
 
@@ -80,5 +85,6 @@ class AdditiveAttention(nn.Module):
             weights = weights.masked_fill(empty, 0.0)
         context = weights @ keys  # (B, T, Dh)
         if single:
-            return context[:, 0], weights[:, 0]
+            context, weights = context[:, 0], weights[:, 0]  # (B, Dh), (B, S)
+        report_attention(self, weights)
         return context, weights

@@ -2,6 +2,7 @@
 
     attnlab train translate --task numbers --lang de --model transformer --out runs/de \
         --max-time 300
+    attnlab train translate --config runs/de/config.json --set train.lr=3e-4 --out runs/de2
     attnlab translate runs/de "twenty one" --beam 4 --attention align.png
     attnlab translate runs/de --file sentences.txt
     attnlab eval runs/de
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import textwrap
 from pathlib import Path
 
 from attnlab.errors import UserError
@@ -23,6 +23,7 @@ MODEL_KINDS = ("rnn", "rnn-attn", "transformer")
 def register(groups) -> None:
     """Add the translation sub-commands to ``groups`` (see attnlab.commands)."""
     from attnlab.commands import register_evaluator
+    from attnlab.commands.config_args import add_config_args, track_explicit
     from attnlab.train import add_train_args
 
     p = groups["train"].add_parser(
@@ -77,7 +78,11 @@ def register(groups) -> None:
         help="drop pairs longer than this many tokens (default 64)",
     )
     d.add_argument(
-        "--keep-case", action="store_true", default=None, help="do not lower-case the text"
+        "--keep-case",
+        dest="lowercase",
+        action="store_false",
+        default=None,
+        help="do not lower-case the text",
     )
     m = p.add_argument_group("model (a --resume reuses the run's model)")
     m.add_argument(
@@ -112,6 +117,8 @@ def register(groups) -> None:
         label_smoothing=None,
         schedule=None,
     )
+    add_config_args(p)
+    track_explicit(p)
     p.set_defaults(func=_run_train)
 
     t = groups["top"].add_parser(
@@ -185,7 +192,7 @@ def register(groups) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-# DataConfig field -> the flag that sets it
+# TranslationTaskConfig field -> the flag that sets it (for messages)
 _DATA_FLAGS = {
     "task": "--task",
     "lang": "--lang",
@@ -199,62 +206,90 @@ _DATA_FLAGS = {
     "max_len": "--max-len",
     "lowercase": "--keep-case",
 }
+# flag dest -> "section.key" (see attnlab.commands.config_args); --model is the kind
+_SETTING_FLAGS = {
+    "task": "task.task",
+    "lang": "task.lang",
+    "low": "task.low",
+    "high": "task.high",
+    "n_examples": "task.n_examples",
+    "data": "task.path",
+    "src_level": "task.src_level",
+    "tgt_level": "task.tgt_level",
+    "bpe_vocab": "task.bpe_vocab_size",
+    "max_len": "task.max_len",
+    "lowercase": "task.lowercase",
+    "preset": "model.preset",
+    "cell": "model.cell",
+    "norm_position": "model.norm_position",
+    "position": "model.position",
+}
+
+
+def _flag_keys(args: argparse.Namespace) -> dict[str, str]:
+    from attnlab.train import TrainConfig
+
+    train = {f: f"train.{f}" for f in TrainConfig.field_names() if hasattr(args, f)}
+    return {**train, **_SETTING_FLAGS}
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from attnlab.data.translation import DataConfig, TranslationTask, build_data
+    import torch
+
+    from attnlab.commands.config_args import explicit_dests, resolve_sections
+    from attnlab.config.overrides import parse_overrides
+    from attnlab.config.translation import TranslationTaskConfig
+    from attnlab.data.translation import build_data
+    from attnlab.models.registry import get_kind
+    from attnlab.models.translation import translation_config
     from attnlab.runs import read_config
-    from attnlab.train import check_run_dir, train, train_config_from_args
-    from attnlab.translate import build_model, model_from_config, train_defaults
+    from attnlab.tasks.translation import TranslationTask, train_defaults
+    from attnlab.train import TrainConfig, check_run_dir, train
 
     check_run_dir(args.out, args.resume, args.overwrite)  # before generating the data
-    given = {
-        "task": args.task,
-        "lang": args.lang,
-        "low": args.low,
-        "high": args.high,
-        "n_examples": args.n_examples,
-        "path": args.data,
-        "src_level": args.src_level,
-        "tgt_level": args.tgt_level,
-        "bpe_vocab_size": args.bpe_vocab,
-        "max_len": args.max_len,
-        "lowercase": None if args.keep_case is None else not args.keep_case,
-    }
-    given = {k: v for k, v in given.items() if v is not None}
-    options = {"cell": args.cell, "norm_position": args.norm_position, "position": args.position}
-    options = {k: v for k, v in options.items() if v is not None}
+    flag_keys = _flag_keys(args)
     if args.resume:
         saved = read_config(args.out)
-        kind = saved["kind"]
-        if kind not in MODEL_KINDS:
-            raise UserError(f"{args.out} holds a {kind!r} model, not a translation model")
-        data_cfg = DataConfig.from_dict(saved["task"])
-        _check_resume(args, kind, data_cfg, given, options, saved["model"])
-        data = build_data(data_cfg)
-        model = model_from_config(kind, saved["model"])
+        kind = _translation_kind(saved["kind"], args.out)
+        _check_resume(args, kind, saved, resolve_sections(args, flag_keys))
+        base = {k: saved.get(k) or {} for k in ("model", "train", "task")}
+        sections = resolve_sections(args, flag_keys, base=base)
+        task_cfg = TranslationTaskConfig.from_dict(saved["task"])
+        model_cfg = get_kind(kind).config_cls.from_dict(saved["model"])
     else:
-        kind = args.model or "transformer"
-        data = build_data(DataConfig(**given, seed=args.seed))
-        model = build_model(
+        sections = resolve_sections(args, flag_keys)
+        source = "--model" if args.model else args.config
+        kind = _translation_kind(args.model or sections.get("kind") or "transformer", source)
+        task = dict(sections["task"])
+        # --seed seeds the data as well as the training, unless the task's seed is set apart
+        if "seed" in explicit_dests(args) and "task.seed" not in parse_overrides(args.set):
+            task["seed"] = args.seed
+        task.setdefault("seed", sections["train"].get("seed", 0))
+        task_cfg = TranslationTaskConfig.from_dict(task)
+    train_cfg = TrainConfig.from_dict({**train_defaults(kind), **sections["train"]})
+    data = build_data(task_cfg)
+    if not args.resume:
+        model_options = dict(sections["model"])
+        preset = model_options.pop("preset", None)
+        longest = max(data.stats["max_src_len"], data.stats["max_tgt_len"])
+        max_seq_len = model_options.pop("max_seq_len", 2 * longest + 16)  # a file's value wins
+        model_cfg = translation_config(
             kind,
             len(data.src_vocab),
             len(data.tgt_vocab),
-            preset=args.preset,
-            max_seq_len=2 * max(data.stats["max_src_len"], data.stats["max_tgt_len"]) + 16,
-            **options,
+            preset=preset,
+            max_seq_len=max_seq_len,
+            **model_options,
         )
-    args.model = kind
-    defaults = train_defaults(args.model)
-    fill = {k: v for k, v in defaults.items() if getattr(args, k, None) is None}
-    cfg = train_config_from_args(args, **fill)
+    torch.manual_seed(train_cfg.seed)  # the same initial weights for the same settings
+    model = get_kind(kind).build(model_cfg)
     task = TranslationTask(data)
-    result = train(model, task, cfg, args.out, resume=args.resume, overwrite=args.overwrite)
+    result = train(model, task, train_cfg, args.out, resume=args.resume, overwrite=args.overwrite)
     last = result.history[-1] if result.history else {}
     extra = "".join(f", {k} {last[k]:.3f}" for k in ("val_exact", "val_bleu") if k in last)
     val = "n/a" if result.val_loss is None else f"{result.val_loss:.3f}"
     print(
-        f"trained {args.model} ({sum(p.numel() for p in model.parameters()):,} parameters) "
+        f"trained {kind} ({sum(p.numel() for p in model.parameters()):,} parameters) "
         f"for {result.steps} steps in {result.elapsed:.0f}s: train loss "
         f"{result.final_train_loss:.3f}, val loss {val}{extra}"
     )
@@ -265,27 +300,50 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_resume(args, kind, data_cfg, given: dict, options: dict, saved_model: dict) -> None:
-    """A resume continues the run as saved: refuse data or model options that contradict it
-    (a different vocabulary would silently scramble the trained embeddings)."""
-    from attnlab.translate import model_config
+def _translation_kind(kind: str, where: str | None) -> str:
+    if kind not in MODEL_KINDS:
+        where = f"{where}: " if where else ""
+        raise UserError(f"{where}{kind!r} is not a translation model ({', '.join(MODEL_KINDS)})")
+    return kind
+
+
+def _check_resume(args: argparse.Namespace, kind: str, saved: dict, changes: dict) -> None:
+    """A resume continues the run as saved: refuse data or model settings that contradict it
+    (a different vocabulary would silently scramble the trained embeddings).
+
+    Args:
+        changes: the settings typed now (flags and ``--set``), by section.
+    """
+    from attnlab.config.translation import TranslationTaskConfig
+    from attnlab.models.registry import get_kind
+    from attnlab.models.translation import translation_config
 
     diffs = []
-    for key, value in given.items():
-        stored = getattr(data_cfg, key)
+    stored_task = TranslationTaskConfig.from_dict(saved["task"]).to_dict()
+    task_changes = changes["task"]
+    wanted_task = TranslationTaskConfig.from_dict({**stored_task, **task_changes}).to_dict()
+    for key in task_changes:
+        stored, value = stored_task[key], wanted_task[key]
         if key == "path" and stored is not None and Path(value).resolve() == Path(stored).resolve():
             continue
         if value != stored:
+            flag = _DATA_FLAGS.get(key, f"task.{key}")
             shown = "given" if key == "lowercase" else repr(value)
-            diffs.append(f"{_DATA_FLAGS[key]} {shown} (the run has {key}={stored!r})")
+            diffs.append(f"{flag} {shown} (the run has {key}={stored!r})")
+    saved_model = saved["model"]
+    options = dict(changes["model"])
+    preset = options.pop("preset", None)
     if args.model is not None and args.model != kind:
         diffs.append(f"--model {args.model!r} (the run has {kind!r})")
-    elif args.preset is not None or options:
-        sizes = {k: saved_model[k] for k in ("src_vocab_size", "tgt_vocab_size")}
-        wanted = model_config(
-            kind, **sizes, preset=args.preset, max_seq_len=saved_model.get("max_seq_len"), **options
-        ).to_dict()
-        keys = wanted if args.preset is not None else options  # a preset names every field
+    elif preset is not None or options:
+        if preset is not None:  # a preset names every field
+            sizes = {k: saved_model[k] for k in ("src_vocab_size", "tgt_vocab_size")}
+            wanted = translation_config(
+                kind, **sizes, preset=preset, max_seq_len=saved_model.get("max_seq_len"), **options
+            ).to_dict()
+        else:
+            wanted = get_kind(kind).config_cls.from_dict({**saved_model, **options}).to_dict()
+        keys = wanted if preset is not None else options
         for key in sorted(k for k in keys if wanted[k] != saved_model.get(k)):
             diffs.append(f"model {key}={wanted[key]!r} (the run has {saved_model.get(key)!r})")
     if diffs:
@@ -299,18 +357,7 @@ def _check_resume(args, kind, data_cfg, given: dict, options: dict, saved_model:
 def _load(run_dir: str, weights: str):
     from attnlab import runs
 
-    kind = runs.read_config(run_dir)["kind"]
-    if kind not in MODEL_KINDS:
-        raise UserError(
-            f"{run_dir} holds a {kind!r} model, not a translation model ({', '.join(MODEL_KINDS)})"
-        )
-    name = "best.safetensors" if weights == "best" else "model.safetensors"
-    if not (Path(run_dir) / name).exists():
-        name = "model.safetensors"
-    model, vocabs = runs.load(run_dir, weights=name)
-    if vocabs is None:
-        raise UserError(f"{run_dir} has no vocabulary (vocab.json)")
-    return model, vocabs
+    return runs.load(run_dir, weights=weights, kinds=MODEL_KINDS)
 
 
 def _read_inputs(args: argparse.Namespace) -> list[str]:
@@ -335,7 +382,7 @@ def _read_inputs(args: argparse.Namespace) -> list[str]:
 
 
 def _run_translate(args: argparse.Namespace) -> int:
-    from attnlab.translate import translate_texts
+    from attnlab.metrics.translation import translate_texts
 
     if args.beam < 1:
         raise UserError(f"--beam must be at least 1, got {args.beam}")
@@ -367,54 +414,25 @@ def _run_translate(args: argparse.Namespace) -> int:
     for r in res:
         print(f"{r.text}\t{r.score:.3f}" if args.scores else r.text)
     if args.attention:
-        _plot_alignment(model, res[0], args.attention, args.layer)
+        from attnlab.viz.alignment import plot_alignment
+
+        written = plot_alignment(res[0], args.attention, layer=args.layer)
+        more = f" (+ {len(written) - 1} per-layer head grids next to it)" if written[1:] else ""
+        print(f"alignment written to {args.attention}{more}")
     return 0
-
-
-def _title(*parts: str, n_cols: int) -> str:
-    """Wrap a heatmap title to roughly the figure's width (it grows with the source length)."""
-    width = 28 + 3 * n_cols
-    return "\n".join(line for p in parts for line in textwrap.wrap(p, width))
-
-
-def _plot_alignment(model, r, path: str, layer: int) -> None:
-    """Rows = output tokens (``<end>`` included), columns = source tokens."""
-    from attnlab.viz import attention as viz
-
-    a = r.alignment  # (L, H, T, S)
-    L = a.shape[0]
-    src, out = r.source, f"→ {r.text}"
-    if L == 1 and a.shape[1] == 1:  # rnn-attn: Bahdanau's α
-        title = _title(src, out, n_cols=len(r.src_tokens))
-        viz.plot_attention(a[0, 0], path, rows=r.out_tokens, cols=r.src_tokens, title=title)
-        print(f"alignment written to {path}")
-        return
-    viz.plot_attention(
-        a[layer].mean(0),
-        path,
-        rows=r.out_tokens,
-        cols=r.src_tokens,
-        title=_title(src, out, f"(layer {layer % L}, head average)", n_cols=len(r.src_tokens)),
-    )
-    stem = Path(path)
-    for i in range(L):
-        p = stem.with_name(f"{stem.stem}.layer{i}{stem.suffix or '.png'}")
-        viz.plot_attention_grid(
-            a[i], p, rows=r.out_tokens, cols=r.src_tokens, title=f"cross-attention, layer {i}"
-        )
-    print(f"alignment written to {path} (+ {L} per-layer head grids next to it)")
 
 
 def _run_eval(args: argparse.Namespace) -> int:
     from attnlab.data.translation import read_tsv
-    from attnlab.translate import evaluate_pairs
+    from attnlab.metrics.translation import evaluate_pairs
+    from attnlab.tasks.translation import HELDOUT_FILE
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
     if args.max_batches is not None and args.max_batches < 1:
         raise UserError(f"--max-batches must be at least 1, got {args.max_batches}")
     model, vocabs = _load(args.run_dir, args.weights)
-    path = Path(args.run_dir) / "heldout.tsv"
+    path = Path(args.run_dir) / HELDOUT_FILE
     pairs = read_tsv(path)
     if args.max_batches is not None:
         pairs = pairs[: args.max_batches * args.batch_size]

@@ -76,20 +76,18 @@ def run_bottleneck(cfg: BottleneckConfig, out_dir: str | Path, *, overwrite: boo
     Raises:
         RunDirError: ``out_dir`` already holds results and ``overwrite`` is not set.
     """
-    from attnlab.data.translation import (
-        DataConfig,
-        TranslationTask,
-        TranslationVocabs,
-        build_data,
-    )
+    from attnlab.config.translation import TranslationTaskConfig
+    from attnlab.data.translation import build_data
+    from attnlab.metrics.translation import evaluate_pairs
+    from attnlab.models.translation import build_translation_model
+    from attnlab.tasks.translation import TranslationTask, train_defaults
     from attnlab.train import TrainConfig, train
-    from attnlab.translate import build_model, evaluate_pairs, train_defaults
 
     out = Path(out_dir)
     if (out / "results.json").exists() and not overwrite:
         raise RunDirError(f"{out} already holds bottleneck results; pass --overwrite")
     data = build_data(
-        DataConfig(
+        TranslationTaskConfig(
             task="numbers",
             lang=cfg.lang,
             low=cfg.low,
@@ -102,14 +100,12 @@ def run_bottleneck(cfg: BottleneckConfig, out_dir: str | Path, *, overwrite: boo
     lengths = [len(s.split()) for s, _ in test]
     bucket_of = [_bucket(n, cfg.bucket_width) for n in lengths]
     buckets = sorted(set(bucket_of), key=lambda b: int(b.split("-")[0]))
-    vocabs = TranslationVocabs(
-        data.src_vocab, data.tgt_vocab, data.config.normalizer(), int(data.stats["max_tgt_len"])
-    )
+    vocabs = data.vocabs()
     max_seq = 2 * max(data.stats["max_src_len"], data.stats["max_tgt_len"]) + 16
     results: dict = {"config": asdict(cfg), "data": data.stats, "buckets": buckets, "models": {}}
     for kind in cfg.models:
         is_tf = kind == "transformer"
-        model = build_model(
+        model = build_translation_model(
             kind,
             len(data.src_vocab),
             len(data.tgt_vocab),
@@ -136,7 +132,7 @@ def run_bottleneck(cfg: BottleneckConfig, out_dir: str | Path, *, overwrite: boo
         per: dict = {}
         for b in buckets:
             idx = [i for i, x in enumerate(bucket_of) if x == b]
-            sub = evaluate_subset(ev, vocabs, test, idx)
+            sub = evaluate_subset(ev, vocabs, idx)
             per[b] = {"n": len(idx), **sub}
         results["models"][kind] = {
             "overall": {k: ev[k] for k in ("exact_match", "bleu", "chrf", "n")},
@@ -147,7 +143,7 @@ def run_bottleneck(cfg: BottleneckConfig, out_dir: str | Path, *, overwrite: boo
         }
     results["summary"] = summarise(results)
     out.mkdir(parents=True, exist_ok=True)
-    from attnlab.runs import atomic_write_text
+    from attnlab.fileio import atomic_write_text
 
     atomic_write_text(out / "results.json", json.dumps(results, indent=2))
     atomic_write_text(out / "table.md", format_table(results) + "\n\n" + results["summary"] + "\n")
@@ -155,22 +151,17 @@ def run_bottleneck(cfg: BottleneckConfig, out_dir: str | Path, *, overwrite: boo
     return results
 
 
-def evaluate_subset(ev: dict, vocabs, pairs, idx: list[int]) -> dict:
+def evaluate_subset(ev: dict, vocabs, idx: list[int]) -> dict:
     """Exact match and token BLEU of the hypotheses ``idx`` of an :func:`evaluate_pairs` result."""
-    from attnlab.translate import bleu
+    from attnlab.metrics.translation import token_bleu
 
     if not idx:
         return {"exact_match": None, "bleu": None}
-
-    def toks(text: str) -> str:
-        return " ".join(vocabs.tgt.tokenize(text))
-
-    hyps = [toks(ev["hypotheses"][i]) for i in idx]
-    refs = [toks(vocabs.normalizer(pairs[i][1])) for i in idx]
-    has_4 = any(len(r.split()) >= 4 for r in refs)
+    hyps = [ev["hypotheses"][i] for i in idx]
+    refs = [ev["references"][i] for i in idx]
     return {
         "exact_match": sum(ev["correct"][i] for i in idx) / len(idx),
-        "bleu": bleu(hyps, refs, tokenize="none") if has_4 else None,
+        "bleu": token_bleu(vocabs, hyps, refs),
     }
 
 
@@ -250,7 +241,7 @@ def plot_bottleneck(results: dict, path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnlab.runs import atomic_save
+    from attnlab.fileio import atomic_save
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     xs = results["buckets"]

@@ -22,102 +22,24 @@ width, Hk encoder state width (Dir·hidden), V target vocabulary.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab.attention.additive import AdditiveAttention
-from attnlab.data.translation import load_vocabs
+from attnlab.attention.cache import DecodeState
+from attnlab.attention.capture import capture_attention
+from attnlab.config.translation import RNNSeq2SeqConfig
 from attnlab.models.registry import register_kind
 
 __all__ = ["RNNSeq2SeqConfig", "RNNSeq2Seq", "AttnRNNSeq2Seq", "RNNDecodeState"]
 
-_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(emb_dim=32, hidden=64, n_layers=1),
-    "small": dict(emb_dim=64, hidden=128, n_layers=1),
-    "base": dict(emb_dim=256, hidden=512, n_layers=2, dropout=0.2),
-}
-
 
 @dataclass
-class RNNSeq2SeqConfig:
-    """Configuration of the RNN encoder–decoders.
-
-    Args:
-        src_vocab_size, tgt_vocab_size: vocabulary sizes (set from the data).
-        cell: ``gru`` | ``lstm``.
-        emb_dim: token embedding width E (both sides).
-        hidden: RNN state width per direction (the decoder state is ``hidden`` wide).
-        n_layers: encoder layers (the decoder is one recurrent cell, stepped explicitly).
-        bidirectional: bidirectional encoder (Bahdanau's choice).
-        attn_dim: width of the additive-attention scoring layer (``rnn-attn``; default hidden).
-        dropout: on embeddings and between encoder layers.
-        pad_id: padding id.
-    """
-
-    src_vocab_size: int = 1000
-    tgt_vocab_size: int = 1000
-    cell: str = "gru"
-    emb_dim: int = 64
-    hidden: int = 128
-    n_layers: int = 1
-    bidirectional: bool = True
-    attn_dim: int | None = None
-    dropout: float = 0.0
-    pad_id: int = 0
-
-    def __post_init__(self) -> None:
-        if self.cell not in ("gru", "lstm"):
-            raise ValueError(f"unknown cell {self.cell!r}; choose 'gru' or 'lstm'")
-        if (
-            min(self.src_vocab_size, self.tgt_vocab_size, self.emb_dim, self.hidden, self.n_layers)
-            < 1
-        ):
-            raise ValueError(
-                f"sizes must be positive: src_vocab_size={self.src_vocab_size}, "
-                f"tgt_vocab_size={self.tgt_vocab_size}, emb_dim={self.emb_dim}, "
-                f"hidden={self.hidden}, n_layers={self.n_layers}"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-
-    @property
-    def enc_dim(self) -> int:
-        return self.hidden * (2 if self.bidirectional else 1)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> RNNSeq2SeqConfig:
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown RNNSeq2SeqConfig fields: {sorted(unknown)}")
-        return cls(**d)
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> RNNSeq2SeqConfig:
-        """Named sizes (``tiny``, ``small``, ``base``) with overrides.
-
-        Raises:
-            ValueError: unknown preset name.
-        """
-        if name not in _PRESETS:
-            raise ValueError(
-                f"unknown RNNSeq2SeqConfig preset {name!r}; choose from {sorted(_PRESETS)}"
-            )
-        return cls(**{**_PRESETS[name], **overrides})
-
-    @staticmethod
-    def presets() -> list[str]:
-        return sorted(_PRESETS)
-
-
-@dataclass
-class RNNDecodeState:
+class RNNDecodeState(DecodeState):
     """Decoder state between steps: s (and the LSTM cell), encoder states and their projection."""
 
     s: Tensor  # (B, Hd)
@@ -126,22 +48,6 @@ class RNNDecodeState:
     keys_proj: Tensor | None  # (B, S, A) precomputed W_h h (rnn-attn)
     final: Tensor  # (B, Hk) h_fin, the fixed context of the rnn model
     src_mask: Tensor  # (B, S)
-    weights: Tensor | None = None  # α of the last step (B, S) (rnn-attn)
-
-    def reorder(self, index: Tensor) -> RNNDecodeState:
-        """Keep rows ``index`` (beam search)."""
-
-        def pick(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.index_select(0, index)
-
-        return RNNDecodeState(
-            pick(self.s),
-            pick(self.cell),
-            pick(self.keys),
-            pick(self.keys_proj),
-            pick(self.final),
-            pick(self.src_mask),
-        )
 
 
 class RNNSeq2Seq(nn.Module):
@@ -175,7 +81,6 @@ class RNNSeq2Seq(nn.Module):
             AdditiveAttention(c.hidden, c.enc_dim, c.attn_dim) if self.uses_attention else None
         )
         self.out = nn.Linear(c.hidden + c.enc_dim, c.tgt_vocab_size)
-        self.last_weights: Tensor | None = None  # (B, T, S) after forward(need_weights=True)
 
     # -- encoder
     def encode(self, src: Tensor, src_mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -192,7 +97,7 @@ class RNNSeq2Seq(nn.Module):
         final = last.transpose(0, 1).reshape(src.shape[0], -1)  # (B, Dir·hidden)
         return keys, final
 
-    # -- decoder
+    # -- decoder (the incremental-decoding interface of attnlab.decoding)
     def start_decoding(self, src: Tensor, src_mask: Tensor, max_len: int = 0) -> RNNDecodeState:
         """Encode the source and set ``s_0``; ``max_len`` is unused (no cache to size)."""
         keys, final = self.encode(src, src_mask)
@@ -201,42 +106,50 @@ class RNNSeq2Seq(nn.Module):
         kp = self.attention.project_keys(keys) if self.attention is not None else None
         return RNNDecodeState(s, cell, keys, kp, final, src_mask)
 
-    def _context(self, st: RNNDecodeState) -> tuple[Tensor, Tensor | None]:
+    def _context(self, st: RNNDecodeState) -> Tensor:
+        """c_t: h_fin (``rnn``) or Bahdanau's Σ_j α_tj h_j (``rnn-attn``, α reported to a
+        capture)."""
         if self.attention is None:
-            return st.final, None
-        return self.attention(st.s, st.keys, st.src_mask, keys_proj=st.keys_proj)
+            return st.final
+        context, _ = self.attention(st.s, st.keys, st.src_mask, keys_proj=st.keys_proj)
+        return context  # (B, Hk)
 
-    def decode_step(
-        self, prev: Tensor, state: RNNDecodeState, *, need_weights: bool = False
-    ) -> tuple[Tensor, RNNDecodeState]:
-        """Logits ``(B, V)`` of the token after ``prev (B,)``, and the advanced state.
-
-        For ``rnn-attn`` the step's attention ``α (B, S)`` is in ``state.weights``.
-        """
-        context, alpha = self._context(state)  # (B, Hk), (B, S)
+    def _step(self, prev: Tensor, state: RNNDecodeState) -> Tensor:
+        """One decoder step on ``prev (B,)``: advances ``state``, returns logits ``(B, V)``."""
+        context = self._context(state)  # (B, Hk)
         x = torch.cat([self.drop(self.tgt_emb(prev)), context], dim=-1)  # (B, E + Hk)
         if state.cell is None:
-            s, cell = self.cell(x, state.s), None
+            state.s = self.cell(x, state.s)
         else:
-            s, cell = self.cell(x, (state.s, state.cell))
-        new = RNNDecodeState(
-            s, cell, state.keys, state.keys_proj, state.final, state.src_mask, alpha
-        )
-        return self.out(torch.cat([s, context], dim=-1)), new
+            state.s, state.cell = self.cell(x, (state.s, state.cell))
+        return self.out(torch.cat([state.s, context], dim=-1))
+
+    def decode_step(self, tokens: Tensor, state: RNNDecodeState) -> tuple[Tensor, RNNDecodeState]:
+        """Feed ``tokens (B, T)`` (``<start>`` first, then one token per step).
+
+        Returns:
+            ``(logits (B, V) of the token after the last one, state)``.
+        """
+        for t in range(tokens.shape[1]):
+            logits = self._step(tokens[:, t], state)
+        return logits, state
 
     def forward(
         self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, *, need_weights: bool = False
-    ) -> Tensor:
-        """Teacher-forced logits ``(B, T, V)``: the decoder reads the true previous tokens."""
+    ) -> Tensor | tuple[Tensor, Tensor | None]:
+        """Teacher-forced logits ``(B, T, V)``: the decoder reads the true previous tokens.
+
+        Args:
+            need_weights: also return Bahdanau's α of every step, ``(B, T, S)`` (None for the
+                fixed-context ``rnn``), read through :func:`attnlab.attention.capture_attention`.
+        """
+        if need_weights:
+            with capture_attention(self) as maps:
+                logits = self(src, src_mask, tgt_in)
+            steps = maps.calls("attention")
+            return logits, torch.stack(steps, 1) if steps else None  # (B, T, S)
         state = self.start_decoding(src, src_mask)
-        logits, weights = [], []
-        for t in range(tgt_in.shape[1]):
-            step, state = self.decode_step(tgt_in[:, t], state)
-            logits.append(step)
-            weights.append(state.weights)
-        self.last_weights = (
-            torch.stack(weights, 1) if need_weights and self.attention is not None else None
-        )  # (B, T, S)
+        logits = [self._step(tgt_in[:, t], state) for t in range(tgt_in.shape[1])]
         return torch.stack(logits, dim=1)  # (B, T, V)
 
 

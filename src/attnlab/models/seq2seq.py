@@ -6,12 +6,16 @@
 The defaults are the paper's: post-norm residuals, sinusoidal positions, ReLU FFN, encoder
 self-attention that ignores source padding, decoder self-attention that is causal, and
 cross-attention from every decoder position to the (unpadded) encoder outputs. Pre-norm, RoPE,
-learned positions, RMSNorm, SwiGLU... are fields of :class:`Seq2SeqConfig`. Every block is built
-with :func:`attnlab.layers.build_block`, the same block the decoder-only LM and ViT use.
+ALiBi, learned positions, RMSNorm, SwiGLU, MoE... are fields of :class:`Seq2SeqConfig` (a
+:class:`attnlab.config.BlockConfig`): every block is built by :func:`attnlab.layers.build_block`,
+the block the decoder-only LM and ViT use. Positions go through the one interface of
+:mod:`attnlab.layers.position`: the model owns one position module (``pos_emb``) whose ``embed``
+adds absolute positions and whose ``rotate``/``bias`` (RoPE, ALiBi) the blocks' self-attention
+applies; cross-attention takes no positions.
 
-For decoding, :meth:`Seq2SeqTransformer.start_decoding` encodes the source once and makes one
-self-attention KV cache and one cross-attention KV cache per decoder layer; each
-:meth:`decode_step` then costs one new query per layer.
+For decoding (:mod:`attnlab.decoding`), :meth:`Seq2SeqTransformer.start_decoding` encodes the
+source once and makes one self-attention KV cache and one cross-attention KV cache per decoder
+layer; each :meth:`~Seq2SeqTransformer.decode_step` then costs one new query per layer.
 
 Shape legend: B batch, S source length, T target length, C d_model, V target vocabulary,
 L decoder layers, H heads.
@@ -20,198 +24,44 @@ L decoder layers, H heads.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.cache import KVCache
-from attnlab.data.translation import load_vocabs
+from attnlab.attention.cache import DecodeState, KVCache
+from attnlab.attention.capture import capture_attention
+from attnlab.config.translation import Seq2SeqConfig
 from attnlab.layers import build_block, make_norm
-from attnlab.layers.position import LearnedPositionalEmbedding, SinusoidalPositionalEmbedding
+from attnlab.layers.drop_path import drop_path_rates
+from attnlab.layers.position import build_positions
 from attnlab.models.registry import register_kind
 
-__all__ = ["Seq2SeqConfig", "Seq2SeqTransformer", "DecodeState"]
-
-_POSITIONS = ("sinusoidal", "learned", "rope", "none")
-
-_PRESETS: dict[str, dict[str, Any]] = {
-    # Transformer base of the paper (65M parameters with a 37k shared vocabulary)
-    "vaswani": dict(
-        d_model=512,
-        n_heads=8,
-        n_enc_layers=6,
-        n_dec_layers=6,
-        ffn_hidden=2048,
-        dropout=0.1,
-        max_seq_len=256,
-    ),
-    # Transformer big
-    "vaswani-big": dict(
-        d_model=1024,
-        n_heads=16,
-        n_enc_layers=6,
-        n_dec_layers=6,
-        ffn_hidden=4096,
-        dropout=0.3,
-        max_seq_len=256,
-    ),
-    # a few minutes of CPU: the numbers/dates tasks
-    "small": dict(
-        d_model=128,
-        n_heads=4,
-        n_enc_layers=3,
-        n_dec_layers=3,
-        ffn_hidden=512,
-        dropout=0.1,
-        max_seq_len=128,
-    ),
-    # seconds of CPU: tests
-    "tiny": dict(
-        d_model=64,
-        n_heads=4,
-        n_enc_layers=2,
-        n_dec_layers=2,
-        ffn_hidden=128,
-        dropout=0.0,
-        max_seq_len=64,
-    ),
-}
+__all__ = ["Seq2SeqConfig", "Seq2SeqTransformer", "Seq2SeqDecodeState"]
 
 
 @dataclass
-class Seq2SeqConfig:
-    """Configuration of :class:`Seq2SeqTransformer` (defaults: the paper's base model).
-
-    Args:
-        src_vocab_size, tgt_vocab_size: vocabulary sizes (set from the data).
-        d_model, n_heads, n_kv_heads, head_dim: widths and heads (n_kv_heads < n_heads = GQA).
-        n_enc_layers, n_dec_layers: stack depths N (6 and 6 in the paper).
-        ffn, ffn_hidden, activation: FFN type, inner width (4·d_model default), activation.
-        norm, norm_eps, norm_position: ``layernorm``/``rmsnorm``, ε, ``post`` (paper) or ``pre``.
-        final_norm: a norm after each stack. Pre-norm needs it (forced on); the paper's post-norm
-            model has none, torch.nn.Transformer has one (``True`` reproduces it).
-        position: ``sinusoidal`` (paper) | ``learned`` | ``rope`` | ``none``.
-        rope_theta: RoPE base.
-        max_seq_len: longest source/target (position tables and KV caches).
-        scale_embeddings: multiply embeddings by √d_model (paper §3.4).
-        tie_embeddings: share the target embedding with the output projection (paper §3.4).
-        bias: biases in linear layers and norms.
-        qk_norm: ``None`` | ``rmsnorm`` | ``layernorm``.
-        dropout: residual/embedding dropout (0.1 in the paper). attn_dropout: on attention weights.
-        backend: attention backend name.
-        pad_id: padding id of both vocabularies.
-    """
-
-    src_vocab_size: int = 1000
-    tgt_vocab_size: int = 1000
-    d_model: int = 512
-    n_heads: int = 8
-    n_kv_heads: int | None = None
-    head_dim: int | None = None
-    n_enc_layers: int = 6
-    n_dec_layers: int = 6
-    ffn: str = "mlp"
-    ffn_hidden: int | None = None
-    activation: str = "relu"
-    norm: str = "layernorm"
-    norm_eps: float = 1e-5
-    norm_position: str = "post"
-    final_norm: bool = False
-    position: str = "sinusoidal"
-    rope_theta: float = 10000.0
-    max_seq_len: int = 256
-    scale_embeddings: bool = True
-    tie_embeddings: bool = True
-    bias: bool = True
-    qk_norm: str | None = None
-    dropout: float = 0.1
-    attn_dropout: float = 0.0
-    backend: str = "auto"
-    backend_options: dict = field(default_factory=dict)
-    pad_id: int = 0
-
-    def __post_init__(self) -> None:
-        if self.src_vocab_size < 1 or self.tgt_vocab_size < 1:
-            raise ValueError(
-                f"vocabulary sizes must be positive, got src={self.src_vocab_size}, "
-                f"tgt={self.tgt_vocab_size}"
-            )
-        if self.head_dim is None and self.d_model % self.n_heads != 0:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
-            )
-        if self.n_enc_layers < 1 or self.n_dec_layers < 1:
-            raise ValueError(
-                f"need at least one layer, got n_enc_layers={self.n_enc_layers}, "
-                f"n_dec_layers={self.n_dec_layers}"
-            )
-        if self.position not in _POSITIONS:
-            raise ValueError(f"unknown position {self.position!r}; choose from {list(_POSITIONS)}")
-        if self.norm_position not in ("pre", "post"):
-            raise ValueError(f"norm_position must be 'pre' or 'post', got {self.norm_position!r}")
-        if self.position == "sinusoidal" and self.d_model % 2:
-            raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.norm_position == "pre":
-            self.final_norm = True  # without it the residual stream is never normalised
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Seq2SeqConfig:
-        unknown = set(d) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown Seq2SeqConfig fields: {sorted(unknown)}")
-        return cls(**d)
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> Seq2SeqConfig:
-        """A named configuration (``vaswani``, ``vaswani-big``, ``small``, ``tiny``) with overrides.
-
-        Raises:
-            ValueError: unknown preset name.
-        """
-        if name not in _PRESETS:
-            raise ValueError(
-                f"unknown Seq2SeqConfig preset {name!r}; choose from {sorted(_PRESETS)}"
-            )
-        return cls(**{**_PRESETS[name], **overrides})
-
-    @staticmethod
-    def presets() -> list[str]:
-        return sorted(_PRESETS)
-
-
-@dataclass
-class DecodeState:
-    """Everything one decoding step needs: encoder output, masks and the KV caches."""
+class Seq2SeqDecodeState(DecodeState):
+    """Incremental decoding of a :class:`Seq2SeqTransformer`: the encoder output, the source
+    mask and one self- and one cross-attention KV cache per decoder layer."""
 
     memory: Tensor  # (B, S, C)
-    src_mask: Tensor  # (B, S) bool
+    src_mask: Tensor  # (B, S) bool, True = real token
     self_caches: list[KVCache]
     cross_caches: list[KVCache]
-    weights: Tensor | None = None  # cross-attention of the last step (L, B, H, S) when recorded
-
-    def reorder(self, index: Tensor) -> DecodeState:
-        """Keep rows ``index`` (beam search)."""
-        for c in (*self.self_caches, *self.cross_caches):
-            c.reorder(index)
-        return DecodeState(
-            self.memory.index_select(0, index),
-            self.src_mask.index_select(0, index),
-            self.self_caches,
-            self.cross_caches,
-        )
 
 
 class Seq2SeqTransformer(nn.Module):
-    """Transformer encoder–decoder.
+    """Transformer encoder–decoder built from a :class:`Seq2SeqConfig`.
 
     ``forward(src (B,S), src_mask (B,S) bool, tgt_in (B,T)) -> logits (B,T,V)`` (teacher forcing).
+
+    Attributes:
+        src_emb, tgt_emb: token embeddings; pos_emb: the position module (shared by both stacks);
+        encoder, decoder: ``nn.ModuleList`` of :class:`attnlab.layers.TransformerBlock` (the
+        decoder's with cross-attention); enc_norm, dec_norm: final norms (``nn.Identity`` without
+        ``final_norm``); lm_head: output projection (the target embedding when tied).
     """
 
     kind: ClassVar[str] = "transformer"
@@ -221,37 +71,16 @@ class Seq2SeqTransformer(nn.Module):
         self.config = c = config
         self.src_emb = nn.Embedding(c.src_vocab_size, c.d_model, padding_idx=c.pad_id)
         self.tgt_emb = nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id)
-        if c.position == "sinusoidal":
-            self.pos_emb: nn.Module | None = SinusoidalPositionalEmbedding(c.max_seq_len, c.d_model)
-        elif c.position == "learned":
-            self.pos_emb = LearnedPositionalEmbedding(c.max_seq_len, c.d_model)
-        else:
-            self.pos_emb = None  # rope lives inside attention; none = no positions
+        self.pos_emb = build_positions(c)
         self.drop = nn.Dropout(c.dropout)
-        block_kw = dict(
-            n_kv_heads=c.n_kv_heads,
-            head_dim=c.head_dim,
-            ffn=c.ffn,
-            ffn_hidden=c.ffn_hidden,
-            activation=c.activation,
-            norm=c.norm,
-            norm_eps=c.norm_eps,
-            norm_position=c.norm_position,
-            bias=c.bias,
-            qk_norm=c.qk_norm,
-            position="rope" if c.position == "rope" else "none",
-            rope_theta=c.rope_theta,
-            dropout=c.dropout,
-            attn_dropout=c.attn_dropout,
-            backend=c.backend,
-            backend_options=c.backend_options,
-        )
+        enc_rates = drop_path_rates(c.drop_path, c.n_enc_layers)
+        dec_rates = drop_path_rates(c.drop_path, c.n_dec_layers)
         self.encoder = nn.ModuleList(
-            build_block(c.d_model, c.n_heads, **block_kw) for _ in range(c.n_enc_layers)
+            build_block(c, positions=self.pos_emb, drop_path=p) for p in enc_rates
         )
         self.decoder = nn.ModuleList(
-            build_block(c.d_model, c.n_heads, cross_attention=True, **block_kw)
-            for _ in range(c.n_dec_layers)
+            build_block(c, cross_attention=True, positions=self.pos_emb, drop_path=p)
+            for p in dec_rates
         )
 
         def final() -> nn.Module:
@@ -280,18 +109,16 @@ class Seq2SeqTransformer(nn.Module):
 
     # -- embeddings
     def _embed(self, emb: nn.Embedding, ids: Tensor, offset: int = 0) -> Tensor:
-        if ids.shape[1] + offset > self.config.max_seq_len and self.pos_emb is not None:
+        T = ids.shape[1]
+        if offset + T > self.config.max_seq_len and self.pos_emb.absolute:
             raise ValueError(
-                f"sequence of length {ids.shape[1] + offset} exceeds "
-                f"max_seq_len={self.config.max_seq_len}"
+                f"sequence of length {offset + T} exceeds max_seq_len={self.config.max_seq_len}"
             )
         x = emb(ids)  # (B, T, C)
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.config.d_model)
-        if self.pos_emb is not None:
-            pos = torch.arange(offset, offset + ids.shape[1], device=ids.device)
-            x = x + self.pos_emb(pos)
-        return self.drop(x)
+        positions = torch.arange(offset, offset + T, device=ids.device)  # (T,)
+        return self.drop(self.pos_emb.embed(x, positions))
 
     def embed_source(self, src: Tensor) -> Tensor:
         return self._embed(self.src_emb, src)
@@ -313,11 +140,11 @@ class Seq2SeqTransformer(nn.Module):
         memory: Tensor,
         src_mask: Tensor | None,
         *,
-        caches: DecodeState | None = None,
-        need_weights: bool = False,
+        state: Seq2SeqDecodeState | None = None,
     ) -> Tensor:
         """Decoder stack on embedded ``y (B, T, C)``: causal self-attention, cross-attention to
-        ``memory (B, S, C)`` restricted to the real source positions."""
+        ``memory (B, S, C)`` restricted to the real source positions; with a decoding ``state``
+        its KV caches are read and extended."""
         ctx_mask = None if src_mask is None else src_mask[:, None, None, :]  # (B, 1, 1, S)
         for i, block in enumerate(self.decoder):
             y = block(
@@ -325,9 +152,8 @@ class Seq2SeqTransformer(nn.Module):
                 is_causal=True,
                 context=memory,
                 context_mask=ctx_mask,
-                cache=None if caches is None else caches.self_caches[i],
-                cross_cache=None if caches is None else caches.cross_caches[i],
-                need_weights=need_weights,
+                cache=None if state is None else state.self_caches[i],
+                cross_cache=None if state is None else state.cross_caches[i],
             )
         return self.dec_norm(y)
 
@@ -338,41 +164,56 @@ class Seq2SeqTransformer(nn.Module):
 
     def forward(
         self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, *, need_weights: bool = False
-    ) -> Tensor:
-        """Teacher-forced logits ``(B, T, V)`` for ``tgt_in = <start> y_1 … y_{T-1}``."""
+    ) -> Tensor | tuple[Tensor, dict[str, list[Tensor]]]:
+        """Teacher-forced logits ``(B, T, V)`` for ``tgt_in = <start> y_1 … y_{T-1}``.
+
+        Args:
+            src: ``(B, S)`` source ids; src_mask: ``(B, S)`` True for real tokens.
+            tgt_in: ``(B, T)`` decoder input ids.
+            need_weights: also return the attention weights of every layer (math path).
+
+        Returns:
+            logits, or with ``need_weights`` ``(logits, {"encoder": [(B, H, S, S)] * N_enc,
+            "decoder": [(B, H, T, T)] * N_dec, "cross": [(B, H, T, S)] * N_dec})``.
+        """
+        if need_weights:
+            with capture_attention(self) as maps:
+                logits = self(src, src_mask, tgt_in)
+            enc = range(len(self.encoder))
+            dec = range(len(self.decoder))
+            return logits, {
+                "encoder": [maps[f"encoder.{i}.attn"] for i in enc],
+                "decoder": [maps[f"decoder.{i}.attn"] for i in dec],
+                "cross": [maps[f"decoder.{i}.cross_attn"] for i in dec],
+            }
         memory = self.encode(src, src_mask)
-        y = self.run_decoder(self.embed_target(tgt_in), memory, src_mask, need_weights=need_weights)
-        return self.lm_head(y)
+        return self.lm_head(self.run_decoder(self.embed_target(tgt_in), memory, src_mask))
 
-    def cross_attention(self) -> Tensor | None:
-        """Cross-attention weights ``(L, B, H, T, S)`` of the last ``need_weights=True`` call."""
-        ws = [b.cross_weights for b in self.decoder]
-        return None if any(w is None for w in ws) else torch.stack(ws)
-
-    # -- incremental decoding
-    def start_decoding(self, src: Tensor, src_mask: Tensor, max_len: int) -> DecodeState:
-        """Encode once and allocate per-layer self/cross KV caches for ``max_len`` steps."""
+    # -- incremental decoding (the interface of attnlab.decoding)
+    def start_decoding(self, src: Tensor, src_mask: Tensor, max_len: int) -> Seq2SeqDecodeState:
+        """Encode once and allocate per-layer self/cross KV caches for ``max_len`` tokens
+        (the start token included)."""
         memory = self.encode(src, src_mask)
         B, S = src.shape
-        self_caches = [b.attn.make_cache(B, max_len) for b in self.decoder]
-        cross_caches = [b.cross_attn.make_cache(B, S) for b in self.decoder]
-        return DecodeState(memory, src_mask, self_caches, cross_caches)
+        return Seq2SeqDecodeState(
+            memory=memory,
+            src_mask=src_mask,
+            self_caches=[b.attn.make_cache(B, max_len) for b in self.decoder],
+            cross_caches=[b.cross_attn.make_cache(B, S) for b in self.decoder],
+        )
 
     def decode_step(
-        self, prev: Tensor, state: DecodeState, *, need_weights: bool = False
-    ) -> tuple[Tensor, DecodeState]:
-        """Logits ``(B, V)`` of the next token after ``prev (B,)``; the caches advance one step.
+        self, tokens: Tensor, state: Seq2SeqDecodeState
+    ) -> tuple[Tensor, Seq2SeqDecodeState]:
+        """Feed ``tokens (B, T)`` (``<start>`` first, then one token per step).
 
-        With ``need_weights`` the step's cross-attention ``(L, B, H, S)`` is in ``state.weights``.
+        Returns:
+            ``(logits (B, V) of the next token, state)``; the caches advance by T.
         """
         t = state.self_caches[0].length
-        y = self.embed_target(prev[:, None], offset=t)  # (B, 1, C)
-        y = self.run_decoder(
-            y, state.memory, state.src_mask, caches=state, need_weights=need_weights
-        )
-        if need_weights:
-            state.weights = torch.stack([b.cross_weights[:, :, 0] for b in self.decoder])
-        return self.lm_head(y[:, 0]), state
+        y = self.embed_target(tokens, offset=t)  # (B, T, C)
+        y = self.run_decoder(y, state.memory, state.src_mask, state=state)
+        return self.lm_head(y[:, -1]), state
 
 
 register_kind(

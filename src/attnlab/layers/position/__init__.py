@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from attnlab.layers.position.absolute import (
     LearnedPositionalEmbedding,
     SinusoidalPositionalEmbedding,
@@ -41,19 +43,35 @@ POSITION_KINDS = ("none", "learned", "sinusoidal", "rope", "alibi")
 
 
 def build_positions(
-    kind: str,
+    kind: Any,
     *,
-    d_model: int,
-    n_heads: int,
-    head_dim: int,
-    max_seq_len: int,
+    d_model: int | None = None,
+    n_heads: int | None = None,
+    head_dim: int | None = None,
+    max_seq_len: int | None = None,
     rope_theta: float = 10000.0,
 ) -> Positions:
     """The position module for a config's ``position`` name (one per model, shared by its layers).
 
+    Two ways to call it (like :func:`attnlab.layers.build_block`): ``build_positions(config)``
+    reads ``position``, ``d_model``, ``n_heads``, ``head_dim``, ``max_seq_len`` and
+    ``rope_theta`` from a config; ``build_positions(name, d_model=..., ...)`` takes them as
+    keywords (each scheme needs only some: tables their length and width, RoPE the head width,
+    ALiBi the head count).
+
     Raises:
         ValueError: an unknown name.
     """
+    if not isinstance(kind, str):
+        c = kind
+        return build_positions(
+            c.position,
+            d_model=c.d_model,
+            n_heads=c.n_heads,
+            head_dim=c.head_dim,
+            max_seq_len=c.max_seq_len,
+            rope_theta=c.rope_theta,
+        )
     if kind == "none":
         return NoPositions()
     if kind == "learned":

@@ -1,0 +1,274 @@
+"""Configs of the translation family: the Transformer encoder–decoder, the RNN encoder–decoders,
+and the translation task's data settings, with their presets.
+
+    Seq2SeqConfig.preset("tiny", src_vocab_size=32, tgt_vocab_size=181)
+    RNNSeq2SeqConfig.preset("small", cell="lstm")
+    TranslationTaskConfig(task="numbers", lang="de", high=999)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from attnlab.config.base import Config, ConfigError
+from attnlab.config.block import Activation, BlockConfig, NormPosition
+
+__all__ = [
+    "Seq2SeqConfig",
+    "RNNSeq2SeqConfig",
+    "TranslationTaskConfig",
+    "SEQ2SEQ_PRESETS",
+    "RNN_PRESETS",
+    "TRANSLATION_TASKS",
+    "VOCAB_LEVELS",
+    "number_languages",
+    "check_number_language",
+]
+
+#: Seq2SeqConfig presets: ``vaswani`` / ``vaswani-big`` are the paper's base and big models (its
+#: post-norm, sinusoidal, ReLU defaults), ``small`` trains in CPU minutes, ``tiny`` in seconds.
+SEQ2SEQ_PRESETS: dict[str, dict[str, Any]] = {
+    "vaswani": dict(
+        d_model=512,
+        n_heads=8,
+        n_enc_layers=6,
+        n_dec_layers=6,
+        ffn_hidden=2048,
+        dropout=0.1,
+        max_seq_len=256,
+    ),
+    "vaswani-big": dict(
+        d_model=1024,
+        n_heads=16,
+        n_enc_layers=6,
+        n_dec_layers=6,
+        ffn_hidden=4096,
+        dropout=0.3,
+        max_seq_len=256,
+    ),
+    "small": dict(
+        d_model=128,
+        n_heads=4,
+        n_enc_layers=3,
+        n_dec_layers=3,
+        ffn_hidden=512,
+        dropout=0.1,
+        max_seq_len=128,
+    ),
+    "tiny": dict(
+        d_model=64,
+        n_heads=4,
+        n_enc_layers=2,
+        n_dec_layers=2,
+        ffn_hidden=128,
+        dropout=0.0,
+        max_seq_len=64,
+    ),
+}
+
+#: RNNSeq2SeqConfig presets (both ``rnn`` and ``rnn-attn``)
+RNN_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(emb_dim=32, hidden=64, n_layers=1),
+    "small": dict(emb_dim=64, hidden=128, n_layers=1),
+    "base": dict(emb_dim=256, hidden=512, n_layers=2, dropout=0.2),
+}
+
+Seq2SeqPosition = Literal["sinusoidal", "learned", "rope", "alibi", "none"]
+
+
+@dataclass
+class Seq2SeqConfig(BlockConfig):
+    """The Transformer encoder–decoder (Vaswani et al. 2017): the block fields plus its own.
+
+    Defaults are the paper's base model: post-norm, sinusoidal positions, ReLU FFN of width
+    4·d_model, dropout 0.1, embeddings scaled by √d_model and the target embedding tied to the
+    output projection. Every block field (GQA, RoPE/ALiBi, QK-norm, SwiGLU, MoE, drop-path,
+    backends) applies to both stacks.
+
+    Attributes:
+        src_vocab_size, tgt_vocab_size: vocabulary sizes (set from the data).
+        n_enc_layers, n_dec_layers: stack depths N (6 and 6 in the paper).
+        final_norm: a norm after each stack. Pre-norm needs it (forced on); the paper's post-norm
+            model has none, ``torch.nn.Transformer`` has one (``True`` reproduces it).
+        max_seq_len: longest source/target (position tables and KV caches).
+        scale_embeddings: multiply embeddings by √d_model (paper §3.4).
+        tie_embeddings: share the target embedding with the output projection (paper §3.4).
+        pad_id: padding id of both vocabularies.
+        position: ``sinusoidal`` (paper) | ``learned`` | ``rope`` | ``alibi`` | ``none``.
+    """
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = SEQ2SEQ_PRESETS
+
+    d_model: int = 512
+    n_heads: int = 8
+    activation: Activation = "relu"
+    norm_position: NormPosition = "post"
+    position: Seq2SeqPosition = "sinusoidal"
+    dropout: float = 0.1
+    src_vocab_size: int = 1000
+    tgt_vocab_size: int = 1000
+    n_enc_layers: int = 6
+    n_dec_layers: int = 6
+    final_norm: bool = False
+    max_seq_len: int = 256
+    scale_embeddings: bool = True
+    tie_embeddings: bool = True
+    pad_id: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        self.positive("src_vocab_size", "tgt_vocab_size", "max_seq_len")
+        if self.n_enc_layers < 1 or self.n_dec_layers < 1:
+            raise ConfigError(
+                f"need at least one layer, got n_enc_layers={self.n_enc_layers}, "
+                f"n_dec_layers={self.n_dec_layers}"
+            )
+        if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
+            raise ConfigError(f"pad_id {self.pad_id} is outside the vocabularies")
+        if self.norm_position == "pre":
+            self.final_norm = True  # without it the residual stream is never normalised
+
+
+@dataclass
+class RNNSeq2SeqConfig(Config):
+    """The RNN encoder–decoders ``rnn`` (fixed context) and ``rnn-attn`` (Bahdanau attention).
+
+    Attributes:
+        src_vocab_size, tgt_vocab_size: vocabulary sizes (set from the data).
+        cell: ``gru`` | ``lstm``.
+        emb_dim: token embedding width E (both sides).
+        hidden: RNN state width per direction (the decoder state is ``hidden`` wide).
+        n_layers: encoder layers (the decoder is one recurrent cell, stepped explicitly).
+        bidirectional: bidirectional encoder (Bahdanau's choice).
+        attn_dim: width of the additive-attention scoring layer (``rnn-attn``; default hidden).
+        dropout: on embeddings and between encoder layers.
+        pad_id: padding id.
+    """
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = RNN_PRESETS
+
+    src_vocab_size: int = 1000
+    tgt_vocab_size: int = 1000
+    cell: Literal["gru", "lstm"] = "gru"
+    emb_dim: int = 64
+    hidden: int = 128
+    n_layers: int = 1
+    bidirectional: bool = True
+    attn_dim: int | None = None
+    dropout: float = 0.0
+    pad_id: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        self.positive("src_vocab_size", "tgt_vocab_size", "emb_dim", "hidden", "n_layers")
+        self.positive("attn_dim")
+        self.fraction("dropout")
+
+    @property
+    def enc_dim(self) -> int:
+        """Width of an encoder state: ``hidden`` per direction."""
+        return self.hidden * (2 if self.bidirectional else 1)
+
+
+TRANSLATION_TASKS = ("numbers", "dates", "tsv")
+VOCAB_LEVELS = ("word", "char", "bpe")
+Level = Literal["word", "char", "bpe"]
+#: the vocabulary levels of each task when none is given: (source, target)
+_DEFAULT_LEVELS = {"numbers": ("word", "bpe"), "dates": ("char", "char"), "tsv": ("word", "word")}
+
+
+def number_languages() -> list[str]:
+    """Target languages ``num2words`` can write (English is the source)."""
+    from num2words import CONVERTER_CLASSES
+
+    return sorted(k for k in CONVERTER_CLASSES if k != "en")
+
+
+def check_number_language(lang: str) -> None:
+    """Raise :class:`ConfigError` unless ``num2words`` can write numbers in ``lang``."""
+    langs = number_languages()
+    if lang not in langs:
+        raise ConfigError(
+            f"unknown language {lang!r} for the numbers task; choose from "
+            f"{', '.join(langs)} (e.g. it, fr, de)"
+        )
+
+
+@dataclass
+class TranslationTaskConfig(Config):
+    """Which pairs to generate or read, how to tokenise and split them (config.json's ``task``).
+
+    Attributes:
+        task: ``numbers`` | ``dates`` | ``tsv``.
+        lang: numbers: target language (``it``, ``fr``, ``de``...; any ``num2words`` language).
+        low, high: numbers: the range (controls source length).
+        n_examples: numbers/dates: how many pairs to generate (numbers: at most the range size).
+        path, src_col, tgt_col: tsv: the file and its columns.
+        src_level, tgt_level: ``word`` | ``char`` | ``bpe``; ``None`` = the task's default
+            (numbers word->bpe, dates char->char, tsv word->word).
+        bpe_vocab_size: size of BPE vocabularies.
+        min_freq: word/char vocabularies: rarer tokens become ``<unk>``.
+        lowercase: lower-case both sides.
+        max_len: drop pairs with more than this many tokens on either side.
+        min_len: drop pairs with fewer tokens on either side.
+        val_frac, test_frac: held-out fractions (disjoint from training).
+        seed: generation and split seed.
+        eval_examples: validation sentences greedily decoded at each validation (exact match,
+            BLEU, chrF; 0 = loss only).
+
+    config.json's ``task`` also records ``name`` and the data's ``stats``; they are read back and
+    dropped (``IGNORED``).
+    """
+
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"name", "stats"})
+
+    task: Literal["numbers", "dates", "tsv"] = "numbers"
+    lang: str = "it"
+    low: int = 0
+    high: int = 999_999
+    n_examples: int = 20_000
+    path: str | None = None
+    src_col: int = 0
+    tgt_col: int = 1
+    src_level: Level | None = None
+    tgt_level: Level | None = None
+    bpe_vocab_size: int = 200
+    min_freq: int = 1
+    lowercase: bool = True
+    max_len: int = 64
+    min_len: int = 1
+    val_frac: float = 0.05
+    test_frac: float = 0.05
+    seed: int = 0
+    eval_examples: int = 200
+
+    def validate(self) -> None:
+        super().validate()
+        if self.task == "numbers":
+            check_number_language(self.lang)
+        if self.task == "tsv" and not self.path:
+            raise ConfigError("the tsv task needs a file: --data PATH")
+        src_default, tgt_default = _DEFAULT_LEVELS[self.task]
+        self.src_level = self.src_level or src_default
+        self.tgt_level = self.tgt_level or tgt_default
+        if not (
+            0 <= self.val_frac < 1
+            and 0 <= self.test_frac < 1
+            and self.val_frac + self.test_frac < 1
+        ):
+            raise ConfigError(
+                f"val_frac={self.val_frac}, test_frac={self.test_frac} must be in "
+                "[0, 1) with a sum below 1"
+            )
+        if self.n_examples < 3:
+            raise ConfigError(f"n_examples must be at least 3, got {self.n_examples}")
+        if self.min_len < 1 or self.max_len < self.min_len:
+            raise ConfigError(f"need 1 <= min_len <= max_len, got {self.min_len}, {self.max_len}")
+        self.positive("bpe_vocab_size", "min_freq")
+        self.positive("src_col", "tgt_col", "eval_examples", allow_zero=True)
+
+    @property
+    def strip_hyphens(self) -> bool:
+        """Numbers: "twenty-one" is "twenty one" and thousands commas are dropped."""
+        return self.task == "numbers"
