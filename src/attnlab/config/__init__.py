@@ -5,7 +5,7 @@
 
 from attnlab.config.base import Config, ConfigError
 from attnlab.config.block import BlockConfig, swiglu_hidden
-from attnlab.config.lm import PRESETS, BigramConfig, LSTMConfig, ModelConfig
+from attnlab.config.lm import PRESETS, BigramConfig, LMTaskConfig, LSTMConfig, ModelConfig
 
 __all__ = [
     "Config",
@@ -14,6 +14,7 @@ __all__ = [
     "ModelConfig",
     "LSTMConfig",
     "BigramConfig",
+    "LMTaskConfig",
     "PRESETS",
     "swiglu_hidden",
 ]
