@@ -32,6 +32,7 @@ from attnlab.data.tokenizers import (
     train_tokenizer,
 )
 from attnlab.errors import UserError
+from attnlab.fileio import atomic_write_bytes, atomic_write_text
 
 __all__ = [
     "Corpus",
@@ -174,8 +175,6 @@ def tokenize_cached(corpus: Corpus, tokenizer) -> np.ndarray:
         return np.memmap(path, dtype=dtype, mode="r")
     ids = np.asarray(_encode(tokenizer, corpus.text), dtype=dtype)
     try:
-        from attnlab.fileio import atomic_write_bytes
-
         atomic_write_bytes(path, ids.tobytes())
     except OSError as err:
         log.warning("could not cache token ids in %s: %s", path.parent, err)
@@ -208,8 +207,6 @@ def _cached_bpe(corpus: Corpus, vocab_size: int) -> ByteBPETokenizer:
             pass
     tok = ByteBPETokenizer.train(corpus.text, vocab_size)
     try:
-        from attnlab.fileio import atomic_write_text
-
         atomic_write_text(path, tok.to_json())
     except OSError as err:
         log.warning("could not cache the tokenizer in %s: %s", path.parent, err)
