@@ -137,8 +137,8 @@ def _generate(args: argparse.Namespace) -> int:
         ]
         if sampling:
             raise UserError(
-                f"--beam searches for the most probable continuation; {', '.join(sampling)} "
-                "only apply to sampling: give one or the other"
+                "--beam searches for the most probable continuation and takes no sampling "
+                f"options ({', '.join(sampling)}): drop them or --beam"
             )
         if args.beam < 1:
             raise UserError(f"--beam must be >= 1, got {args.beam}")
