@@ -5,7 +5,7 @@
 
 from attnlab.config.base import Config, ConfigError
 from attnlab.config.block import BlockConfig, swiglu_hidden
-from attnlab.config.lm import PRESETS, BigramConfig, LSTMConfig, ModelConfig
+from attnlab.config.lm import PRESETS, BigramConfig, LMTaskConfig, LSTMConfig, ModelConfig
 from attnlab.config.translation import RNNSeq2SeqConfig, Seq2SeqConfig, TranslationTaskConfig
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "ModelConfig",
     "LSTMConfig",
     "BigramConfig",
+    "LMTaskConfig",
     "PRESETS",
     "Seq2SeqConfig",
     "RNNSeq2SeqConfig",

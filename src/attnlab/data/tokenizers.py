@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from attnlab.errors import RunDirError, UserError
+from attnlab.fileio import atomic_write_text
 
 __all__ = [
     "CharTokenizer",
@@ -30,7 +31,25 @@ __all__ = [
 TOKENIZER_FILE = "tokenizer.json"
 
 
-class CharTokenizer:
+class _SavedTokenizer:
+    """What both tokenizers share: the saved form is ``to_json()`` (defined by each)."""
+
+    def to_json(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the saved form (keys the token-id cache)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write ``tokenizer.json`` into ``directory`` (atomically)."""
+        path = Path(directory) / TOKENIZER_FILE
+        atomic_write_text(path, self.to_json())
+        return path
+
+
+class CharTokenizer(_SavedTokenizer):
     """One id per character of a fixed alphabet.
 
     Args:
@@ -82,19 +101,8 @@ class CharTokenizer:
     def to_json(self) -> str:
         return json.dumps({"type": "char", "chars": self.chars}, ensure_ascii=False)
 
-    @property
-    def fingerprint(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
-    def save(self, directory: str | os.PathLike) -> Path:
-        from attnlab.fileio import atomic_write_text
-
-        path = Path(directory) / TOKENIZER_FILE
-        atomic_write_text(path, self.to_json())
-        return path
-
-
-class ByteBPETokenizer:
+class ByteBPETokenizer(_SavedTokenizer):
     """Byte-level BPE (as GPT-2) on top of a ``tokenizers.Tokenizer``.
 
     Args:
@@ -151,17 +159,6 @@ class ByteBPETokenizer:
 
     def to_json(self) -> str:
         return self.tokenizer.to_str()
-
-    @property
-    def fingerprint(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
-
-    def save(self, directory: str | os.PathLike) -> Path:
-        from attnlab.fileio import atomic_write_text
-
-        path = Path(directory) / TOKENIZER_FILE
-        atomic_write_text(path, self.to_json())
-        return path
 
     @classmethod
     def from_json(cls, text: str) -> ByteBPETokenizer:

@@ -157,7 +157,7 @@ def barrier() -> None:
 
 class _DDP(DistributedDataParallel):
     """DDP that still answers attribute look-ups of the wrapped model (``model.config``,
-    ``model.aux_loss``), so task code works unchanged on a wrapped model."""
+    ``model.kind``), so task code works unchanged on a wrapped model."""
 
     def __getattr__(self, name: str):
         try:
