@@ -234,7 +234,7 @@ def lock_run_dir(run_dir: Path) -> DirectoryLock:
         raise _not_writable(run_dir, err) from None
     if not lock.enforced:
         log.warning(
-            "%s: this file system has no locks; concurrent starts are not detected", run_dir
+            "cannot lock %s (no advisory locks here): concurrent starts go undetected", run_dir
         )
     if lock.previous is not None:
         log.warning(
@@ -373,54 +373,17 @@ def write_metrics(run_dir: Path, history: list[dict], kept: int) -> None:
         runs.atomic_write_text(run_dir / METRICS_FILE, _metrics_text(history))
 
 
-def start_run(
-    run_dir: Path,
-    task: Any,
-    cfg: TrainConfig,
-    kind: str,
-    model_cfg: dict,
-    resume: bool,
-    kept: int,
-) -> None:
-    """Rank 0: warn about settings that will surprise, write config.json and the task's files.
+def start_run(run_dir: Path, task: Any, config: dict, resume: bool, kept: int) -> None:
+    """Rank 0: write config.json and (a new run) the task's files (tokenizer, vocabulary...).
 
     Raises:
         RunWriteError: a file could not be written (``kept``: the checkpoint on disk, -1: none).
     """
-    if resume:
-        saved = runs.read_config(run_dir)
-        if saved.get("task") != json.loads(json.dumps(task.config_dict())):
-            log.warning("resuming %s with a different task config: the data may differ", run_dir)
-        saved_train = saved.get("train") or {}
-        if saved_train != json.loads(json.dumps(cfg.to_dict())):
-            log.info("resuming %s with changed training settings", run_dir)
-        length = "max_time" if cfg.timed else "steps"
-        old_length = saved_train.get(length)
-        if cfg.schedule == "cosine" and old_length not in (None, getattr(cfg, length)):
-            log.warning(
-                "resuming a cosine schedule fitted to %s=%s with %s=%s: the learning rate "
-                "jumps back up from where the shorter schedule left it, so this is not the "
-                "same as one run of the new length (constant and inverse_sqrt schedules are; "
-                "or give the full length from the start and stop early with Ctrl-C)",
-                length,
-                old_length,
-                length,
-                getattr(cfg, length),
-            )
-    config = {"kind": kind, "model": model_cfg, "train": cfg.to_dict(), "task": task.config_dict()}
     with writing("run config", kept):
         runs.atomic_write_text(run_dir / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
     if not resume:
         with writing("run file", kept):
             task.save_artifacts(run_dir)
-    if not cfg.timed and cfg.schedule != "inverse_sqrt" and cfg.warmup >= cfg.steps:
-        log.warning(
-            "the warm-up (%d steps) is not shorter than the run (%d steps): the learning rate "
-            "never reaches lr=%g; lower --warmup",
-            cfg.warmup,
-            cfg.steps,
-            cfg.lr,
-        )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -445,6 +408,16 @@ def _read_history(path: Path, upto_step: int) -> list[dict]:
             if rec.get("step", 0) <= upto_step:
                 records.append(rec)
     return records
+
+
+# torch.load(weights_only=True) runs no code from the file only from these versions on
+# (CVE-2025-32434 fixed in 2.6, CVE-2026-24747 in 2.10)
+_SAFE_LOADER = (2, 10)
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
 def load_checkpoint(
@@ -481,6 +454,12 @@ def load_checkpoint(
             if saved["model"].get(k) != model_cfg.get(k)
         )
         raise RunDirError(f"cannot resume {str(run_dir)!r}: the model config differs in {diff}")
+    if _torch_version() < _SAFE_LOADER:
+        log.warning(
+            "torch %s: its weights_only loader has known code-execution flaws (fixed in 2.6 and "
+            "2.10); resume only runs you trust, or upgrade torch",
+            torch.__version__,
+        )
     try:
         state = torch.load(run_dir / STATE_FILE, map_location="cpu", weights_only=True)
     except Exception as err:  # pickle / zip errors of a damaged file

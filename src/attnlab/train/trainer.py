@@ -45,6 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnlab import runs
 from attnlab.errors import UserError
 from attnlab.tasks.base import Task, to_device
 from attnlab.train import distributed as dist_utils
@@ -198,7 +199,11 @@ def train(
         else:
             seed_all(cfg.seed + rank)
         if main:  # messages and files once, from rank 0
-            start_run(run_dir, task, cfg, kind, model_cfg, resume, prog.last_ckpt_step)
+            _warn_about_settings(run_dir, task, cfg, resume)
+            config = {"kind": kind, "model": model_cfg, "train": cfg.to_dict()}
+            start_run(
+                run_dir, task, {**config, "task": task.config_dict()}, resume, prog.last_ckpt_step
+            )
         n_params = sum(p.numel() for p in model.parameters())
         log.info(
             "training %s (%.2fM parameters) on %s x%d, %s",
@@ -221,6 +226,38 @@ def train(
         history=history,
         elapsed=prog.elapsed,
     )
+
+
+def _warn_about_settings(run_dir: Path, task: Task, cfg: TrainConfig, resume: bool) -> None:
+    """Warn about settings that will surprise: a changed resume, a warm-up as long as the run."""
+    if resume:
+        saved = runs.read_config(run_dir)
+        if saved.get("task") != json.loads(json.dumps(task.config_dict())):
+            log.warning("resuming %s with a different task config: the data may differ", run_dir)
+        saved_train = saved.get("train") or {}
+        if saved_train != json.loads(json.dumps(cfg.to_dict())):
+            log.info("resuming %s with changed training settings", run_dir)
+        length = "max_time" if cfg.timed else "steps"
+        old_length = saved_train.get(length)
+        if cfg.schedule == "cosine" and old_length not in (None, getattr(cfg, length)):
+            log.warning(
+                "resuming a cosine schedule fitted to %s=%s with %s=%s: the learning rate "
+                "jumps back up from where the shorter schedule left it, so this is not the "
+                "same as one run of the new length (constant and inverse_sqrt schedules are; "
+                "or give the full length from the start and stop early with Ctrl-C)",
+                length,
+                old_length,
+                length,
+                getattr(cfg, length),
+            )
+    if not cfg.timed and cfg.schedule != "inverse_sqrt" and cfg.warmup >= cfg.steps:
+        log.warning(
+            "the warm-up (%d steps) is not shorter than the run (%d steps): the learning rate "
+            "never reaches lr=%g; lower --warmup",
+            cfg.warmup,
+            cfg.steps,
+            cfg.lr,
+        )
 
 
 class _Loop:
