@@ -447,11 +447,19 @@ def load_checkpoint(
         raise RunDirError(
             f"cannot resume {str(run_dir)!r}: it holds a {saved['kind']!r} model, not {kind!r}"
         )
-    if saved["model"] != model_cfg:
+    saved_model = saved["model"]
+    config_cls = type(getattr(model, "config", None))
+    if hasattr(config_cls, "from_dict") and isinstance(saved_model, dict):
+        # a run of an earlier release lacks fields added since: compare the configs as built
+        try:
+            saved_model = json.loads(json.dumps(config_cls.from_dict(saved_model).to_dict()))
+        except ValueError:
+            pass  # reported below as a difference
+    if saved_model != model_cfg:
         diff = sorted(
             k
-            for k in set(saved["model"]) | set(model_cfg)
-            if saved["model"].get(k) != model_cfg.get(k)
+            for k in set(saved_model) | set(model_cfg)
+            if saved_model.get(k) != model_cfg.get(k)
         )
         raise RunDirError(f"cannot resume {str(run_dir)!r}: the model config differs in {diff}")
     if _torch_version() < _SAFE_LOADER:
