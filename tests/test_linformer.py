@@ -106,3 +106,14 @@ def test_bad_requests_name_the_value():
         BlockConfig(linformer_k=0)
     with pytest.raises(ConfigError, match="position='t5'"):
         BlockConfig(linformer_k=4, position="t5")
+
+
+def test_measured_error_falls_when_e_and_f_are_fitted_on_smooth_inputs():
+    from attnlab.experiments.sparse_bench import linformer_error
+
+    row = linformer_error(64, 16, inputs="smooth", heads=2, head_dim=16, fit_steps=60)
+    assert row["fitted"] < 0.5 * row["random"]
+    exact = linformer_error(16, 16, inputs="iid", heads=1, head_dim=8, fit_steps=0)
+    assert exact["random"] > 0.1  # a random projection is not attention, even with k = N
+    with pytest.raises(ValueError, match="k=20 must be between 1 and the sequence length N=16"):
+        linformer_error(16, 20)

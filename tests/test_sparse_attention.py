@@ -344,3 +344,32 @@ def test_other_bad_requests():
         DecoderLM(
             ModelConfig.preset("tiny", backend="block_sparse", backend_options={"pattern": "x"})
         )
+
+
+# ----------------------------------------------------------------------------------------------
+# the benchmark
+
+
+@pytest.mark.slow
+def test_bench_attention_measures_block_sparse_and_linformer_against_full(tmp_path, capsys):
+    out = tmp_path / "bench"
+    argv = ["bench", "attention", "--n", "64", "--backends", "math", "block_sparse", "linformer"]
+    argv += ["--window", "16", "--block-size", "16", "--linformer-k", "32", "--heads", "2"]
+    argv += ["--head-dim", "16", "--min-time", "0.01", "--threads", "1", "--modes", "fwd"]
+    # linformer is refused for causal attention before any case runs
+    assert main([*argv, "--out", str(tmp_path / "x")]) == 2
+    assert "non-causal" in capsys.readouterr().err
+    extra = ["--non-causal", "--linformer-error", "--fit-steps", "5", "--out", str(out)]
+    assert main([*argv, *extra]) == 0
+    rows = json.loads((out / "attention.json").read_text())["rows"]
+    got = {(r["backend"], r["n"], r["mode"]) for r in rows if "time_s" in r}
+    assert len(got) == 3, [r for r in rows if "time_s" not in r]  # math, block_sparse, linformer
+    table = (out / "attention.md").read_text()
+    assert "block_sparse" in table and "math/block_sparse time" in table
+    errors = json.loads((out / "linformer_error.json").read_text())
+    assert {(r["n"], r["inputs"]) for r in errors} == {(64, "iid"), (64, "smooth")}
+    assert all(r["fitted"] < r["random"] for r in errors)  # fitting E, F helps
+    assert "Linformer relative error" in capsys.readouterr().out
+    bad = ["bench", "attention", "--n", "64", "--backends", "block_sparse", "--global-tokens", "64"]
+    assert main([*bad, "--out", str(tmp_path / "y")]) == 2
+    assert "index 64 is outside the sequence N=64" in capsys.readouterr().err
