@@ -15,8 +15,9 @@ Backends, chosen in :func:`scaled_dot_product_attention` and nowhere else:
 
 - ``math``: the explicit formula above; the readable reference, can return the weights.
 - ``sdpa``: PyTorch's fused ``torch.nn.functional.scaled_dot_product_attention``.
-- further backends (``tiled``, ``window``, ``linear``) register themselves through
-  :func:`register_backend` from :mod:`attnlab.attention.tiled` and :mod:`attnlab.attention.efficient`.
+- further backends (``tiled``, ``window``, ``linear``, ``block_sparse``) register themselves through
+  :func:`register_backend` from :mod:`attnlab.attention.tiled`, :mod:`attnlab.attention.efficient`
+  and :mod:`attnlab.attention.sparse`.
 - ``auto``: ``sdpa`` unless the weights are requested, then ``math``.
 """
 
@@ -54,19 +55,29 @@ _BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {}
 _WEIGHT_BACKENDS: set[str] = set()
 # backend name -> the option names its function takes (None: it takes any **options)
 _BACKEND_OPTIONS: dict[str, frozenset[str] | None] = {}
+# backend name -> check(options, dropout_p) used by check_backend instead of a probe run
+_BACKEND_CHECKS: dict[str, Callable[[dict[str, Any], float], None]] = {}
 
 
 def register_backend(
-    name: str, fn: Callable[..., tuple[Tensor, Tensor | None]], *, returns_weights: bool = False
+    name: str,
+    fn: Callable[..., tuple[Tensor, Tensor | None]],
+    *,
+    returns_weights: bool = False,
+    check: Callable[[dict[str, Any], float], None] | None = None,
 ) -> None:
     """Make ``fn`` selectable as ``backend=name``.
 
     ``fn(q, k, v, *, mask, bias, is_causal, scale, dropout_p, return_weights, **options)`` must return
     ``(out, weights or None)``. k/v may carry fewer heads than q (grouped-query attention).
+    ``check(options, dropout_p)``, if given, validates options without running (for options that
+    depend on the sequence, such as token indices, which a tiny probe input cannot satisfy).
     """
     _BACKENDS[name] = fn
     if returns_weights:
         _WEIGHT_BACKENDS.add(name)
+    if check is not None:
+        _BACKEND_CHECKS[name] = check
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     _BACKEND_OPTIONS[name] = None if takes_any else frozenset(params) - _COMMON_ARGS
@@ -82,7 +93,11 @@ def _load_optional_backends() -> None:
     # Optional backends live in their own files; importing them registers them.
     import importlib
 
-    for mod in ("attnlab.attention.tiled", "attnlab.attention.efficient"):
+    for mod in (
+        "attnlab.attention.tiled",
+        "attnlab.attention.efficient",
+        "attnlab.attention.sparse",
+    ):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as err:  # pragma: no cover - only while a file is missing
@@ -365,8 +380,18 @@ def check_backend(
 
     Model configs call this when they are built, so a bad choice (``window`` without a window, a
     misspelled option, dropout on ``tiled``) fails before a run directory is written, not at the
-    first forward pass. It runs the backend once on a tiny causal input.
+    first forward pass. It runs the backend once on a tiny causal input, or the backend's own
+    ``check`` when it registered one.
     """
+    if backend not in _BACKENDS:
+        _load_optional_backends()
+    if backend in _BACKEND_CHECKS:
+        if options:
+            _check_options(backend, options)
+        if not 0.0 <= dropout_p < 1.0:
+            raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+        _BACKEND_CHECKS[backend](dict(options or {}), dropout_p)
+        return
     x = torch.zeros(1, 1, 2, 8)
     scaled_dot_product_attention(
         x, x, x, is_causal=True, dropout_p=dropout_p, backend=backend, **(options or {})
