@@ -187,3 +187,128 @@ def test_port_in_use_is_one_clear_message(lm):
         port = s.getsockname()[1]
         r = cli("explore", str(lm), "--serve", "--port", str(port))
     _one_line_error(r, f"port {port}", "in use")
+
+
+def test_swin_windows_are_put_back_on_the_grid(tmp_path):
+    """Each Swin block's window attention, put back on the token grid, is non-zero exactly
+    between tokens that share a window of the (rolled) map and, in shifted blocks, a region of
+    the shift mask — the layout of Liu et al. §3.2 written out per token — and sums to 1."""
+    run = image_run(tmp_path / "swin", "swin")
+    data = image_file(tmp_path / "x.png").read_bytes()
+    payload = Explorer(run).explain(ExploreInput(image=data, image_name="x.png"))
+    cfg = load(run).model.config
+    assert [v["id"] for v in payload["views"]] == ["stage0", "stage1"]
+    for stage, view in enumerate(payload["views"]):
+        R = cfg.image_size // cfg.patch_size // 2**stage
+        w = min(cfg.window_size, R)
+        w_ = decode(view["weights"])  # (L, H, N, N)
+        for block in range(w_.shape[0]):
+            s = cfg.window_size // 2 if block % 2 and R > cfg.window_size else 0
+            r, c = torch.arange(R).repeat_interleave(R), torch.arange(R).repeat(R)  # (N,)
+            rr, cc = (r - s) % R, (c - s) % R  # where each token sits in the rolled map
+            window = (rr // w) * (R // w) + cc // w
+
+            def region(i, R=R, w=w, s=s):  # the shift mask's strips: 0, 1, 2 along an axis
+                return (i >= R - w).long() + (i >= R - s).long() if s else torch.zeros_like(i)
+
+            label = window * 9 + region(rr) * 3 + region(cc)
+            allowed = label[:, None] == label[None, :]  # (N, N)
+            assert torch.equal(w_[block] > 0, allowed.expand_as(w_[block])), (stage, block)
+            torch.testing.assert_close(w_[block].sum(-1), torch.ones(w_.shape[1:3]))
+
+
+def test_translation_payload_has_the_three_alignments(tmp_path):
+    from explore_runs import translation_run
+
+    for kind, views in (("transformer", ["cross", "encoder", "decoder"]), ("rnn-attn", ["cross"])):
+        run = translation_run(tmp_path / kind, kind)
+        payload = Explorer(run).explain(ExploreInput(text="Two hundred and three"))
+        assert [v["id"] for v in payload["views"]] == views
+        cross = payload["views"][0]
+        assert cross["keys"] == ["two", "hundred", "and", "three"]
+        L, H, T, S = cross["weights"]["shape"]
+        assert S == 4 and T == len(cross["queries"]) >= 1
+        torch.testing.assert_close(decode(cross["weights"]).sum(-1), torch.ones(L, H, T))
+    _one_line_error(
+        cli("explore", str(run), "--input", "two zillion", "--out", str(tmp_path / "p.html")),
+        "zillion",
+    )
+
+
+def test_server_answers_json_and_refuses_foreign_hosts_and_large_bodies(lm):
+    import http.client
+    import threading
+
+    from attnlab.explore import make_server
+
+    server = make_server(Explorer(lm), port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+
+    def post(body: bytes, host: str = f"127.0.0.1:{port}", headers=None):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/api/explore", body, {"Host": host, **(headers or {})})
+        r = conn.getresponse()
+        out = (r.status, json.loads(r.read()))
+        conn.close()
+        return out
+
+    try:
+        status, payload = post(json.dumps({"text": "a cat"}).encode())
+        assert status == 200 and payload["views"][0]["queries"] == list("a cat")
+        assert post(b"{not json")[0] == 400
+        status, err = post(json.dumps({"text": 3}).encode())
+        assert status == 400 and "text must be a string" in err["error"]
+        status, err = post(json.dumps({"image": "data:image/png;base64,AAAA"}).encode())
+        assert status == 400 and "reads text" in err["error"]
+        assert post(json.dumps({"text": "a"}).encode(), host="evil.example:80")[0] == 403
+        big = {"Content-Length": str(10**9)}
+        assert post(b"{}", headers=big)[0] == 413
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/")
+        page = conn.getresponse().read().decode()
+        assert "connect-src 'self'" in page and '"serve":{"input":"text"' in page
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_caption_and_vqa_payloads_put_the_words_over_the_image(tmp_path):
+    """Captioning: one row per generated word (its cross-attention over the image-token grid,
+    the numbers of a teacher-forced pass over the caption); VQA: one row per question word."""
+    from explore_runs import scene_run
+
+    data = image_file(tmp_path / "scene.png", size=32, channels=3).read_bytes()
+    from attnlab.explore.images import decode_image
+
+    x = decode_image(data, size=(32, 32), channels=3)[None]
+    run = scene_run(tmp_path / "cap", "caption_transformer")
+    payload = Explorer(run).explain(ExploreInput(image=data, image_name="scene.png"))
+    cross = payload["views"][0]
+    model, vocab = load(run)
+    words = cross["queries"]
+    assert payload["summary"] == [f"caption: {vocab.decode([vocab.stoi[w] for w in words])}"]
+    tokens = [vocab.START] + [vocab.stoi[w] for w in words[:-1]]
+    with torch.no_grad(), capture_attention(model) as maps:
+        model(x, torch.tensor([tokens]))
+    expected = torch.stack([w[0] for w in maps.select("cross_attn")])  # (L, H, T, N)
+    assert torch.equal(decode(cross["weights"]), expected)
+    assert cross["grid"]["rows"] * cross["grid"]["cols"] == expected.shape[-1]
+
+    run = scene_run(tmp_path / "vqa", "vqa_transformer")
+    question = "what colour is the circle ?"
+    payload = Explorer(run).explain(
+        ExploreInput(image=data, image_name="scene.png", question=question)
+    )
+    cross = payload["views"][0]
+    assert cross["queries"] == question.split()
+    model, vocab = load(run)
+    ids = [vocab.stoi[w] for w in question.split()]
+    with torch.no_grad(), capture_attention(model) as maps:
+        logits = model(x, torch.tensor([ids]), torch.tensor([len(ids)]))
+    expected = torch.stack([w[0] for w in maps.select("cross_attn")])
+    assert torch.equal(decode(cross["weights"]), expected)
+    best = vocab.answers[int(logits[0].argmax())]
+    assert payload["summary"][0].startswith(f"answer: {best} ")
+    with pytest.raises(ValueError, match="question"):
+        Explorer(run).explain(ExploreInput(image=data, image_name="scene.png"))

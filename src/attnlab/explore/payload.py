@@ -7,7 +7,8 @@ cross-attention of a translation, a ViT's patches...) across its layers::
     {"id", "title", "note", "queries": [str], "keys": [str], "layers": [module names],
      "heads": H, "weights": (L, H, Tq, Tk), "scores": (L, H, Tq, Tk) or None,
      "entropy": [[bits]] (L × H), "rollout": (Tq, Tk) or None, "grid": None or
-     {"rows", "cols", "key_offset", "query_offset"}, "head_dim", "scores_have_bias", "query"}
+     {"rows", "cols", "key_offset", "query_offset"}, "head_dim", "scores_have_bias",
+     "score_label", "query"}
 
 Tensors travel as base64 little-endian float32 (``{"shape", "data"}``), so the page holds exactly
 the numbers the model returned (``-inf`` for masked scores included) at a third of JSON's size.
@@ -164,6 +165,7 @@ def make_view(
     grid: dict | None = None,
     head_dim: int | None = None,
     scores_have_bias: bool = False,
+    score_label: str = "q·k/√d",
     query: int = 0,
 ) -> dict:
     """One view of the payload (see the module docstring).
@@ -197,6 +199,7 @@ def make_view(
         "grid": grid,
         "head_dim": head_dim,
         "scores_have_bias": scores_have_bias,
+        "score_label": score_label,
         "query": min(max(query, 0), Tq - 1),
     }
 

@@ -148,6 +148,8 @@ def explain(run: LoadedRun, inp) -> dict:
                 note=note,
                 rollout=vid == "encoder",
                 head_dim=head_dim_of(model, layers[0].name),
+                # Bahdanau scores e_j = vᵀ tanh(W_s s + W_h h_j), when the layer reports them
+                score_label="vᵀtanh(W_s s + W_h h)" if run.kind == "rnn-attn" else "q·k/√d",
             )
         )
     translation = tgt.decode(out_ids) if hasattr(tgt, "decode") else " ".join(produced)

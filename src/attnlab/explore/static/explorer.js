@@ -212,6 +212,8 @@
       alt = e.map((x) => x / z);
     }
     $("unscaled-head").hidden = !unscaled;
+    $("score-head").hidden = !v.scores;
+    $("score-head").textContent = `score ${v.score_label || "q·k/√d"}`;
     const who = h >= 0 ? `head ${h}` : `mean of ${H} heads`;
     let sum = 0;
     for (const x of w) sum += x;
@@ -220,7 +222,8 @@
       (sc ? (d ? `Head width d = ${d}, √d = ${Math.sqrt(d).toFixed(2)}: ` : "") +
         "the scores" + (v.scores_have_bias ? " (with the position bias)" : "") +
         ` go through softmax into the weights, which sum to ${sum.toFixed(4)}.`
-        : `Raw scores are per head: choose a head to see them. The weights sum to ${sum.toFixed(4)}.`);
+        : (v.scores ? "Raw scores are per head: choose a head to see them. "
+          : "This attention reports its weights only. ") + `The weights sum to ${sum.toFixed(4)}.`);
     const body = $("detail").querySelector("tbody");
     body.replaceChildren();
     let max = 0;
@@ -230,7 +233,9 @@
       if (sc) tr.setAttribute("data-score", String(sc[j]));
       if (sc && sc[j] === -Infinity) tr.classList.add("masked");
       tr.append(el("td", { class: "key" }, `${j}: ${shown(v.keys[j])}`));
-      tr.append(el("td", { class: "score" }, sc ? fmt(sc[j], 3) : "—"));
+      const st = el("td", { class: "score" }, sc ? fmt(sc[j], 3) : "—");
+      st.hidden = !v.scores;
+      tr.append(st);
       const u = el("td", { class: "unscaled" }, alt ? fmt(alt[j], 4) : "");
       u.hidden = !unscaled;
       tr.append(u);
@@ -318,15 +323,14 @@
     c.onclick = (ev) => select({ query: pickRow(c, ev, T) });
   }
 
-  /* The query's weights (or rollout row) over the image patches, as a spotlight. */
-  function drawOverImage(canvas, values) {
-    const v = view(), g = v.grid, ctx = canvas.getContext("2d");
+  /* The query's weights (or rollout row) over the image patches, as a spotlight; the chosen
+     query's own patch (when queries are patches too) is outlined. */
+  function drawOverImage(canvas, values, outline) {
+    const g = view().grid, ctx = canvas.getContext("2d");
     const W = 256, Hh = Math.round((256 * payload.image.height) / payload.image.width);
     canvas.width = W; canvas.height = Hh;
-    canvas.style.height = `${Hh}px`;
     ctx.imageSmoothingEnabled = false;
     if (image && image.complete) ctx.drawImage(image, 0, 0, W, Hh);
-    if (!values) return;
     let max = 0;
     for (let k = 0; k < g.rows * g.cols; k++) max = Math.max(max, values[g.key_offset + k]);
     const cw = W / g.cols, ch = Hh / g.rows;
@@ -340,30 +344,48 @@
         ctx.fillRect(c * cw, r * ch, cw, ch);
       }
     }
-    const q = g.query_offset === null || g.query_offset === undefined ? -1 : state.query - g.query_offset;
+    const q = outline ? state.query - g.query_offset : -1;
     if (q >= 0 && q < g.rows * g.cols) {
       ctx.strokeStyle = "#ff2d55";
       ctx.lineWidth = 2;
       ctx.strokeRect((q % g.cols) * cw + 1, Math.floor(q / g.cols) * ch + 1, cw - 2, ch - 2);
     }
-    canvas.onclick = (ev) => {
-      if (q === -1 && (g.query_offset === null || g.query_offset === undefined)) return;
-      const b = canvas.getBoundingClientRect();
-      const c = Math.min(g.cols - 1, Math.floor(((ev.clientX - b.left) / b.width) * g.cols));
-      const r = Math.min(g.rows - 1, Math.floor(((ev.clientY - b.top) / b.height) * g.rows));
-      select({ query: g.query_offset + r * g.cols + c });
-    };
+  }
+  function patchAt(canvas, ev) {
+    const g = view().grid, b = canvas.getBoundingClientRect();
+    const c = Math.min(g.cols - 1, Math.floor(((ev.clientX - b.left) / b.width) * g.cols));
+    const r = Math.min(g.rows - 1, Math.floor(((ev.clientY - b.top) / b.height) * g.rows));
+    return r * g.cols + c;
   }
   function renderImage() {
     const v = view(), on = Boolean(v.grid && payload.image);
     $("image-panel").hidden = !on;
     if (!on) return;
-    drawOverImage($("image-attn"), row(v, floats(v.weights), state.layer, state.head, state.query));
+    const g = v.grid, patches = g.query_offset !== null && g.query_offset !== undefined;
+    const W = floats(v.weights), l = state.layer, h = state.head;
+    const main = $("image-attn");
+    drawOverImage(main, row(v, W, l, h, state.query), patches);
+    main.onclick = patches ? (ev) => select({ query: g.query_offset + patchAt(main, ev) }) : null;
     const ro = $("image-rollout");
     ro.parentElement.hidden = !v.rollout;
     if (v.rollout) {
       const Tk = v.rollout.shape[1];
-      drawOverImage(ro, floats(v.rollout).subarray(state.query * Tk, (state.query + 1) * Tk));
+      drawOverImage(ro, floats(v.rollout).subarray(state.query * Tk, (state.query + 1) * Tk), patches);
+      ro.onclick = main.onclick;
+    }
+    // words looking at the image (captioning, VQA): one small map per word
+    const strip = $("image-strip"), { Tq } = dims(v);
+    strip.replaceChildren();
+    strip.hidden = patches || Tq > 60;
+    if (strip.hidden) return;
+    for (let i = 0; i < Tq; i++) {
+      const fig = el("figure", { "data-i": i });
+      const c = el("canvas");
+      drawOverImage(c, row(v, W, l, h, i), false);
+      fig.append(c, el("figcaption", {}, shown(v.queries[i])));
+      if (i === state.query) fig.classList.add("active");
+      fig.addEventListener("click", () => select({ query: i }));
+      strip.append(fig);
     }
   }
 
