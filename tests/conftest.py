@@ -20,8 +20,8 @@ def _seed():
 
 # -- browser tests (marked `browser`): headless Chromium from Debian's package, via Playwright ---
 
-CHROMIUM = "/usr/bin/chromium"
-_BROWSER_SKIP = "browser test: needs Chromium at /usr/bin/chromium and playwright"
+CHROMIUM = os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium")  # Debian's package
+_BROWSER_SKIP = "browser test: needs Chromium and playwright"
 
 
 def _browser_missing() -> str | None:

@@ -8,6 +8,7 @@ typed input. Marked ``browser``: skipped, with a line saying so, where Chromium 
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from explore_runs import image_file, image_run, lm_run, translation_run
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium")  # never Playwright's own
 
 
 @pytest.fixture(scope="module")

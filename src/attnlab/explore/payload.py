@@ -45,6 +45,8 @@ __all__ = [
     "make_view",
     "group_layers",
     "layer_attention",
+    "head_dim_of",
+    "check_size",
 ]
 
 #: most attention numbers (weights + scores of every view) one page may hold (16 MB of float32)

@@ -162,14 +162,16 @@
       const focus = i === state.query;
       for (const h of heads) {
         const r = row(v, W, state.layer, h, i);
+        let max = 0;
+        for (const x of r) if (x > max) max = x;
         for (let j = 0; j < Tk; j++) {
-          const w = r[j];
-          if (!(w > 0.005)) continue;
+          const a = r[j] / (max || 1); // relative to the row's largest weight
+          if (!(a > 0.02)) continue;
           lines.append(svg("line", {
             x1: xl + 4, y1: i * rowH + 13, x2: xr - 4, y2: j * rowH + 13,
             stroke: HEAD_COLORS[h % HEAD_COLORS.length],
-            "stroke-width": focus ? 2 : 1.2,
-            "stroke-opacity": (focus ? 1 : 0.12) * Math.min(1, w * (heads.length > 1 ? 1.5 : 1)),
+            "stroke-width": focus ? 1 + 2 * a : 1,
+            "stroke-opacity": (focus ? 0.9 : 0.1) * a,
           }));
         }
       }
