@@ -34,6 +34,7 @@ from torch import Tensor
 
 __all__ = [
     "scaled_dot_product_attention",
+    "attention_scores",
     "causal_mask",
     "padding_mask",
     "key_padding_mask",
@@ -181,14 +182,9 @@ def _math_attention(
     dropout_p: float,
     return_weights: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    n_rep = q.shape[-3] // k.shape[-3] if q.dim() >= 3 and k.dim() >= 3 else 1
-    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
-    scores = (q @ k.transpose(-2, -1)) * scale  # (..., Tq, Tk)
-    if bias is not None:
-        scores = scores + bias
-    allowed = _allowed(mask, is_causal, q.shape[-2], k.shape[-2], q.device)
+    scores, allowed = _scores(q, k, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    v = repeat_kv(v, q.shape[-3] // v.shape[-3] if q.dim() >= 3 and v.dim() >= 3 else 1)
     if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
         # a row with no allowed key: softmax over all -inf is NaN; give it zeros instead
         empty_row = ~allowed.any(dim=-1, keepdim=True)
         scores = scores.masked_fill(empty_row, 0.0)
@@ -198,6 +194,52 @@ def _math_attention(
     attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     out = attn @ v  # (..., Tq, Dv)
     return out, (weights if return_weights else None)
+
+
+def _scores(
+    q: Tensor,
+    k: Tensor,
+    *,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    is_causal: bool,
+    scale: float,
+) -> tuple[Tensor, Tensor | None]:
+    """``Q Kᵀ · scale + bias`` with -inf where masked ``(..., Tq, Tk)``, and the allowed mask."""
+    n_rep = q.shape[-3] // k.shape[-3] if q.dim() >= 3 and k.dim() >= 3 else 1
+    k = repeat_kv(k, n_rep)
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., Tq, Tk)
+    if bias is not None:
+        scores = scores + bias
+    allowed = _allowed(mask, is_causal, q.shape[-2], k.shape[-2], q.device)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores, allowed
+
+
+def attention_scores(
+    q: Tensor,
+    k: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """The raw scores ``Q Kᵀ · scale + bias`` that the softmax turns into attention weights.
+
+    The same numbers as the math path's (same masks and scale): ``-inf`` where a query may not
+    attend, so ``softmax(scores)`` is the weights (a fully masked row gives zero weights there).
+
+    Args:
+        q, k, mask, is_causal, scale, bias: as in :func:`scaled_dot_product_attention`.
+
+    Returns:
+        ``(..., Tq, Tk)`` scores.
+    """
+    _check_inputs(q, k, k, mask, bias)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return _scores(q, k, mask=mask, bias=bias, is_causal=is_causal, scale=scale)[0]
 
 
 def _allowed(

@@ -18,8 +18,12 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.cache import KVCache
-from attnlab.attention.capture import capturing_attention, report_attention
-from attnlab.attention.core import backend_for_weights, scaled_dot_product_attention
+from attnlab.attention.capture import capturing_attention, capturing_scores, report_attention
+from attnlab.attention.core import (
+    attention_scores,
+    backend_for_weights,
+    scaled_dot_product_attention,
+)
 from attnlab.attention.linformer import LinformerProjection
 from attnlab.layers.norm import make_norm
 from attnlab.layers.position import (
@@ -314,7 +318,11 @@ class MultiHeadAttention(nn.Module):
         )
         out, weights = result if need_weights else (result, None)
         if weights is not None:
-            report_attention(self, weights)
+            # raw scores only when a capture asks for them (the explorer): one more Q Kᵀ
+            scores = None
+            if capturing_scores():
+                scores = attention_scores(q, k, mask=mask, is_causal=is_causal, bias=bias)
+            report_attention(self, weights, scores)
         out = out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H·D)
         return self.out_proj(out), weights
 
