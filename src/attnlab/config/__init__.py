@@ -6,6 +6,7 @@
 from attnlab.config.base import Config, ConfigError
 from attnlab.config.block import BlockConfig, swiglu_hidden
 from attnlab.config.lm import PRESETS, BigramConfig, LSTMConfig, ModelConfig
+from attnlab.config.vision import CNNConfig, ImageTaskConfig, SwinConfig, ViTConfig
 
 __all__ = [
     "Config",
@@ -15,5 +16,9 @@ __all__ = [
     "LSTMConfig",
     "BigramConfig",
     "PRESETS",
+    "ViTConfig",
+    "SwinConfig",
+    "CNNConfig",
+    "ImageTaskConfig",
     "swiglu_hidden",
 ]
