@@ -13,7 +13,6 @@ model). The test split is the same for every fraction (it changes with the seed)
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import time
@@ -23,8 +22,12 @@ from typing import Any
 
 import torch
 
+from attnlab.data.images import load_image_data
 from attnlab.errors import RunDirError, UserError
-from attnlab.runs import atomic_save, atomic_write_text
+from attnlab.fileio import atomic_save, atomic_write_text
+from attnlab.models.vision.factory import build_image_classifier
+from attnlab.tasks.image import ImageClassificationTask
+from attnlab.train import TrainConfig, train
 
 __all__ = [
     "InductiveBiasSettings",
@@ -85,28 +88,13 @@ def _build(kind: str, splits, overrides: dict[str, Any]):
     """The ``tiny`` (≤ 16 px) or ``small`` preset of ``kind`` sized for the data.
 
     Raises:
-        UserError: an override that is not a config field, or sizes that do not fit.
+        UserError: an override that is not a config field, or sizes that do not fit (the message
+            names the ``--vit-set`` / ``--cnn-set`` flag).
     """
-    from attnlab.models.cnn import CNNConfig, ResidualCNN
-    from attnlab.models.vit import VisionTransformer, ViTConfig
-
-    cfg_cls, model_cls = (
-        (ViTConfig, VisionTransformer) if kind == "vit" else (CNNConfig, ResidualCNN)
-    )
-    known = {f.name for f in dataclasses.fields(cfg_cls)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise UserError(
-            f"--{kind}-set: {kind} has no config field {', '.join(map(repr, unknown))}; "
-            f"its fields: {', '.join(sorted(known))}"
-        )
-    c, h, w = splits.image_shape
-    preset = "tiny" if h <= 16 else "small"
-    common = dict(image_size=h, in_channels=c, num_classes=len(splits.classes))
     try:
-        return model_cls(cfg_cls.preset(preset, **{**common, **overrides}))
-    except ValueError as err:
-        raise UserError(f"{kind} preset {preset!r} does not fit {h}×{w} images: {err}") from None
+        return build_image_classifier(kind, splits.image_shape, splits.classes, overrides=overrides)
+    except UserError as err:
+        raise UserError(f"--{kind}-set: {err}") from None
 
 
 def run_inductive_bias(
@@ -131,9 +119,6 @@ def run_inductive_bias(
         ``{"settings", "runs": [per-run dicts], "table": [per fraction: n_train, vit/cnn mean
         and std accuracy], "params": {"vit": n, "cnn": n}, "elapsed"}``.
     """
-    from attnlab.data.images import ImageClassificationTask, load_image_data
-    from attnlab.train import TrainConfig, train
-
     out = Path(out_dir)
     if (out / "results.json").exists() and not overwrite:
         raise RunDirError(
