@@ -227,6 +227,7 @@ def _model_overrides(items: list[str], flag: str) -> dict[str, Any]:
 
 def _inductive_bias(args: argparse.Namespace) -> int:
     from attnlab.experiments.inductive_bias import (
+        DATA_FIELDS,
         InductiveBiasSettings,
         format_table,
         run_inductive_bias,
@@ -241,12 +242,7 @@ def _inductive_bias(args: argparse.Namespace) -> int:
             f"{args.fractions!r} / {args.seeds!r}"
         ) from None
     settings = InductiveBiasSettings(
-        data=args.data,
-        data_path=args.data_path,
-        image_size=args.image_size,
-        channels=args.channels,
-        shapes_n=args.shapes_n,
-        shapes_label=args.shapes_label,
+        **{name: getattr(args, name) for name in DATA_FIELDS},
         fractions=fractions,
         steps=args.steps,
         batch_size=args.batch_size,

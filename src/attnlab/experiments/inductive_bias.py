@@ -22,14 +22,15 @@ from typing import Any
 
 import torch
 
-from attnlab.data.images import load_image_data
+from attnlab.config.vision import ImageTaskConfig
 from attnlab.errors import RunDirError, UserError
 from attnlab.fileio import atomic_save, atomic_write_text
 from attnlab.models.vision.factory import build_image_classifier
-from attnlab.tasks.image import ImageClassificationTask
+from attnlab.tasks.image import ImageClassificationTask, load_task_data
 from attnlab.train import TrainConfig, train
 
 __all__ = [
+    "DATA_FIELDS",
     "InductiveBiasSettings",
     "run_inductive_bias",
     "summarize",
@@ -38,14 +39,18 @@ __all__ = [
 ]
 
 
+#: the settings that choose the data: the same names and meaning as in :class:`ImageTaskConfig`
+DATA_FIELDS = ("data", "data_path", "image_size", "channels", "shapes_n", "shapes_label")
+
+
 @dataclass
 class InductiveBiasSettings:
     """What is compared and with which budget.
 
     Attributes:
         data: image source (``digits`` or ``shapes``; others need ``data_path``).
-        image_size, channels, shapes_n, shapes_label: as for
-            :func:`attnlab.data.images.load_image_data`.
+        data_path, image_size, channels, shapes_n, shapes_label: as for
+            :class:`~attnlab.config.vision.ImageTaskConfig`.
         fractions: shares of the training split, at least three, increasing.
         steps, batch_size, lr, warmup: the budget, identical for both models.
         seeds: one run per seed (data subset, init and batch order change with it).
@@ -82,6 +87,10 @@ class InductiveBiasSettings:
             raise ValueError(
                 f"steps and batch_size must be at least 1, got {self.steps} and {self.batch_size}"
             )
+
+    def data_config(self) -> ImageTaskConfig:
+        """The data settings as the image task's config."""
+        return ImageTaskConfig(**{name: getattr(self, name) for name in DATA_FIELDS})
 
 
 def _build(kind: str, splits, overrides: dict[str, Any]):
@@ -129,15 +138,7 @@ def run_inductive_bias(
     params: dict[str, int] = {}
     n_test = 0
     for seed in settings.seeds:
-        splits = load_image_data(
-            settings.data,
-            path=settings.data_path,
-            image_size=settings.image_size,
-            channels=settings.channels,
-            seed=seed,
-            shapes_n=settings.shapes_n,
-            shapes_label=settings.shapes_label,
-        )
+        splits = load_task_data(settings.data_config(), seed)
         if not runs:  # both models must build before anything is trained
             _build("cnn", splits, settings.cnn), _build("vit", splits, settings.vit)
         for frac in settings.fractions:

@@ -100,10 +100,74 @@ def hf_num_labels(cfg_dict: dict) -> tuple[int, list[str]]:
     return n, []
 
 
+def _hf_config(c: ViTConfig | SwinConfig, architecture: str, **fields: Any) -> dict:
+    """An HF config dict: what ViT and Swin share (image, activation, norm ε, Q/K/V bias, no
+    dropout, the class names of a head) plus their own ``fields``."""
+    cfg = {
+        "architectures": [architecture],
+        "image_size": c.image_size,
+        "patch_size": c.patch_size,
+        "num_channels": c.in_channels,
+        **fields,
+        "hidden_act": _ACT_TO_HF[c.activation],
+        "layer_norm_eps": c.norm_eps,
+        "qkv_bias": c.qkv_bias,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+    }
+    if c.num_classes > 0:
+        names = c.labels or [f"LABEL_{i}" for i in range(c.num_classes)]
+        cfg["id2label"] = {str(i): n for i, n in enumerate(names)}
+        cfg["label2id"] = {n: i for i, n in enumerate(names)}
+    return cfg
+
+
 def _strip_prefix(state_dict: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
     if any(k.startswith(prefix) for k in state_dict):
         return {(k[len(prefix) :] if k.startswith(prefix) else k): v for k, v in state_dict.items()}
     return dict(state_dict)
+
+
+def _renamed(name: str, old_to_new: dict[str, str]) -> str:
+    """``name`` with its first matching old prefix replaced by the new one."""
+    for old, new in old_to_new.items():
+        if name.startswith(old):
+            return new + name[len(old) :]
+    return name
+
+
+def _hf_image_fields(
+    cfg_dict: dict,
+    state_dict: dict[str, Tensor] | None,
+    family: str,
+    *,
+    patch_size: int,
+    norm_eps: float,
+) -> dict[str, Any]:
+    """The config fields HF ViT and Swin configs give alike: image, head, activation, ε, Q/K/V bias.
+
+    The head is included when ``state_dict`` holds ``classifier.weight``; without a state dict,
+    when the architecture is ``<family>ForImageClassification``. ``patch_size`` and ``norm_eps``
+    are the family's HF defaults.
+    """
+    sd = _strip_prefix(state_dict or {}, f"{family.lower()}.")
+    archs = cfg_dict.get("architectures") or []
+    has_head = (
+        ("classifier.weight" in sd)
+        if state_dict is not None
+        else (f"{family}ForImageClassification" in archs)
+    )
+    n_labels, labels = hf_num_labels(cfg_dict)
+    return dict(
+        image_size=_square(cfg_dict.get("image_size", 224), "images"),
+        patch_size=_square(cfg_dict.get("patch_size", patch_size), "patches"),
+        in_channels=int(cfg_dict.get("num_channels", 3)),
+        num_classes=n_labels if has_head else 0,
+        labels=labels if has_head else [],
+        activation=hf_activation(cfg_dict.get("hidden_act", "gelu")),
+        norm_eps=float(cfg_dict.get("layer_norm_eps", norm_eps)),
+        qkv_bias=bool(cfg_dict.get("qkv_bias", True)),
+    )
 
 
 def _rename_vit_keys(sd: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -113,11 +177,7 @@ def _rename_vit_keys(sd: dict[str, Tensor]) -> dict[str, Tensor]:
         if k.startswith("encoder.layer."):
             rest = k[len("encoder.layer.") :]
             i, name = rest.split(".", 1)
-            for old, new in _VIT_OLD_LAYER_NAMES.items():
-                if name.startswith(old):
-                    name = new + name[len(old) :]
-                    break
-            k = f"layers.{i}.{name}"
+            k = f"layers.{i}.{_renamed(name, _VIT_OLD_LAYER_NAMES)}"
         out[k] = v
     return out
 
@@ -130,27 +190,13 @@ def vit_config_from_hf(cfg_dict: dict, state_dict: dict[str, Tensor] | None = No
     the architecture is ``ViTForImageClassification``.
     """
     sd = _strip_prefix(state_dict or {}, "vit.")
-    archs = cfg_dict.get("architectures") or []
-    has_head = (
-        ("classifier.weight" in sd)
-        if state_dict is not None
-        else ("ViTForImageClassification" in archs)
-    )
-    n_labels, labels = hf_num_labels(cfg_dict)
     hidden = int(cfg_dict.get("hidden_size", 768))
     return ViTConfig(
-        image_size=_square(cfg_dict.get("image_size", 224), "images"),
-        patch_size=_square(cfg_dict.get("patch_size", 16), "patches"),
-        in_channels=int(cfg_dict.get("num_channels", 3)),
-        num_classes=n_labels if has_head else 0,
-        labels=labels if has_head else [],
+        **_hf_image_fields(cfg_dict, state_dict, "ViT", patch_size=16, norm_eps=1e-12),
         d_model=hidden,
         n_layers=int(cfg_dict.get("num_hidden_layers", 12)),
         n_heads=int(cfg_dict.get("num_attention_heads", 12)),
         ffn_hidden=int(cfg_dict.get("intermediate_size", 4 * hidden)),
-        activation=hf_activation(cfg_dict.get("hidden_act", "gelu")),
-        norm_eps=float(cfg_dict.get("layer_norm_eps", 1e-12)),
-        qkv_bias=bool(cfg_dict.get("qkv_bias", True)),
         pooling="cls",
         position="learned",
         pooler=("pooler.dense.weight" in sd) if state_dict is not None else False,
@@ -216,26 +262,15 @@ def vit_to_hf(model: VisionTransformer) -> tuple[dict, dict[str, Tensor]]:
         raise UserError("HF ViT needs pooling='cls' and position='learned'")
     _check_hf_block(c, "ViT")
     has_head = c.num_classes > 0
-    cfg = {
-        "model_type": "vit",
-        "architectures": ["ViTForImageClassification" if has_head else "ViTModel"],
-        "image_size": c.image_size,
-        "patch_size": c.patch_size,
-        "num_channels": c.in_channels,
-        "hidden_size": c.d_model,
-        "num_hidden_layers": c.n_layers,
-        "num_attention_heads": c.n_heads,
-        "intermediate_size": c.ffn_hidden,
-        "hidden_act": _ACT_TO_HF[c.activation],
-        "layer_norm_eps": c.norm_eps,
-        "qkv_bias": c.qkv_bias,
-        "hidden_dropout_prob": 0.0,
-        "attention_probs_dropout_prob": 0.0,
-    }
-    if has_head:
-        names = c.labels or [f"LABEL_{i}" for i in range(c.num_classes)]
-        cfg["id2label"] = {str(i): n for i, n in enumerate(names)}
-        cfg["label2id"] = {n: i for i, n in enumerate(names)}
+    cfg = _hf_config(
+        c,
+        "ViTForImageClassification" if has_head else "ViTModel",
+        model_type="vit",
+        hidden_size=c.d_model,
+        num_hidden_layers=c.n_layers,
+        num_attention_heads=c.n_heads,
+        intermediate_size=c.ffn_hidden,
+    )
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     pre = "vit." if has_head else ""
     out: dict[str, Tensor] = {
@@ -283,39 +318,20 @@ def _rename_swin_keys(sd: dict[str, Tensor]) -> dict[str, Tensor]:
         if ".blocks." in k:
             head, name = k.split(".blocks.", 1)
             j, name = name.split(".", 1)
-            for old, new in _SWIN_OLD_NAMES.items():
-                if name.startswith(old):
-                    name = new + name[len(old) :]
-                    break
-            k = f"{head}.blocks.{j}.{name}"
+            k = f"{head}.blocks.{j}.{_renamed(name, _SWIN_OLD_NAMES)}"
         out[k] = v
     return out
 
 
 def swin_config_from_hf(cfg_dict: dict, state_dict: dict[str, Tensor] | None = None) -> SwinConfig:
     """Our :class:`SwinConfig` for an HF Swin ``config.json`` dict (head from the state dict)."""
-    sd = _strip_prefix(state_dict or {}, "swin.")
-    archs = cfg_dict.get("architectures") or []
-    has_head = (
-        ("classifier.weight" in sd)
-        if state_dict is not None
-        else ("SwinForImageClassification" in archs)
-    )
-    n_labels, labels = hf_num_labels(cfg_dict)
     return SwinConfig(
-        image_size=_square(cfg_dict.get("image_size", 224), "images"),
-        patch_size=_square(cfg_dict.get("patch_size", 4), "patches"),
-        in_channels=int(cfg_dict.get("num_channels", 3)),
-        num_classes=n_labels if has_head else 0,
-        labels=labels if has_head else [],
+        **_hf_image_fields(cfg_dict, state_dict, "Swin", patch_size=4, norm_eps=1e-5),
         d_model=int(cfg_dict.get("embed_dim", 96)),
         depths=list(cfg_dict.get("depths", [2, 2, 6, 2])),
         n_heads=list(cfg_dict.get("num_heads", [3, 6, 12, 24])),
         window_size=int(cfg_dict.get("window_size", 7)),
         mlp_ratio=float(cfg_dict.get("mlp_ratio", 4.0)),
-        activation=hf_activation(cfg_dict.get("hidden_act", "gelu")),
-        norm_eps=float(cfg_dict.get("layer_norm_eps", 1e-5)),
-        qkv_bias=bool(cfg_dict.get("qkv_bias", True)),
         absolute_positions=bool(cfg_dict.get("use_absolute_embeddings", False)),
     )
 
@@ -401,29 +417,18 @@ def swin_to_hf(model: SwinTransformer) -> tuple[dict, dict[str, Tensor]]:
     for s in range(len(c.depths)):
         _check_hf_block(c.stage_block(s), f"Swin (stage {s})")
     has_head = c.num_classes > 0
-    cfg = {
-        "model_type": "swin",
-        "architectures": ["SwinForImageClassification" if has_head else "SwinModel"],
-        "image_size": c.image_size,
-        "patch_size": c.patch_size,
-        "num_channels": c.in_channels,
-        "embed_dim": c.d_model,
-        "depths": list(c.depths),
-        "num_heads": list(c.n_heads),
-        "window_size": c.window_size,
-        "mlp_ratio": c.mlp_ratio,
-        "hidden_act": _ACT_TO_HF[c.activation],
-        "layer_norm_eps": c.norm_eps,
-        "qkv_bias": c.qkv_bias,
-        "use_absolute_embeddings": c.absolute_positions,
-        "drop_path_rate": 0.0,
-        "hidden_dropout_prob": 0.0,
-        "attention_probs_dropout_prob": 0.0,
-    }
-    if has_head:
-        names = c.labels or [f"LABEL_{i}" for i in range(c.num_classes)]
-        cfg["id2label"] = {str(i): n for i, n in enumerate(names)}
-        cfg["label2id"] = {n: i for i, n in enumerate(names)}
+    cfg = _hf_config(
+        c,
+        "SwinForImageClassification" if has_head else "SwinModel",
+        model_type="swin",
+        embed_dim=c.d_model,
+        depths=list(c.depths),
+        num_heads=list(c.n_heads),
+        window_size=c.window_size,
+        mlp_ratio=c.mlp_ratio,
+        use_absolute_embeddings=c.absolute_positions,
+        drop_path_rate=0.0,
+    )
     sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
     pre = "swin." if has_head else ""
     out = {}

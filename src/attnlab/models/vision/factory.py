@@ -17,7 +17,7 @@ from attnlab.config.vision import CNNConfig, SwinConfig, ViTConfig
 from attnlab.errors import UserError
 from attnlab.models.registry import build_model
 
-__all__ = ["IMAGE_CLASSIFIERS", "image_classifier_config", "build_image_classifier"]
+__all__ = ["IMAGE_CLASSIFIERS", "build_image_classifier"]
 
 #: model kind -> its config class
 IMAGE_CLASSIFIERS: dict[str, type[Config]] = {
@@ -27,19 +27,19 @@ IMAGE_CLASSIFIERS: dict[str, type[Config]] = {
 }
 
 
-def image_classifier_config(
+def build_image_classifier(
     kind: str,
     image_shape: tuple[int, int, int],
     classes: list[str],
     *,
     preset: str | None = None,
     overrides: dict[str, Any] | None = None,
-) -> Config:
-    """The config of a ``kind`` classifier for ``(C, H, W)`` images and these classes.
+) -> nn.Module:
+    """A ``kind`` classifier (ViT, Swin or CNN) for ``(C, H, W)`` images and these classes.
 
-    Starts from ``preset`` (default ``tiny`` for images up to 16 pixels, ``small`` above), sets
-    ``image_size``, ``in_channels``, ``num_classes`` and ``labels`` from the data, then applies
-    ``overrides`` (any config field, a first-release name too).
+    Its config starts from ``preset`` (default ``tiny`` for images up to 16 pixels, ``small``
+    above), takes ``image_size``, ``in_channels``, ``num_classes`` and ``labels`` from the data,
+    then ``overrides`` (any config field, a first-release name too).
 
     Raises:
         UserError: an unknown kind, preset or field (named, with the known ones), non-square
@@ -64,21 +64,9 @@ def image_classifier_config(
         )
     fields = dict(image_size=h, in_channels=c, num_classes=len(classes), labels=list(classes))
     try:
-        return cfg_cls.preset(preset, **{**fields, **overrides})
+        config = cfg_cls.preset(preset, **{**fields, **overrides})
     except ConfigError as err:
         raise UserError(
             f"cannot build {kind} (preset {preset!r}) for {h}×{w} images: {err}"
         ) from None
-
-
-def build_image_classifier(
-    kind: str,
-    image_shape: tuple[int, int, int],
-    classes: list[str],
-    *,
-    preset: str | None = None,
-    overrides: dict[str, Any] | None = None,
-) -> nn.Module:
-    """The model of :func:`image_classifier_config` (a ViT, Swin or CNN)."""
-    config = image_classifier_config(kind, image_shape, classes, preset=preset, overrides=overrides)
     return build_model(kind, config)
