@@ -80,6 +80,8 @@ class PatchGridPositions(Positions):
         dim: width C.
         kind: ``learned`` or ``sincos``.
         n_prefix: tokens before the patches (1 = a class token, 0 = none).
+        init_std: a learned table starts truncated-normal with this std; None leaves it zero for
+            the owning model to initialise (with its other weights, in its own order).
 
     Raises:
         ValueError: an unknown ``kind``, or a sin-cos width not divisible by 4.
@@ -94,6 +96,7 @@ class PatchGridPositions(Positions):
         *,
         kind: Literal["learned", "sincos"] = "learned",
         n_prefix: int = 1,
+        init_std: float | None = 0.02,
         device=None,
         dtype=None,
     ) -> None:
@@ -106,8 +109,9 @@ class PatchGridPositions(Positions):
         )
         n_tokens = n_prefix + self.grid[0] * self.grid[1]
         if kind == "learned":
-            self.weight = nn.Parameter(torch.empty(1, n_tokens, dim, device=device, dtype=dtype))
-            nn.init.trunc_normal_(self.weight, std=0.02)
+            self.weight = nn.Parameter(torch.zeros(1, n_tokens, dim, device=device, dtype=dtype))
+            if init_std is not None:
+                nn.init.trunc_normal_(self.weight, std=init_std)
         elif kind == "sincos":
             table = self._sincos(self.grid).to(device=device, dtype=dtype)
             self.register_buffer("weight", table, persistent=False)

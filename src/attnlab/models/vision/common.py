@@ -5,11 +5,13 @@ Shape legend: C width.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torch import nn
 
 from attnlab.config.block import BlockConfig
 from attnlab.layers.block import TransformerBlock, build_block
-from attnlab.layers.position import Positions
+from attnlab.layers.position import PatchGridPositions, RelativePositionBias
 
 __all__ = ["build_vision_block", "init_vision_weights"]
 
@@ -32,14 +34,20 @@ def build_vision_block(
     return block
 
 
-def init_vision_weights(model: nn.Module, std: float) -> None:
-    """Truncated-normal weights (std ``std``) for linear and convolution layers, zero biases, and
-    truncated-normal learned position tables (ViT / Swin, as in timm)."""
+def init_vision_weights(model: nn.Module, std: float, tokens: Sequence[nn.Parameter] = ()) -> None:
+    """Truncated-normal init with std ``std`` (ViT / Swin, as in timm), in this order (the first
+    release's, so a seed still gives the same ViT): linear and convolution weights (zero biases)
+    and window tables in module order, then the learned ``tokens`` (class token), then learned
+    patch-grid positions."""
+    grids = []
     for m in model.modules():
         if isinstance(m, (nn.Linear, nn.Conv2d)):
             nn.init.trunc_normal_(m.weight, std=std)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
-        elif isinstance(m, Positions):
-            for p in m.parameters(recurse=False):
-                nn.init.trunc_normal_(p, std=std)
+        elif isinstance(m, RelativePositionBias):
+            nn.init.trunc_normal_(m.table, std=std)
+        elif isinstance(m, PatchGridPositions) and isinstance(m.weight, nn.Parameter):
+            grids.append(m.weight)
+    for p in [*tokens, *grids]:
+        nn.init.trunc_normal_(p, std=std)

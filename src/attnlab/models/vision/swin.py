@@ -233,7 +233,7 @@ class SwinTransformer(nn.Module):
         self.embed_norm = nn.LayerNorm(c.d_model)  # ε 1e-5, fixed in HF and timm
         grid = c.image_size // c.patch_size
         self.pos_embed = (
-            PatchGridPositions((grid, grid), c.d_model, kind="learned", n_prefix=0)
+            PatchGridPositions((grid, grid), c.d_model, kind="learned", n_prefix=0, init_std=None)
             if c.absolute_positions
             else NoPositions()
         )

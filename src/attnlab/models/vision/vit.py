@@ -61,8 +61,8 @@ class VisionTransformer(nn.Module):
             self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model))
         grid = (c.grid_size, c.grid_size)
         self.pos_embed = PatchGridPositions(
-            grid, c.d_model, kind=c.position, n_prefix=self.n_prefix
-        )
+            grid, c.d_model, kind=c.position, n_prefix=self.n_prefix, init_std=None
+        )  # initialised by reset_parameters
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             build_vision_block(c, qkv_bias=c.qkv_bias, drop_path=rate)
@@ -76,9 +76,8 @@ class VisionTransformer(nn.Module):
     def reset_parameters(self) -> None:
         """Truncated-normal init (std ``init_std``) for linear/patch weights, class token and
         learned positions."""
-        init_vision_weights(self, self.config.init_std)
-        if self.n_prefix:
-            nn.init.trunc_normal_(self.cls_token, std=self.config.init_std)
+        tokens = [self.cls_token] if self.n_prefix else []
+        init_vision_weights(self, self.config.init_std, tokens)
 
     @property
     def feature_dim(self) -> int:
