@@ -376,3 +376,10 @@ def test_config_errors_name_the_key(tmp_path, capsys):
     )
     assert "--model vit" in err and "'cnn'" in err
     assert not (tmp_path / "x").exists()
+    # --resume reads the run's own settings: no model or data flags needed
+    assert (
+        main(["train", "image", "--resume", "--steps", "4", "--out", str(run), "--no-progress"])
+        == 0
+    )
+    assert json.loads((run / "config.json").read_text())["kind"] == "cnn"
+    assert max(step for step, *_ in _losses(run)) == 4
