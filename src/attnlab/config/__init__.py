@@ -7,6 +7,7 @@ from attnlab.config.base import Config, ConfigError
 from attnlab.config.block import BlockConfig, swiglu_hidden
 from attnlab.config.lm import PRESETS, BigramConfig, LMTaskConfig, LSTMConfig, ModelConfig
 from attnlab.config.translation import RNNSeq2SeqConfig, Seq2SeqConfig, TranslationTaskConfig
+from attnlab.config.vision import CNNConfig, ImageTaskConfig, SwinConfig, ViTConfig
 
 __all__ = [
     "Config",
@@ -20,5 +21,9 @@ __all__ = [
     "Seq2SeqConfig",
     "RNNSeq2SeqConfig",
     "TranslationTaskConfig",
+    "ViTConfig",
+    "SwinConfig",
+    "CNNConfig",
+    "ImageTaskConfig",
     "swiglu_hidden",
 ]

@@ -1,7 +1,7 @@
 """Hugging Face checkpoints in and out: GPT-2, Llama and Mixtral as :class:`attnlab.DecoderLM`.
 
 (ViT and Swin folders go through the same reading, checking and writing code here; their tensor
-mappings live beside the models, in :mod:`attnlab.models.vit` and :mod:`attnlab.models.swin`.)
+mappings live in :mod:`attnlab.interop.vision`.)
 
 A Hugging Face checkpoint is a local folder holding ``config.json`` and the weights, either one
 ``model.safetensors`` or shards listed by ``model.safetensors.index.json``; a ``tokenizer.json``
@@ -411,7 +411,7 @@ _FAMILIES = {
         _llama_like_to_hf_sd,
     ),
 }
-# vision models: the conversions live beside the models (attnlab.models.vit / .swin)
+# vision models: the tensor mappings live in attnlab.interop.vision
 _VISION_ARCHITECTURES = {
     "ViTModel": "vit",
     "ViTForImageClassification": "vit",
@@ -728,7 +728,7 @@ def from_hf(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None) 
     """Load a local Hugging Face checkpoint as an attnlab model (eval mode).
 
     GPT-2, Llama and Mixtral become a :class:`attnlab.DecoderLM`; ViT and Swin (``...Model`` or
-    ``...ForImageClassification``) the vision models of :mod:`attnlab.models.vit` / ``.swin``.
+    ``...ForImageClassification``) the vision models of :mod:`attnlab.models.vision`.
 
     Args:
         path: folder with ``config.json`` and ``model.safetensors`` (or shards plus
@@ -822,20 +822,19 @@ def _generation_token_ids(path: Path) -> dict:
 
 
 def _vision_from_hf(path: Path, hf: dict, dtype: torch.dtype) -> nn.Module:
-    """ViT / Swin through the vision modules' own converters, after the same name/shape check.
+    """ViT / Swin through :mod:`attnlab.interop.vision`, after the same name/shape check.
 
     Old (transformers < 5.9) key names are accepted: the check compares the file's names after the
     vision module's renaming with the names its exporter writes for the configured model.
     """
-    if _family_of_config(hf) == "vit":
-        from attnlab.models import vit as mod
+    from attnlab.interop import vision as mod
+    from attnlab.models.vision import SwinTransformer, VisionTransformer
 
-        config_from_hf, build, export = mod.vit_config_from_hf, mod.VisionTransformer, mod.vit_to_hf
+    if _family_of_config(hf) == "vit":
+        config_from_hf, build, export = mod.vit_config_from_hf, VisionTransformer, mod.vit_to_hf
         from_sd, prefix, rename = mod.vit_from_hf_state_dict, "vit.", mod._rename_vit_keys
     else:
-        from attnlab.models import swin as mod
-
-        config_from_hf, build = mod.swin_config_from_hf, mod.SwinTransformer
+        config_from_hf, build = mod.swin_config_from_hf, SwinTransformer
         export, from_sd = mod.swin_to_hf, mod.swin_from_hf_state_dict
         prefix, rename = "swin.", mod._rename_swin_keys
     files = _weight_files(path)
@@ -1085,10 +1084,9 @@ def to_hf(
         )
     kind = getattr(model, "kind", None)
     if kind in ("vit", "swin"):
-        if kind == "vit":
-            from attnlab.models.vit import vit_to_hf as export
-        else:
-            from attnlab.models.swin import swin_to_hf as export
+        from attnlab.interop import vision
+
+        export = vision.vit_to_hf if kind == "vit" else vision.swin_to_hf
         hf_cfg, sd = export(model)
         hf_cfg.update(extra_config or {})
     else:

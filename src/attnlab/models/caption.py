@@ -74,8 +74,8 @@ class CaptionConfig:
             to image tokens).
         vocab_size: words including the special tokens.
         image_size: side of the square input image.
-        encoder: ``cnn`` (:class:`~attnlab.models.cnn.ResidualCNN`, grid tokens from the last
-            feature map) or ``vit`` (:class:`~attnlab.models.vit.VisionTransformer` patch tokens).
+        encoder: ``cnn`` (:class:`~attnlab.models.vision.ResidualCNN`, grid tokens from the last
+            feature map) or ``vit`` (:class:`~attnlab.models.vision.VisionTransformer` patch tokens).
         encoder_width: CNN channels of the last stage / ViT d_model.
         encoder_depth: CNN stages (each after the first halves the resolution) / ViT layers.
         patch_size: ViT patch size.
@@ -169,7 +169,7 @@ def build_image_encoder(
     (B, C)``, ``feature_dim`` and ``forward(images) -> (B, num_classes)``.
     """
     if name == "cnn":
-        from attnlab.models.cnn import CNNConfig, ResidualCNN
+        from attnlab.models.vision import CNNConfig, ResidualCNN
 
         channels = [max(1, width // 2)] + [width] * (depth - 1)
         return ResidualCNN(
@@ -182,7 +182,7 @@ def build_image_encoder(
             )
         )
     if name == "vit":
-        from attnlab.models.vit import VisionTransformer, ViTConfig
+        from attnlab.models.vision import VisionTransformer, ViTConfig
 
         heads = 4 if width % 4 == 0 else 1
         return VisionTransformer(
@@ -214,7 +214,7 @@ def freeze_unused(encoder: nn.Module, reads: str) -> None:
         return
     if hasattr(encoder, "head"):
         encoder.head.requires_grad_(False)
-    from attnlab.models.cnn import ResidualCNN
+    from attnlab.models.vision import ResidualCNN
 
     if reads == "features" and isinstance(encoder, ResidualCNN):
         encoder.norm.requires_grad_(False)  # only the pooled vector is normalised

@@ -1,9 +1,11 @@
 """Position information behind one interface (:class:`Positions`): embed, rotate, bias.
 
 - absolute (added to the embeddings): :class:`SinusoidalPositionalEmbedding`,
-  :class:`LearnedPositionalEmbedding`, 2-D grids (:func:`sincos_2d`, :func:`interpolate_positions`);
+  :class:`LearnedPositionalEmbedding`, 2-D patch grids (:class:`PatchGridPositions`,
+  :func:`sincos_2d`, :func:`interpolate_positions`);
 - inside attention: :class:`RotaryEmbedding` (RoPE rotates q and k), :class:`ALiBi` (a distance
-  penalty on the scores), :class:`T5RelativeBias` (a learned score per distance bucket).
+  penalty on the scores), :class:`T5RelativeBias` (a learned score per distance bucket),
+  :class:`RelativePositionBias` (Swin's learned window table).
 
 :func:`build_positions` turns a config's ``position`` name into the module a model owns.
 """
@@ -19,7 +21,8 @@ from attnlab.layers.position.absolute import (
 )
 from attnlab.layers.position.alibi import ALiBi, alibi_bias, alibi_slopes
 from attnlab.layers.position.base import NoPositions, Positions
-from attnlab.layers.position.grid import sincos_2d
+from attnlab.layers.position.grid import PatchGridPositions, interpolate_positions, sincos_2d
+from attnlab.layers.position.relative import RelativePositionBias
 from attnlab.layers.position.rope import RotaryEmbedding, apply_rotary, rotate_half
 from attnlab.layers.position.t5 import T5RelativeBias, relative_position_bucket
 
@@ -39,6 +42,9 @@ __all__ = [
     "sincos_2d",
     "T5RelativeBias",
     "relative_position_bucket",
+    "interpolate_positions",
+    "PatchGridPositions",
+    "RelativePositionBias",
 ]
 
 #: 1-D schemes :func:`build_positions` knows
