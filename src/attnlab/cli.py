@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 
+from attnlab.commands.parser import Parser
 from attnlab.errors import UserError
 
 COMMAND_MODULES = [
@@ -29,22 +30,28 @@ COMMAND_MODULES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="attnlab",
         description="Attention and Transformers end to end: train, generate, translate, classify, "
         "caption, ask, convert, benchmark and run the lecture's experiments.",
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    top = parser.add_subparsers(dest="command", metavar="<command>", required=True)
+    top = parser.add_subparsers(
+        dest="command", metavar="<command>", required=True, parser_class=Parser
+    )
     train = top.add_parser("train", help="train a model; see 'attnlab train <task> --help'")
     experiment = top.add_parser(
         "experiment", help="run one of the lecture's claims as a measurement"
     )
     groups = {
         "top": top,
-        "train": train.add_subparsers(dest="task", metavar="<task>", required=True),
-        "experiment": experiment.add_subparsers(dest="experiment", metavar="<name>", required=True),
+        "train": train.add_subparsers(
+            dest="task", metavar="<task>", required=True, parser_class=Parser
+        ),
+        "experiment": experiment.add_subparsers(
+            dest="experiment", metavar="<name>", required=True, parser_class=Parser
+        ),
     }
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(groups)
