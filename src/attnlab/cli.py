@@ -14,6 +14,7 @@ import importlib
 import logging
 import os
 import sys
+import time
 
 from attnlab.commands.parser import Parser
 from attnlab.errors import UserError
@@ -62,12 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from attnlab.train import clock
+
+    started = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    clock.count_from(started)  # --max-time counts the start-up as well (train/clock.py)
     try:
         rc = args.func(args)
     except BrokenPipeError:  # `attnlab ... | head`: the reader left, which is not an error
@@ -83,9 +88,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:  # Ctrl-C: 130; SIGTERM while training (Terminated): 143
         status = getattr(err, "exit_status", 130)
         if os.environ.get("RANK", "0") == "0":
-            print(f"attnlab: {'terminated' if status == 143 else 'interrupted'}", file=sys.stderr)
+            print(f"attnlab: {_interrupted(args, err, status)}", file=sys.stderr)
         return status
+    finally:
+        clock.count_from(None)
     return int(rc or 0)
+
+
+def _interrupted(args: argparse.Namespace, err: KeyboardInterrupt, status: int) -> str:
+    """``interrupted (Ctrl-C) at step 9 of 24; checkpoint saved in runs/x; resume with: ...``."""
+    word = "terminated (SIGTERM)" if status == 143 else "interrupted (Ctrl-C)"
+    stopped = getattr(err, "stopped", None)  # attached by the trainer (attnlab.train.stopping)
+    training = args.command == "train"
+    if stopped is not None:
+        return f"{word} {stopped.describe(args.task if training else None)}"
+    if training:
+        return f"{word} before training started; nothing new was saved"
+    return word
 
 
 def _message(err: Exception) -> str:

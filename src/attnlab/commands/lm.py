@@ -43,6 +43,7 @@ def _train_lm(args: argparse.Namespace) -> int:
     from attnlab.runs import read_config
     from attnlab.tasks.lm import LMTask
     from attnlab.train import check_run_dir, train
+    from attnlab.train.stopping import completion
 
     out = Path(args.out)
     check_run_dir(out, args.resume, args.overwrite)  # before reading and tokenising the corpus
@@ -54,6 +55,10 @@ def _train_lm(args: argparse.Namespace) -> int:
             raise RunDirError(f"{str(out)!r} does not hold a language-model training run")
         settings = resolve_lm_settings(args, saved, resume=True)
         check_resume_settings(args, settings, saved)
+        done = completion(out, settings.train)
+        if done:  # before the corpus is read
+            print(done)
+            return 0
         task = LMTask.from_config(saved["task"], load_tokenizer(out))
         model = build_model(saved["kind"], saved["model"])
     else:

@@ -245,6 +245,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from attnlab.runs import read_config
     from attnlab.tasks.translation import TranslationTask, train_defaults
     from attnlab.train import TrainConfig, check_run_dir, train
+    from attnlab.train.stopping import completion
 
     check_run_dir(args.out, args.resume, args.overwrite)  # before generating the data
     flag_keys = _flag_keys(args)
@@ -267,6 +268,10 @@ def _run_train(args: argparse.Namespace) -> int:
         task.setdefault("seed", sections["train"].get("seed", 0))
         task_cfg = TranslationTaskConfig.from_dict(task)
     train_cfg = TrainConfig.from_dict({**train_defaults(kind), **sections["train"]})
+    done = completion(args.out, train_cfg) if args.resume else None
+    if done:  # before the data is generated
+        print(done)
+        return 0
     data = build_data(task_cfg)
     if not args.resume:
         model_options = dict(sections["model"])

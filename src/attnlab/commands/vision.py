@@ -93,10 +93,15 @@ def _train_image(args: argparse.Namespace) -> int:
     from attnlab.models.vision.factory import build_image_classifier
     from attnlab.tasks.image import ImageClassificationTask
     from attnlab.train import check_run_dir, train
+    from attnlab.train.stopping import completion
 
     check_run_dir(args.out, args.resume, args.overwrite)  # before the data is read
     kind, sections = _resolve(args)
     cfg = TrainConfig.from_dict(sections["train"])
+    done = completion(args.out, cfg) if args.resume else None
+    if done:  # before the data is read
+        print(done)
+        return 0
     task = ImageClassificationTask.from_config(
         ImageTaskConfig.from_dict(sections["task"]), cfg.seed
     )

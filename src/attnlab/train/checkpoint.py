@@ -107,6 +107,7 @@ class Progress:
     train_loss: float | None = None
     last_eval_step: int = -1
     last_ckpt_step: int = -1
+    finished: bool = False  # the run reached its length or budget (train/stopping.py)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -457,9 +458,7 @@ def load_checkpoint(
             pass  # reported below as a difference
     if saved_model != model_cfg:
         diff = sorted(
-            k
-            for k in set(saved_model) | set(model_cfg)
-            if saved_model.get(k) != model_cfg.get(k)
+            k for k in set(saved_model) | set(model_cfg) if saved_model.get(k) != model_cfg.get(k)
         )
         raise RunDirError(f"cannot resume {str(run_dir)!r}: the model config differs in {diff}")
     if _torch_version() < _SAFE_LOADER:

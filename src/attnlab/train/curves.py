@@ -8,7 +8,17 @@ from pathlib import Path
 
 from attnlab.fileio import atomic_save
 
-__all__ = ["plot_curves", "read_metrics"]
+__all__ = ["plot_curves", "read_metrics", "load_matplotlib"]
+
+
+def load_matplotlib():
+    """``matplotlib.pyplot`` on the Agg backend (imported on first use: it takes a second)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
@@ -29,11 +39,7 @@ def plot_curves(
     Raises:
         FileNotFoundError: if the metrics file does not exist.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = load_matplotlib()
     records = read_metrics(metrics_jsonl_path)
     train = [(r["step"], r["loss"]) for r in records if r.get("loss") is not None]
     val = [(r["step"], r["val_loss"]) for r in records if r.get("val_loss") is not None]

@@ -16,6 +16,8 @@ Every ``log_every`` steps the losses are averaged over ranks, checked (a non-fin
 :class:`TrainingDiverged`), written to ``metrics.jsonl`` and shown on the progress bar. Every
 ``eval_every`` steps, and at the end, the model is validated and a checkpoint written
 (``model.safetensors``, ``best.safetensors``, ``state.pt``, ``metrics.jsonl``, ``loss.png``).
+A timed run (``max_time``) validates when it starts too, and stops early enough for its final
+validation and checkpoint to fit in the budget (:mod:`attnlab.train.clock`).
 Only rank 0 writes, always atomically (temporary files + renames, a checkpoint's files as one
 group: :mod:`attnlab.train.checkpoint`); a file that cannot be written (full disk, read-only)
 stops the run with one :class:`RunWriteError` line, the previous checkpoint kept. Rank 0 holds the
@@ -45,7 +47,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab import runs
 from attnlab.errors import UserError
 from attnlab.tasks.base import Task, to_device
 from attnlab.train import distributed as dist_utils
@@ -61,10 +62,13 @@ from attnlab.train.checkpoint import (
     write_checkpoint,
     write_metrics,
 )
+from attnlab.train.clock import Budget, session_start
 from attnlab.train.config import TrainConfig
+from attnlab.train.curves import load_matplotlib
 from attnlab.train.optim import LRSchedule, make_optimizer
 from attnlab.train.rng import capture_rng, rng_preserved, seed_all
 from attnlab.train.signals import Interrupts, Terminated
+from attnlab.train.stopping import StopInfo, warn_about_settings
 
 __all__ = [
     "train",
@@ -163,6 +167,7 @@ def train(
         TrainingDiverged: the loss became non-finite; the last good checkpoint is kept.
         UserError: the batch does not split over ranks and micro-batches, bad device, ...
     """
+    started = session_start()  # the clock of a timed run (clock.py)
     run_dir = Path(run_dir)
     _check_task(task)
     if stop_after is not None and stop_after < 0:
@@ -199,7 +204,7 @@ def train(
         else:
             seed_all(cfg.seed + rank)
         if main:  # messages and files once, from rank 0
-            _warn_about_settings(run_dir, task, cfg, resume)
+            warn_about_settings(run_dir, task.config_dict(), cfg, resume)
             config = {"kind": kind, "model": model_cfg, "train": cfg.to_dict()}
             start_run(
                 run_dir, task, {**config, "task": task.config_dict()}, resume, prog.last_ckpt_step
@@ -215,6 +220,7 @@ def train(
         )
         loop = _Loop(model, task, cfg, run_dir, optimizer, schedule, prog, history, info, micro_bs)
         loop.stop_after = stop_after
+        loop.start = started
         loop.interrupts = interrupts
         loop.run()
     return TrainResult(
@@ -226,38 +232,6 @@ def train(
         history=history,
         elapsed=prog.elapsed,
     )
-
-
-def _warn_about_settings(run_dir: Path, task: Task, cfg: TrainConfig, resume: bool) -> None:
-    """Warn about settings that will surprise: a changed resume, a warm-up as long as the run."""
-    if resume:
-        saved = runs.read_config(run_dir)
-        if saved.get("task") != json.loads(json.dumps(task.config_dict())):
-            log.warning("resuming %s with a different task config: the data may differ", run_dir)
-        saved_train = saved.get("train") or {}
-        if saved_train != json.loads(json.dumps(cfg.to_dict())):
-            log.info("resuming %s with changed training settings", run_dir)
-        length = "max_time" if cfg.timed else "steps"
-        old_length = saved_train.get(length)
-        if cfg.schedule == "cosine" and old_length not in (None, getattr(cfg, length)):
-            log.warning(
-                "resuming a cosine schedule fitted to %s=%s with %s=%s: the learning rate "
-                "jumps back up from where the shorter schedule left it, so this is not the "
-                "same as one run of the new length (constant and inverse_sqrt schedules are; "
-                "or give the full length from the start and stop early with Ctrl-C)",
-                length,
-                old_length,
-                length,
-                getattr(cfg, length),
-            )
-    if not cfg.timed and cfg.schedule != "inverse_sqrt" and cfg.warmup >= cfg.steps:
-        log.warning(
-            "the warm-up (%d steps) is not shorter than the run (%d steps): the learning rate "
-            "never reaches lr=%g; lower --warmup",
-            cfg.warmup,
-            cfg.steps,
-            cfg.lr,
-        )
 
 
 class _Loop:
@@ -282,6 +256,8 @@ class _Loop:
         self.window_start = time.perf_counter()
         self.start = time.perf_counter()
         self.base_elapsed = prog.elapsed
+        self.budget = Budget(cfg.max_time, warn=info.is_main) if cfg.timed else None
+        self.saved_finished = prog.finished  # what the checkpoint on disk says
         self.bar = None
         self.stop_after: int | None = None
         self.interrupts = Interrupts()  # train() passes the installed one
@@ -306,18 +282,27 @@ class _Loop:
         updating = False
         try:
             self.model.train()
+            if self.budget is not None and prog.last_eval_step != prog.step:
+                load_matplotlib()  # (a one-off import, not part of what a validation costs)
+                self._validate_and_checkpoint()  # measures what the final one will cost
             while True:
                 rng_at_step_start = capture_rng()
-                if cfg.timed:
-                    t = dist_utils.broadcast_float(self.elapsed(), self.device) / cfg.max_time
-                    if t >= 1.0:
+                if self.budget is not None:
+                    t = self.budget.fraction(self.elapsed())
+                    t = dist_utils.broadcast_float(t, self.device)
+                    if t >= 1.0 and prog.step > 0:  # (a fresh run takes one step at least)
+                        prog.finished = True
                         break
+                    t = min(t, 1.0)
                 else:
                     t = None
                     if prog.step >= cfg.steps:
+                        prog.finished = True
                         break
+                prog.finished = False
                 if self.stop_after is not None and prog.step >= self.stop_after:
                     break
+                step_start = time.perf_counter()
                 lr = self.schedule.apply(self.optimizer, prog.step, t)
                 loss, grad_norm, metrics, count = self._step(prog.step)
                 with self.interrupts.deferred():  # a signal now is raised after the update
@@ -327,6 +312,10 @@ class _Loop:
                     updating = False
                     rng_at_step_start = None
                     self.pending.append((prog.step, loss, grad_norm, lr, metrics, count))
+                if self.budget is not None:
+                    self.budget.record_step(time.perf_counter() - step_start)
+                else:
+                    prog.finished = prog.step >= cfg.steps  # (known before its checkpoint)
                 self._advance_bar()
                 if prog.step % cfg.log_every == 0:
                     self._flush()
@@ -334,9 +323,14 @@ class _Loop:
                     self._validate_and_checkpoint()
             if self.pending or prog.last_eval_step != prog.step:
                 self._validate_and_checkpoint()
+            elif prog.finished and not self.saved_finished:  # say so in state.pt (stopping.py)
+                self._checkpoint(capture_rng())
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated)
             if not updating:  # (a handler other than ours can interrupt the update itself)
                 self._save_on_interrupt(rng_at_step_start, err)
+            err.stopped = StopInfo(
+                self.run_dir, prog.step, prog.last_ckpt_step, cfg, self.elapsed()
+            )
             raise
         finally:
             if self.bar is not None:
@@ -526,6 +520,7 @@ class _Loop:
             return
         if self.bar is not None:
             self.bar.set_description("validate", refresh=self.bar.mininterval < 1)
+        started = time.perf_counter()
         val = self._validate()
         if self.bar is not None:
             self.bar.set_description("train", refresh=False)
@@ -548,6 +543,8 @@ class _Loop:
             self.history.append(rec)
         self._checkpoint(capture_rng(), best=improved)
         self.window_start = time.perf_counter()  # validation time is not training throughput
+        if self.budget is not None:
+            self.budget.record_final(self.window_start - started)
 
     def _checkpoint(self, rng: dict, *, best: bool = False) -> None:
         """Write last (and best) weights, state.pt, metrics.jsonl and loss.png (rank 0)."""
@@ -568,6 +565,7 @@ class _Loop:
             self.run_dir, self.model, state, self.history, best=best, kept=prog.last_ckpt_step
         )
         prog.last_ckpt_step = prog.step  # only now: Ctrl-C during the writes saves again
+        self.saved_finished = prog.finished
         self.metrics_written_at = time.perf_counter()
         if self.history:
             plot_loss(self.run_dir, prog.step)
