@@ -6,6 +6,7 @@
 from attnlab.config.base import Config, ConfigError
 from attnlab.config.block import BlockConfig, swiglu_hidden
 from attnlab.config.lm import PRESETS, BigramConfig, LSTMConfig, ModelConfig
+from attnlab.config.multimodal import VQA_MODELS, CaptionConfig, VQAConfig
 
 __all__ = [
     "Config",
@@ -15,5 +16,8 @@ __all__ = [
     "LSTMConfig",
     "BigramConfig",
     "PRESETS",
+    "CaptionConfig",
+    "VQAConfig",
+    "VQA_MODELS",
     "swiglu_hidden",
 ]
