@@ -4,9 +4,11 @@ cross-attention rows are distributions, and a short run beats the answer-frequen
 import pytest
 import torch
 
-from attnlab.data.scenes import VQATask, build_vocab
+from attnlab.config.multimodal import VQAConfig
+from attnlab.data.scenes import build_vocab
 from attnlab.errors import UserError
-from attnlab.models.vqa import LSTMVQA, TransformerVQA, VQAConfig, build_vqa
+from attnlab.models.multimodal.vqa import LSTMVQA, TransformerVQA, build_vqa
+from attnlab.tasks.vqa import VQATask
 
 VOCAB = build_vocab()
 
@@ -75,11 +77,61 @@ def test_padding_does_not_change_the_answer(arch):
 def test_transformer_cross_attention_rows_sum_to_one():
     m = tiny("transformer", n_layers=2)
     q, n = questions(TEXTS)
-    m(torch.rand(2, 3, 32, 32), q, n, need_weights=True)
-    assert len(m.cross_weights) == 2
-    for w in m.cross_weights:
-        assert w.shape[:3] == (2, m.config.n_heads, q.shape[1]) and w.min() >= 0
+    logits, weights = m(torch.rand(2, 3, 32, 32), q, n, need_weights=True)
+    assert len(weights) == 2
+    for w in weights:
+        assert w.shape == (2, m.config.n_heads, q.shape[1], 64) and w.min() >= 0
         torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))
+    assert not any(hasattr(mod, "cross_weights") for mod in m.modules())  # nothing kept
+
+
+def test_captured_question_to_image_attention_equals_the_softmax_recomputed():
+    """The weights need_weights returns are softmax(q kᵀ / √d) of the cross-attention's own
+    projections of the question states and image tokens it was given."""
+    m = tiny("transformer", n_layers=2, position="rope", n_heads=4, n_kv_heads=1)
+    q, n = questions(TEXTS)
+    x = torch.rand(2, 3, 32, 32)
+    inputs = {}
+    hooks = [
+        blk.cross_attn.register_forward_hook(
+            lambda mod, args, out, i=i: inputs.__setitem__(i, args)
+        )
+        for i, blk in enumerate(m.blocks)
+    ]
+    logits, weights = m(x, q, n, need_weights=True)
+    for h in hooks:
+        h.remove()
+    torch.testing.assert_close(logits, m(x, q, n))  # the same forward, weights aside
+    for i, blk in enumerate(m.blocks):
+        attn = blk.cross_attn
+        h, context = inputs[i]
+        H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
+        qh = attn.q_proj(h).view(2, -1, H, D).transpose(1, 2)  # (B, H, L, D)
+        k, _ = attn.kv_proj(context).split(Hkv * D, dim=-1)
+        k = k.view(2, -1, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
+        ref = (qh @ k.transpose(-1, -2) / D**0.5).softmax(-1)  # (B, H, L, N)
+        torch.testing.assert_close(weights[i], ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(position="rope", qk_norm="rmsnorm", ffn="swiglu", n_kv_heads=1),
+        dict(position="alibi", norm="rmsnorm"),
+        dict(ffn="moe", n_experts=4, activation="silu"),
+        dict(position="sinusoidal", norm_position="post", backend="math"),
+    ],
+)
+def test_block_options_reach_the_transformer_and_keep_padding_out(options):
+    m = tiny("transformer", **options)
+    q, n = questions(TEXTS)
+    x = torch.rand(2, 3, 32, 32)
+    longer = torch.cat((q, torch.full((2, 3), 7, dtype=torch.long)), dim=1)
+    torch.testing.assert_close(m(x, longer, n), m(x, q, n), atol=1e-5, rtol=1e-5)
+    task = VQATask(n_train=8, n_val=4, n_unseen=4)
+    loss, metrics = task.loss(m.train(), task.get_batch("train", 0, 4), object())
+    loss.backward()
+    assert torch.isfinite(loss) and ("aux" in metrics) == (options.get("ffn") == "moe")
 
 
 def test_config_and_input_errors():
@@ -138,7 +190,7 @@ def test_short_run_reads_the_image_beyond_what_the_question_gives_away(tmp_path)
 
     # the same questions with each image replaced by another question's image
     pairs = task.eval_pairs("val", 100)
-    batch = task._batch(task.sets("val"), pairs)
+    batch = task.batch(task.sets("val"), pairs)
     shuffled = torch.roll(torch.arange(len(pairs)), 1)
     with torch.no_grad():
         right = model(batch["images"], batch["questions"], batch["lengths"]).argmax(-1)

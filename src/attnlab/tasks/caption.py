@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from attnlab.config.base import ConfigError
 from attnlab.data.scenes import SceneSet, Vocab, images_to_tensor
 from attnlab.decoding.search import Hypothesis, beam_search
 from attnlab.metrics.captions import score_captions
@@ -46,7 +47,10 @@ class CaptionTaskConfig(SceneTaskConfig):
     def validate(self) -> None:
         super().validate()
         self.positive("eval_scenes")
-        self.positive("pretrain_steps", allow_zero=True)
+        if self.pretrain_steps < 0:
+            raise ConfigError(
+                f"pretrain_steps (--pretrain-steps) must be >= 0, got {self.pretrain_steps}"
+            )
 
 
 class CaptionTask(SceneTask):
