@@ -207,9 +207,9 @@ def _settings(args: argparse.Namespace, keys: dict[str, str], kinds: tuple[str, 
     """
     from attnlab.commands.config_args import explicit_dests, resolve_sections
     from attnlab.config import ConfigError
-    from attnlab.config.train import TrainConfig
     from attnlab.config.multimodal import VQA_MODELS
     from attnlab.config.overrides import apply_overrides, parse_overrides
+    from attnlab.config.train import TrainConfig
 
     train_keys = {f: f"train.{f}" for f in TrainConfig.field_names() if hasattr(args, f)}
     sections = resolve_sections(args, {**keys, **_SHARED_KEYS, **train_keys})
