@@ -241,19 +241,20 @@ def _model_config(cls, section: dict[str, Any], **derived: Any):
     return cls.preset(preset, **fields) if preset else cls.from_dict(fields)
 
 
-def _build(args, keys, kinds, task_cls, config_cls, build):
+def _build(args, keys, kinds, task_cls, config_cls, build, **per_task):
+    """The model, task and TrainConfig of a train sub-command.
+
+    Args:
+        per_task: model fields the task decides besides the vocabulary and image size, as
+            functions of the task (``n_answers`` of VQA).
+    """
     import torch
 
     model_section, train_cfg, task_section = _settings(args, keys, kinds)
     task = task_cls(task_cls.config_cls.from_dict(task_section))
-    extra = {"n_answers": len(task.vocab.answers)} if "vqa" in kinds[0] else {}
-    config = _model_config(
-        config_cls,
-        model_section,
-        vocab_size=len(task.vocab),
-        image_size=task.config.scene.image_size,
-        **extra,
-    )
+    derived = {k: f(task) for k, f in per_task.items()}
+    derived.update(vocab_size=len(task.vocab), image_size=task.config.scene.image_size)
+    config = _model_config(config_cls, model_section, **derived)
     torch.manual_seed(train_cfg.seed)  # the same weights for the same settings
     return build(config), task, train_cfg
 
@@ -296,7 +297,9 @@ def _run_train_vqa(args: argparse.Namespace) -> int:
     from attnlab.tasks.vqa import VQATask
     from attnlab.train import train
 
-    model, task, cfg = _build(args, {}, VQA_KINDS, VQATask, VQAConfig, build_vqa)
+    model, task, cfg = _build(
+        args, {}, VQA_KINDS, VQATask, VQAConfig, build_vqa, n_answers=lambda t: len(t.vocab.answers)
+    )
     result = train(model, task, cfg, args.out, resume=args.resume, overwrite=args.overwrite)
     acc = task.accuracy_by_type(model, per_type=50)
 

@@ -159,7 +159,7 @@ def decode_captions(
     if attention:
         grid = model.encoder.grid
         for h in hyps:
-            h.alignment = h.alignment.view(-1, *grid)  # (T, Gh, Gw)
+            h.alignment = h.alignment.reshape(-1, *grid)  # (T, Gh, Gw)
     return hyps
 
 
