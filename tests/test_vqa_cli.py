@@ -156,6 +156,22 @@ def test_training_again_from_the_saved_config_reproduces_the_losses(vqa_run, tmp
     assert _losses(out) == _losses(vqa_run / "run") and len(_losses(out)) >= 4
 
 
+def test_resume_reads_the_runs_own_settings(vqa_run, tmp_path):
+    """--resume continues with the run's config.json: the data and model flags need not be
+    typed again (their defaults differ from what the run was trained with)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(vqa_run / "run", run)
+    assert main(["train", "vqa", "--out", str(run), "--resume", "--steps", "5"]) == 0
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["train"]["steps"] == 5 and cfg["task"]["n_train"] == 60
+    assert cfg["model"]["fusion"] == "product"
+    assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").open()) if "loss" in r][
+        -1
+    ] == 5
+
+
 def test_model_flag_is_two_model_fields_below_set(vqa_run, tmp_path):
     """--model names (arch, fusion): typed, it overrides the config file; --set still wins."""
     saved = str(vqa_run / "run" / "config.json")

@@ -202,17 +202,23 @@ def _caption_model_args(m) -> None:
 def _settings(args: argparse.Namespace, keys: dict[str, str], kinds: tuple[str, ...]):
     """The ``model``, ``train`` and ``task`` sections: defaults < --config < flags < --set.
 
-    ``--model`` of ``train vqa`` stands for two model fields (arch, fusion): it applies like a
-    typed flag when typed, like a default otherwise.
+    On ``--resume`` without ``--config`` the run's own config.json takes the place of the file,
+    so a run resumes with its settings unless flags change them. ``--model`` of ``train vqa``
+    stands for two model fields (arch, fusion): it applies like a typed flag when typed, like a
+    default otherwise.
     """
     from attnlab.commands.config_args import explicit_dests, resolve_sections
     from attnlab.config import ConfigError
     from attnlab.config.multimodal import VQA_MODELS
-    from attnlab.config.overrides import apply_overrides, parse_overrides
+    from attnlab.config.overrides import apply_overrides, load_config_file, parse_overrides
     from attnlab.config.train import TrainConfig
 
     train_keys = {f: f"train.{f}" for f in TrainConfig.field_names() if hasattr(args, f)}
-    sections = resolve_sections(args, {**keys, **_SHARED_KEYS, **train_keys})
+    saved = Path(args.out) / "config.json"
+    base = None
+    if args.resume and not args.config and saved.is_file():
+        base = load_config_file(saved)
+    sections = resolve_sections(args, {**keys, **_SHARED_KEYS, **train_keys}, base=base)
     if sections.get("kind", kinds[0]) not in kinds:
         raise ConfigError(
             f"--config holds a {sections['kind']!r} run; this command trains {list(kinds)}"
