@@ -62,28 +62,40 @@ def test_cross_attention_weights_are_distributions_over_the_stated_grid(encoder)
     assert not any(hasattr(mod, "cross_weights") for mod in m.modules())  # nothing kept
 
 
-def test_captured_cross_attention_equals_the_softmax_recomputed_from_q_and_k():
-    """softmax(q kᵀ / √d) from the cross-attention's own projections of what it was given."""
-    m = tiny("transformer", n_layers=2, n_heads=4, n_kv_heads=2)  # grouped-query attention
+def recomputed_cross_attention(model, forward):
+    """Call ``forward()`` with a hook on every block's cross-attention, and return what each
+    returned plus softmax(q kᵀ / √d) per block, recomputed from the layer's own projections of
+    the inputs it was given (grouped-query heads expanded)."""
     inputs = {}
     hooks = [
         blk.cross_attn.register_forward_hook(
-            lambda mod, args, out, i=i: inputs.__setitem__(i, args), with_kwargs=False
+            lambda mod, args, out, i=i: inputs.__setitem__(i, args)
         )
-        for i, blk in enumerate(m.blocks)
+        for i, blk in enumerate(model.blocks)
     ]
-    _, weights = m(torch.rand(2, 3, 32, 32), tokens(2, 5), need_weights=True)
-    for h in hooks:
-        h.remove()
-    for i, blk in enumerate(m.blocks):
-        attn = blk.cross_attn
-        h, context = inputs[i]
-        H, Hkv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
-        q = attn.q_proj(h).view(2, -1, H, D).transpose(1, 2)  # (B, H, L, D)
+    try:
+        out = forward()
+    finally:
+        for h in hooks:
+            h.remove()
+    ref = []
+    for i, blk in enumerate(model.blocks):
+        attn, (h, context) = blk.cross_attn, inputs[i]
+        B, H, Hkv, D = h.shape[0], attn.n_heads, attn.n_kv_heads, attn.head_dim
+        q = attn.q_proj(h).view(B, -1, H, D).transpose(1, 2)  # (B, H, L, D)
         k, _ = attn.kv_proj(context).split(Hkv * D, dim=-1)
-        k = k.view(2, -1, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
-        ref = (q @ k.transpose(-1, -2) / D**0.5).softmax(-1)  # (B, H, L, N)
-        torch.testing.assert_close(weights[i], ref, atol=1e-5, rtol=1e-5)
+        k = k.view(B, -1, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
+        ref.append((q @ k.transpose(-1, -2) / D**0.5).softmax(-1))  # (B, H, L, N)
+    return out, ref
+
+
+def test_captured_cross_attention_equals_the_softmax_recomputed_from_q_and_k():
+    m = tiny("transformer", n_layers=2, n_heads=4, n_kv_heads=2)  # grouped-query attention
+    x, t = torch.rand(2, 3, 32, 32), tokens(2, 5)
+    (logits, weights), ref = recomputed_cross_attention(m, lambda: m(x, t, need_weights=True))
+    torch.testing.assert_close(logits, m(x, t))  # the same forward, weights aside
+    for w, r in zip(weights, ref, strict=True):
+        torch.testing.assert_close(w, r, atol=1e-5, rtol=1e-5)
 
 
 def test_word_attention_is_the_last_layer_head_mean_per_predicted_word():
