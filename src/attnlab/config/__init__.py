@@ -6,6 +6,7 @@
 from attnlab.config.base import Config, ConfigError
 from attnlab.config.block import BlockConfig, swiglu_hidden
 from attnlab.config.lm import PRESETS, BigramConfig, LMTaskConfig, LSTMConfig, ModelConfig
+from attnlab.config.multimodal import VQA_MODELS, CaptionConfig, VQAConfig
 from attnlab.config.translation import RNNSeq2SeqConfig, Seq2SeqConfig, TranslationTaskConfig
 from attnlab.config.vision import CNNConfig, ImageTaskConfig, SwinConfig, ViTConfig
 
@@ -25,5 +26,8 @@ __all__ = [
     "SwinConfig",
     "CNNConfig",
     "ImageTaskConfig",
+    "CaptionConfig",
+    "VQAConfig",
+    "VQA_MODELS",
     "swiglu_hidden",
 ]
