@@ -1,0 +1,177 @@
+"""Fast, exact encoding of text pieces into token-id arrays, in this process or in worker processes.
+
+- Character tokenizer: a lookup table indexed by code point (numpy), hundreds of MB/s.
+- Byte-level BPE: a piece is split where GPT-2's pre-tokenizer always splits (a non-space ASCII
+  character followed by a space, tab or line break: no pre-token contains both), each part is
+  looked up in a bounded cache of earlier parts and only the parts not seen yet go through the
+  ``tokenizers`` library. The ids equal ``tokenizer.encode(piece)`` (the library does the BPE; the
+  split is only ever at its own boundaries). Text repeats at the level of words and lines, so most
+  parts are found in the cache.
+
+:class:`Encoder` hands batches of pieces to a pool of worker processes (each with its own cache),
+keeping at most a few batches in flight so that memory does not grow with the corpus, and gives
+the results back in order.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from attnlab.data.tokenizers import ByteBPETokenizer, CharTokenizer, tokenizer_from_json
+from attnlab.errors import UserError
+
+__all__ = ["token_dtype", "PieceEncoder", "Encoder"]
+
+#: parts kept in a BPE worker's cache before it is emptied (bounds its memory)
+CACHE_ENTRIES = 1 << 20
+# a part: whitespace then non-whitespace, ending before a space, tab or line break; the text's
+# trailing whitespace (``\s+``)
+_PARTS = re.compile(r"\s*\S+|\s+")
+# whitespace characters other than space, tab, \n, \r: where \s of Python and of the
+# tokenizers library may differ, so the simple split is not used
+_ODD_SPACE = re.compile(r"[^\S \t\n\r]")
+_PARTS_SAFE = re.compile(r"(?:\s*\S)+?(?=[ \t\n\r]|\Z)|\s+")
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """``uint16`` when every id fits, else ``uint32``."""
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+
+
+class PieceEncoder:
+    """Encode text pieces to one array of ids (see the module docstring).
+
+    Args:
+        tokenizer: a :class:`CharTokenizer` or :class:`ByteBPETokenizer`.
+    """
+
+    def __init__(self, tokenizer: CharTokenizer | ByteBPETokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.dtype = token_dtype(tokenizer.vocab_size)
+        self.cache: dict[str, bytes] = {}
+        self.lut: np.ndarray | None = None
+        if isinstance(tokenizer, CharTokenizer):
+            sentinel = np.iinfo(np.uint32).max
+            self.lut = np.full(0x110000, sentinel, dtype=np.uint32)
+            self.lut[[ord(c) for c in tokenizer.chars]] = np.arange(tokenizer.vocab_size)
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        """The ids of ``texts``, concatenated.
+
+        Raises:
+            UserError: (character level) a character outside the vocabulary.
+        """
+        if self.lut is not None:
+            return self._chars("".join(texts))
+        parts: list[str] = []
+        for text in texts:
+            parts += (_PARTS_SAFE if _ODD_SPACE.search(text) else _PARTS).findall(text)
+        cache = self.cache
+        missing = {p for p in parts if p not in cache}
+        if missing:
+            if len(cache) + len(missing) > CACHE_ENTRIES:
+                cache.clear()
+            new = list(missing)
+            encoded = self.tokenizer.tokenizer.encode_batch_fast(new)
+            for part, enc in zip(new, encoded):
+                cache[part] = np.asarray(enc.ids, dtype=self.dtype).tobytes()
+        return np.frombuffer(b"".join([cache[p] for p in parts]), dtype=self.dtype)
+
+    def _chars(self, text: str) -> np.ndarray:
+        ids = self.lut[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)]
+        if ids.size and int(ids.max()) >= self.tokenizer.vocab_size:
+            self.tokenizer.encode(text)  # raises the usual error naming the characters
+        return ids.astype(self.dtype)
+
+
+# -- worker processes --------------------------------------------------------------------------
+
+_WORKER: PieceEncoder | None = None
+
+
+def _init_worker(tokenizer_json: str) -> None:
+    global _WORKER
+    os.environ["RAYON_NUM_THREADS"] = "1"  # one process per core already
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER = PieceEncoder(tokenizer_from_json(tokenizer_json))
+
+
+def _encode_in_worker(texts: list[str]) -> bytes:
+    assert _WORKER is not None
+    return _WORKER(texts).tobytes()
+
+
+class _Done:
+    def __init__(self, value: np.ndarray) -> None:
+        self.value = value
+
+    def get(self) -> np.ndarray:
+        return self.value
+
+
+class Encoder:
+    """Encode batches of pieces in ``workers`` processes (0 or 1: in this process), in order.
+
+    ``submit(texts, tag)`` queues a batch; it returns the ``(tag, ids)`` of batches that are
+    finished, oldest first, waiting when more than ``2 * workers`` are in flight. ``drain()``
+    returns the rest. Use as a context manager (the pool is closed on exit).
+    """
+
+    def __init__(self, tokenizer: CharTokenizer | ByteBPETokenizer, workers: int = 0) -> None:
+        self.dtype = token_dtype(tokenizer.vocab_size)
+        self.local = PieceEncoder(tokenizer) if workers <= 1 else None
+        self.pool: Any = None
+        if workers > 1:
+            ctx = multiprocessing.get_context("spawn")  # no fork of a process that holds threads
+            self.pool = ctx.Pool(workers, _init_worker, (tokenizer.to_json(),))
+        self.window = max(2, 2 * workers)
+        self.queue: collections.deque = collections.deque()
+
+    def __enter__(self) -> Encoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.terminate() if exc[0] is not None else self.pool.close()
+            self.pool.join()
+
+    def _result(self, handle: Any) -> np.ndarray:
+        out = handle.get()
+        return out if isinstance(out, np.ndarray) else np.frombuffer(out, dtype=self.dtype)
+
+    def submit(self, texts: list[str], tag: Any = None) -> list[tuple[Any, np.ndarray]]:
+        if self.pool is None:
+            assert self.local is not None
+            handle: Any = _Done(self.local(texts))
+        else:
+            handle = self.pool.apply_async(_encode_in_worker, (texts,))
+        self.queue.append((tag, handle))
+        done = []
+        while len(self.queue) > self.window or (self.queue and self.pool is None):
+            t, h = self.queue.popleft()
+            done.append((t, self._result(h)))
+        return done
+
+    def drain(self) -> list[tuple[Any, np.ndarray]]:
+        done = [(t, self._result(h)) for t, h in self.queue]
+        self.queue.clear()
+        return done
+
+
+def check_workers(workers: int) -> int:
+    """``workers`` as given, or (negative) the number of CPU cores this process may use."""
+    if workers < 0:
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            return os.cpu_count() or 1
+    if workers > 256:
+        raise UserError(f"--workers {workers} is more processes than makes sense")
+    return workers
