@@ -204,7 +204,7 @@ def train_corpus_tokenizer(
         chars: set[str] = set()
         skipped = dict.fromkeys(SKIP_REASONS, 0)
         with _progress(progress, sum(d.size for d in docs), "reading characters") as bar:
-            for _, doc, text in document_texts(docs, max_chars):
+            for _, _doc, text in document_texts(docs, max_chars):
                 if isinstance(text, Skip):
                     skipped[text.reason] += 1
                     continue

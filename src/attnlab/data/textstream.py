@@ -18,7 +18,6 @@ pieces come out therefore depends on the text only, never on how it was read.
 from __future__ import annotations
 
 import codecs
-import os
 import re
 import sysconfig
 from collections.abc import Iterator, Sequence
