@@ -99,13 +99,15 @@ class PrepareSummary:
         directory: the prepared directory.
         manifest: its manifest (``n_tokens``, ``n_bytes``, ``skipped`` counts, ``shards`` ...).
         seconds: time spent by this call.
-        resumed: documents found done from an earlier, interrupted call.
+        resumed: documents found done by an earlier call.
+        was_complete: the earlier call had finished (nothing was done now).
     """
 
     directory: Path
     manifest: dict[str, Any]
     seconds: float
     resumed: int = 0
+    was_complete: bool = False
 
     @property
     def n_tokens(self) -> int:
@@ -340,11 +342,12 @@ def prepare_corpus(
                 f"{doc.name} changed since the preparation in {str(out)!r} started; "
                 "prepare again with --overwrite"
             )
-    if not manifest["complete"]:
+    was_complete = manifest["complete"]
+    if not was_complete:
         _encode_documents(docs, out, manifest, tokenizer, workers, progress, on_commit)
     if not manifest["has_text"]:
         raise empty_corpus_error(names, manifest["skipped"])
-    return PrepareSummary(out, manifest, time.perf_counter() - t0, resumed)
+    return PrepareSummary(out, manifest, time.perf_counter() - t0, resumed, was_complete)
 
 
 def _encode_documents(docs, out, manifest, tokenizer, workers, progress, on_commit) -> None:
