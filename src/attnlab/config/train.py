@@ -39,9 +39,7 @@ class TrainConfig(Config):
     min_lr_ratio: float = 0.1  # cosine floor = lr * min_lr_ratio
     warmup_steps: int = 100  # linear warm-up length in optimizer steps
     warmup_frac: float | None = None  # warm-up as a fraction of the run; overrides warmup_steps
-    schedule: Literal["cosine", "inverse_sqrt", "constant"] = (
-        "cosine"  # "cosine" | "inverse_sqrt" | "constant" (after warm-up)
-    )
+    schedule: Literal["cosine", "inverse_sqrt", "constant"] = "cosine"  # "cosine" | "inverse_sqrt" | "constant" (after warm-up)
     weight_decay: float = 0.1  # AdamW decoupled decay; never on norms, biases, embeddings
     betas: tuple[float, float] = (0.9, 0.95)  # 0.95 rather than 0.999: steadier with large batches
     grad_clip: float | None = 1.0  # clip the global gradient norm to this (None: no clipping)

@@ -238,9 +238,7 @@ def build_block(
 
     cross = norm_cross = None
     if cross_attention:
-        cross = MultiHeadAttention(
-            c.d_model, c.n_heads, cross=True, context_dim=context_dim, **attn_kw
-        )
+        cross = MultiHeadAttention(c.d_model, c.n_heads, cross=True, context_dim=context_dim, **attn_kw)
         norm_cross = make()
     return TransformerBlock(
         attn,

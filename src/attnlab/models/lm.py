@@ -79,9 +79,7 @@ class DecoderLM(nn.Module):
             rope_theta=c.rope_theta,
         )
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            build_block(c, positions=self.pos_emb) for _ in range(c.n_layers)
-        )
+        self.blocks = nn.ModuleList(build_block(c, positions=self.pos_emb) for _ in range(c.n_layers))
         self.norm_f = (
             make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
             if c.norm_position == "pre"
