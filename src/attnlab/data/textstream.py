@@ -335,10 +335,9 @@ def pieces(chunks: Iterator[str]) -> Iterator[str]:
                 cut = cut or len(text)  # (no safe point: a hard cut at a line end)
                 yield text[:cut]
                 group, group_chars = [text[cut:]], len(text) - cut
-        while len(carry) > MAX_PIECE_CHARS:  # a very long line
-            text = "".join(group) + carry
-            cut = safe_cut(text, len(text) - 1) or len(text) - len(carry) // 2  # (hard cut)
-            yield text[:cut]
-            group, group_chars, carry = [], 0, text[cut:]
+        while len(carry) > MAX_PIECE_CHARS:  # a very long line: cut it, keep counting lines
+            cut = safe_cut(carry, len(carry) - 1) or len(carry) // 2  # (else a hard cut)
+            yield "".join(group) + carry[:cut]
+            group, group_chars, carry = [], 0, carry[cut:]
     if group or carry:
         yield "".join(group) + carry
