@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnlab.config import LMTaskConfig
 from attnlab.data import encoding, prepare, textstream
@@ -90,11 +92,21 @@ def test_one_document_equals_the_in_memory_encoding_of_the_whole_text(tmp_path, 
 
 
 def test_bpe_part_split_is_exact_on_any_whitespace(bpe):
-    """The encoder's split into cached parts never changes the ids (odd whitespace included)."""
+    """The encoder's split into cached parts, and its joined encoding of new parts, never change
+    the ids (odd whitespace, contractions, multi-byte characters included)."""
     enc = encoding.PieceEncoder(bpe)
     for text in [DOC_A, DOC_B, " \x0b x\x1c y\x85 z\xa0 w  \u3000 ", "x\n\n  \t\r\n y ", ""]:
         assert enc([text]).tolist() == bpe.encode(text), repr(text)
         assert enc([text]).tolist() == bpe.encode(text)  # from the cache
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(list("ab é日🙂'1.(\t\n\r\x0c\x85 ")), max_size=300))
+def test_bpe_piece_encoder_equals_the_library_on_random_text(bpe, chars):
+    text = "".join(chars)
+    assert encoding.PieceEncoder(bpe)([text, text[::-1]]).tolist() == (
+        bpe.encode(text) + bpe.encode(text[::-1])
+    )
 
 
 def test_worker_processes_give_the_same_ids(tmp_path, bpe, monkeypatch):

@@ -37,7 +37,8 @@ _PARTS = re.compile(r"\s*\S+|\s+")
 # whitespace characters other than space, tab, \n, \r: where \s of Python and of the
 # tokenizers library may differ, so the simple split is not used
 _ODD_SPACE = re.compile(r"[^\S \t\n\r]")
-_PARTS_SAFE = re.compile(r"(?:\s*\S)+?(?=[ \t\n\r]|\Z)|\s+")
+# ... there a part ends only at a non-space character followed by a space, tab or line break
+_PARTS_SAFE = re.compile(r"[\s\S]*?\S(?=[ \t\n\r]|\Z)|[\s\S]+")
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -73,16 +74,42 @@ class PieceEncoder:
         parts: list[str] = []
         for text in texts:
             parts += (_PARTS_SAFE if _ODD_SPACE.search(text) else _PARTS).findall(text)
-        cache = self.cache
-        missing = {p for p in parts if p not in cache}
-        if missing:
-            if len(cache) + len(missing) > CACHE_ENTRIES:
-                cache.clear()
-            new = list(missing)
-            encoded = self.tokenizer.tokenizer.encode_batch_fast(new)
-            for part, enc in zip(new, encoded):
-                cache[part] = np.asarray(enc.ids, dtype=self.dtype).tobytes()
-        return np.frombuffer(b"".join([cache[p] for p in parts]), dtype=self.dtype)
+        found = list(map(self.cache.get, parts))
+        if None in found:
+            missing = list({p for p, ids in zip(parts, found) if ids is None})
+            if len(self.cache) + len(missing) > CACHE_ENTRIES:
+                self.cache.clear()
+            self._encode_parts(missing)
+            found = list(map(self.cache.__getitem__, parts))
+        return np.frombuffer(b"".join(found), dtype=self.dtype)
+
+    def _encode_parts(self, parts: list[str]) -> None:
+        """Encode new parts into the cache. Parts that start with a space, tab or line break and
+        end with a non-space character can be joined without changing their ids: they are encoded
+        joined, in strings of ~64K characters, and the ids are cut back by the tokens' offsets
+        (the library's per-string cost dominates short strings); the others one by one."""
+        tok = self.tokenizer.tokenizer
+        joinable = [p for p in parts if p[0] in " \t\n\r" and not p[-1].isspace()]
+        alone = [p for p in parts if not (p[0] in " \t\n\r" and not p[-1].isspace())]
+        groups: list[list[str]] = [[]]
+        size = 0
+        for p in joinable:
+            groups[-1].append(p)
+            size += len(p)
+            if size >= 1 << 16:
+                groups.append([])
+                size = 0
+        for group, enc in zip(groups, tok.encode_batch(["".join(g) for g in groups])):
+            if not group:
+                continue
+            ids = np.asarray(enc.ids, dtype=self.dtype)
+            starts = np.cumsum([0] + [len(p) for p in group])  # (n_parts + 1,) character offsets
+            first = np.asarray([o[0] for o in enc.offsets], dtype=np.int64)  # token start offsets
+            cuts = np.searchsorted(first, starts[1:-1], side="left")  # first token of each part
+            for part, piece in zip(group, np.split(ids, cuts)):
+                self.cache[part] = piece.tobytes()
+        for part, enc in zip(alone, tok.encode_batch_fast(alone)):
+            self.cache[part] = np.asarray(enc.ids, dtype=self.dtype).tobytes()
 
     def _chars(self, text: str) -> np.ndarray:
         ids = self.lut[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)]
