@@ -17,7 +17,9 @@ afterwards. Each measurement runs in a fresh process:
 Set-up time is measured inside the process, from the start of the work to the ids on disk. Peak
 memory is the high-water mark of the whole process tree (the process and its encoding workers):
 the sum of their resident set sizes, sampled every 50 ms from ``/proc`` (Linux), next to the
-largest single process's peak (``getrusage``). BPE uses a vocabulary of 8192.
+largest single process's peak (``getrusage``). ``cpu s`` is the CPU time of the process tree
+(user + system; less sensitive than wall time to other work on the machine). BPE uses a vocabulary
+of 8192.
 """
 
 from __future__ import annotations
@@ -121,9 +123,12 @@ def child(how: str, kind: str, vocab: int, path: str, work: str) -> None:
         corpus = load_corpus(path)
         n = len(tokenize_cached(corpus, corpus_tokenizer(corpus, kind, vocab)))
     seconds = time.perf_counter() - t0
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
-    print(json.dumps({"seconds": seconds, "tokens": n, "peak_single_mb": max(own, kids) / 1e6}))
+    own, kids = (
+        resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    )
+    cpu = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    peak = max(own.ru_maxrss, kids.ru_maxrss) * 1024
+    print(json.dumps({"seconds": seconds, "cpu_s": cpu, "tokens": n, "peak_single_mb": peak / 1e6}))
 
 
 def main() -> None:
@@ -140,7 +145,7 @@ def main() -> None:
         how, kind, vocab, path, work = args.child
         return child(how, kind, int(vocab), path, work)
     rows = []
-    print(f"{'corpus':>9} {'tok':>5} {'path':>4} {'set-up s':>9} {'MB/s':>7} "
+    print(f"{'corpus':>9} {'tok':>5} {'path':>4} {'set-up s':>9} {'cpu s':>7} {'MB/s':>7} "
           f"{'peak MB':>8} {'(1 proc)':>9} {'tokens':>13}", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         for mb in args.sizes:
@@ -158,6 +163,7 @@ def main() -> None:
                         continue
                     print(
                         f"{size / 1e6:>7.0f}MB {kind:>5} {how:>4} {r['seconds']:>9.1f} "
+                        f"{r['cpu_s']:>7.1f} "
                         f"{size / 1e6 / r['seconds']:>7.1f} {r['peak_tree_mb']:>8.0f} "
                         f"{r['peak_single_mb']:>9.0f} {r['tokens']:>13,}",
                         flush=True,
