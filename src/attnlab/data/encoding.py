@@ -165,9 +165,13 @@ class Encoder:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.pool is not None:
-            self.pool.terminate() if exc[0] is not None else self.pool.close()
-            self.pool.join()
+        if self.pool is None:
+            return
+        if exc[0] is not None:
+            self.pool.terminate()  # an error or Ctrl-C: drop the batches in flight
+        else:
+            self.pool.close()
+        self.pool.join()
 
     def _result(self, handle: Any) -> np.ndarray:
         out = handle.get()
