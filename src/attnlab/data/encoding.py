@@ -31,14 +31,23 @@ __all__ = ["token_dtype", "PieceEncoder", "Encoder"]
 
 #: parts kept in a BPE worker's cache before it is emptied (bounds its memory)
 CACHE_ENTRIES = 1 << 20
-# a part: whitespace then non-whitespace, ending before a space, tab or line break; the text's
-# trailing whitespace (``\s+``)
-_PARTS = re.compile(r"\s*\S+|\s+")
+# A part: leading whitespace, then a run of ASCII letters, of digits or of ASCII punctuation
+# (GPT-2's pre-tokenizer always splits between two such runs and before whitespace), with any
+# other character (non-ASCII, the apostrophe of "it's") glued to its neighbours; or the text's
+# trailing whitespace.
+_PUNCT = r"[!-&(-/:-@\[-`{-~]"
+_GLUE = r"(?:[^\s!-~]|')"
+_RUN = rf"(?:[A-Za-z]+|[0-9]+|{_PUNCT}+)"
+_PARTS = re.compile(rf"\s*(?:{_RUN}|{_GLUE}+{_RUN}?)(?:{_GLUE}+{_RUN}?)*|\s+")
 # whitespace characters other than space, tab, \n, \r: where \s of Python and of the
-# tokenizers library may differ, so the simple split is not used
+# tokenizers library may differ, so the simple split is not used...
 _ODD_SPACE = re.compile(r"[^\S \t\n\r]")
 # ... there a part ends only at a non-space character followed by a space, tab or line break
 _PARTS_SAFE = re.compile(r"[\s\S]*?\S(?=[ \t\n\r]|\Z)|[\s\S]+")
+
+
+def _joinable(part: str) -> bool:
+    return not part[-1].isspace() and (part[0] in " \t\n\r" or not part[0].isspace())
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -84,13 +93,17 @@ class PieceEncoder:
         return np.frombuffer(b"".join(found), dtype=self.dtype)
 
     def _encode_parts(self, parts: list[str]) -> None:
-        """Encode new parts into the cache. Parts that start with a space, tab or line break and
-        end with a non-space character can be joined without changing their ids: they are encoded
-        joined, in strings of ~64K characters, and the ids are cut back by the tokens' offsets
-        (the library's per-string cost dominates short strings); the others one by one."""
+        """Encode new parts into the cache, joined into strings of ~64K characters (the library's
+        cost per string dominates short ones) and cut back by the tokens' offsets.
+
+        A part that ends with a non-space character and starts with a space, tab or line break
+        can follow another without changing the ids of either; one that starts with a non-space
+        character follows a line break put in between (its own token, dropped). Parts of
+        whitespace only, or starting with other whitespace, are encoded one by one.
+        """
         tok = self.tokenizer.tokenizer
-        joinable = [p for p in parts if p[0] in " \t\n\r" and not p[-1].isspace()]
-        alone = [p for p in parts if not (p[0] in " \t\n\r" and not p[-1].isspace())]
+        joinable = [p for p in parts if _joinable(p)]
+        alone = [p for p in parts if not _joinable(p)]
         groups: list[list[str]] = [[]]
         size = 0
         for p in joinable:
@@ -99,13 +112,18 @@ class PieceEncoder:
             if size >= 1 << 16:
                 groups.append([])
                 size = 0
-        for group, enc in zip(groups, tok.encode_batch(["".join(g) for g in groups])):
+        texts = ["".join(p if p[0].isspace() else "\n" + p for p in g) for g in groups]
+        for group, enc in zip(groups, tok.encode_batch(texts)):
             if not group:
                 continue
             ids = np.asarray(enc.ids, dtype=self.dtype)
-            starts = np.cumsum([0] + [len(p) for p in group])  # (n_parts + 1,) character offsets
-            first = np.asarray([o[0] for o in enc.offsets], dtype=np.int64)  # token start offsets
-            cuts = np.searchsorted(first, starts[1:-1], side="left")  # first token of each part
+            first = np.asarray([o[0] for o in enc.offsets], dtype=np.int64)  # token starts
+            sep = np.asarray([not p[0].isspace() for p in group])
+            lengths = np.asarray([len(p) for p in group]) + sep  # (with the line break)
+            starts = np.cumsum(lengths) - lengths + sep  # (n_parts,) where each part starts
+            keep = ~np.isin(first, (starts - 1)[sep])  # drop the line breaks' tokens
+            ids, first = ids[keep], first[keep]
+            cuts = np.searchsorted(first, starts[1:], side="left")  # first token of each part
             for part, piece in zip(group, np.split(ids, cuts)):
                 self.cache[part] = piece.tobytes()
         for part, enc in zip(alone, tok.encode_batch_fast(alone)):
