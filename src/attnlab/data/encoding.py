@@ -29,21 +29,24 @@ from attnlab.errors import UserError
 
 __all__ = ["token_dtype", "PieceEncoder", "Encoder"]
 
-#: parts kept in a BPE worker's cache before it is emptied (bounds its memory)
-CACHE_ENTRIES = 1 << 20
-# A part: leading whitespace, then a run of ASCII letters, of digits or of ASCII punctuation
-# (GPT-2's pre-tokenizer always splits between two such runs and before whitespace), with any
-# other character (non-ASCII, the apostrophe of "it's") glued to its neighbours; or the text's
-# trailing whitespace.
+#: entries of each of a BPE encoder's two caches before it is emptied (bounds its memory)
+CACHE_ENTRIES = 1 << 19
+# A word: whitespace, then non-whitespace, ending before whitespace (GPT-2's pre-tokenizer always
+# splits there); or the text's trailing whitespace. Looked up first (most words repeat).
+_WORDS = re.compile(r"\s*\S+|\s+")
+# A part of a new word: leading whitespace, then a run of ASCII letters, of digits or of ASCII
+# punctuation (the pre-tokenizer also splits between two such runs), with any other character
+# (non-ASCII, the apostrophe of "it's") glued to its neighbours. New words mostly consist of
+# parts seen before: only new parts go to the tokenizers library.
 _PUNCT = r"[!-&(-/:-@\[-`{-~]"
 _GLUE = r"(?:[^\s!-~]|')"
 _RUN = rf"(?:[A-Za-z]+|[0-9]+|{_PUNCT}+)"
 _PARTS = re.compile(rf"\s*(?:{_RUN}|{_GLUE}+{_RUN}?)(?:{_GLUE}+{_RUN}?)*|\s+")
-# whitespace characters other than space, tab, \n, \r: where \s of Python and of the
-# tokenizers library may differ, so the simple split is not used...
+# Whitespace other than space, tab, \n, \r, where \s of Python and of the library may differ:
+# in a text that has any, a word ends only at a non-space character followed by a space, tab or
+# line break, and words are not split further.
 _ODD_SPACE = re.compile(r"[^\S \t\n\r]")
-# ... there a part ends only at a non-space character followed by a space, tab or line break
-_PARTS_SAFE = re.compile(r"[\s\S]*?\S(?=[ \t\n\r]|\Z)|[\s\S]+")
+_WORDS_SAFE = re.compile(r"[\s\S]*?\S(?=[ \t\n\r]|\Z)|[\s\S]+")
 
 
 def _joinable(part: str) -> bool:
@@ -65,7 +68,8 @@ class PieceEncoder:
     def __init__(self, tokenizer: CharTokenizer | ByteBPETokenizer) -> None:
         self.tokenizer = tokenizer
         self.dtype = token_dtype(tokenizer.vocab_size)
-        self.cache: dict[str, bytes] = {}
+        self.words: dict[str, bytes] = {}  # word -> its ids (as bytes)
+        self.cache: dict[str, bytes] = {}  # part -> its ids
         self.lut: np.ndarray | None = None
         if isinstance(tokenizer, CharTokenizer):
             sentinel = np.iinfo(np.uint32).max
@@ -80,16 +84,27 @@ class PieceEncoder:
         """
         if self.lut is not None:
             return self._chars("".join(texts))
-        parts: list[str] = []
+        words: list[str] = []
+        odd: set[str] = set()  # words of texts with odd whitespace: not split into parts
         for text in texts:
-            parts += (_PARTS_SAFE if _ODD_SPACE.search(text) else _PARTS).findall(text)
-        found = list(map(self.cache.get, parts))
+            if _ODD_SPACE.search(text):
+                odd.update(found := _WORDS_SAFE.findall(text))
+                words += found
+            else:
+                words += _WORDS.findall(text)
+        found = list(map(self.words.get, words))
         if None in found:
-            missing = list({p for p, ids in zip(parts, found) if ids is None})
+            new = {w for w, ids in zip(words, found) if ids is None}
+            split = {w: [w] if w in odd else _PARTS.findall(w) for w in new}
+            missing = {p for parts in split.values() for p in parts if p not in self.cache}
             if len(self.cache) + len(missing) > CACHE_ENTRIES:
                 self.cache.clear()
-            self._encode_parts(missing)
-            found = list(map(self.cache.__getitem__, parts))
+            self._encode_parts(list(missing))
+            if len(self.words) + len(new) > CACHE_ENTRIES:
+                self.words.clear()
+            for w, parts in split.items():
+                self.words[w] = b"".join([self.cache[p] for p in parts])
+            found = list(map(self.words.__getitem__, words))
         return np.frombuffer(b"".join(found), dtype=self.dtype)
 
     def _encode_parts(self, parts: list[str]) -> None:
