@@ -38,6 +38,8 @@ __all__ = [
     "document_texts",
     "pieces",
     "safe_cut",
+    "pydoc_text",
+    "stdlib_files",
 ]
 
 BUILTIN_CORPORA = ("pydoc", "stdlib")
@@ -78,14 +80,16 @@ class Document:
     text: str | None = field(default=None, repr=False)
 
 
-def _stdlib_files() -> list[Path]:
+def stdlib_files() -> list[Path]:
+    """The standard library's ``.py`` files (tests and third-party packages left out), sorted."""
     root = Path(sysconfig.get_paths()["stdlib"])
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
     files = sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix())
     return [p for p in files if not skip & set(p.relative_to(root).parts)]
 
 
-def _pydoc_text() -> str:
+def pydoc_text() -> str:
+    """CPython's help topics (``pydoc_data.topics``), joined in sorted order."""
     from pydoc_data.topics import topics
 
     return "\n\n".join(topics[k].strip("\n") for k in sorted(topics)) + "\n"
@@ -95,13 +99,13 @@ def _builtin(name: str, max_chars: int | None) -> Document:
     import hashlib
 
     if name == "pydoc":
-        text = _pydoc_text()
+        text = pydoc_text()
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         return Document("pydoc", len(text.encode()), f"pydoc:{digest}", text=text)
     cap = max_chars or STDLIB_MAX_CHARS
     h = hashlib.sha256(f"stdlib:{cap}".encode())
     size = 0
-    for p in _stdlib_files():
+    for p in stdlib_files():
         st = p.stat()
         h.update(f"{p}:{st.st_size}:{st.st_mtime_ns}\n".encode())
         size += st.st_size
@@ -184,7 +188,7 @@ def _check_file(path: Path) -> None:
 def _stdlib_chunks(cap: int) -> Iterator[str]:
     root = Path(sysconfig.get_paths()["stdlib"])
     size = 0
-    for path in _stdlib_files():
+    for path in stdlib_files():
         try:
             data = path.read_bytes()
         except OSError:
@@ -211,7 +215,7 @@ def read_document(doc: Document, max_chars: int | None = None) -> Iterator[str]:
     reading it afterwards (the file changed meanwhile) is a :class:`~attnlab.errors.UserError`.
     """
     if doc.name == "pydoc" and doc.path is None:
-        text = doc.text if doc.text is not None else _pydoc_text()
+        text = doc.text if doc.text is not None else pydoc_text()
         for i in range(0, len(text), READ_BYTES):
             yield text[i : i + READ_BYTES]
         return
