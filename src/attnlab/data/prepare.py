@@ -527,9 +527,11 @@ def prepare_cached(
             manifest = read_manifest(out) if out.exists() else None
             if manifest is None and out.exists():
                 shutil.rmtree(out)  # a preparation that died before its manifest
-            prepare_corpus(
+            summary = prepare_corpus(
                 data, out, tokenizer=tokenizer, max_chars=max_chars, progress=progress, docs=docs
             )
+            if not summary.was_complete:
+                log.info("prepared %s into %s in %.1f s", data, out, summary.seconds)
     except PermissionError as err:
         raise UserError(
             f"cannot write the token cache in {str(root)!r} ({err}); set ATTNLAB_CACHE to a "
