@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from attnlab.errors import RunDirError, UserError
@@ -121,6 +122,20 @@ class ByteBPETokenizer(_SavedTokenizer):
         Raises:
             UserError: ``vocab_size`` below 256.
         """
+        # feed lines in chunks: the trainer counts words per chunk, order does not matter
+        lines = text.splitlines(keepends=True)
+        return cls.train_from_iterator(
+            ("".join(lines[i : i + 200]) for i in range(0, len(lines), 200)), vocab_size
+        )
+
+    @classmethod
+    def train_from_iterator(cls, texts: Iterable[str], vocab_size: int = 512) -> ByteBPETokenizer:
+        """Learn merges on the texts an iterator yields (streamed into the trainer, which only
+        keeps word counts).
+
+        Raises:
+            UserError: ``vocab_size`` below 256.
+        """
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         if vocab_size < 256:
@@ -138,10 +153,7 @@ class ByteBPETokenizer(_SavedTokenizer):
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             special_tokens=[],
         )
-        # feed lines in chunks: the trainer counts words per chunk, order does not matter
-        lines = text.splitlines(keepends=True)
-        chunks = ["".join(lines[i : i + 200]) for i in range(0, len(lines), 200)]
-        tok.train_from_iterator(chunks, trainer=trainer)
+        tok.train_from_iterator(texts, trainer=trainer)
         return cls(tok)
 
     @property
