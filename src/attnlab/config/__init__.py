@@ -5,6 +5,7 @@
 
 from attnlab.config.base import Config, ConfigError
 from attnlab.config.block import BlockConfig, swiglu_hidden
+from attnlab.config.encoder import EncoderConfig, MLMTaskConfig
 from attnlab.config.lm import PRESETS, BigramConfig, LMTaskConfig, LSTMConfig, ModelConfig
 from attnlab.config.translation import RNNSeq2SeqConfig, Seq2SeqConfig, TranslationTaskConfig
 
@@ -20,5 +21,7 @@ __all__ = [
     "Seq2SeqConfig",
     "RNNSeq2SeqConfig",
     "TranslationTaskConfig",
+    "EncoderConfig",
+    "MLMTaskConfig",
     "swiglu_hidden",
 ]
