@@ -50,6 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import UserError
+from attnlab.interop.bert import BERT_ARCHITECTURES, bert_from_hf, bert_to_hf, is_bert_config
 
 __all__ = [
     "from_hf",
@@ -421,6 +422,7 @@ _VISION_ARCHITECTURES = {
 SUPPORTED_ARCHITECTURES = (
     *(f.architecture for f in _FAMILIES.values()),
     *_VISION_ARCHITECTURES,
+    *BERT_ARCHITECTURES,  # attnlab.interop.bert
 )
 
 
@@ -751,6 +753,8 @@ def from_hf(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None) 
 
     path = _check_dir(path)
     hf = read_hf_config(path)
+    if is_bert_config(hf):
+        return bert_from_hf(hf, read_hf_weights(path), _resolve_dtype(dtype, hf))
     if _family_of_config(hf) in ("vit", "swin"):
         return _vision_from_hf(path, hf, _resolve_dtype(dtype, hf))
     family, cfg = hf_to_model_config(hf)
@@ -1088,6 +1092,9 @@ def to_hf(
 
         export = vision.vit_to_hf if kind == "vit" else vision.swin_to_hf
         hf_cfg, sd = export(model)
+        hf_cfg.update(extra_config or {})
+    elif kind == "encoder_mlm":
+        hf_cfg, sd = bert_to_hf(model)
         hf_cfg.update(extra_config or {})
     else:
         hf_cfg = model_config_to_hf(model)
