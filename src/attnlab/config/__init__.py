@@ -23,7 +23,6 @@ __all__ = [
     "Seq2SeqConfig",
     "RNNSeq2SeqConfig",
     "TranslationTaskConfig",
-<<<<<<< HEAD
     "ViTConfig",
     "SwinConfig",
     "CNNConfig",
@@ -31,9 +30,7 @@ __all__ = [
     "CaptionConfig",
     "VQAConfig",
     "VQA_MODELS",
-=======
     "EncoderConfig",
     "MLMTaskConfig",
->>>>>>> cd9b229
     "swiglu_hidden",
 ]
