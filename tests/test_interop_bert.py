@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from attnlab.config import EncoderConfig
 from attnlab.errors import UserError
 from attnlab.interop import from_hf, to_hf
-from attnlab.interop.bert import bert_keymap, bert_to_hf
+from attnlab.interop.hf.bert import bert_keymap, bert_to_hf
 from attnlab.interop.keymap import Concat, KeyMap, Rule
 from attnlab.models.encoder import EncoderMLM
 
@@ -186,7 +186,8 @@ def test_a_misshapen_tensor_is_named_with_both_shapes(tmp_path):
     sd["cls.predictions.bias"] = torch.zeros(V + 1)
     save_file(sd, tmp_path / "model.safetensors")
     with pytest.raises(
-        UserError, match=r"cls\.predictions\.bias is \[98\] but the config implies \[97\]"
+        UserError,
+        match=r"cls\.predictions\.bias has shape \[98\] in the file but the config implies \[97\]",
     ):
         from_hf(tmp_path)
 

@@ -35,6 +35,7 @@ TensorFlow-converted names ``LayerNorm.gamma`` / ``beta`` are read as ``weight``
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -42,40 +43,33 @@ from torch import Tensor
 
 from attnlab.config.encoder import EncoderConfig
 from attnlab.errors import UserError
-from attnlab.interop.keymap import Concat, KeyMap, Rule, check_shapes
+from attnlab.interop.hf.family import (
+    TO_HF_ACTIVATION,
+    Family,
+    hf_activation,
+    model_from_state_dict,
+    require,
+    require_plain_heads,
+)
+from attnlab.interop.keymap import Concat, KeyMap, Rule
 from attnlab.models.encoder import EncoderMLM
 
 __all__ = [
+    "BERT",
     "BERT_ARCHITECTURES",
-    "is_bert_config",
     "bert_config_from_hf",
     "bert_config_to_hf",
     "bert_keymap",
+    "bert_export",
     "bert_from_hf",
     "bert_to_hf",
 ]
 
 BERT_ARCHITECTURES = ("BertForMaskedLM", "BertModel")
-
-_ACTIVATIONS = {
-    "gelu": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
-_TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
 _BUFFERS = r"\.(position_ids|token_type_ids)\Z"
 
 
-def is_bert_config(hf: dict) -> bool:
-    """Whether a Hugging Face ``config.json`` describes a BERT model (any head)."""
-    archs = hf.get("architectures") or []
-    return hf.get("model_type") == "bert" or any(a in BERT_ARCHITECTURES for a in archs)
-
-
-def _architecture(hf: dict, names: list[str]) -> str:
+def _architecture(hf: dict, names: Collection[str]) -> str:
     archs = hf.get("architectures") or []
     if not archs:
         return "BertForMaskedLM" if any(n.startswith("cls.") for n in names) else "BertModel"
@@ -86,21 +80,24 @@ def _architecture(hf: dict, names: list[str]) -> str:
     return archs[0]
 
 
-def bert_config_from_hf(hf: dict) -> EncoderConfig:
+def bert_config_from_hf(hf: dict, names: Collection[str] = ()) -> EncoderConfig:
     """The :class:`EncoderConfig` of a Hugging Face BERT ``config.json`` dict.
+
+    Args:
+        hf: the config.json dict.
+        names: the checkpoint's tensor names (they tell the head when config.json does not).
 
     Raises:
         UserError: options attnlab's encoder does not have (relative position embeddings, a
-            decoder or cross-attention BERT, an unknown activation), a missing field.
+            decoder or cross-attention BERT, an unknown activation or head), a missing field.
     """
+    _architecture(hf, names)
     kind = hf.get("position_embedding_type", "absolute")
     if kind != "absolute":
         raise UserError(f"BERT position_embedding_type {kind!r} is not supported (only absolute)")
     if hf.get("is_decoder") or hf.get("add_cross_attention"):
         raise UserError("a decoder BERT (is_decoder / add_cross_attention) is not supported")
-    act = hf.get("hidden_act", "gelu")
-    if act not in _ACTIVATIONS:
-        raise UserError(f"BERT hidden_act {act!r} is not supported; known: {sorted(_ACTIVATIONS)}")
+    act = hf_activation(hf.get("hidden_act", "gelu"), "BERT hidden_act")
     try:
         fields = dict(
             vocab_size=hf["vocab_size"],
@@ -119,7 +116,7 @@ def bert_config_from_hf(hf: dict) -> EncoderConfig:
     except KeyError as err:
         raise UserError(f"BERT config.json lacks the field {err}") from None
     try:
-        return EncoderConfig.preset("bert-base", activation=_ACTIVATIONS[act], **fields)
+        return EncoderConfig.preset("bert-base", activation=act, **fields)
     except (TypeError, ValueError) as err:
         raise UserError(f"config.json describes a model attnlab cannot build: {err}") from None
 
@@ -130,26 +127,10 @@ def bert_config_to_hf(c: EncoderConfig, architecture: str = "BertForMaskedLM") -
     Raises:
         UserError: naming the first setting BERT has no counterpart for.
     """
-    fixed = dict(
-        norm_position="post",
-        position="learned",
-        norm="layernorm",
-        ffn="mlp",
-        bias=True,
-        qk_norm=None,
-        embed_norm=True,
-        linformer_k=None,
-    )
-    for name, value in fixed.items():
-        if getattr(c, name) != value:
-            raise UserError(
-                f"Hugging Face BERT needs {name}={value!r}; this encoder has {getattr(c, name)!r}"
-            )
-    if c.n_kv_heads != c.n_heads or c.head_dim * c.n_heads != c.d_model:
-        raise UserError(
-            "Hugging Face BERT needs n_kv_heads = n_heads and head_dim = d_model / n_heads "
-            f"(got n_kv_heads={c.n_kv_heads}, head_dim={c.head_dim})"
-        )
+    what = "Hugging Face BERT"
+    require(c, what, norm_position="post", position="learned", norm="layernorm", ffn="mlp")
+    require(c, what, bias=True, qk_norm=None, embed_norm=True, linformer_k=None)
+    require_plain_heads(c, what)
     return {
         "architectures": [architecture],
         "model_type": "bert",
@@ -158,7 +139,7 @@ def bert_config_to_hf(c: EncoderConfig, architecture: str = "BertForMaskedLM") -
         "num_hidden_layers": c.n_layers,
         "num_attention_heads": c.n_heads,
         "intermediate_size": c.ffn_hidden,
-        "hidden_act": _TO_HF_ACTIVATION[c.activation],
+        "hidden_act": TO_HF_ACTIVATION[c.activation],
         "hidden_dropout_prob": c.dropout,
         "attention_probs_dropout_prob": c.attn_dropout,
         "max_position_embeddings": c.max_seq_len,
@@ -192,9 +173,12 @@ def bert_keymap(c: EncoderConfig, architecture: str = "BertForMaskedLM") -> KeyM
         Rule("blocks.{i}.ffn.fc2.{w}", layer + "output.dense.{w}"),
         Rule("blocks.{i}.norm2.{w}", layer + "output.LayerNorm.{w}"),
     ]
+    norms = [p + "embeddings", layer + "attention.output", layer + "output"]
     ignore_theirs = [_BUFFERS, r"\A" + re.escape(p) + r"pooler\.", r"\Acls\.seq_relationship\."]
     if not mlm:  # features only: the MLM head has no counterpart
-        return KeyMap(rules, ignore_ours=[r"\Ahead\."], ignore_theirs=ignore_theirs)
+        return KeyMap(
+            rules, ignore_ours=[r"\Ahead\."], ignore_theirs=ignore_theirs, renames=_tf_names(norms)
+        )
     rules += [
         Rule("head.dense.{w}", "cls.predictions.transform.dense.{w}"),
         Rule("head.norm.{w}", "cls.predictions.transform.LayerNorm.{w}"),
@@ -206,19 +190,32 @@ def bert_keymap(c: EncoderConfig, architecture: str = "BertForMaskedLM") -> KeyM
         tied_theirs["cls.predictions.decoder.weight"] = f"{p}embeddings.word_embeddings.weight"
     else:
         rules.append(Rule("head.decoder.weight", "cls.predictions.decoder.weight"))
-    return KeyMap(rules, tied_ours=tied_ours, tied_theirs=tied_theirs, ignore_theirs=ignore_theirs)
+    return KeyMap(
+        rules,
+        tied_ours=tied_ours,
+        tied_theirs=tied_theirs,
+        ignore_theirs=ignore_theirs,
+        renames=_tf_names([*norms, "cls.predictions.transform"]),
+    )
 
 
-def _new_names(weights: dict[str, Tensor]) -> dict[str, Tensor]:
-    """TensorFlow-era names (``LayerNorm.gamma`` / ``beta``) as today's."""
-    out = {}
-    for n, t in weights.items():
-        if n.endswith(".gamma"):
-            n = n[: -len("gamma")] + "weight"
-        elif n.endswith(".beta"):
-            n = n[: -len("beta")] + "bias"
-        out[n] = t
-    return out
+def _tf_names(owners: list[str]) -> dict[str, str]:
+    """TensorFlow-era names of the LayerNorms under ``owners``: ``gamma`` / ``beta``."""
+    return {
+        f"{o}.LayerNorm.{old}": f"{o}.LayerNorm.{new}"
+        for o in owners
+        for old, new in (("gamma", "weight"), ("beta", "bias"))
+    }
+
+
+BERT = Family(
+    name="bert",
+    architectures=BERT_ARCHITECTURES,
+    config_from_hf=bert_config_from_hf,
+    build=EncoderMLM,
+    keymap=lambda hf, c, names: bert_keymap(c, _architecture(hf, names)),
+    model_types=("bert",),
+)
 
 
 def bert_from_hf(
@@ -236,24 +233,22 @@ def bert_from_hf(
         UserError: unsupported architecture or option; missing, unexpected or misshapen tensors
             (named, with both shapes), checked before anything is loaded.
     """
-    weights = _new_names(weights)
-    arch = _architecture(hf, list(weights))
-    cfg = bert_config_from_hf(hf)
-    model = EncoderMLM(cfg)
-    keymap = bert_keymap(cfg, arch)
-    expected = {n: tuple(t.shape) for n, t in keymap.to_theirs(model.state_dict()).items()}
-    got = {n: tuple(t.shape) for n, t in keymap.strip(weights).items()}
-    check_shapes(expected, got, where=f"the {arch} checkpoint")
-    state = {n: t.to(dtype) for n, t in keymap.to_ours(weights).items()}
-    model = model.to(dtype)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    allowed = (
-        {n for n in model.state_dict() if n.startswith("head.")} if arch == "BertModel" else ()
-    )
-    if set(missing) - set(allowed) or unexpected:  # a mapping bug: the names were checked
-        raise RuntimeError(f"internal mapping error: missing {missing}, unexpected {unexpected}")
+    model = model_from_state_dict(BERT, hf, weights, dtype)
     model.hf_config = hf
-    return model.eval()
+    return model
+
+
+def bert_export(model: EncoderMLM, architecture: str = "BertForMaskedLM") -> tuple[dict, KeyMap]:
+    """``(config.json dict, key map)`` of ``model`` as Hugging Face ``architecture``.
+
+    Raises:
+        UserError: an unknown architecture, or an encoder BERT cannot express (named).
+    """
+    if architecture not in BERT_ARCHITECTURES:
+        raise UserError(
+            f"unknown BERT architecture {architecture!r}; choose from {list(BERT_ARCHITECTURES)}"
+        )
+    return bert_config_to_hf(model.config, architecture), bert_keymap(model.config, architecture)
 
 
 def bert_to_hf(
@@ -266,9 +261,5 @@ def bert_to_hf(
     Raises:
         UserError: an unknown architecture, or an encoder BERT cannot express (named).
     """
-    if architecture not in BERT_ARCHITECTURES:
-        raise UserError(
-            f"unknown BERT architecture {architecture!r}; choose from {list(BERT_ARCHITECTURES)}"
-        )
-    hf_cfg = bert_config_to_hf(model.config, architecture)
-    return hf_cfg, bert_keymap(model.config, architecture).to_theirs(model.state_dict())
+    hf_cfg, keymap = bert_export(model, architecture)
+    return hf_cfg, keymap.to_theirs(model.state_dict())
