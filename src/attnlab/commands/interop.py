@@ -127,7 +127,7 @@ def register(groups) -> None:
         "convert",
         help="convert Hugging Face checkpoint folders to attnlab runs and back",
         description="Convert between Hugging Face checkpoint folders (config.json + safetensors, "
-        "sharded or not; GPT-2, Llama, Mixtral, ViT, Swin) and attnlab run directories. "
+        "sharded or not; GPT-2, Llama, Mixtral, ViT, Swin, BERT) and attnlab run directories. "
         "Only local files are read.",
     )
     src = p.add_mutually_exclusive_group(required=True)

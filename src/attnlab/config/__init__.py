@@ -5,6 +5,7 @@
 
 from attnlab.config.base import Config, ConfigError
 from attnlab.config.block import BlockConfig, swiglu_hidden
+from attnlab.config.encoder import EncoderConfig, MLMTaskConfig
 from attnlab.config.lm import PRESETS, BigramConfig, LMTaskConfig, LSTMConfig, ModelConfig
 from attnlab.config.multimodal import VQA_MODELS, CaptionConfig, VQAConfig
 from attnlab.config.translation import RNNSeq2SeqConfig, Seq2SeqConfig, TranslationTaskConfig
@@ -29,5 +30,7 @@ __all__ = [
     "CaptionConfig",
     "VQAConfig",
     "VQA_MODELS",
+    "EncoderConfig",
+    "MLMTaskConfig",
     "swiglu_hidden",
 ]
