@@ -186,6 +186,7 @@ def _bidirectional(args: argparse.Namespace) -> int:
         n_layers=args.n_layers,
         n_heads=args.n_heads,
         batch_size=args.batch_size,
+        mask_prob=args.mask_prob,
         n_eval=args.n_eval,
         device=args.device,
         seed=args.seed,
@@ -289,6 +290,9 @@ def _add_experiment_parser(groups) -> None:
     e.add_argument("--n-layers", type=int, default=2, help="blocks of both models (2)")
     e.add_argument("--n-heads", type=int, default=4, help="heads of both models (4)")
     e.add_argument("--batch-size", type=int, default=32, help="examples per step (32)")
+    e.add_argument(
+        "--mask-prob", type=float, default=0.15, help="encoder's masking rate (BERT: 0.15)"
+    )
     e.add_argument("--n-eval", type=int, default=2000, help="held-out characters scored (2000)")
     e.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
     e.add_argument("--seed", type=int, default=0)

@@ -50,6 +50,8 @@ class BidirectionalConfig:
             default: learned absolute positions leave a small encoder at the unigram level for
             hundreds of steps).
         batch_size, lr: training settings of both (cosine schedule, 10 % warm-up).
+        mask_prob: the fraction of characters the encoder predicts per example (BERT: 0.15;
+            the causal LM predicts every one).
         n_eval: held-out characters scored (inside words).
         device, seed, progress: as for training.
         threads: CPU threads for torch (None: torch's default; 1 is faster on a busy machine).
@@ -66,6 +68,7 @@ class BidirectionalConfig:
     position: str = "rope"
     batch_size: int = 32
     lr: float = 2e-3
+    mask_prob: float = 0.15
     n_eval: int = 2000
     device: str = "auto"
     seed: int = 0
@@ -210,7 +213,7 @@ def _run(cfg: BidirectionalConfig, out: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     T = cfg.seq_len
     data = dict(data=cfg.data, tokenizer="char", seq_len=T, seed=cfg.seed, max_chars=cfg.max_chars)
-    mlm_task = MLMTask.build(MLMTaskConfig(**data))
+    mlm_task = MLMTask.build(MLMTaskConfig(**data, mask_prob=cfg.mask_prob))
     lm_task = LMTask.build(LMTaskConfig(**data))
     tok = mlm_task.tokenizer
     if tok.base.chars != lm_task.tokenizer.chars:  # same corpus, same sorted character set
@@ -310,7 +313,8 @@ def _run(cfg: BidirectionalConfig, out: Path) -> dict[str, Any]:
         f"{len(positions)} held-out characters inside words of {mlm_task.data!r} "
         f"(character and both neighbours letters); context {T} characters, "
         f"d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, "
-        f"position {cfg.position}, batch {cfg.batch_size}, the same steps for both."
+        f"position {cfg.position}, batch {cfg.batch_size}, the same steps for both; the "
+        f"encoder predicts {cfg.mask_prob:.0%} of the characters of an example, the LM all."
     )
     files = {"table": out / "table.md", "results": out / "results.json"}
     atomic_write_text(files["table"], f"# Bidirectional vs causal context\n\n{table}\n\n{note}\n")
