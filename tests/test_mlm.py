@@ -262,3 +262,21 @@ def test_bidirectional_experiment_writes_a_table_json_and_plot(tmp_path, capsys)
     assert 0 <= enc["top1"] <= enc["top5"] <= 1 and 0 <= dec["top1"] <= dec["top5"] <= 1
     assert main(["experiment", "bidirectional", *args]) == 2  # never clobbers results
     assert "pass --overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_resume_continues_exactly_as_an_uninterrupted_run(tmp_path):
+    common = [*TINY, "--log-every", "1", "--eval-every", "2", "--eval-batches", "1"]
+    common += ["--schedule", "constant", "--warmup", "0"]  # lr independent of the total
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert main(["train", "mlm", *common, "--steps", "4", "--out", str(whole)]) == 0
+    assert main(["train", "mlm", *common, "--steps", "2", "--out", str(parts)]) == 0
+    assert (
+        main(["train", "mlm", "--resume", "--steps", "4", "--no-progress", "--out", str(parts)])
+        == 0
+    )
+    losses = [
+        [(r["step"], r.get("loss"), r.get("val_loss")) for r in _records(d)] for d in (whole, parts)
+    ]
+    assert losses[0] == losses[1]
+    assert main(["train", "mlm", "--resume", "--config", "x.toml", "--out", str(parts)]) == 2
