@@ -16,6 +16,7 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
+import attnlab
 from attnlab.config import EncoderConfig
 from attnlab.errors import UserError
 from attnlab.interop import from_hf, to_hf
@@ -257,3 +258,33 @@ def test_a_key_map_refuses_tensors_no_rule_claims_and_incomplete_rules():
         keymap.to_ours({"q.0": q, "k.0": k, "v.0": v, "w.0": v})
     with pytest.raises(ValueError, match="same placeholders"):
         KeyMap([Rule("a.{i}", "b.{j}")])
+
+
+# ---- attnlab convert ----------------------------------------------------------------------------
+
+
+def test_convert_a_bert_folder_to_a_run_and_an_mlm_run_back(tmp_path, capsys, monkeypatch):
+    from attnlab.cli import main
+
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
+    hf = build_hf()
+    hf.save_pretrained(tmp_path / "hf")
+    run = tmp_path / "run"
+    assert main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(run)]) == 0
+    model, _ = attnlab.load(run)
+    ids, mask, types = batch(7)
+    with torch.no_grad():
+        want = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+        close_on_real_tokens(want, model(ids, mask, types), mask)
+    mlm = tmp_path / "mlm"
+    args = ["--set", "d_model=32", "--seq-len", "16", "--max-chars", "20000", "--steps", "1"]
+    assert main(["train", "mlm", *args, "--no-progress", "--out", str(mlm)]) == 0
+    capsys.readouterr()
+    assert main(["convert", "--to-hf", str(mlm), "--out", str(tmp_path / "back")]) == 0
+    assert "character tokenizer not exported" in capsys.readouterr().out
+    assert not (tmp_path / "back" / "tokenizer.json").exists()
+    back = transformers.BertForMaskedLM.from_pretrained(tmp_path / "back").eval()
+    mine, _ = attnlab.load(mlm)
+    ids = torch.randint(0, mine.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        close_on_real_tokens(back(input_ids=ids).logits, mine(ids), torch.ones(2, 16))

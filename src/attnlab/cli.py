@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "attnlab.commands.efficient",
     "attnlab.commands.interop",
     "attnlab.commands.explore",
+    "attnlab.commands.mlm",
 ]
 
 
