@@ -11,7 +11,7 @@ import transformers  # test extra, pinned in pyproject
 from attnlab.config.block import BlockConfig
 from attnlab.config.vision import SwinConfig
 from attnlab.errors import UserError
-from attnlab.interop.vision import swin_from_hf_state_dict, swin_to_hf
+from attnlab.interop.hf.vision import swin_from_hf_state_dict, swin_to_hf
 from attnlab.layers.position.relative import RelativePositionBias
 from attnlab.models.vision.swin import (
     PatchMerging,
@@ -277,23 +277,20 @@ def test_swin_without_qkv_bias_matches_hf():
         torch.testing.assert_close(ours.features(x), hf(x).last_hidden_state, atol=1e-5, rtol=0)
 
 
-def test_from_hf_folder_goes_through_this_conversion(tmp_path, monkeypatch):
-    """attnlab.interop.from_hf loads Swin folders with swin_from_hf_state_dict, the function the
-    parity tests above check, and gives the same logits."""
-    import attnlab.interop.vision as swin_module
+def test_from_hf_folder_goes_through_this_conversion(tmp_path):
+    """attnlab.interop.from_hf loads Swin folders through the same key map as swin_from_hf_state_dict,
+    the function the parity tests above check: the same weights, the same logits."""
+    from safetensors.torch import load_file
+
     from attnlab.interop import from_hf
 
     hf = _hf_swin(transformers.SwinForImageClassification)
     hf.save_pretrained(tmp_path)
-    calls = []
-
-    def spy(cfg_dict, state_dict):
-        calls.append(sorted(state_dict))
-        return swin_from_hf_state_dict(cfg_dict, state_dict)
-
-    monkeypatch.setattr(swin_module, "swin_from_hf_state_dict", spy)
     ours = from_hf(tmp_path)
-    assert len(calls) == 1
+    direct = swin_from_hf_state_dict(hf.config.to_dict(), load_file(tmp_path / "model.safetensors"))
+    assert set(ours.state_dict()) == set(direct.state_dict())
+    for name, t in direct.state_dict().items():
+        assert torch.equal(ours.state_dict()[name], t), name
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-5, rtol=0)

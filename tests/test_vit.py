@@ -10,7 +10,7 @@ import transformers  # test extra, pinned in pyproject
 
 from attnlab.config.vision import VIT_PRESETS, ViTConfig
 from attnlab.errors import UserError
-from attnlab.interop.vision import vit_from_hf_state_dict, vit_to_hf
+from attnlab.interop.hf.vision import vit_from_hf_state_dict, vit_to_hf
 from attnlab.layers.position.grid import interpolate_positions
 from attnlab.models.vision import VisionTransformer
 
@@ -270,24 +270,20 @@ def test_vit_without_qkv_bias_and_with_tanh_gelu_matches_hf():
     assert sorted(vit_to_hf(ours)[1]) == sorted(hf.state_dict())
 
 
-def test_from_hf_folder_goes_through_this_conversion(tmp_path, monkeypatch):
-    """attnlab.interop.from_hf loads ViT folders with vit_from_hf_state_dict, the function the
-    parity tests above check, and gives the same logits."""
-    import attnlab.interop.vision as vit_module
+def test_from_hf_folder_goes_through_this_conversion(tmp_path):
+    """attnlab.interop.from_hf loads ViT folders through the same key map as vit_from_hf_state_dict,
+    the function the parity tests above check: the same weights, the same logits."""
+    from safetensors.torch import load_file
+
     from attnlab.interop import from_hf
 
     hf = _hf_vit(transformers.ViTForImageClassification)
     hf.save_pretrained(tmp_path)
-    calls = []
-
-    def spy(cfg_dict, state_dict):
-        calls.append(sorted(state_dict))
-        return vit_from_hf_state_dict(cfg_dict, state_dict)
-
-    monkeypatch.setattr(vit_module, "vit_from_hf_state_dict", spy)
-    ours = from_hf(tmp_path)
-    # (save_pretrained writes the checkpoint with the older key names; the converter maps them)
-    assert len(calls) == 1 and len(calls[0]) == len(hf.state_dict())
+    ours = from_hf(tmp_path)  # save_pretrained writes the older key names: both rename them
+    direct = vit_from_hf_state_dict(hf.config.to_dict(), load_file(tmp_path / "model.safetensors"))
+    assert set(ours.state_dict()) == set(direct.state_dict())
+    for name, t in direct.state_dict().items():
+        assert torch.equal(ours.state_dict()[name], t), name
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-5, rtol=0)

@@ -27,6 +27,7 @@ COMMAND_MODULES = [
     "attnlab.commands.efficient",
     "attnlab.commands.interop",
     "attnlab.commands.explore",
+    "attnlab.commands.mlm",
 ]
 
 

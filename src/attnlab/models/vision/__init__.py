@@ -1,7 +1,7 @@
 """The vision family: Vision Transformer, Swin Transformer and a residual CNN baseline.
 
 Their configs live in :mod:`attnlab.config.vision` (re-exported here); Hugging Face conversion in
-:mod:`attnlab.interop.vision`.
+:mod:`attnlab.interop.hf.vision`.
 """
 
 from attnlab.config.vision import CNNConfig, SwinConfig, ViTConfig

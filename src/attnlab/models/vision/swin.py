@@ -17,7 +17,7 @@ Norms, the MLP and the residuals act on each token alone, and rolling and window
 reorder tokens, so a Swin block is the shared :class:`~attnlab.layers.TransformerBlock` run on the
 windows as a batch, with the window table (and the shift mask) as its attention bias: see
 :class:`SwinBlock`. Hugging Face ``SwinModel`` / ``SwinForImageClassification`` checkpoints
-convert through :mod:`attnlab.interop.vision`.
+convert through :mod:`attnlab.interop.hf.vision`.
 
 Shape legend: B batch, Cin image channels, H/W feature-map height/width (in tokens), C width of
 the current stage, w window side, nW windows per image, Nw = w² tokens per window, Hh heads,

@@ -13,7 +13,7 @@ classified by one linear layer.
 
 The blocks are the shared :class:`~attnlab.layers.TransformerBlock`, built from the config's block
 fields, so GQA, QK-norm, SwiGLU, MoE and drop-path apply here too. Hugging Face ``ViTModel`` /
-``ViTForImageClassification`` checkpoints convert through :mod:`attnlab.interop.vision`.
+``ViTForImageClassification`` checkpoints convert through :mod:`attnlab.interop.hf.vision`.
 
 Shape legend: B batch, Cin image channels, H/W image height/width, P patch size, Gh/Gw patch-grid
 height/width, N = Gh·Gw patches, T tokens (N, or N + 1 with a class token), C d_model, L classes.
