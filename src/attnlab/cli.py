@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     }
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(groups)
+    for name, sub in groups["train"].choices.items():  # (`train translate` has its own --task)
+        sub.set_defaults(train_kind=name)
     from attnlab.commands import add_eval_parser
 
     add_eval_parser(top)
@@ -102,7 +104,7 @@ def _interrupted(args: argparse.Namespace, err: KeyboardInterrupt, status: int) 
     stopped = getattr(err, "stopped", None)  # attached by the trainer (attnlab.train.stopping)
     training = args.command == "train"
     if stopped is not None:
-        return f"{word} {stopped.describe(args.task if training else None)}"
+        return f"{word} {stopped.describe(getattr(args, 'train_kind', None))}"
     if training:
         return f"{word} before training started; nothing new was saved"
     return word
