@@ -22,8 +22,8 @@ def add_samples_parser(groups) -> None:
         "samples",
         help="write test images of an image run's data as PNG files, to try 'attnlab classify'",
         description="Write images of the test split of the data a run of 'attnlab train image' "
-        "was trained on (never seen in training) as PNG files named CLASS_INDEX.png, one per "
-        "class first, so 'attnlab classify RUN FILE' has inputs like the training images. (For "
+        "was trained on (never seen in training) as PNG files: one per class first, named "
+        "CLASS.png (digits: 0.png ... 9.png), then CLASS_INDEX.png, so 'attnlab classify RUN FILE' has inputs like the training images. (For "
         "caption and VQA runs, 'attnlab scene' draws scenes.)",
     )
     s.add_argument("run_dir", help="run directory written by 'attnlab train image'")
@@ -57,7 +57,8 @@ def write_samples(images, labels, classes: list[str], out: Path, n: int, scale: 
         if scale > 1:  # (classify resizes back to the model's size)
             im = im.resize((im.width * scale, im.height * scale), Image.NEAREST)
         name = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in classes[labels[i]])
-        path = out / f"{name}_{i:04d}.png"
+        first = not any(p.name.startswith(f"{name}.") for p in written)
+        path = out / (f"{name}.png" if first else f"{name}_{i:04d}.png")
         im.save(path)
         written.append(path)
     return written

@@ -91,7 +91,7 @@ def _train_lm(args: argparse.Namespace) -> int:
         )
     result = train(model, task, settings.train, out, resume=args.resume, overwrite=args.overwrite)
     if main_rank:
-        _print_result(result)
+        _print_result(result, settings.train.eval_batches)
     return 0
 
 
@@ -103,14 +103,15 @@ def _check_backend(config: Any) -> None:
         check_backend(config.backend, config.backend_options, dropout_p=config.attn_dropout)
 
 
-def _print_result(result) -> None:
+def _print_result(result, eval_batches: int) -> None:
     val = result.val_loss
     ppl = f" (perplexity {math.exp(val):.2f})" if val is not None and val < 50 else ""
     val_s = "n/a" if val is None else f"{val:.4f}"
     train_s = "n/a" if result.final_train_loss is None else f"{result.final_train_loss:.4f}"
     print(
         f"{result.steps} steps in {result.elapsed:.1f} s: train loss {train_s}, "
-        f"val loss {val_s}{ppl}; run saved in {result.run_dir}"
+        f"val loss {val_s}{ppl} on {eval_batches} validation batches ('attnlab eval' "
+        f"reads the whole split); run saved in {result.run_dir}"
     )
 
 
@@ -262,7 +263,11 @@ def load_lm(run_dir: str | Path, weights: str = "best", device: str = "cpu") -> 
 
     loaded = load(run_dir, weights=weights, map_location=device, kinds=LM_KINDS)
     if loaded.tokenizer is None:
-        raise RunDirError(f"{str(run_dir)!r} has no tokenizer")
+        raise RunDirError(
+            f"{str(run_dir)!r} has no tokenizer.json, so text cannot be turned into tokens (a run "
+            "converted from a Hugging Face folder without one); copy the checkpoint's "
+            "tokenizer.json into it"
+        )
     return loaded
 
 
@@ -280,7 +285,9 @@ def _eval_lm(args: argparse.Namespace) -> int:
     res = task.val_loss(loaded.model, batch_size=args.batch_size, n_batches=args.max_batches)
     print(
         f"{args.run_dir}: val loss {res['loss']:.4f}, perplexity {res['perplexity']:.3f} "
-        f"({res['tokens']:,} tokens of {task.data!r}, {args.weights} weights)"
+        f"({res['tokens']:,} tokens of {task.data!r}: "
+        f"{'the whole validation split' if args.max_batches is None else f'{args.max_batches} batches'}"
+        f", {args.weights} weights)"
     )
     return 0
 
@@ -306,7 +313,9 @@ def _demo(args: argparse.Namespace) -> int:
     )
     print()
     print(
-        f"Validation loss on held-out pydoc text ({report['tokens']:,} training tokens each, "
+        f"Validation loss of the final models on the whole held-out pydoc split (the plot's "
+        f"stars; its circles read 4 batches during training) ({report['tokens']:,} training "
+        "tokens each, "
         f"{report['tokenizer']} tokenizer):"
     )
     print(f"  {'model':<32}{'params':>10}{'val loss':>10}{'ppl':>9}{'time':>8}")
