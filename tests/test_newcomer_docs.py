@@ -114,6 +114,8 @@ def _short(words: list[str]) -> list[str]:
     validation batch, a small slice of the LM corpora; other commands as written."""
     if words[1] != "train":
         return words
+    if "--resume" in words:  # as typed: the run's own length
+        return [*words, "--no-progress"]
     out, skip = [], False
     for w in words:
         if skip:
@@ -123,10 +125,12 @@ def _short(words: list[str]) -> list[str]:
         else:
             out.append(w)
     out += ["--steps", "2", "--eval-batches", "1", "--no-progress"]
-    if words[2] in ("lm", "mlm") and "--resume" not in words:
+    if words[2] in ("lm", "mlm"):
         out += ["--max-chars", "30000"]
-    if words[2] in ("caption", "vqa") and "--resume" not in words:
+    if words[2] in ("caption", "vqa"):
         out += ["--n-train", "40", "--n-val", "16"]
+    if words[2] == "translate":
+        out += ["--n-examples", "500"]
     return out
 
 

@@ -110,7 +110,7 @@ def _print_result(result, eval_batches: int) -> None:
     train_s = "n/a" if result.final_train_loss is None else f"{result.final_train_loss:.4f}"
     print(
         f"{result.steps} steps in {result.elapsed:.1f} s: train loss {train_s}, "
-        f"val loss {val_s}{ppl} on {eval_batches} validation batches ('attnlab eval' "
+        f"val loss {val_s}{ppl} on {eval_batches} validation batch{'' if eval_batches == 1 else 'es'} ('attnlab eval' "
         f"reads the whole split); run saved in {result.run_dir}"
     )
 
