@@ -83,3 +83,44 @@ def test_attention_benchmark_axes_read_as_sequence_lengths(tmp_path, figures):
     plot_results(rows, tmp_path / "a.png", cfg)
     ax = figures[-1].axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["512", "1,024", "2,048"]
+
+
+def test_tick_labels_show_every_kth_token_of_a_long_input():
+    from attnlab.viz.attention import tick_labels
+
+    assert tick_labels(list("abc")) == ([0, 1, 2], ["a", "b", "c"], 1)
+    pos, labels, k = tick_labels([f"t{i}" for i in range(100)], limit=40)
+    assert k == 3 and pos == list(range(0, 100, 3)) and labels[1] == "t3" and len(pos) <= 40
+
+
+def test_heatmaps_have_colour_bars_readable_ticks_and_named_queries(tmp_path, figures):
+    import numpy as np
+
+    from attnlab.viz import plot_attention, plot_attention_grid
+    from attnlab.viz.captions import plot_word_attention
+    from attnlab.viz.vision import overlay_attention
+
+    w = torch.rand(2, 5, 5).softmax(-1)
+    plot_attention_grid(w, tmp_path / "g.png", rows=list("abcde"), cols=list("abcde"))
+    fig = figures[-1]
+    assert len(fig.axes) == 3 + 1  # two heads, their mean, one shared colour bar
+    ticks = fig.axes[0].get_xticklabels()
+    assert [t.get_text() for t in ticks] == list("abcde") and ticks[0].get_rotation() == 0
+    tokens = [f"word{i}" for i in range(60)]
+    plot_attention(torch.rand(60, 60), tmp_path / "a.png", rows=tokens, cols=tokens)
+    fig = figures[-1]
+    ax = fig.axes[0]
+    assert len(fig.axes) == 2 and len(ax.get_xticklabels()) == 30  # every 2nd of 60
+    assert ax.get_xlabel() == "keys (attended to) (1 in 2 of 60 labelled)"
+    image = np.zeros((16, 16, 3), dtype=np.uint8)
+    plot_word_attention(image, ["a", "red", "<end>"], torch.rand(3, 4, 4), tmp_path / "c.png")
+    fig = figures[-1]
+    titles = [a.get_title() for a in fig.axes]
+    assert "query: 'red' (word 2)" in titles and any(
+        a.get_label() == "<colorbar>" for a in fig.axes
+    )
+    overlay_attention(torch.rand(1, 8, 8), {"rollout": torch.rand(4, 4)}, tmp_path / "v.png")
+    fig = figures[-1]
+    assert "rollout (per patch)" in [a.get_title() for a in fig.axes]
+    assert fig.axes[1].images[1].get_interpolation() == "nearest"  # patches, not smoothed
+    assert any(a.get_label() == "<colorbar>" for a in fig.axes)
