@@ -81,3 +81,15 @@ def test_samples_then_classify_and_the_inverted_drawing(tmp_path, capsys):
 def test_samples_bad_input(argv, capsys):
     assert main(argv) == 2
     assert "must be at least 1" in _error(capsys)
+
+
+def test_sentences_may_follow_the_flags(capsys):
+    run = str(RUNS / "tr_transformer")
+    assert main(["translate", run, "twenty one", "--beam", "2"]) == 0
+    first = capsys.readouterr().out
+    assert main(["translate", run, "--beam", "2", "twenty one"]) == 0  # (argparse left it over)
+    assert capsys.readouterr().out == first
+    with pytest.raises(SystemExit) as exit_info:
+        main(["translate", run, "--beam", "2", "twenty one", "--bogus"])
+    assert exit_info.value.code == 2
+    assert "--bogus" in capsys.readouterr().err

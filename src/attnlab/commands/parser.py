@@ -54,8 +54,24 @@ class Parser(argparse.ArgumentParser):
         """
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:
+            extras = self._more_positionals(namespace, extras)
+        if extras:
             self.error(self._unrecognized(extras))
         return namespace, extras
+
+    def _more_positionals(self, namespace: argparse.Namespace, extras: list[str]) -> list[str]:
+        """Words typed after a flag that belong to a list positional (``attnlab translate RUN
+        --beam 4 "twenty one"``): argparse reads a positional once, so it leaves them over."""
+        many = [
+            a
+            for a in self._actions
+            if not a.option_strings and a.nargs in ("*", "+") and a.dest != argparse.SUPPRESS
+        ]
+        if len(many) != 1 or any(w.startswith("-") for w in extras):
+            return extras
+        values = getattr(namespace, many[0].dest, None)
+        setattr(namespace, many[0].dest, [*(values or []), *extras])
+        return []
 
     def _unrecognized(self, extras: list[str]) -> str:
         message = f"unrecognized arguments: {' '.join(extras)}"
