@@ -162,3 +162,92 @@ def test_bf16_and_int8_decoding_run_and_mostly_agree_with_fp32():
         assert out.shape == ref.shape and torch.equal(out[:, :7], idx)
         state = m.start_decoding(3, 32)
         assert state.caches[0].k.dtype == torch.bfloat16  # caches follow the activations
+
+
+# -- compiled training ---------------------------------------------------------------------------
+
+
+def _toy_lm_task():
+    import numpy as np
+
+    from attnlab.config import LMTaskConfig
+    from attnlab.data.tokenizers import CharTokenizer
+    from attnlab.tasks.lm import LMTask
+
+    text = "the quick brown fox jumps over the lazy dog; " * 60
+    tok = CharTokenizer.train(text)
+    ids = np.asarray(tok.encode(text), dtype=np.int64)
+    return LMTask(ids, tok, LMTaskConfig(data="toy", seq_len=16, seed=0, vocab_size=tok.vocab_size))
+
+
+@pytest.mark.slow
+def test_compiled_training_with_inductor_matches_eager(tmp_path):
+    """``TrainConfig(compile=True)``: the trainer's torch.compile (inductor: generated C++ on a
+    CPU, no mocking) gives eager's losses within float tolerance, step after step."""
+    from attnlab.train import TrainConfig, train
+
+    task = _toy_lm_task()
+    cfg = ModelConfig.preset(
+        "tiny", vocab_size=task.vocab_size, max_seq_len=16, d_model=32, n_heads=2, n_layers=1
+    )
+    losses = {}
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = DecoderLM(cfg)
+        train_cfg = TrainConfig(
+            steps=4,
+            batch_size=4,
+            lr=3e-3,
+            warmup_steps=1,
+            eval_every=4,
+            eval_batches=1,
+            log_every=1,
+            compile=compiled,
+            progress=False,
+            device="cpu",
+        )
+        result = train(model, task, train_cfg, tmp_path / str(compiled))
+        losses[compiled] = [r["loss"] for r in result.history if r.get("loss") is not None]
+    assert len(losses[True]) == 4
+    # same arithmetic up to the order of floating-point operations in the fused kernels
+    torch.testing.assert_close(losses[True], losses[False], rtol=1e-4, atol=1e-4)
+
+
+# -- loading and the command line ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_load_and_generate_with_dtype_and_int8(tmp_path, capsys, monkeypatch):
+    import attnlab
+    from attnlab.cli import main
+    from attnlab.layers.quant import Int8Linear
+
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    args = ["--preset", "tiny", "--set", "d_model=32", "--set", "n_layers=1", "--seq-len", "32"]
+    args += ["--batch-size", "4", "--max-chars", "20000", "--no-progress", "--warmup", "1"]
+    assert main(["train", "lm", *args, "--steps", "2", "--out", str(run)]) == 0
+    fp32 = attnlab.load(run)
+    bf16 = attnlab.load(run, dtype="bfloat16")
+    int8 = attnlab.load(run, quantize="int8")
+    assert bf16.model.tok_emb.weight.dtype == torch.bfloat16
+    assert isinstance(int8.model.lm_head, Int8Linear)
+    assert int8.model.tok_emb.weight.dtype == torch.bfloat16  # int8 runs with bf16 activations
+    assert attnlab.load(run, dtype="float32", quantize="int8").model.tok_emb.weight.dtype == (
+        torch.float32
+    )
+    idx = torch.tensor([fp32.tokenizer.encode("def ")])
+    with torch.no_grad():
+        ref = fp32.model(idx)
+        for loaded in (bf16, int8):
+            rel = (loaded.model(idx).float() - ref).norm() / ref.norm()
+            assert rel < INT8_RELATIVE_TOLERANCE
+    capsys.readouterr()
+    gen = ["generate", str(run), "--prompt", "def ", "-n", "5", "--temperature", "0"]
+    for extra in (["--dtype", "bfloat16"], ["--quantize", "int8"]):
+        assert main([*gen, *extra]) == 0
+        assert capsys.readouterr().out.startswith("def ")
+    assert main([*gen, "--compile", "--no-cache"]) == 2
+    assert "drop --no-cache" in capsys.readouterr().err
+    with pytest.raises(attnlab.errors.UserError, match="unknown quantization"):
+        attnlab.load(run, quantize="int4")

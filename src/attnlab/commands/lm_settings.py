@@ -245,13 +245,12 @@ def apply_budget_rule(settings: LMSettings, task: Any, *, ref_steps_per_s: float
     import os
 
     from attnlab.tasks.lm import LMTask
-    from attnlab.train.budget import choose_lm_settings, measure_ref_steps_per_s
+    from attnlab.train.budget import choose_lm_settings
     from attnlab.train.distributed import resolve_device
 
     train = settings.train
     if ref_steps_per_s is None and train.timed and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        device = resolve_device(train.device)
-        ref_steps_per_s = measure_ref_steps_per_s(vocab_size=task.vocab_size, device=device)
+        ref_steps_per_s = _measure_speed(resolve_device(train.device), task.vocab_size)
     choice = choose_lm_settings(
         budget_s=train.max_time,
         steps=None if train.timed else train.steps,
@@ -278,12 +277,33 @@ def apply_budget_rule(settings: LMSettings, task: Any, *, ref_steps_per_s: float
     return new, task, choice
 
 
+def _measure_speed(device: Any, vocab_size: int) -> float:
+    """The reference row's steps/s; on a CPU with torch's threads and with one, keeping the
+    faster for the run (on a busy machine one thread can be several times faster)."""
+    import torch
+
+    from attnlab.train.budget import measure_ref_steps_per_s
+
+    speed = measure_ref_steps_per_s(vocab_size=vocab_size, device=device)
+    threads = torch.get_num_threads()
+    if device.type == "cpu" and threads > 1:
+        torch.set_num_threads(1)
+        one = measure_ref_steps_per_s(vocab_size=vocab_size, device=device)
+        if one > speed:
+            return one  # keep one thread for the run
+        torch.set_num_threads(threads)
+    return speed
+
+
 def describe_choice(settings: LMSettings, choice: Any) -> str:
     """The line ``attnlab train lm`` prints when the budget rule chose: the budget, the row and
     the settings the run will use (explicit flags included)."""
     train, row = settings.train, choice.row
+    import torch
+
     budget = (
-        f"{train.max_time:g} s = {choice.reference_steps:,.0f} reference steps"
+        f"{train.max_time:g} s = {choice.reference_steps:,.0f} reference steps, "
+        f"{torch.get_num_threads()} thread(s)"
         if train.timed
         else f"{train.steps} steps"
     )
