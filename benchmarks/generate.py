@@ -7,8 +7,9 @@ Batch-1 decoding reads every weight once per token, so its floor is
 
 with the bandwidth measured in this run on the largest matrix (the output projection, V x d) in
 each precision. The table gives each setting's ms per token, its speed-up over HF fp32 and the
-fraction of its roofline reached. Per-token cost is the decode cost only:
-(t(n new tokens) - t(1)) / (n - 1), so the prompt's prefill is not counted. Then batched
+fraction of its roofline reached. Per-token cost is the decode cost only: the median interval
+between consecutive new tokens (timestamps from ``generate``'s callback and HF's streamer), so the
+prompt's prefill is not counted and a busy machine's spikes are left out. Then batched
 throughput (``--batch``, tokens/s) against HF, and with ``--agreement RUN`` how often bf16 and
 int8 greedy continuations of a trained run equal fp32's.
 
@@ -66,10 +67,20 @@ def timed(fn, device: str, reps: int) -> float:
 
 
 def per_token_ms(run, n: int, device: str, reps: int) -> float:
-    """Decode ms per token: (t(n) - t(1)) / (n - 1)."""
-    t1 = timed(lambda: run(1), device, reps)
-    tn = timed(lambda: run(n), device, reps)
-    return 1000 * max(tn - t1, 0.0) / (n - 1)
+    """Median ms between consecutive new tokens of ``run(n, stamp)`` over ``reps`` runs;
+    ``run`` calls ``stamp()`` as each token arrives."""
+    gaps: list[float] = []
+    for _ in range(reps):
+        stamps: list[float] = []
+
+        def stamp(stamps: list[float] = stamps) -> None:
+            _sync(device)
+            stamps.append(time.perf_counter())
+
+        run(n, stamp)
+        gaps += [b - a for a, b in zip(stamps[1:], stamps[2:])]  # decode steps only
+    gaps.sort()
+    return 1000 * gaps[len(gaps) // 2]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -124,16 +135,32 @@ def bandwidths(models: dict[str, DecoderLM], device: str) -> dict[str, float]:
 
 
 def attnlab_run(model: DecoderLM, idx: torch.Tensor, compile: bool):
-    def run(k: int) -> torch.Tensor:
-        return generate(model, idx, k, temperature=0, compile=compile)
+    def run(k: int, stamp=None) -> torch.Tensor:
+        callback = None if stamp is None else (lambda nxt: stamp())
+        return generate(model, idx, k, temperature=0, compile=compile, callback=callback)
 
     return run
+
+
+class _Stamps:
+    """An HF streamer that only records when each token arrives."""
+
+    def __init__(self, stamp) -> None:
+        self.stamp, self.prompt_seen = stamp, False
+
+    def put(self, value) -> None:
+        if self.prompt_seen:  # the first call carries the prompt
+            self.stamp()
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        pass
 
 
 def hf_run(hf, idx: torch.Tensor):
     mask = torch.ones_like(idx)
 
-    def run(k: int) -> torch.Tensor:
+    def run(k: int, stamp=None) -> torch.Tensor:
         with torch.no_grad():
             return hf.generate(
                 idx,
@@ -143,6 +170,7 @@ def hf_run(hf, idx: torch.Tensor):
                 do_sample=False,
                 use_cache=True,
                 pad_token_id=0,
+                streamer=None if stamp is None else _Stamps(stamp),
             )
 
     return run
@@ -191,13 +219,14 @@ def throughput_table(args, models, hfs, device: str) -> None:
     B, n, ctx = args.batch, args.new_tokens, min(64, min(args.contexts))
     print(f"\nbatch {B}, context {ctx}, greedy: new tokens per second")
     idx = torch.randint(0, models["fp32"].config.vocab_size, (B, ctx), device=device)
-    cells = []
-    for k, hf in hfs.items():
-        ms = per_token_ms(hf_run(hf, idx), n, device, args.reps)
-        cells.append((f"HF {k}", B * 1000 / ms))
-    for name, m in models.items():
-        ms = per_token_ms(attnlab_run(m, idx, False), n, device, args.reps)
-        cells.append((f"attnlab {name}", B * 1000 / ms))
+
+    def tokens_per_s(run) -> float:  # (t(n) - t(1)) / (n - 1): no streamer for batches in HF
+        t1 = timed(lambda: run(1), device, args.reps)
+        tn = timed(lambda: run(n), device, args.reps)
+        return B * (n - 1) / max(tn - t1, 1e-9)
+
+    cells = [(f"HF {k}", tokens_per_s(hf_run(hf, idx))) for k, hf in hfs.items()]
+    cells += [(f"attnlab {k}", tokens_per_s(attnlab_run(m, idx, False))) for k, m in models.items()]
     ref = cells[0][1]
     for label, tps in cells:
         print(f"  {label:<16}{tps:>10.0f} tokens/s  ({tps / ref:.2f}x HF fp32)")

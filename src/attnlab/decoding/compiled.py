@@ -52,7 +52,7 @@ def capacity_bucket(needed: int, limit: int) -> int:
     cap = _MIN_BUCKET
     while cap < needed:
         cap *= 2
-    return max(min(cap, limit), min(needed, limit))
+    return min(cap, limit)
 
 
 def _device_type(model: nn.Module) -> str:

@@ -17,7 +17,7 @@ produced by ``benchmarks/budget_sweep.py``) by this rule:
    still undertrained: the sweep shows the smaller one ahead) and whose parameters are at most
    ``MAX_PARAMS_PER_TOKEN`` × the corpus's training tokens (a larger model only memorises).
 4. Warm-up: the row's, at most a tenth of the run. Dropout from the expected passes over the
-   corpus: 0 up to 5 epochs, 0.1 up to 20, then 0.2.
+   corpus: 0 up to 10 epochs, 0.1 up to 30, then 0.2.
 
 Monotone by construction: a larger budget makes every row's step count larger, so the set of
 rows allowed only grows and the choice is never a smaller model. Deterministic and pure (the
@@ -170,7 +170,7 @@ class LMBudgetChoice:
 
 
 def _dropout(epochs: float) -> float:
-    return 0.0 if epochs <= 5 else 0.1 if epochs <= 20 else 0.2
+    return 0.0 if epochs <= 10 else 0.1 if epochs <= 30 else 0.2
 
 
 def choose_lm_settings(
