@@ -383,3 +383,37 @@ def test_beam_search_from_the_command_line(trained, capsys):
         msg = _error(capsys, [*greedy, "--beam", "4", *option])
         assert "--beam" in msg and option[0] in msg
     assert "context" in _error(capsys, [*greedy[:-1], "40", "--beam", "2"])
+
+
+def test_resume_a_run_whose_config_predates_new_block_fields(tmp_path):
+    """A run saved before drop_path/MoE fields existed (first release) still resumes: the saved
+    model config is compared as rebuilt by its config class."""
+    run = tmp_path / "old"
+    common = ["--max-chars", "20000", "--seq-len", "32", "--batch-size", "4", "--no-progress"]
+    assert (
+        main(
+            [
+                "train",
+                "lm",
+                "--preset",
+                "tiny",
+                "--steps",
+                "4",
+                "--eval-every",
+                "2",
+                "--out",
+                str(run),
+                *common,
+            ]
+        )
+        == 0
+    )
+    cfg = json.loads((run / "config.json").read_text())
+    for key in ("drop_path", "n_experts", "top_k", "moe_aux_coef"):
+        cfg["model"].pop(key)
+    (run / "config.json").write_text(json.dumps(cfg))
+    assert (
+        main(["train", "lm", "--resume", "--steps", "6", "--out", str(run), "--no-progress"]) == 0
+    )
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 6

@@ -32,6 +32,7 @@ __all__ = [
     "check_resume_settings",
     "apply_budget_rule",
     "describe_choice",
+    "check_prepared_settings",
 ]
 
 LM_KINDS = ("decoder_lm", "lstm_lm", "bigram_lm")
@@ -272,7 +273,9 @@ def apply_budget_rule(settings: LMSettings, task: Any, *, ref_steps_per_s: float
     }
     task_config = settings.task.replace(seq_len=seq_len)
     if seq_len != task.seq_len:
+        prepared = task.prepared
         task = LMTask(task.ids, task.tokenizer, task.config.replace(seq_len=seq_len))
+        task.prepared = prepared
     new = LMSettings(settings.kind, model, train.replace(**updates), task_config, frozenset())
     return new, task, choice
 
@@ -351,4 +354,25 @@ def check_resume_settings(args: argparse.Namespace, want: LMSettings, saved: dic
             f"--resume continues {args.out!r} as it was configured, but "
             + "; ".join(diffs)
             + ". Drop these options, or start a new run (another --out, or --overwrite)"
+        )
+
+
+def check_prepared_settings(args: argparse.Namespace, task: Any) -> None:
+    """A directory written by ``attnlab prepare`` brings its own tokenizer: refuse a
+    ``--tokenizer`` or BPE ``--vocab-size`` flag that says otherwise (rather than ignore it)."""
+    from attnlab.commands.config_args import explicit_dests
+
+    if task.prepared is None or Path(task.data) != task.prepared.directory:
+        return  # prepared into the cache from the settings themselves
+    given = explicit_dests(args)
+    tok = task.tokenizer
+    wrong = []
+    if "tokenizer" in given and args.tokenizer != tok.type:
+        wrong.append(f"--tokenizer {args.tokenizer}")
+    if "vocab_size" in given and tok.type == "bpe" and args.vocab_size != tok.vocab_size:
+        wrong.append(f"--vocab-size {args.vocab_size}")
+    if wrong:
+        raise UserError(
+            f"{task.data!r} was prepared with a {tok.type} tokenizer of {tok.vocab_size} tokens; "
+            f"drop {' and '.join(wrong)} (or prepare the corpus again with them)"
         )

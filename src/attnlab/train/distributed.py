@@ -31,6 +31,7 @@ __all__ = [
     "all_reduce_mean",
     "all_reduce_sum",
     "broadcast_float",
+    "broadcast_ok",
     "barrier",
     "wrap_ddp",
     "resolve_device",
@@ -148,6 +149,12 @@ def broadcast_float(x: float, device: torch.device) -> float:
     t = torch.tensor([x], dtype=torch.float64, device=device)
     dist.broadcast(t, src=0)
     return float(t.item())
+
+
+def broadcast_ok(ok: bool, device: torch.device) -> bool:
+    """Rank 0's ``ok`` on every rank, so that all ranks stop together when rank 0 cannot go on
+    (its run directory is locked by another job, say) instead of waiting for it forever."""
+    return broadcast_float(1.0 if ok else 0.0, device) > 0.5
 
 
 def barrier() -> None:
