@@ -36,6 +36,7 @@ from attnlab.train import TrainConfig, train  # noqa: E402
 from attnlab.train.budget import (  # noqa: E402
     ROWS,
     choose_lm_settings,
+    fastest_ref_steps_per_s,
     measure_ref_steps_per_s,
     row_cost,
 )
@@ -53,10 +54,12 @@ def load_results(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def run_cell(row, budget, lr_scale, dropout, seed, speed, tasks, workdir: Path) -> dict:
+def run_cell(
+    row, budget, lr_scale, dropout, seed, speed, tasks, workdir: Path, args: argparse.Namespace
+) -> dict:
     """Train one row for ``budget`` seconds and score it."""
     if row.seq_len not in tasks:
-        tasks[row.seq_len] = pydoc_task(row.seq_len)
+        tasks[row.seq_len] = pydoc_task(row.seq_len, max_chars=args.max_chars)
     task = tasks[row.seq_len]
     rule = choose_lm_settings(
         budget_s=budget, corpus_tokens=task.n_tokens["train"], ref_steps_per_s=speed
@@ -72,7 +75,7 @@ def run_cell(row, budget, lr_scale, dropout, seed, speed, tasks, workdir: Path) 
         lr=row.lr * lr_scale,
         warmup_steps=max(1, min(row.warmup_steps, est_steps // 10)),
         seed=seed,
-        device="cpu",
+        device=args.device,
         progress=False,
     )
     t0 = time.time()
@@ -86,10 +89,11 @@ def run_cell(row, budget, lr_scale, dropout, seed, speed, tasks, workdir: Path) 
         "dropout_used": drop,
         "seed": seed,
         "steps": result.steps,
-        "nats": score(model, task.splits["val"]),
+        "nats": score(model, task.splits["val"], device=args.device),
         "seconds": time.time() - t0,
         "ref_steps_per_s": speed,
         "threads": torch.get_num_threads(),
+        "device": args.device,
     }
 
 
@@ -163,6 +167,11 @@ def main() -> None:
     ap.add_argument("--results", default="runs/budget_sweep/results.jsonl")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--table-only", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument(
+        "--min-steps", type=int, default=MIN_STEPS, help="skip cells expected to make fewer"
+    )
+    ap.add_argument("--max-chars", type=int, default=None, help="a prefix of pydoc (smoke tests)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -173,14 +182,17 @@ def main() -> None:
         speeds = [r["ref_steps_per_s"] for r in results]
         print_tables(results, args.budgets, speeds[-1] if speeds else None)
         return
-    speed = measure_ref_steps_per_s(vocab_size=103, seconds=3.0)
+    if args.threads:  # as given; else torch's threads or one, whichever is faster now
+        speed = measure_ref_steps_per_s(vocab_size=103, seconds=3.0, device=args.device)
+    else:
+        speed = fastest_ref_steps_per_s(vocab_size=103, seconds=3.0, device=args.device)
     print(f"reference row: {speed:.1f} steps/s on this machine ({torch.get_num_threads()} threads)")
     done = {_key(r) for r in results}
     tasks: dict[int, object] = {}
     rows = [r for r in ROWS if r.name in args.rows]
     for budget in sorted(args.budgets):
         for row in rows:
-            if budget * speed / row_cost(row, 103) < MIN_STEPS:
+            if budget * speed / row_cost(row, 103) < args.min_steps:
                 continue  # the row would not even warm up
             for lr_scale in args.lr_scales:
                 for dropout in args.dropouts:
@@ -189,7 +201,7 @@ def main() -> None:
                         if key in done:
                             continue
                         rec = run_cell(
-                            row, budget, lr_scale, dropout, seed, speed, tasks, path.parent
+                            row, budget, lr_scale, dropout, seed, speed, tasks, path.parent, args
                         )
                         with path.open("a") as f:
                             f.write(json.dumps(rec) + "\n")

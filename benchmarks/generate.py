@@ -264,7 +264,12 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=6)
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--batch", type=int, default=16, help="batched throughput (0: skip)")
-    ap.add_argument("--reps", type=int, default=3, help="best of this many timings")
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=3,
+        help="repetitions (latency: median token gap over all; throughput: best)",
+    )
     ap.add_argument("--no-compile", action="store_true", help="skip the compiled settings")
     ap.add_argument("--agreement", metavar="RUN", default=None, help="a trained LM run directory")
     ap.add_argument("--prompts", type=int, default=50, help="prompts for --agreement")
@@ -294,7 +299,7 @@ def main() -> None:
     print(
         f"device {dev} ({torch.get_num_threads()} threads), torch {torch.__version__}; GPT-2 "
         f"{args.layers} layers x {args.d_model}, vocab {args.vocab}, "
-        f"{base.num_parameters() / 1e6:.1f}M parameters; {args.new_tokens} new tokens, best of "
+        f"{base.num_parameters() / 1e6:.1f}M parameters; {args.new_tokens} new tokens, repetitions "
         f"{args.reps}"
     )
     with torch.no_grad():

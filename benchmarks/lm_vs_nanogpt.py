@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -76,7 +77,9 @@ def peer_lr(it: int) -> float:
     return p["min_lr"] + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (p["lr"] - p["min_lr"])
 
 
-def train_peer(nanogpt, train_ids, val_ids, vocab_size: int, eval_iters: int, seed: int):
+def train_peer(
+    nanogpt, train_ids, val_ids, vocab_size: int, eval_iters: int, seed: int, device: str = "cpu"
+):
     """nanoGPT's CPU recipe; returns ``(model, seconds)`` (seconds of the training loop)."""
     p = PEER
     torch.manual_seed(seed)
@@ -89,10 +92,11 @@ def train_peer(nanogpt, train_ids, val_ids, vocab_size: int, eval_iters: int, se
         dropout=p["dropout"],
         bias=p["bias"],
     )
-    model = nanogpt.GPT(cfg)
-    opt = model.configure_optimizers(p["weight_decay"], p["lr"], p["betas"], "cpu")
+    model = nanogpt.GPT(cfg).to(device)
+    device_type = torch.device(device).type
+    opt = model.configure_optimizers(p["weight_decay"], p["lr"], p["betas"], device_type)
     data = {
-        split: torch.as_tensor(ids.astype("int64"))
+        split: torch.as_tensor(np.asarray(ids, dtype=np.int64))
         for split, ids in (("train", train_ids), ("val", val_ids))
     }
     T, B = p["block_size"], p["batch_size"]
@@ -102,7 +106,11 @@ def train_peer(nanogpt, train_ids, val_ids, vocab_size: int, eval_iters: int, se
         ix = torch.randint(len(ids) - T, (B,))
         x = torch.stack([ids[i : i + T] for i in ix])
         y = torch.stack([ids[i + 1 : i + 1 + T] for i in ix])
-        return x, y
+        return x.to(device), y.to(device)
+
+    def sync() -> None:
+        if device_type == "cuda":
+            torch.cuda.synchronize()
 
     @torch.no_grad()
     def estimate() -> None:  # the recipe's periodic loss estimate (timed, as in nanoGPT)
@@ -123,13 +131,18 @@ def train_peer(nanogpt, train_ids, val_ids, vocab_size: int, eval_iters: int, se
         torch.nn.utils.clip_grad_norm_(model.parameters(), p["grad_clip"])
         opt.step()
         opt.zero_grad(set_to_none=True)
+    sync()
     return model.eval(), time.perf_counter() - start
 
 
-def train_attnlab(budget: float, out: Path, threads: int | None) -> tuple[Path, dict]:
+def train_attnlab(
+    budget: float, out: Path, threads: int | None, device: str = "cpu", max_chars: int | None = None
+) -> tuple[Path, dict]:
     """``attnlab train lm --max-time budget`` with the defaults; returns the run and its record."""
     cmd = [sys.executable, "-m", "attnlab.cli", "train", "lm", "--max-time", f"{budget:g}"]
-    cmd += ["--out", str(out), "--overwrite", "--no-progress"]
+    cmd += ["--out", str(out), "--overwrite", "--no-progress", "--device", device]
+    if max_chars:
+        cmd += ["--max-chars", str(max_chars)]
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -152,26 +165,37 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", default="runs/lm_vs_nanogpt")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (both sides)")
+    ap.add_argument(
+        "--max-iters", type=int, default=PEER["max_iters"], help="the peer's (smoke tests only)"
+    )
+    ap.add_argument("--max-chars", type=int, default=None, help="a prefix of pydoc (smoke tests)")
     args = ap.parse_args()
+    PEER["max_iters"] = args.max_iters
+    PEER["warmup"] = min(PEER["warmup"], max(1, args.max_iters // 10))
     if args.threads:
         torch.set_num_threads(args.threads)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    task = pydoc_task()
+    task = pydoc_task(max_chars=args.max_chars)
     train_ids, val_ids, V = task.splits["train"], task.splits["val"], task.vocab_size
     rows = []
     peer_s = args.peer_seconds
     if peer_s is None:
         nanogpt = import_nanogpt(args.nanogpt)
-        model, peer_s = train_peer(nanogpt, train_ids, val_ids, V, args.peer_eval_iters, args.seed)
-        peer = score(lambda x: _nanogpt_logits(model, x), val_ids)
-        rows.append(("nanoGPT CPU recipe (4x128, block 64, batch 12)", peer_s, 2000, peer))
+        model, peer_s = train_peer(
+            nanogpt, train_ids, val_ids, V, args.peer_eval_iters, args.seed, args.device
+        )
+        peer = score(lambda x: _nanogpt_logits(model, x), val_ids, device=args.device)
+        label = "nanoGPT CPU recipe (4x128, block 64, batch 12)"
+        rows.append((label, peer_s, PEER["max_iters"], peer))
     import attnlab
 
     for budget in [peer_s, *args.budgets]:
-        run, info = train_attnlab(budget, work / f"attnlab_{budget:.0f}s", args.threads)
-        loaded = attnlab.load(run, weights="last")
-        nats = score(loaded.model, val_ids)
+        out = work / f"attnlab_{budget:.0f}s"
+        run, info = train_attnlab(budget, out, args.threads, args.device, args.max_chars)
+        loaded = attnlab.load(run, weights="last", map_location=args.device)
+        nats = score(loaded.model, val_ids, device=args.device)
         label = f"attnlab defaults ({info['rule'].split(':')[1].split(';')[0].strip()})"
         rows.append((label, budget, info["steps"], nats))
     print(

@@ -22,12 +22,16 @@ __all__ = ["WINDOW", "pydoc_task", "windows", "score"]
 WINDOW = 64
 
 
-def pydoc_task(seq_len: int = WINDOW):
-    """attnlab's character-level pydoc task (last 10 % held out), with a window of ``seq_len``."""
+def pydoc_task(seq_len: int = WINDOW, max_chars: int | None = None):
+    """attnlab's character-level pydoc task (last 10 % held out), with a window of ``seq_len``
+    (``max_chars``: only the corpus's first characters, for smoke tests)."""
     from attnlab.config import LMTaskConfig
     from attnlab.tasks.lm import LMTask
 
-    return LMTask.build(LMTaskConfig(data="pydoc", tokenizer="char", seq_len=seq_len, seed=0))
+    config = LMTaskConfig(
+        data="pydoc", tokenizer="char", seq_len=seq_len, seed=0, max_chars=max_chars
+    )
+    return LMTask.build(config)
 
 
 def windows(val_ids: np.ndarray, window: int = WINDOW) -> tuple[torch.Tensor, torch.Tensor]:

@@ -72,35 +72,6 @@ def _plot_val_curves(results: dict[str, Any], tokens_per_step: int, path: Path) 
     plt.close(fig)
 
 
-def _fastest_threads(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
-    """Time a training step with torch's thread count and with one thread; keep the faster.
-
-    On a machine whose cores are busy with other work, splitting each matmul over threads that
-    must wait for each other can be several times slower than using one.
-    """
-    import torch.nn.functional as F
-
-    n = torch.get_num_threads()
-    if n == 1:
-        return 1
-    x, y = batch
-
-    def step_time(k: int) -> float:
-        torch.set_num_threads(k)
-        best = float("inf")
-        for _ in range(2):
-            t = time.perf_counter()
-            F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
-            best = min(best, time.perf_counter() - t)
-        return best
-
-    t_n, t_1 = step_time(n), step_time(1)
-    model.zero_grad(set_to_none=True)
-    choice = 1 if t_1 < t_n else n
-    torch.set_num_threads(choice)
-    return choice
-
-
 #: what a demo directory holds; re-running the demo overwrites exactly these
 DEMO_FILES = ("transformer", "lstm", "bigram", "loss.png", "attention.png", "report.json")
 
@@ -139,7 +110,11 @@ def run_demo(
     from attnlab.config import LMTaskConfig, ModelConfig
     from attnlab.models.lm import DecoderLM
     from attnlab.tasks.lm import LMTask
-    from attnlab.train.budget import choose_lm_settings, measure_ref_steps_per_s
+    from attnlab.train.budget import (
+        choose_lm_settings,
+        fastest_ref_steps_per_s,
+        measure_ref_steps_per_s,
+    )
 
     say = log or (lambda s: None)
     out = Path(out)
@@ -159,15 +134,17 @@ def run_demo(
     V = task.vocab_size
     threads_before = torch.get_num_threads()
     try:
+        speed = None
         if device == "cpu" and threads:
             torch.set_num_threads(threads)
-        elif device == "cpu":
-            probe = DecoderLM(ModelConfig.preset("gpt2-mini", vocab_size=V, position="rope"))
-            threads = _fastest_threads(probe, task.get_batch("train", 0, 12))
+        elif device == "cpu" or steps is None:
+            # this machine's speed on the rule's reference row; on a CPU with torch's threads
+            # and with one, keeping the faster (several times faster on a busy machine)
+            speed = fastest_ref_steps_per_s(vocab_size=V, device=device)
+            threads = torch.get_num_threads()
         if device == "cpu":
             say(f"using {threads} CPU thread(s) for the Transformer")
-        speed = None
-        if steps is None:
+        if steps is None and speed is None:
             speed = measure_ref_steps_per_s(vocab_size=V, device=device)
         # the same rule as `attnlab train lm` without a model: size, batch, window, lr, warm-up
         choice = choose_lm_settings(

@@ -520,7 +520,9 @@ def _add_demo_parser(groups) -> None:
         help="train a small Transformer LM on pydoc and compare it with LSTM and bigram "
         "baselines (~3-4 minutes on 2 CPU cores)",
         description="Train a small GPT-style character model on CPython's pydoc topics for a "
-        "wall-clock budget, then an LSTM LM and a bigram model on the same number of tokens with "
+        "wall-clock budget (its size, window, batch, learning rate and warm-up chosen for the "
+        "budget and this machine's measured speed by the rule of 'attnlab train lm' without a "
+        "model), then an LSTM LM and a bigram model on the same number of tokens with "
         "the same trainer; print validation losses and a sample; write loss curves and an "
         "attention heatmap into the output directory (overwritten on re-runs).",
     )

@@ -281,21 +281,10 @@ def apply_budget_rule(settings: LMSettings, task: Any, *, ref_steps_per_s: float
 
 
 def _measure_speed(device: Any, vocab_size: int) -> float:
-    """The reference row's steps/s; on a CPU with torch's threads and with one, keeping the
-    faster for the run (on a busy machine one thread can be several times faster)."""
-    import torch
+    """The reference row's steps/s, leaving torch on the faster of its threads and one."""
+    from attnlab.train.budget import fastest_ref_steps_per_s
 
-    from attnlab.train.budget import measure_ref_steps_per_s
-
-    speed = measure_ref_steps_per_s(vocab_size=vocab_size, device=device)
-    threads = torch.get_num_threads()
-    if device.type == "cpu" and threads > 1:
-        torch.set_num_threads(1)
-        one = measure_ref_steps_per_s(vocab_size=vocab_size, device=device)
-        if one > speed:
-            return one  # keep one thread for the run
-        torch.set_num_threads(threads)
-    return speed
+    return fastest_ref_steps_per_s(vocab_size=vocab_size, device=device)
 
 
 def describe_choice(settings: LMSettings, choice: Any) -> str:

@@ -59,7 +59,8 @@ class Int8Linear(nn.Module):
 
     Attributes:
         weight: ``(N, K)`` int8 buffer Q.
-        scale: ``(N,)`` per-channel scales s (fp32).
+        scale: ``(N,)`` per-channel scales s (the dtype of the layer quantised: bf16 scales for a
+            bf16 model, the activations' dtype, so a compiled step needs no conversion).
         bias: ``(N,)`` or None.
     """
 
@@ -71,7 +72,7 @@ class Int8Linear(nn.Module):
         self.register_buffer(
             "weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device)
         )
-        self.register_buffer("scale", torch.ones(out_features, device=device))
+        self.register_buffer("scale", torch.ones(out_features, device=device, dtype=dtype))
         self.bias = (
             nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype), requires_grad=False)
             if bias
@@ -83,6 +84,10 @@ class Int8Linear(nn.Module):
         """Quantise ``linear`` (absmax per output channel, see the module docstring)."""
         w = linear.weight.detach().float()  # (N, K)
         scale = w.abs().amax(dim=1).clamp(min=1e-12) / _QMAX  # (N,); an all-zero row stays zero
+        # the scales are kept in the layer's dtype (the kernel takes them in the activations'
+        # dtype, and a conversion inside a compiled step does not lower); Q is rounded against
+        # the stored scale, so the bound below holds for it (|W/s| exceeds 127 by < 0.5)
+        scale = scale.to(linear.weight.dtype).float()
         q = torch.round(w / scale[:, None]).clamp(-_QMAX, _QMAX).to(torch.int8)
         out = cls(
             linear.in_features,
@@ -99,13 +104,13 @@ class Int8Linear(nn.Module):
 
     def dequantized(self) -> Tensor:
         """The float weights ``s_n · Q_nk`` ``(N, K)`` this layer computes with (fp32)."""
-        return self.weight.float() * self.scale[:, None]
+        return self.weight.float() * self.scale.float()[:, None]
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., K) -> (..., N)`` in x's dtype."""
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
-        scale = self.scale.to(x.dtype)
+        scale = self.scale if self.scale.dtype == x.dtype else self.scale.to(x.dtype)
         use_kernel = (
             x.device.type == "cpu"
             and _kernel_available()
