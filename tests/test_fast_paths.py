@@ -144,6 +144,22 @@ def test_int8_model_logits_are_within_the_documented_tolerance_of_fp32(dtype):
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
 
 
+@pytest.mark.slow
+@torch.no_grad()
+def test_a_bf16_int8_layer_compiles_with_inductor_and_computes_like_eager():
+    """The int8 kernel takes its scales in the activations' dtype; they are stored so (a
+    conversion inside the compiled graph did not lower), so ``--quantize int8 --compile`` runs."""
+    from attnlab.layers.quant import Int8Linear
+
+    lin = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    q = Int8Linear.from_linear(lin)
+    assert q.scale.dtype == torch.bfloat16
+    norm = torch.nn.LayerNorm(64).to(torch.bfloat16)
+    x = torch.randn(2, 1, 64, dtype=torch.bfloat16)
+    compiled = torch.compile(lambda x: q(norm(x)), backend="inductor", fullgraph=True)
+    torch.testing.assert_close(compiled(x), q(norm(x)))
+
+
 def _copy(model):
     import copy
 
