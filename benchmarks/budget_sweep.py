@@ -94,6 +94,7 @@ def run_cell(
         "ref_steps_per_s": speed,
         "threads": torch.get_num_threads(),
         "device": args.device,
+        "corpus_tokens": task.n_tokens["train"],
     }
 
 
@@ -133,8 +134,9 @@ def print_tables(results: list[dict], budgets: list[float], speed: float | None)
             line += f" **{text}** |" if nats == best.get(b) else f" {text} |"
         print(line)
     if speed:
+        corpus = results[-1].get("corpus_tokens", 418_544)  # pydoc's training characters
         picks = [
-            choose_lm_settings(budget_s=b, corpus_tokens=418_544, ref_steps_per_s=speed)
+            choose_lm_settings(budget_s=b, corpus_tokens=corpus, ref_steps_per_s=speed)
             for b in budgets
         ]
         print("| the rule picks | | | " + " | ".join(p.row.name for p in picks) + " |")

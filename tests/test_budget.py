@@ -109,6 +109,28 @@ def test_dropout_rises_with_the_passes_over_the_corpus():
 # -- the command line ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("one_thread_faster", [True, False])
+def test_the_speed_measurement_leaves_torch_on_the_faster_thread_count(
+    monkeypatch, one_thread_faster
+):
+    import torch
+
+    from attnlab.train import budget
+
+    before = torch.get_num_threads()
+    speeds = {1: 30.0 if one_thread_faster else 10.0, 2: 20.0}
+    monkeypatch.setattr(  # the measurement itself stands in: a speed per thread count
+        budget, "measure_ref_steps_per_s", lambda **kw: speeds[min(torch.get_num_threads(), 2)]
+    )
+    try:
+        torch.set_num_threads(2)
+        got = budget.fastest_ref_steps_per_s(vocab_size=103)
+        assert got == max(speeds.values())
+        assert torch.get_num_threads() == (1 if one_thread_faster else 2)
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.fixture
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
