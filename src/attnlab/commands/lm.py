@@ -370,7 +370,11 @@ def _add_train_lm_parser(groups) -> None:
         "lm",
         help="train a language model (Transformer, LSTM or bigram) on a text corpus",
         description="Train a language model on a local corpus (nothing is downloaded). "
-        "Examples: 'attnlab train lm --preset tiny --steps 200 --out runs/tiny'; "
+        "Without a preset or model keys a Transformer's size, window, batch size, learning rate "
+        "and warm-up come from the budget rule (the budget, the corpus size and this machine's "
+        "measured speed; flags you give are kept; the choice is printed). "
+        "Examples: 'attnlab train lm --max-time 90 --out runs/auto'; "
+        "'attnlab train lm --preset tiny --steps 200 --out runs/tiny'; "
         "'attnlab train lm --preset llama-mini --tokenizer bpe --max-time 300 --out runs/llama'; "
         "'attnlab train lm --config runs/tiny/config.json --set d_model=128 --out runs/wider'; "
         "continue a run with '--resume --steps 400 --out runs/tiny' (model and data settings "
@@ -393,7 +397,8 @@ def _add_train_lm_parser(groups) -> None:
     p.add_argument(
         "--preset",
         default=None,
-        help=f"size/style preset (default tiny); transformer: {', '.join(sorted(PRESETS))}; "
+        help="size/style preset (default: a Transformer chosen by the budget rule; the "
+        f"baselines' tiny); transformer: {', '.join(sorted(PRESETS))}; "
         "lstm: tiny, small, medium; bigram: tiny (= --set model.preset=NAME)",
     )
     p.add_argument(
@@ -412,7 +417,8 @@ def _add_train_lm_parser(groups) -> None:
         "--seq-len",
         type=int,
         default=None,
-        help="training window = the model's context length (default: the preset's)",
+        help="training window = the model's context length (default: the preset's, or the "
+        "budget rule's)",
     )
     p.add_argument(
         "--max-chars", type=int, default=None, help="use only the first N characters of the corpus"
