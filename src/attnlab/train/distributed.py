@@ -33,6 +33,7 @@ __all__ = [
     "broadcast_float",
     "broadcast_ok",
     "broadcast_object",
+    "share_of",
     "barrier",
     "wrap_ddp",
     "resolve_device",
@@ -160,6 +161,20 @@ def broadcast_ok(ok: bool, device: torch.device) -> bool:
     """Rank 0's ``ok`` on every rank, so that all ranks stop together when rank 0 cannot go on
     (its run directory is locked by another job, say) instead of waiting for it forever."""
     return broadcast_float(1.0 if ok else 0.0, device) > 0.5
+
+
+def share_of(n: float, device: torch.device) -> torch.Tensor | float:
+    """This rank's share of a global batch's units (tokens, examples) against an equal split.
+
+    ``n · world / Σ n``: a rank's mean loss weighted by it averages, over the ranks, to the mean
+    over the whole global batch, however the units fall (padding makes the token counts of the
+    ranks differ). 1.0 in one process; a collective under torchrun.
+    """
+    if not is_distributed():
+        return 1.0
+    total = torch.tensor(float(n), device=device)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return float(n) * dist.get_world_size() / total.clamp(min=1.0)
 
 
 def broadcast_object(obj):

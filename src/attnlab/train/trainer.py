@@ -8,7 +8,8 @@ One optimizer step, written out (nanoGPT's loop is the model)::
                                rank, world)              # this rank's share, from (seed, step)
         with autocast(bf16?):
             loss, metrics = task.loss(model, batch, cfg)
-        (loss / grad_accum).backward()                   # DDP all-reduces grads on the last one
+        (loss * share / grad_accum).backward()           # DDP all-reduces grads on the last one
+                                                         # (share: this rank's part of task.count)
     clip_grad_norm_(params, grad_clip)                   # global-norm clipping
     optimizer.step(); optimizer.zero_grad()              # AdamW, decoupled weight decay
 
@@ -17,10 +18,11 @@ Every ``log_every`` steps the losses are averaged over ranks, checked (a non-fin
 ``eval_every`` steps, and at the end, the model is validated and a checkpoint written
 (``model.safetensors``, ``best.safetensors``, ``state.pt``, ``metrics.jsonl``, ``loss.png``).
 Only rank 0 writes, always atomically (temporary files + renames, a checkpoint's files as one
-group: :mod:`attnlab.train.checkpoint`), except under ``strategy="fsdp"`` (:mod:`attnlab.train.fsdp`)
-where every rank writes its shards of a sharded checkpoint (:mod:`attnlab.train.sharded`); a file that cannot be written (full disk, read-only)
-stops the run with one :class:`RunWriteError` line, the previous checkpoint kept. Rank 0 holds the
-run directory's lock while training, so a second start there is refused.
+group: :mod:`attnlab.train.checkpoint`); under ``strategy="fsdp"`` (:mod:`attnlab.train.fsdp`)
+every rank writes its shards of a sharded checkpoint (:mod:`attnlab.train.sharded`). A file that
+cannot be written (full disk, read-only) stops the run with one :class:`RunWriteError` line, the
+previous checkpoint kept. Rank 0 holds the run directory's lock while training, so a second start
+there is refused.
 
 Exact resume: a batch depends only on (task seed, split, step), and ``state.pt`` holds the
 optimizer, the schedule, the step, the elapsed time and the torch / CUDA / Python / NumPy random
@@ -52,11 +54,9 @@ from attnlab.tasks.base import Task, to_device
 from attnlab.train import distributed as dist_utils
 from attnlab.train import fsdp
 from attnlab.train.checkpoint import (
-    BEST_FILE,
     LAST_FILE,
     Progress,
     RunWriteError,
-    _metrics_text,
     check_run_dir,
     clear_run_dir,
     plot_loss,
@@ -340,7 +340,11 @@ class _Loop:
             batch = self.task.get_batch(
                 "train", step * cfg.grad_accum + micro, self.micro_bs, self.rank, self.world
             )
-            count += int(self.task.count(batch))
+            n = int(self.task.count(batch))
+            count += n
+            # under torchrun: weigh this rank's means by its share of the units (task.count) so
+            # the step's loss is the mean over the global batch, as in one process
+            share = dist_utils.share_of(n, self.device)
             batch = to_device(batch, self.device)
             last = micro == cfg.grad_accum - 1
             # DDP all-reduces gradients on every backward unless told not to: only the last
@@ -352,11 +356,11 @@ class _Loop:
             with sync:
                 with self.autocast():
                     loss, metrics = self.task.loss(self.train_model, batch, cfg)
-                (loss / cfg.grad_accum).backward()
-            loss_sum += loss.detach().float()
+                (loss * share / cfg.grad_accum).backward()
+            loss_sum += loss.detach().float() * share
             for k, v in metrics.items():
                 v = v.detach().float() if isinstance(v, Tensor) else float(v)
-                metric_sums[k] = metric_sums.get(k, 0.0) + v
+                metric_sums[k] = metric_sums.get(k, 0.0) + v * share
         grad_norm = None
         if cfg.grad_clip is not None:
             # under FSDP the norm of the sharded gradients is computed across ranks (a DTensor)
@@ -488,7 +492,8 @@ class _Loop:
             if hasattr(task, "evaluate") and (self.main or self.sharded):
                 if self.sharded:  # all ranks run it (collectives), with rank 0's random state
                     restore_rng(dist_utils.broadcast_object(capture_rng()))
-                results = task.evaluate(model)
+                with fsdp.whole_root(model):
+                    results = task.evaluate(model)
                 if self.main:
                     rec.update({k: float(v) for k, v in results.items()})
         model.train()
@@ -525,51 +530,33 @@ class _Loop:
         self.window_start = time.perf_counter()  # validation time is not training throughput
 
     def _checkpoint(self, rng: dict, *, best: bool = False) -> None:
-        """Write last (and best) weights, state.pt, metrics.jsonl and loss.png (rank 0)."""
-        prog = self.prog
+        """Write last (and best) weights, state.pt, metrics.jsonl and loss.png (rank 0); under
+        FSDP every rank writes its shards of a sharded checkpoint instead."""
+        prog, kept = self.prog, self.prog.last_ckpt_step
         prog.elapsed = self.elapsed()
-        if self.sharded:
-            self._checkpoint_sharded(rng, best)
-            return
-        if not self.main:
+        if not (self.main or self.sharded):
             prog.last_ckpt_step = prog.step
             return
         state = {
             "progress": {**vars(prog), "last_ckpt_step": prog.step},
-            "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
             "rng": rng,
         }
-        # all files written before any is renamed: a full disk or a signal in the middle keeps
-        # the previous checkpoint whole (RunWriteError names it)
-        write_checkpoint(
-            self.run_dir, self.model, state, self.history, best=best, kept=prog.last_ckpt_step
-        )
+        # all files written before any is renamed (a folder renamed last for a sharded one): a
+        # full disk or a signal in the middle keeps the previous checkpoint whole
+        if self.sharded:
+            kind, model_cfg = self.identity
+            meta = {"step": prog.step, "kind": kind, "model": model_cfg, "world": self.world}
+            where = dict(best=best, kept=kept, main=self.main, device=self.device)
+            save_sharded(
+                self.run_dir, self.model, self.optimizer, state, meta, self.history, **where
+            )
+        else:
+            state["optimizer"] = self.optimizer.state_dict()
+            write_checkpoint(self.run_dir, self.model, state, self.history, best=best, kept=kept)
+            if runs.last_sharded(self.run_dir) is not None:  # an earlier FSDP phase's, older
+                remove_sharded(self.run_dir)
         prog.last_ckpt_step = prog.step  # only now: Ctrl-C during the writes saves again
-        if runs.last_sharded(self.run_dir) is not None:  # an earlier FSDP phase's, now older
-            remove_sharded(self.run_dir)
-        self.metrics_written_at = time.perf_counter()
-        if self.history:
-            plot_loss(self.run_dir, prog.step)
-
-    def _checkpoint_sharded(self, rng: dict, best: bool) -> None:
-        """Every rank: the sharded checkpoint (DCP); best.safetensors gathered when improved."""
-        prog = self.prog
-        kind, model_cfg = self.identity
-        state = {
-            "progress": {**vars(prog), "last_ckpt_step": prog.step},
-            "schedule": self.schedule.state_dict(),
-            "rng": rng,
-        }
-        meta = {"step": prog.step, "kind": kind, "model": model_cfg, "world": self.world}
-        where = dict(main=self.main, device=self.device)
-        text, kept = _metrics_text(self.history), prog.last_ckpt_step
-        save_sharded(
-            self.run_dir, self.model, self.optimizer, state, meta, text, kept=kept, **where
-        )
-        prog.last_ckpt_step = prog.step
-        if best:
-            write_consolidated(self.run_dir / BEST_FILE, self.model, prog.step, kept=kept, **where)
         self.metrics_written_at = time.perf_counter()
         if self.main and self.history:
             plot_loss(self.run_dir, prog.step)
