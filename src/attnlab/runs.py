@@ -27,9 +27,11 @@ and outputs into words: one loader for every family, used by every command. Writ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +63,7 @@ __all__ = [
     "sharded_mismatch",
     "check_sharded_identity",
     "first_failure",
+    "single_process_dcp",
 ]
 
 #: ``weights=`` names accepted by :func:`load` besides a file name
@@ -207,6 +210,15 @@ def sharded_mismatch(folder: Path, shapes: dict[str, tuple[int, ...]], prefix: s
     return None
 
 
+@contextlib.contextmanager
+def single_process_dcp() -> Iterator[None]:
+    """Silence DCP's warning that a load or save without a process group is a local one: that
+    is what is meant here (one process reads a checkpoint that several ranks wrote)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def first_failure(err: BaseException) -> BaseException:
     """The first rank's exception inside DCP's ``CheckpointException`` (else ``err``)."""
     failures = getattr(err, "failures", None)
@@ -260,7 +272,8 @@ def read_sharded_weights(model: nn.Module, folder: Path, what: str) -> None:
     from torch.distributed.checkpoint.api import CheckpointException
 
     try:
-        dcp.load({"model": state}, checkpoint_id=str(folder), no_dist=True)
+        with single_process_dcp():
+            dcp.load({"model": state}, checkpoint_id=str(folder), no_dist=True)
     except (Exception, CheckpointException) as err:  # (a BaseException) the readers' failures
         raise RunDirError(
             f"{what}: cannot read the sharded checkpoint {folder}: {first_failure(err)}"

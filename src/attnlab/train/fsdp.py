@@ -12,7 +12,10 @@ reduce-scattered)::
 
 A *unit* is one repeated layer: every :class:`attnlab.layers.block.TransformerBlock`, and the
 members of any ``nn.ModuleList`` of two or more modules of one type (RNN layers, Swin stages),
-or what a model lists in ``model.fsdp_units()`` (a family's own choice). Each unit is wrapped
+or what a model lists in ``model.fsdp_units()`` (a family's own choice). FSDP gathers a module's
+parameters when its ``forward`` runs: a model whose task's ``loss`` calls other methods of the
+model itself lists them in ``model.fsdp_forward_methods()`` (names); ``evaluate`` runs with the
+model's own parameters gathered (:func:`whole_root`), so decoding works unchanged. Each unit is wrapped
 with ``fully_shard`` (innermost first), then the model itself, which holds the rest (embeddings,
 heads, final norms). A unit that shares a parameter with the outside (an LM's output head tied
 to its embeddings is outside any unit; a table shared by every block would be) is not wrapped on
@@ -26,6 +29,7 @@ optimizer state stay in fp32.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Iterator
@@ -46,6 +50,7 @@ __all__ = [
     "mixed_precision",
     "shard_model",
     "is_sharded",
+    "whole_root",
     "gradient_sync",
     "full_value",
     "full_state_dict",
@@ -179,6 +184,7 @@ def shard_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> lis
         The names of the units.
     """
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import register_fsdp_forward_method
 
     fully_shard, _, _ = _fsdp()
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
@@ -191,6 +197,8 @@ def shard_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> lis
     for _, unit in units:
         fully_shard(unit, **options)
     fully_shard(model, **options)
+    for name in getattr(model, "fsdp_forward_methods", lambda: ())():
+        register_fsdp_forward_method(model, name)  # gathers like forward when called
     log.info(
         "FSDP over %d ranks: %d units (%s) + the model",
         dist.get_world_size(),
@@ -198,6 +206,25 @@ def shard_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> lis
         ", ".join(name for name, _ in units[:4]) + (", ..." if len(units) > 4 else ""),
     )
     return [name for name, _ in units]
+
+
+@contextlib.contextmanager
+def whole_root(model: nn.Module) -> Iterator[None]:
+    """Gather the model's own parameters (embeddings, heads: those of no unit) for a block.
+
+    FSDP gathers a module's parameters when its ``forward`` is called; a task's ``evaluate``
+    may call other methods (``start_decoding``, ``decode_step``, ``encode``), which would meet
+    sharded parameters. The units inside still gather themselves when called. A collective:
+    every rank runs the block.
+    """
+    if not is_sharded(model):
+        yield
+        return
+    model.unshard()
+    try:
+        yield
+    finally:
+        model.reshard()
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -231,9 +258,9 @@ def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
     full = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
-    keep = {names[0] for names in param_names(model).values()}
-    tied = {n for names in param_names(model).values() for n in names[1:]}
-    return {k: v for k, v in full.items() if k in keep or k not in tied}
+    # like safetensors' save_model, keep the alphabetically first name of a tied tensor
+    drop = {n for names in param_names(model).values() for n in sorted(names)[1:]}
+    return {k: v for k, v in full.items() if k not in drop}
 
 
 # ----------------------------------------------------------------------------------------------

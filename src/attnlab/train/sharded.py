@@ -38,9 +38,11 @@ from attnlab.errors import RunDirError
 from attnlab.fileio import atomic_save, atomic_write_text
 from attnlab.train import distributed as dist_utils
 from attnlab.train.checkpoint import (
+    BEST_FILE,
     METRICS_FILE,
     RunWriteError,
     _kept,
+    _metrics_text,
     _torch_save,
     read_state,
     writing,
@@ -124,8 +126,9 @@ def save_sharded(
     optimizer: torch.optim.Optimizer,
     state: dict,
     meta: dict,
-    metrics_text: str,
+    history: list[dict],
     *,
+    best: bool,
     kept: int,
     main: bool,
     device: torch.device,
@@ -135,7 +138,9 @@ def save_sharded(
     Args:
         state: ``{"progress", "schedule", "rng"}`` (rank 0's), saved as ``state.pt``.
         meta: ``{"step", "kind", "model", "world"}``, saved as ``checkpoint.json``.
-        metrics_text: the new ``metrics.jsonl``, written before the checkpoint is published.
+        history: the metrics records, written to ``metrics.jsonl`` before the checkpoint is
+            published.
+        best: also gather the weights into ``best.safetensors`` (the validation loss improved).
         kept: the step of the checkpoint on disk now (named if this one fails).
 
     Returns:
@@ -163,11 +168,12 @@ def save_sharded(
     _agree(error, device, kept)
     model_state, optim_state = get_state_dict(model, optimizer)
     try:
-        dcp.save(
-            {"model": model_state, "optim": optim_state},
-            checkpoint_id=str(tmp),
-            no_dist=not dist.is_initialized(),
-        )
+        with runs.single_process_dcp():
+            dcp.save(
+                {"model": model_state, "optim": optim_state},
+                checkpoint_id=str(tmp),
+                no_dist=not dist.is_initialized(),
+            )
     except (Exception, CheckpointException) as err:  # (CheckpointException: a BaseException)
         raise _write_error(err, tmp, kept) from None
     error = None
@@ -176,12 +182,15 @@ def save_sharded(
             with writing("checkpoint", kept):
                 atomic_save(tmp / STATE_NAME, lambda t: _torch_save(state, t))
                 atomic_write_text(tmp / runs.SHARDED_META, json.dumps(meta, indent=1) + "\n")
-                atomic_write_text(run_dir / METRICS_FILE, metrics_text)
+                atomic_write_text(run_dir / METRICS_FILE, _metrics_text(history))
                 _publish(tmp, final)
                 (run_dir / STATE_NAME).unlink(missing_ok=True)  # an unsharded phase's, now stale
         except Exception as err:  # RunWriteError
             error = err
     _agree(error, device, kept)
+    if best:
+        path = run_dir / BEST_FILE
+        write_consolidated(path, model, meta["step"], main=main, device=device, kept=kept)
     return final
 
 
@@ -221,7 +230,8 @@ def load_sharded(
     _check_fit(folder, model_state, what)
     both = {"model": model_state, "optim": optim_state}
     try:
-        dcp.load(both, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
+        with runs.single_process_dcp():
+            dcp.load(both, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
     except (Exception, CheckpointException) as err:
         raise RunDirError(
             f"{what}: cannot read the sharded checkpoint {folder}: {runs.first_failure(err)}"
