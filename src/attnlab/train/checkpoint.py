@@ -34,6 +34,7 @@ from torch import nn
 from attnlab import runs
 from attnlab.errors import RunDirError, UserError
 from attnlab.fileio import (
+    PROBE_PREFIX,
     AtomicFiles,
     DirectoryLock,
     LockHeld,
@@ -153,7 +154,11 @@ def _in_use(run_dir: Path, holder: dict | None) -> RunDirError:
 
 
 def _holds_files(run_dir: Path) -> bool:
-    return any(p.name != LOCK_FILE for p in run_dir.iterdir())
+    """Anything but the lock file and a writability probe (under torchrun the ranks check the
+    same directory at once: one rank's probe must not make it look taken to another)."""
+    return any(
+        p.name != LOCK_FILE and not p.name.startswith(PROBE_PREFIX) for p in run_dir.iterdir()
+    )
 
 
 def check_run_dir(

@@ -326,7 +326,10 @@ def format_memory(report: dict[str, int]) -> str:
     return text
 
 
-def log_memory(model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, world: int) -> None:
-    """Log (INFO, ``attnlab -v``) this rank's :func:`memory_report`."""
-    report = format_memory(memory_report(model, optimizer))
-    log.info("rank %d/%d memory: %s", rank, world, report)
+def log_memory(
+    model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, world: int
+) -> dict[str, int]:
+    """Log (INFO, ``attnlab -v``) and return this rank's :func:`memory_report`."""
+    report = memory_report(model, optimizer)
+    log.info("rank %d/%d memory: %s", rank, world, format_memory(report))
+    return report

@@ -96,7 +96,9 @@ class TrainResult:
     """What :func:`train` returns.
 
     ``history`` holds every metrics.jsonl record of the run (resumed runs include the earlier
-    ones): training records have ``loss``, validation records ``val_loss``.
+    ones): training records have ``loss``, validation records ``val_loss``. ``memory`` is this
+    rank's :func:`attnlab.train.fsdp.memory_report` after the session's first step (bytes of
+    parameters, gradients, optimizer state; RSS).
     """
 
     run_dir: Path
@@ -106,6 +108,7 @@ class TrainResult:
     val_loss: float | None
     history: list[dict] = field(default_factory=list)
     elapsed: float = 0.0
+    memory: dict = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,6 +239,7 @@ def train(
         val_loss=prog.val_loss,
         history=history,
         elapsed=prog.elapsed,
+        memory=loop.memory,
     )
 
 
@@ -267,7 +271,7 @@ class _Loop:
 
         self.identity: tuple[str, dict] = _model_identity(model)
         self.sharded = fsdp.is_sharded(model)  # FSDP: every rank checkpoints, validates, evaluates
-        self.memory_logged = False
+        self.memory: dict = {}  # this rank's bytes after the first step (TrainResult.memory)
         self.ddp = model if self.sharded else dist_utils.wrap_ddp(model, self.device)
         self.train_model = torch.compile(self.ddp) if cfg.compile else self.ddp
         self.autocast = (
@@ -309,9 +313,8 @@ class _Loop:
                     updating = False
                     rng_at_step_start = None
                     self.pending.append((prog.step, loss, grad_norm, lr, metrics, count))
-                if not self.memory_logged:  # after a whole step: gradients and moments exist
-                    self.memory_logged = True
-                    fsdp.log_memory(self.model, self.optimizer, self.rank, self.world)
+                if not self.memory:  # after a whole step: gradients and moments exist
+                    self.memory = fsdp.log_memory(self.model, self.optimizer, self.rank, self.world)
                 self._advance_bar()
                 if prog.step % cfg.log_every == 0:
                     self._flush()
