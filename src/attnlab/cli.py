@@ -24,6 +24,8 @@ COMMAND_MODULES = [
     "attnlab.commands.multimodal",
     "attnlab.commands.efficient",
     "attnlab.commands.interop",
+    "attnlab.commands.explore",
+    "attnlab.commands.mlm",
 ]
 
 

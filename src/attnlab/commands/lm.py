@@ -19,7 +19,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attnlab.commands.lm_settings import ARCHS, LM_KINDS, check_resume_settings, resolve_lm_settings
+from attnlab.commands.lm_settings import (
+    ARCHS,
+    LM_KINDS,
+    check_prepared_settings,
+    check_resume_settings,
+    resolve_lm_settings,
+)
 from attnlab.errors import RunDirError, UserError
 
 
@@ -61,17 +67,21 @@ def _train_lm(args: argparse.Namespace) -> int:
         # check the model settings before the (slow) corpus reading and tokenising
         config = settings.model_config(vocab_size=256)
         _check_backend(config)
-        task = LMTask.build(settings.task)
+        task = LMTask.build(settings.task, progress=settings.train.progress)
+        check_prepared_settings(args, task)
         config = settings.model_config(task.vocab_size)
         torch.manual_seed(settings.train.seed)
         model = build_model(settings.kind, config)
     main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 prints
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     if main_rank:
+        skipped = (task.prepared.manifest["skipped"] if task.prepared else {}).items()
+        skipped_s = ", ".join(f"{n} {k.replace('_', '-')}" for k, n in skipped if n)
         print(
             f"model {model.kind}: {n_params / 1e6:.2f}M parameters; data {task.data!r}: "
             f"{task.n_tokens['train']:,} training tokens "
-            f"({task.tokenizer.type} tokenizer, vocab {task.vocab_size})",
+            f"({task.tokenizer.type} tokenizer, vocab {task.vocab_size})"
+            + (f"; files skipped: {skipped_s}" if skipped_s else ""),
             file=sys.stderr,
         )
     result = train(model, task, settings.train, out, resume=args.resume, overwrite=args.overwrite)
@@ -334,7 +344,8 @@ def _add_train_lm_parser(groups) -> None:
         default=None,
         metavar="CORPUS",
         help="'pydoc' (CPython's help topics, default), 'stdlib' (the standard "
-        "library's .py source) or a path to a text file or folder (= --set task.data=...)",
+        "library's .py source), a text file or folder (prepared on the fly into the cache, "
+        "streaming), or a directory written by 'attnlab prepare' (= --set task.data=...)",
     )
     p.add_argument(
         "--arch",
@@ -490,10 +501,12 @@ def _add_demo_parser(groups) -> None:
 
 
 def register(groups) -> None:
-    """Add ``train lm``, ``generate``, ``demo`` and the LM evaluators."""
+    """Add ``train lm``, ``prepare``, ``generate``, ``demo`` and the LM evaluators."""
     from attnlab.commands import register_evaluator
+    from attnlab.commands.lm_prepare import register_prepare
 
     _add_train_lm_parser(groups)
+    register_prepare(groups)
     _add_generate_parser(groups)
     _add_demo_parser(groups)
     for kind in LM_KINDS:

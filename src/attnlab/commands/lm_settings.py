@@ -19,7 +19,14 @@ from typing import Any
 
 from attnlab.errors import UserError
 
-__all__ = ["LM_KINDS", "ARCHS", "LMSettings", "resolve_lm_settings", "check_resume_settings"]
+__all__ = [
+    "LM_KINDS",
+    "ARCHS",
+    "LMSettings",
+    "resolve_lm_settings",
+    "check_resume_settings",
+    "check_prepared_settings",
+]
 
 LM_KINDS = ("decoder_lm", "lstm_lm", "bigram_lm")
 ARCHS = {"transformer": "decoder_lm", "lstm": "lstm_lm", "bigram": "bigram_lm"}
@@ -215,4 +222,25 @@ def check_resume_settings(args: argparse.Namespace, want: LMSettings, saved: dic
             f"--resume continues {args.out!r} as it was configured, but "
             + "; ".join(diffs)
             + ". Drop these options, or start a new run (another --out, or --overwrite)"
+        )
+
+
+def check_prepared_settings(args: argparse.Namespace, task: Any) -> None:
+    """A directory written by ``attnlab prepare`` brings its own tokenizer: refuse a
+    ``--tokenizer`` or BPE ``--vocab-size`` flag that says otherwise (rather than ignore it)."""
+    from attnlab.commands.config_args import explicit_dests
+
+    if task.prepared is None or Path(task.data) != task.prepared.directory:
+        return  # prepared into the cache from the settings themselves
+    given = explicit_dests(args)
+    tok = task.tokenizer
+    wrong = []
+    if "tokenizer" in given and args.tokenizer != tok.type:
+        wrong.append(f"--tokenizer {args.tokenizer}")
+    if "vocab_size" in given and tok.type == "bpe" and args.vocab_size != tok.vocab_size:
+        wrong.append(f"--vocab-size {args.vocab_size}")
+    if wrong:
+        raise UserError(
+            f"{task.data!r} was prepared with a {tok.type} tokenizer of {tok.vocab_size} tokens; "
+            f"drop {' and '.join(wrong)} (or prepare the corpus again with them)"
         )

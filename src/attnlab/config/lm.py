@@ -8,6 +8,7 @@ language-model training (config.json's ``"task"``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -171,7 +172,12 @@ class LMTaskConfig(Config):
             size (for ``char``: the number of distinct characters).
         seq_len: training window T, which is also the model's context ``max_seq_len``.
         seed: seeds the window positions (None: the training seed).
-        val_fraction: the last fraction of the token ids held out for validation.
+        val_fraction: the fraction of the token ids held out for validation: the last
+            ``val_fraction`` of every block of ``val_block`` tokens.
+        val_block: tokens per held-out block (default 2^20). A corpus of at most one block, or
+            ``None``, is one block: its last ``val_fraction`` is validation. A run's config.json
+            from before this field (it has ``n_tokens`` but no ``val_block``) reads as ``None``:
+            such runs held out the tail, and still evaluate on it.
         max_chars: use only the first this many characters of the corpus.
     """
 
@@ -184,11 +190,18 @@ class LMTaskConfig(Config):
     seq_len: int = 128
     seed: int | None = None
     val_fraction: float = 0.1
+    val_block: int | None = 1 << 20
     max_chars: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LMTaskConfig:
+        if isinstance(d, Mapping) and "n_tokens" in d and "val_block" not in d:
+            d = {**d, "val_block": None}  # a first-release run: the tail was held out
+        return super().from_dict(d)
 
     def validate(self) -> None:
         super().validate()
-        self.positive("vocab_size", "seq_len", "max_chars")
+        self.positive("vocab_size", "seq_len", "max_chars", "val_block")
         self.positive("seed", allow_zero=True)
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")

@@ -1,30 +1,29 @@
-"""Text corpora for language modelling, their tokenizers and cached token ids.
+"""Text corpora read whole into memory: the first release's path, kept as the reference.
 
-Nothing is downloaded. Built-in corpora:
+Training prepares corpora by streaming (:mod:`attnlab.data.prepare`: bounded memory, shards on
+disk). This module is what the first release did, kept because the streaming path is tested
+against it (the same ids) and measured against it (``benchmarks/prepare.py``):
+:func:`load_corpus` reads the whole text, :func:`corpus_tokenizer` trains on all of it,
+:func:`tokenize_cached` encodes it into a Python list and caches the ids as one flat array under
+``$ATTNLAB_CACHE/tokens``, keyed by a hash of the text and the exact tokenizer.
 
-- ``pydoc``: the English help topics that ship inside CPython (``pydoc_data.topics``), ~0.5 MB;
-  the default.
-- ``stdlib``: the standard library's own ``.py`` source, files in sorted path order, capped.
-- any text file, or a folder of text files (read recursively in sorted order, binaries skipped).
-
-The token ids of a corpus are cached on disk as a flat numpy array (read back as a memmap) under
-``$ATTNLAB_CACHE`` (default ``~/.cache/attnlab``), keyed by a hash of the text and the exact
-tokenizer, so a second run does not tokenise again. The last ``val_fraction`` of the ids is the
-validation split (:class:`attnlab.tasks.lm.LMTask` draws the training windows). Learned BPE
-merges are cached there too, per corpus and vocabulary size.
+Built-in corpora (nothing is downloaded): ``pydoc``, the English help topics that ship inside
+CPython (``pydoc_data.topics``, ~0.5 MB); ``stdlib``, the standard library's own ``.py`` source,
+files in sorted path order, capped; and any text file, or folder of text files (read recursively
+in sorted order, binaries skipped).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from attnlab.data.prepare import cache_dir
+from attnlab.data.textstream import BUILTIN_CORPORA, STDLIB_MAX_CHARS, pydoc_text, stdlib_files
 from attnlab.data.tokenizers import (
     ByteBPETokenizer,
     CharTokenizer,
@@ -45,9 +44,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-BUILTIN_CORPORA = ("pydoc", "stdlib")
-STDLIB_MAX_CHARS = 4_000_000
-
 
 @dataclass
 class Corpus:
@@ -59,12 +55,6 @@ class Corpus:
     @property
     def fingerprint(self) -> str:
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()[:16]
-
-
-def _pydoc_text() -> str:
-    from pydoc_data.topics import topics
-
-    return "\n\n".join(topics[k].strip("\n") for k in sorted(topics)) + "\n"
 
 
 def _read_text_file(path: Path) -> str | None:
@@ -79,12 +69,11 @@ def _read_text_file(path: Path) -> str | None:
 
 
 def _stdlib_text(max_chars: int) -> str:
+    import sysconfig
+
     root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
     parts, size = [], 0
-    for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
-        if skip & set(path.relative_to(root).parts):
-            continue
+    for path in stdlib_files():
         text = _read_text_file(path)
         if not text:
             continue
@@ -109,7 +98,7 @@ def load_corpus(source: str, *, max_chars: int | None = None) -> Corpus:
     if max_chars is not None and max_chars < 1:
         raise UserError(f"max_chars must be positive, got {max_chars}")
     if source == "pydoc":
-        text = _pydoc_text()
+        text = pydoc_text()
     elif source == "stdlib":
         text = _stdlib_text(max_chars or STDLIB_MAX_CHARS)
     else:
@@ -145,11 +134,6 @@ def load_corpus(source: str, *, max_chars: int | None = None) -> Corpus:
     if not text.strip():
         raise UserError(f"corpus {source!r} is empty (no text to train on)")
     return Corpus(source, text)
-
-
-def cache_dir() -> Path:
-    """``$ATTNLAB_CACHE`` or ``~/.cache/attnlab``."""
-    return Path(os.environ.get("ATTNLAB_CACHE") or Path.home() / ".cache" / "attnlab")
 
 
 def _encode(tokenizer, text: str) -> list[int]:

@@ -2,28 +2,34 @@
 
     loss = mean_t −log p(x_{t+1} | x_≤t)  (+ moe_aux_coef · Σ_layers MoE load-balancing loss)
 
-The corpus's token ids (:mod:`attnlab.data.corpus`) are split once: the last ``val_fraction`` is
-the validation split (deterministic). Training windows start at random positions drawn with a
+The corpus is prepared once into memory-mapped shards of token ids (:mod:`attnlab.data.prepare`;
+under ``torchrun`` rank 0 prepares while the others wait). The held-out split is the last
+``val_fraction`` of every block of ``val_block`` tokens (:class:`attnlab.data.shards.BlockSplit`;
+a corpus of one block holds out its tail). Training windows start at random positions drawn with a
 generator seeded by ``(seed, split, step)``, so batch ``step`` is the same in every run, resumed or
-not, and data-parallel ranks each take their share of the same global batch. Validation uses
-consecutive non-overlapping windows from the start of the held-out split.
+not, and data-parallel ranks each take their share of the same global batch, reading only the ids
+of their own windows. Validation uses consecutive non-overlapping windows of the held-out split.
 
 Shape legend: B batch, T window length (``seq_len``), V vocab_size.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from attnlab.attention.capture import collect_aux_losses
 from attnlab.config.lm import LMTaskConfig
-from attnlab.data.corpus import corpus_tokenizer, load_corpus, tokenize_cached
+from attnlab.data.prepare import Prepared, prepare_cached
+from attnlab.data.shards import MANIFEST, BlockSplit
+from attnlab.data.textstream import BUILTIN_CORPORA
 from attnlab.errors import UserError
 from attnlab.tasks.losses import cross_entropy
 
@@ -32,15 +38,26 @@ __all__ = ["LMTask"]
 _SPLITS = {"train": 0, "val": 1}
 
 
+def _prepare_once(data: str, **kwargs: Any) -> Prepared:
+    """:func:`prepare_cached`, by rank 0 first when a process group is up (the others then open
+    what it prepared); without one, the cache's file lock keeps concurrent ranks from preparing
+    twice."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        prepared = prepare_cached(data, **kwargs) if dist.get_rank() == 0 else None
+        dist.barrier()
+        return prepared or prepare_cached(data, **{**kwargs, "progress": False})
+    return prepare_cached(data, **kwargs)
+
+
 class LMTask:
     """Next-token prediction on one corpus: the trainer's :class:`~attnlab.tasks.Task`.
 
     A batch is ``(idx, targets)``, both ``(B, T)`` long tensors, ``targets`` shifted by one.
-    Build one with :meth:`build` (reads and tokenises the corpus) or :meth:`from_config` (the task
-    of a run directory).
+    Build one with :meth:`build` (prepares the corpus, or opens a prepared directory) or
+    :meth:`from_config` (the task of a run directory).
 
     Args:
-        ids: the whole corpus as token ids.
+        ids: the whole corpus as token ids (an array, a memmap or shards).
         tokenizer: the tokenizer that produced ``ids``.
         config: the task settings; ``seed`` None means 0.
 
@@ -52,24 +69,28 @@ class LMTask:
         if config.seed is None:
             config = config.replace(seed=0)
         T = config.seq_len
-        n = len(ids)
-        n_val = max(int(n * config.val_fraction), T + 1)
-        if n - n_val < T + 1:
+        split = (config.val_fraction, config.val_block, T + 1)
+        self.splits = {part: BlockSplit(ids, part, *split) for part in _SPLITS}
+        if min(len(s) for s in self.splits.values()) < T + 1:
             raise UserError(
-                f"corpus {config.data!r} has {n} tokens: too few for a training and a "
+                f"corpus {config.data!r} has {len(ids)} tokens: too few for a training and a "
                 f"validation window of seq_len={T} (+1); use a shorter --seq-len or a larger "
                 "corpus"
             )
         self.ids, self.tokenizer, self.config = ids, tokenizer, config
-        self.splits = {"train": ids[: n - n_val], "val": ids[n - n_val :]}
+        self.prepared: Prepared | None = None
 
     @classmethod
-    def build(cls, config: LMTaskConfig | None = None, *, tokenizer: Any = None) -> LMTask:
-        """Load the corpus, train (or reuse) the tokenizer and tokenise, with the on-disk cache.
+    def build(
+        cls, config: LMTaskConfig | None = None, *, tokenizer: Any = None, progress: bool = False
+    ) -> LMTask:
+        """Prepare the corpus (streaming, into the on-disk cache, once) or open a directory
+        written by ``attnlab prepare``, and memory-map its token ids.
 
         Args:
             config: the task settings (default: ``LMTaskConfig()``, character-level pydoc).
             tokenizer: a ready tokenizer (a run's) instead of one trained on the corpus.
+            progress: progress bars while preparing (rank 0 only).
 
         Returns:
             The task; its ``config`` records the corpus as found (a path made absolute, so the
@@ -79,14 +100,29 @@ class LMTask:
             UserError: an unknown or empty corpus, a bad tokenizer setting, too few tokens.
         """
         config = LMTaskConfig() if config is None else config
-        corpus = load_corpus(config.data, max_chars=config.max_chars)
-        if tokenizer is None:
-            tokenizer = corpus_tokenizer(corpus, config.tokenizer, config.vocab_size)
-        ids = tokenize_cached(corpus, tokenizer)
-        config = config.replace(
-            data=corpus.name, tokenizer=tokenizer.type, vocab_size=tokenizer.vocab_size
+        data = config.data
+        if Path(data).expanduser().is_dir() and (Path(data).expanduser() / MANIFEST).exists():
+            data = str(Path(data).expanduser().resolve())
+            if config.max_chars is not None:
+                raise UserError(
+                    f"{config.data!r} is a prepared corpus: --max-chars applies when a corpus "
+                    "is prepared ('attnlab prepare --max-chars N')"
+                )
+        elif data not in BUILTIN_CORPORA and Path(data).expanduser().exists():
+            data = str(Path(data).expanduser().resolve())
+        prepared = _prepare_once(
+            data,
+            kind=config.tokenizer,
+            vocab_size=config.vocab_size,
+            tokenizer=tokenizer,
+            max_chars=config.max_chars,
+            progress=progress and int(os.environ.get("RANK", "0")) == 0,
         )
-        return cls(ids, tokenizer, config)
+        tok = prepared.tokenizer
+        config = config.replace(data=data, tokenizer=tok.type, vocab_size=tok.vocab_size)
+        task = cls(prepared.ids, tokenizer if tokenizer is not None else tok, config)
+        task.prepared = prepared
+        return task
 
     @classmethod
     def from_config(cls, task: dict[str, Any], tokenizer: Any, **overrides: Any) -> LMTask:
