@@ -8,7 +8,8 @@ the same global batch, as does DDP; an FSDP run resumes in two processes, a one-
 resumes sharded over two (1 -> 2), a copy of the FSDP run resumes in one process (2 -> 1) and
 the runs generate afterwards; a world size that does not divide the batch is one clear line; and
 last, both ranks are SIGKILLed in the middle of writing the second sharded checkpoint: the first
-one still loads (``attnlab generate``) and resumes onto the same trajectory.
+one still loads (``attnlab generate``), ``attnlab convert --consolidate`` gathers it into
+``model.safetensors``, and the run resumes onto the same trajectory.
 """
 
 from __future__ import annotations
@@ -218,6 +219,12 @@ def test_killed_mid_save_leaves_the_previous_checkpoint_loadable(launched, capsy
     for k in one:
         torch.testing.assert_close(state[k], one[k], rtol=1e-4, atol=1e-5)
     assert main(["generate", str(run), "--prompt", "def ", "-n", "8"]) == 0
+    assert main(["convert", "--consolidate", str(run)]) == 0  # its model.safetensors, gathered
+    weights = load_file(run / LAST)
+    assert sorted(weights) == sorted(one)
+    for k in one:
+        torch.testing.assert_close(weights[k], one[k], rtol=1e-4, atol=1e-5)
+    assert runs.newest_weights(run) == run / LAST
     assert main(["train", "lm", *LM, "--steps", "4", "--resume", "--out", str(run)]) == 0
     assert not partial.exists()
     _follows(run, out / "one")
