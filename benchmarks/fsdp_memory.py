@@ -8,6 +8,10 @@ its local tensors: a sharded ``DTensor`` counts only its shard), the process's r
     torchrun --nproc_per_node=2 benchmarks/fsdp_memory.py --strategy ddp
     torchrun --nproc_per_node=2 benchmarks/fsdp_memory.py --strategy fsdp
 
+It prints a Markdown table (the one in docs/training.md). Tensor bytes are exact; they leave out
+activations, DDP's gradient buckets (another 4P) and, under FSDP, the parameters of the block being
+computed (gathered for a moment); RSS (the whole process: Python, torch, the corpus) shows those.
+
 The formula for P parameters in fp32 with AdamW on N ranks:
 
     DDP   parameters 4P, gradients 4P, optimizer state 8P (two moments) on every rank  = 16P
@@ -20,6 +24,7 @@ The formula for P parameters in fp32 with AdamW on N ranks:
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 
 import torch
@@ -28,9 +33,22 @@ import torch.distributed as dist
 from attnlab.config import LMTaskConfig, ModelConfig
 from attnlab.models.lm import DecoderLM
 from attnlab.tasks.lm import LMTask
-from attnlab.train import TrainConfig, train
+from attnlab.train import TrainConfig, fsdp, train
 
 MIB = 2**20
+
+
+def _trimmed_report(model, optimizer):
+    """:func:`fsdp.memory_report` after glibc hands freed heap memory back (``malloc_trim``), so
+    "RSS now" counts live memory, not what the allocator keeps for later."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+    return _report(model, optimizer)
+
+
+_report, fsdp.memory_report = fsdp.memory_report, _trimmed_report
 
 
 def main() -> None:
@@ -83,23 +101,30 @@ def main() -> None:
     speeds = [r["tokens_per_s"] for r in result.history if "tokens_per_s" in r][1:]
     n = 1 if args.strategy == "ddp" else world
     print(
-        f"{args.strategy}, {world} rank(s), {n_params / 1e6:.2f}M parameters "
+        f"{args.strategy}, {world} rank(s), P = {n_params:,} parameters "
         f"(d_model {args.d_model}, {args.n_layers} layers), T={args.seq_len}, global batch "
-        f"{args.batch_size}, amp {args.amp}, {result.steps} steps"
+        f"{args.batch_size}, amp {args.amp}, {result.steps} steps, {result.run_dir}"
     )
-    print("rank | parameters | gradients | optimizer | RSS now | RSS peak   (MiB, measured)")
+    print("| rank | parameters | gradients | optimizer state | total | RSS now | RSS peak |")
+    print("|---|---|---|---|---|---|---|")
     for rank, r in enumerate(reports):
+        total = r["params"] + r["grads"] + r["optimizer"]
         print(
-            f"{rank:4d} | {r['params'] / MIB:10.1f} | {r['grads'] / MIB:9.1f} | "
-            f"{r['optimizer'] / MIB:9.1f} | {r['rss'] / MIB:7.0f} | {r['peak_rss'] / MIB:8.0f}"
-            + (f" | CUDA peak {r['cuda_peak'] / MIB:.0f}" if "cuda_peak" in r else "")
+            f"| {rank} | {_mib(r['params'])} | {_mib(r['grads'])} | {_mib(r['optimizer'])} | "
+            f"{_mib(total)} | {r['rss'] / MIB:.0f} MiB | {r['peak_rss'] / MIB:.0f} MiB |"
+            + (f" CUDA peak {_mib(r['cuda_peak'])}" if "cuda_peak" in r else "")
         )
+    name = "16P" if n == 1 else f"16P/{n}"
     print(
-        f"formula    | {4 * n_params / n / MIB:10.1f} | {4 * n_params / n / MIB:9.1f} | "
-        f"{8 * n_params / n / MIB:9.1f} |   (4P/N, 4P/N, 8P/N; N={n})"
+        f"| formula ({name}) | {_mib(4 * n_params / n)} | {_mib(4 * n_params / n)} | "
+        f"{_mib(8 * n_params / n)} | {_mib(16 * n_params / n)} | | |"
     )
     if speeds:
         print(f"tokens/s (all ranks, steps 2..{result.steps}): {sum(speeds) / len(speeds):,.0f}")
+
+
+def _mib(n: float) -> str:
+    return f"{n / MIB:.2f} MiB"
 
 
 if __name__ == "__main__":
