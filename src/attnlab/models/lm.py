@@ -32,8 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from attnlab.attention.cache import DecodeState, KVCache
 from attnlab.attention.capture import capture_attention
 from attnlab.config.lm import ModelConfig
-from attnlab.layers.block import build_block
-from attnlab.layers.norm import make_norm
+from attnlab.layers.block import build_block, build_final_norm
 from attnlab.layers.position import build_positions
 from attnlab.models.registry import register_kind
 
@@ -90,11 +89,7 @@ class DecoderLM(nn.Module):
         self.blocks = nn.ModuleList(
             build_block(c, positions=self.pos_emb) for _ in range(c.n_layers)
         )
-        self.norm_f = (
-            make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
-            if c.norm_position == "pre"
-            else nn.Identity()
-        )
+        self.norm_f = build_final_norm(c)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.reset_parameters()
         if c.tie_embeddings:
