@@ -54,6 +54,8 @@ __all__ = [
     "atomic_write_text",
     "atomic_save",
     "WEIGHT_FILES",
+    "QUANTIZE",
+    "resolve_dtype",
     "SHARDED_DIR",
     "sharded_checkpoints",
     "last_sharded",
@@ -127,6 +129,34 @@ def _build(run_dir: Path, cfg: dict) -> tuple[ModelKind, nn.Module]:
             f"{run_dir / 'config.json'}: model config does not fit kind {cfg['kind']!r}: {err}"
         ) from None
     return kind, model
+
+
+#: ``quantize=`` choices of :func:`load`
+QUANTIZE = ("int8",)
+#: ``dtype=`` names accepted as strings
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(
+    dtype: torch.dtype | str | None, quantize: str | None = None
+) -> torch.dtype | None:
+    """The parameter dtype for ``dtype`` (a ``torch.dtype`` or its name) and ``quantize``.
+
+    Weight-only int8 runs with 16-bit activations unless told otherwise (``bfloat16`` when
+    ``dtype`` is None): the CPU's int8 kernel is several times faster with them.
+
+    Raises:
+        UserError: an unknown dtype or quantisation.
+    """
+    if quantize is not None and quantize not in QUANTIZE:
+        raise UserError(f"unknown quantization {quantize!r}; choose from {list(QUANTIZE)}")
+    if dtype is None:
+        return torch.bfloat16 if quantize == "int8" else None
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; choose from {sorted(DTYPES)}")
+    return DTYPES[dtype]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -286,7 +316,8 @@ def load_model(
     *,
     weights: str = "last",
     map_location: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
+    quantize: str | None = None,
 ) -> nn.Module:
     """Rebuild the model of a run directory from its config and weights (eval mode).
 
@@ -294,12 +325,17 @@ def load_model(
         weights: ``last`` (model.safetensors), ``best`` (best.safetensors, or the last weights
             when no validation ran) or a file name in the run directory.
         map_location: device for the weights.
-        dtype: convert floating-point parameters to this dtype (e.g. ``torch.bfloat16``).
+        dtype: convert floating-point parameters to this dtype (``torch.bfloat16`` or
+            ``"bfloat16"``...).
+        quantize: ``"int8"``: weight-only int8 linear layers (:func:`attnlab.layers.quant.
+            quantize_int8`), with bf16 activations unless ``dtype`` says otherwise.
 
     Raises:
         RunDirError: a missing or damaged run directory or weights file, or weights that do not
             fit the config.
+        UserError: an unknown dtype or quantisation.
     """
+    dtype = resolve_dtype(dtype, quantize)
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -311,7 +347,7 @@ def load_model(
         check_sharded_identity(wpath, cfg["kind"], cfg["model"], f"cannot load {str(run_dir)!r}")
         model.to(map_location)
         read_sharded_weights(model, wpath, f"cannot load {str(run_dir)!r}")
-        return _cast(model, dtype).eval()
+        return _cast(model, dtype, quantize).eval()
     try:
         state = load_file(wpath, device=str(map_location))
     except (SafetensorError, OSError, ValueError) as err:
@@ -320,14 +356,19 @@ def load_model(
         state = kind.upgrade(state)
     model.to(map_location)
     _load_state(model, state, wpath)
-    return _cast(model, dtype).eval()
+    return _cast(model, dtype, quantize).eval()
 
 
-def _cast(model: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+def _cast(model: nn.Module, dtype: torch.dtype | None, quantize: str | None = None) -> nn.Module:
+    """Convert floating-point parameters to ``dtype``, then quantise (``"int8"``)."""
     if dtype is not None:
         for p in model.parameters():
             if p.is_floating_point():
                 p.data = p.data.to(dtype)
+    if quantize == "int8":
+        from attnlab.layers.quant import quantize_int8
+
+        quantize_int8(model)
     return model
 
 
@@ -440,7 +481,8 @@ def load(
     *,
     weights: str = "last",
     map_location: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
+    quantize: str | None = None,
     kinds: tuple[str, ...] | None = None,
 ) -> LoadedRun:
     """Load any run directory: ``model, tokenizer = attnlab.load(run)``.
@@ -449,7 +491,10 @@ def load(
         run_dir: a directory written by ``attnlab train ...`` or ``attnlab convert``.
         weights: ``last``, ``best`` or a weights file name in the run directory.
         map_location: device for the model.
-        dtype: convert floating-point parameters (``torch.bfloat16`` for fast CPU decoding).
+        dtype: convert floating-point parameters (``torch.bfloat16`` or ``"bfloat16"`` for
+            fast decoding: half the bytes to read per token).
+        quantize: ``"int8"``: weight-only int8 linear layers, the output head included
+            (a quarter of fp32's bytes), with bf16 activations unless ``dtype`` is given.
         kinds: accept only these model kinds (a command's check), refusing others by name.
 
     Returns:
@@ -457,6 +502,7 @@ def load(
 
     Raises:
         RunDirError: a missing, damaged or foreign run directory, or a kind not in ``kinds``.
+        UserError: an unknown dtype or quantisation.
     """
     run_dir = Path(run_dir)
     cfg = read_config(run_dir)
@@ -464,7 +510,9 @@ def load(
         raise RunDirError(
             f"{str(run_dir)!r} holds a {cfg['kind']!r} model; this needs one of {list(kinds)}"
         )
-    model = load_model(run_dir, weights=weights, map_location=map_location, dtype=dtype)
+    model = load_model(
+        run_dir, weights=weights, map_location=map_location, dtype=dtype, quantize=quantize
+    )
     kind = get_kind(cfg["kind"])
     tokenizer = _ARTIFACT_READERS[kind.artifacts](run_dir, cfg)
     return LoadedRun(model, tokenizer, cfg["kind"], run_dir, cfg)
