@@ -4,9 +4,16 @@
 """
 
 from attnlab.config.base import Config, ConfigError
-from attnlab.config.block import BlockConfig, swiglu_hidden
+from attnlab.config.block import BlockConfig, TextStackConfig, swiglu_hidden
 from attnlab.config.encoder import EncoderConfig, MLMTaskConfig
-from attnlab.config.lm import PRESETS, BigramConfig, LMTaskConfig, LSTMConfig, ModelConfig
+from attnlab.config.lm import (
+    PRESETS,
+    BigramConfig,
+    CorpusTaskConfig,
+    LMTaskConfig,
+    LSTMConfig,
+    ModelConfig,
+)
 from attnlab.config.multimodal import VQA_MODELS, CaptionConfig, VQAConfig
 from attnlab.config.translation import RNNSeq2SeqConfig, Seq2SeqConfig, TranslationTaskConfig
 from attnlab.config.vision import CNNConfig, ImageTaskConfig, SwinConfig, ViTConfig
@@ -15,6 +22,8 @@ __all__ = [
     "Config",
     "ConfigError",
     "BlockConfig",
+    "TextStackConfig",
+    "CorpusTaskConfig",
     "ModelConfig",
     "LSTMConfig",
     "BigramConfig",

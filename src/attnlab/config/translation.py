@@ -26,45 +26,21 @@ __all__ = [
     "check_number_language",
 ]
 
+
+def _stacks(n_layers: int, **sizes: Any) -> dict[str, Any]:
+    """A preset with ``n_layers`` blocks in each stack (the paper's models are symmetric)."""
+    return dict(n_enc_layers=n_layers, n_dec_layers=n_layers, **sizes)
+
+
 #: Seq2SeqConfig presets: ``vaswani`` / ``vaswani-big`` are the paper's base and big models (its
 #: post-norm, sinusoidal, ReLU defaults), ``small`` trains in CPU minutes, ``tiny`` in seconds.
 SEQ2SEQ_PRESETS: dict[str, dict[str, Any]] = {
-    "vaswani": dict(
-        d_model=512,
-        n_heads=8,
-        n_enc_layers=6,
-        n_dec_layers=6,
-        ffn_hidden=2048,
-        dropout=0.1,
-        max_seq_len=256,
+    "vaswani": _stacks(6, d_model=512, n_heads=8, ffn_hidden=2048, dropout=0.1, max_seq_len=256),
+    "vaswani-big": _stacks(
+        6, d_model=1024, n_heads=16, ffn_hidden=4096, dropout=0.3, max_seq_len=256
     ),
-    "vaswani-big": dict(
-        d_model=1024,
-        n_heads=16,
-        n_enc_layers=6,
-        n_dec_layers=6,
-        ffn_hidden=4096,
-        dropout=0.3,
-        max_seq_len=256,
-    ),
-    "small": dict(
-        d_model=128,
-        n_heads=4,
-        n_enc_layers=3,
-        n_dec_layers=3,
-        ffn_hidden=512,
-        dropout=0.1,
-        max_seq_len=128,
-    ),
-    "tiny": dict(
-        d_model=64,
-        n_heads=4,
-        n_enc_layers=2,
-        n_dec_layers=2,
-        ffn_hidden=128,
-        dropout=0.0,
-        max_seq_len=64,
-    ),
+    "small": _stacks(3, d_model=128, n_heads=4, ffn_hidden=512, dropout=0.1, max_seq_len=128),
+    "tiny": _stacks(2, d_model=64, n_heads=4, ffn_hidden=128, dropout=0.0, max_seq_len=64),
 }
 
 #: RNNSeq2SeqConfig presets (both ``rnn`` and ``rnn-attn``)

@@ -33,6 +33,7 @@ from attnlab.attention.additive import AdditiveAttention
 from attnlab.attention.cache import DecodeState
 from attnlab.attention.capture import capture_attention
 from attnlab.config.translation import RNNSeq2SeqConfig
+from attnlab.layers.rnn import stacked_rnn
 from attnlab.models.registry import register_kind
 
 __all__ = ["RNNSeq2SeqConfig", "RNNSeq2Seq", "AttnRNNSeq2Seq", "RNNDecodeState"]
@@ -62,18 +63,17 @@ class RNNSeq2Seq(nn.Module):
     def __init__(self, config: RNNSeq2SeqConfig) -> None:
         super().__init__()
         self.config = c = config
-        rnn_cls = nn.GRU if c.cell == "gru" else nn.LSTM
         cell_cls = nn.GRUCell if c.cell == "gru" else nn.LSTMCell
         self.src_emb = nn.Embedding(c.src_vocab_size, c.emb_dim, padding_idx=c.pad_id)
         self.tgt_emb = nn.Embedding(c.tgt_vocab_size, c.emb_dim, padding_idx=c.pad_id)
         self.drop = nn.Dropout(c.dropout)
-        self.encoder = rnn_cls(
+        self.encoder = stacked_rnn(
+            c.cell,
             c.emb_dim,
             c.hidden,
-            num_layers=c.n_layers,
-            batch_first=True,
+            c.n_layers,
+            dropout=c.dropout,
             bidirectional=c.bidirectional,
-            dropout=c.dropout if c.n_layers > 1 else 0.0,
         )
         self.bridge = nn.Linear(c.enc_dim, c.hidden)  # s_0 = tanh(W_b h_fin)
         self.cell = cell_cls(c.emb_dim + c.enc_dim, c.hidden)

@@ -67,9 +67,10 @@ class TranslationTask:
     def get_batch(
         self, split: str, step: int, batch_size: int, rank: int = 0, world: int = 1
     ) -> Batch:
-        """``batch_size // world`` random examples of ``split``.
+        """This rank's share of global batch ``step``: ``batch_size // world`` random examples
+        of ``split``, the ``rank``-th slice of the ``batch_size`` drawn for the step.
 
-        Deterministic in (seed, split, step, rank).
+        Deterministic in (seed, split, step): any number of ranks sees the same global batch.
         """
         src, tgt = self._enc[split]
         if not src:
@@ -77,9 +78,10 @@ class TranslationTask:
         n = max(1, batch_size // world)
         split_code = {"train": 0, "val": 1, "test": 2}.get(split, 3)
         g = torch.Generator().manual_seed(
-            ((self.data.config.seed * 4 + split_code) * 1_000_003 + step) * 64 + rank
+            ((self.data.config.seed * 4 + split_code) * 1_000_003 + step) * 64
         )
-        idx = torch.randint(len(src), (n,), generator=g).tolist()
+        idx = torch.randint(len(src), (max(batch_size, n * world),), generator=g).tolist()
+        idx = idx[rank * n : (rank + 1) * n]
         return collate([src[i] for i in idx], [tgt[i] for i in idx])
 
     def loss(self, model: nn.Module, batch: Batch, cfg: Any) -> tuple[Tensor, dict[str, float]]:

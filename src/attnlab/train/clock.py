@@ -24,7 +24,10 @@ from __future__ import annotations
 import logging
 import time
 
-__all__ = ["Budget", "count_from", "session_start"]
+from attnlab.train.config import TrainConfig
+from attnlab.train.distributed import broadcast_float
+
+__all__ = ["Budget", "after_step", "count_from", "schedule_point", "session_start"]
 
 log = logging.getLogger(__name__)
 
@@ -60,13 +63,23 @@ class Budget:
     Args:
         max_time: the budget in seconds (``TrainConfig.max_time``).
         warn: log a warning when validation takes more than half the budget (rank 0).
+        device: the device of the training (under torchrun rank 0's clock is broadcast on it).
     """
 
-    def __init__(self, max_time: float, *, warn: bool = True) -> None:
+    def __init__(self, max_time: float, *, warn: bool = True, device=None) -> None:
+        from attnlab.train.curves import load_matplotlib
+
+        load_matplotlib()  # a one-off import (the first loss plot's), not what a validation costs
         self.max_time = max_time
+        self.device = device
         self.step_time: float | None = None  # running mean of one optimizer step (seconds)
         self.reserve: float | None = None  # what the last validation + checkpoint took
         self.warn = warn
+
+    @classmethod
+    def of(cls, cfg: TrainConfig, device=None, *, warn: bool = True) -> Budget | None:
+        """The budget of a timed run (``cfg.max_time``); None for a run counted in steps."""
+        return cls(cfg.max_time, warn=warn, device=device) if cfg.timed else None
 
     def record_step(self, seconds: float) -> None:
         """One optimizer step took ``seconds`` (a running mean smooths the noise)."""
@@ -97,3 +110,28 @@ class Budget:
         reserve = guess if self.reserve is None else self.reserve
         reserve = min(reserve, 0.5 * self.max_time)  # (beyond that, the final one overruns)
         return (elapsed + (self.step_time or 0.0)) / (self.max_time - reserve)
+
+
+def schedule_point(
+    budget: Budget | None, cfg: TrainConfig, step: int, elapsed: float
+) -> tuple[float | None, bool]:
+    """``(t, finished)`` before a step: the schedule's progress ``t`` (None for a step-counted
+    run) and whether the run has reached its length or budget (then the step is not taken).
+
+    A timed run's ``t`` is :meth:`Budget.fraction`, the same on every rank (rank 0's, broadcast);
+    a fresh timed run takes one step at least, even if the start-up used the budget.
+    """
+    if budget is None:
+        return None, step >= cfg.steps
+    t = broadcast_float(budget.fraction(elapsed), budget.device)
+    return min(t, 1.0), t >= 1.0 and step > 0
+
+
+def after_step(budget: Budget | None, cfg: TrainConfig, step: int, started: float) -> bool:
+    """After optimizer step ``step`` (completed), begun at ``started`` (``perf_counter``): record
+    its time (timed run) and say whether a step-counted run has now reached its length (so the
+    checkpoint written next says so: :mod:`attnlab.train.stopping`)."""
+    if budget is None:
+        return step >= cfg.steps
+    budget.record_step(time.perf_counter() - started)
+    return False

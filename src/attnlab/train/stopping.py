@@ -7,13 +7,13 @@ run's config.json) to its own length or time budget; a new length is typed expli
 - :class:`StopInfo`, which the trainer attaches to a ``KeyboardInterrupt`` / ``Terminated`` as
   ``err.stopped`` (the step, the checkpoint saved, the budget used), so ``attnlab`` can print one
   message with the exact command to resume;
-- :func:`completion`, the "already complete" check a command makes before preparing its data;
-- :func:`warn_about_settings`, the trainer's warnings about a resume with other settings.
+- :func:`completion`, the "already complete" check a command makes before preparing its data.
+
+(Loading a checkpoint and the warnings about a resume with other settings: :mod:`.resume`.)
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import shlex
 from dataclasses import dataclass
@@ -25,7 +25,7 @@ import torch
 from attnlab import runs
 from attnlab.train.config import TrainConfig
 
-__all__ = ["StopInfo", "saved_progress", "completion", "resume_command", "warn_about_settings"]
+__all__ = ["StopInfo", "saved_progress", "completion", "resume_command"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,12 @@ class StopInfo:
     saved_step: int
     cfg: TrainConfig
     elapsed: float
+
+    @classmethod
+    def of(cls, loop: Any) -> StopInfo:
+        """Where the trainer's loop (``attnlab.train.trainer._Loop``) stands now."""
+        prog = loop.prog
+        return cls(loop.run_dir, prog.step, prog.last_ckpt_step, loop.cfg, loop.elapsed())
 
     def describe(self, kind: str | None = None) -> str:
         """``at step 9 of 24; checkpoint of step 9 saved in runs/x; resume with: ...``.
@@ -123,42 +129,3 @@ def completion(run_dir: str | Path, cfg: TrainConfig) -> str | None:
         f"resume with {longer} (a cosine schedule has decayed already: constant and "
         "inverse_sqrt schedules continue seamlessly)"
     )
-
-
-def warn_about_settings(run_dir: Path, task: dict, cfg: TrainConfig, resume: bool) -> None:
-    """Warn about settings that will surprise: a changed resume, a warm-up as long as the run.
-
-    Args:
-        task: the task's ``config_dict()`` (compared with the saved one on resume).
-    """
-    if resume:
-        saved = runs.read_config(run_dir)
-        if saved.get("task") != json.loads(json.dumps(task)):
-            log.warning("resuming %s with a different task config: the data may differ", run_dir)
-        saved_train = saved.get("train") or {}
-        if saved_train != json.loads(json.dumps(cfg.to_dict())):
-            log.info("resuming %s with changed training settings", run_dir)
-        was_timed = saved_train.get("max_time") is not None
-        old = "max_time" if was_timed else "steps"
-        new = "max_time" if cfg.timed else "steps"
-        old_length = saved_train.get(old)
-        changed = old_length is not None and (old, old_length) != (new, getattr(cfg, new))
-        if cfg.schedule == "cosine" and changed:
-            log.warning(
-                "resuming a cosine schedule fitted to %s=%s with %s=%s: the learning rate "
-                "jumps back up from where the shorter schedule left it, so this is not the "
-                "same as one run of the new length (constant and inverse_sqrt schedules are; "
-                "or give the full length from the start and stop early with Ctrl-C)",
-                old,
-                old_length,
-                new,
-                getattr(cfg, new),
-            )
-    if not cfg.timed and cfg.schedule != "inverse_sqrt" and cfg.warmup >= cfg.steps:
-        log.warning(
-            "the warm-up (%d steps) is not shorter than the run (%d steps): the learning rate "
-            "never reaches lr=%g; lower --warmup",
-            cfg.warmup,
-            cfg.steps,
-            cfg.lr,
-        )
