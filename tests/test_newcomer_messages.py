@@ -93,3 +93,15 @@ def test_sentences_may_follow_the_flags(capsys):
         main(["translate", run, "--beam", "2", "twenty one", "--bogus"])
     assert exit_info.value.code == 2
     assert "--bogus" in capsys.readouterr().err
+
+
+def test_a_converted_run_without_tokenizer_json_says_what_is_missing(tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "converted"
+    shutil.copytree(RUNS / "lm_gpt2", run)
+    (run / "tokenizer.json").unlink()
+    for argv in (["generate", str(run), "--prompt", "a", "-n", "2"], ["eval", str(run)]):
+        assert main(argv) == 2
+        err = _error(capsys)
+        assert "has no tokenizer.json" in err and "copy the checkpoint's tokenizer.json" in err
