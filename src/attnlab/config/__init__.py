@@ -6,7 +6,12 @@
 from attnlab.config.base import Config, ConfigError
 from attnlab.config.block import BlockConfig, swiglu_hidden
 from attnlab.config.lm import PRESETS, BigramConfig, LSTMConfig, ModelConfig
-from attnlab.config.translation import RNNSeq2SeqConfig, Seq2SeqConfig, TranslationTaskConfig
+from attnlab.config.translation import (
+    RNNSeq2SeqConfig,
+    ScheduledSamplingConfig,
+    Seq2SeqConfig,
+    TranslationTaskConfig,
+)
 
 __all__ = [
     "Config",
@@ -19,5 +24,6 @@ __all__ = [
     "Seq2SeqConfig",
     "RNNSeq2SeqConfig",
     "TranslationTaskConfig",
+    "ScheduledSamplingConfig",
     "swiglu_hidden",
 ]
