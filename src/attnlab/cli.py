@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "attnlab.commands.multimodal",
     "attnlab.commands.efficient",
     "attnlab.commands.interop",
+    "attnlab.commands.experiments",
 ]
 
 

@@ -1,0 +1,183 @@
+"""``attnlab experiment NAME``: the lecture's claims as measurements (issue 14's experiments).
+
+    attnlab experiment exposure-bias --max-time 300 --out runs/exposure-bias
+    attnlab experiment label-smoothing --max-time 300 --out runs/label-smoothing
+
+Every experiment here takes ``--max-time SECONDS`` for the whole experiment (it splits the budget
+over its runs) or ``--steps N`` per run (repeatable), writes ``table.md``, ``results.json`` and a
+plot into ``--out`` (refusing a directory that holds files unless ``--overwrite``), and prints the
+table.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["register", "add_experiment_args"]
+
+
+def add_experiment_args(p: argparse.ArgumentParser, *, name: str, max_time: float) -> None:
+    """The flags every experiment shares: budget, output directory, device, seed, progress."""
+    g = p.add_argument_group("budget and output")
+    g.add_argument(
+        "--max-time",
+        type=float,
+        default=max_time,
+        metavar="SECONDS",
+        help="wall-clock seconds for the whole experiment, split over its runs "
+        "(default %(default)s)",
+    )
+    g.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="train every run for exactly N steps instead of fitting --max-time (repeatable)",
+    )
+    g.add_argument("--out", default=f"runs/{name}", help="output directory (default %(default)s)")
+    g.add_argument("--overwrite", action="store_true", help="replace what --out already holds")
+    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default auto)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def _split(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in _split(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected numbers separated by commas, got {text!r}"
+        ) from None
+
+
+def register(groups) -> None:
+    """Add the experiments of this module to ``groups["experiment"]`` (see attnlab.commands)."""
+    e = groups["experiment"].add_parser(
+        "exposure-bias",
+        help="teacher forcing vs scheduled sampling: loss on own predictions, EM by length",
+        description="Train rnn-attn and transformer on the numbers task with teacher forcing and "
+        "with scheduled sampling (the gold-token probability decays linearly, exponentially or "
+        "by inverse sigmoid), from the same initial weights for the same steps. Report the "
+        "held-out NLL of the references under teacher forcing and when the decoder reads its "
+        "own greedy predictions, the gap, and greedy exact match by output length.",
+    )
+    add_experiment_args(e, name="exposure-bias", max_time=300.0)
+    e.add_argument(
+        "--models",
+        type=_split,
+        default=("rnn-attn", "transformer"),
+        help="comma-separated kinds (default rnn-attn,transformer)",
+    )
+    e.add_argument(
+        "--decays",
+        type=_split,
+        default=("linear", "exponential", "inverse_sigmoid"),
+        help="comma-separated scheduled-sampling decays (default all three)",
+    )
+    e.add_argument(
+        "--half-at",
+        type=float,
+        default=0.5,
+        help="fraction of each run at which the gold probability reaches 1/2 (default 0.5)",
+    )
+    e.add_argument("--lang", default="it")
+    e.add_argument("--high", type=int, default=10**6 - 1, help="largest number (default 999999)")
+    e.add_argument("--n-examples", type=int, default=20_000)
+    e.add_argument("--batch-size", type=int, default=64)
+    e.add_argument("--max-test", type=int, default=1000, help="held-out pairs scored")
+    e.set_defaults(func=_run_exposure_bias)
+
+    s = groups["experiment"].add_parser(
+        "label-smoothing",
+        help="label smoothing 0 / 0.1 / 0.2: accuracy, NLL, calibration (reliability diagram)",
+        description="Train one translation model per label-smoothing value on a small numbers "
+        "data set (same initial weights and steps) and report held-out token accuracy, NLL, "
+        "expected calibration error with a reliability diagram, and exact match.",
+    )
+    add_experiment_args(s, name="label-smoothing", max_time=300.0)
+    s.add_argument(
+        "--epsilons",
+        type=_floats,
+        default=(0.0, 0.1, 0.2),
+        help="comma-separated smoothing values (default 0,0.1,0.2)",
+    )
+    s.add_argument("--model", choices=["rnn", "rnn-attn", "transformer"], default="transformer")
+    s.add_argument("--preset", default="tiny")
+    s.add_argument("--lr", type=float, default=1e-3)
+    s.add_argument("--lang", default="it")
+    s.add_argument("--high", type=int, default=10**6 - 1)
+    s.add_argument("--n-examples", type=int, default=3000, help="pairs generated (default 3000)")
+    s.add_argument(
+        "--held-out",
+        type=float,
+        default=0.85,
+        help="fraction held out (default 0.85: a small training split, on which an unsmoothed "
+        "model becomes overconfident, and many held-out tokens)",
+    )
+    s.add_argument("--batch-size", type=int, default=64)
+    s.add_argument("--n-bins", type=int, default=15, help="confidence bins (default 15)")
+    s.add_argument("--max-test", type=int, default=1000)
+    s.set_defaults(func=_run_label_smoothing)
+
+
+def _common(args: argparse.Namespace) -> dict:
+    from attnlab.errors import UserError
+
+    if args.steps is not None and args.steps < 1:
+        raise UserError(f"--steps must be at least 1, got {args.steps}")
+    return {
+        "max_time": args.max_time,
+        "steps": args.steps,
+        "device": args.device,
+        "seed": args.seed,
+        "progress": args.progress,
+    }
+
+
+def _report(result: dict, out: str) -> int:
+    from attnlab.experiments.common import TABLE_FILE
+
+    print((Path(out) / TABLE_FILE).read_text(encoding="utf-8").rstrip())
+    print(f"\ntable.md, results.json and the plot are in {out}")
+    return 0
+
+
+def _run_exposure_bias(args: argparse.Namespace) -> int:
+    from attnlab.experiments.exposure_bias import ExposureBiasConfig, run_exposure_bias
+
+    cfg = ExposureBiasConfig(
+        **_common(args),
+        models=args.models,
+        decays=args.decays,
+        half_at=args.half_at,
+        lang=args.lang,
+        high=args.high,
+        n_examples=args.n_examples,
+        batch_size=args.batch_size,
+        max_test=args.max_test,
+    )
+    return _report(run_exposure_bias(cfg, args.out, overwrite=args.overwrite), args.out)
+
+
+def _run_label_smoothing(args: argparse.Namespace) -> int:
+    from attnlab.experiments.label_smoothing import LabelSmoothingConfig, run_label_smoothing
+
+    cfg = LabelSmoothingConfig(
+        **_common(args),
+        epsilons=args.epsilons,
+        model=args.model,
+        preset=args.preset,
+        lr=args.lr,
+        lang=args.lang,
+        high=args.high,
+        n_examples=args.n_examples,
+        held_out=args.held_out,
+        batch_size=args.batch_size,
+        n_bins=args.n_bins,
+        max_test=args.max_test,
+    )
+    return _report(run_label_smoothing(cfg, args.out, overwrite=args.overwrite), args.out)
