@@ -190,6 +190,15 @@ def test_train_translate_sets_scheduled_sampling_from_set_and_repeats_from_confi
     assert [r.get("loss") for r in rows] == [r.get("loss") for r in again]
 
 
+def test_teacher_forced_runs_write_the_task_config_of_earlier_releases(numbers):
+    assert "scheduled_sampling" not in TranslationTask(numbers).config_dict()
+    ss = {"decay": "linear", "c": 0.01}
+    sampled = dataclasses.replace(numbers, config=numbers.config.replace(scheduled_sampling=ss))
+    saved = TranslationTask(sampled).config_dict()
+    assert saved["scheduled_sampling"]["c"] == 0.01
+    assert TranslationTaskConfig.from_dict(saved).scheduled_sampling.decay == "linear"
+
+
 # ----------------------------------------------------------------------------------------------
 # the exposure-bias measurement
 

@@ -112,7 +112,15 @@ def seconds_per_step(
     from attnlab.train import train
 
     def run(n: int) -> float:
-        cfg = train_cfg.replace(steps=n, max_time=None, eval_batches=0, progress=False)
+        # a one-step warm-up: the schedule costs nothing, and a longer one would only warn
+        cfg = train_cfg.replace(
+            steps=n,
+            max_time=None,
+            eval_batches=0,
+            progress=False,
+            warmup_steps=1,
+            warmup_frac=None,
+        )
         with tempfile.TemporaryDirectory() as d:
             start = time.perf_counter()
             train(copy.deepcopy(model), task, cfg, d)

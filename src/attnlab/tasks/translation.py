@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.capture import collect_aux_losses
+from attnlab.config.translation import ScheduledSamplingConfig
 from attnlab.data.translation import PAD_ID, Batch, TranslationData, collate, write_tsv
 from attnlab.errors import UserError
 from attnlab.metrics.translation import evaluate_pairs
@@ -141,8 +142,15 @@ class TranslationTask:
         return int((batch.tgt_out != PAD_ID).sum())
 
     def config_dict(self) -> dict:
-        """config.json's ``task``: the task config, its ``name`` and the data's ``stats``."""
-        return {"name": "translate", **self.data.config.to_dict(), "stats": self.data.stats}
+        """config.json's ``task``: the task config, its ``name`` and the data's ``stats``.
+
+        ``scheduled_sampling`` is left out when it is the default (teacher forcing), so a
+        teacher-forced run writes the same ``task`` as runs made before the setting existed.
+        """
+        task = self.data.config.to_dict()
+        if self.data.config.scheduled_sampling == ScheduledSamplingConfig():
+            del task["scheduled_sampling"]
+        return {"name": "translate", **task, "stats": self.data.stats}
 
     def save_artifacts(self, run_dir: str | Path) -> None:
         """Write ``vocab.json`` (vocabularies, normalisation) and ``heldout.tsv`` (test split)."""
