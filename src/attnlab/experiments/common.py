@@ -16,13 +16,13 @@ import copy
 import json
 import math
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from attnlab.errors import RunDirError, UserError
@@ -95,40 +95,47 @@ def seconds_per_step(
     task: Any,
     train_cfg: Any,
     *,
-    steps: int = 6,
-    warmup: int = 2,
+    steps: int = 10,
+    warmup: int = 3,
 ) -> float:
     """Wall-clock seconds of one optimizer step of ``task`` on a copy of ``model``.
 
-    Trains the copy for ``warmup`` + ``steps`` steps in a temporary directory (no validation) and
-    times the last ``steps``; ``model`` itself is untouched.
+    Runs ``warmup`` untimed then ``steps`` timed steps of the training loop's work (batch, forward,
+    backward, AdamW update) on a copy, without the run-directory bookkeeping of
+    :func:`attnlab.train.train`, whose fixed costs would swamp a few steps; ``model`` itself is
+    untouched.
 
     Args:
         model: the model to time (copied).
         task: its :class:`attnlab.tasks.Task`.
-        train_cfg: the :class:`attnlab.train.TrainConfig` of the real run (its batch size, device,
-            precision...); the length and validation settings are replaced.
+        train_cfg: the :class:`attnlab.train.TrainConfig` of the real run (batch size,
+            accumulation, device).
     """
-    from attnlab.train import train
+    from attnlab.tasks import to_device
+    from attnlab.train.distributed import resolve_device
+    from attnlab.train.optim import make_optimizer
 
-    def run(n: int) -> float:
-        # a one-step warm-up: the schedule costs nothing, and a longer one would only warn
-        cfg = train_cfg.replace(
-            steps=n,
-            max_time=None,
-            eval_batches=0,
-            progress=False,
-            warmup_steps=1,
-            warmup_frac=None,
-        )
-        with tempfile.TemporaryDirectory() as d:
+    device = resolve_device(train_cfg.device)
+    probe = copy.deepcopy(model).to(device).train()
+    optimizer = make_optimizer(probe, train_cfg, device)
+    micro = train_cfg.batch_size // train_cfg.grad_accum
+    start = time.perf_counter()
+    for step in range(warmup + steps):
+        if step == warmup:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
             start = time.perf_counter()
-            train(copy.deepcopy(model), task, cfg, d)
-            return time.perf_counter() - start
-
-    first = run(warmup)
-    both = run(warmup + steps)
-    return max(both - first, 1e-6) / steps
+        for m in range(train_cfg.grad_accum):
+            batch = to_device(
+                task.get_batch("train", step * train_cfg.grad_accum + m, micro), device
+            )
+            loss, _ = task.loss(probe, batch, train_cfg)
+            (loss / train_cfg.grad_accum).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return max(time.perf_counter() - start, 1e-9) / steps
 
 
 def prepare_out_dir(out: str | Path, *, overwrite: bool = False) -> Path:
