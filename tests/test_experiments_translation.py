@@ -283,6 +283,18 @@ def test_budget_shares_what_remains_and_steps_fit_it():
         Budget(0)
 
 
+def test_seconds_per_step_times_training_steps_and_leaves_the_model_alone(numbers):
+    from attnlab.experiments.common import seconds_per_step
+    from attnlab.train import TrainConfig
+
+    model = _model(numbers, "rnn-attn")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    cfg = TrainConfig(steps=1, batch_size=8, device="cpu", progress=False)
+    per_step = seconds_per_step(model, TranslationTask(numbers), cfg, steps=3, warmup=1)
+    assert 0 < per_step < 60
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
 def test_out_dir_is_never_clobbered(tmp_path):
     out = prepare_out_dir(tmp_path / "new")
     assert out.is_dir()
