@@ -61,7 +61,8 @@ def register(groups) -> None:
         help="teacher forcing vs scheduled sampling: loss on own predictions, EM by length",
         description="Train rnn-attn and transformer on the numbers task with teacher forcing and "
         "with scheduled sampling (the gold-token probability decays linearly, exponentially or "
-        "by inverse sigmoid), from the same initial weights for the same steps. Report the "
+        "by inverse sigmoid), from the same initial weights for an equal share of the budget "
+        "(or --steps each). Report the "
         "held-out NLL of the references under teacher forcing and when the decoder reads its "
         "own greedy predictions, the gap, and greedy exact match by output length.",
     )
@@ -95,7 +96,8 @@ def register(groups) -> None:
         "label-smoothing",
         help="label smoothing 0 / 0.1 / 0.2: accuracy, NLL, calibration (reliability diagram)",
         description="Train one translation model per label-smoothing value on a small numbers "
-        "data set (same initial weights and steps) and report held-out token accuracy, NLL, "
+        "data set (same initial weights, equal shares of the budget) and report held-out token "
+        "accuracy, NLL, "
         "expected calibration error with a reliability diagram, and exact match.",
     )
     add_experiment_args(s, name="label-smoothing", max_time=300.0)

@@ -1,9 +1,10 @@
 """What every ``attnlab experiment`` of the lecture's claims shares.
 
 - :class:`Budget`: the wall-clock seconds of the *whole* experiment (``--max-time``), handed out
-  run by run; :func:`seconds_per_step` measures a configuration's speed so that a budget becomes a
-  number of optimizer steps (runs compared with each other then see the same steps, and a rerun
-  with ``steps`` given repeats them exactly).
+  run by run as equal shares of what is left, each run a time-limited training run (so the
+  budget holds on a loaded machine); :func:`seconds_per_step` measures a configuration's speed so
+  that an experiment can size what depends on a run's length (a warm-up, a schedule) before it
+  starts. With ``steps`` instead, every run trains for exactly that many steps (repeatable).
 - :func:`prepare_out_dir`: an experiment never writes into a directory that holds anything unless
   told to overwrite it.
 - :class:`Table` and :func:`write_outputs`: the results as ``table.md`` (Markdown), ``results.json``

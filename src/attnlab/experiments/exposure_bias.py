@@ -7,8 +7,10 @@ probability that grows over training: the gold-token probability ε_i decays lin
 exponentially or by inverse sigmoid (:class:`attnlab.config.ScheduledSamplingConfig`).
 
 Every model kind is trained once with teacher forcing and once per decay, from the same initial
-weights, for the same number of steps, on the ``numbers`` task. Each decay is fitted to the run's
-length: ε = 1/2 at ``half_at`` of the steps. On held-out pairs the experiment measures
+weights, on the ``numbers`` task: for ``steps`` steps each, or for an equal share of the
+``max_time`` budget each (a wall-clock limit that holds on a loaded machine; the table says how
+many steps every run reached). Each decay is fitted to the run's (planned) length: ε = 1/2 at
+``half_at`` of the steps. On held-out pairs the experiment measures
 
 - the teacher-forced NLL of the references and their NLL when the decoder reads its own greedy
   predictions (:func:`attnlab.metrics.exposure.prefix_losses`), and the gap between them;
@@ -174,13 +176,14 @@ def run_exposure_bias(
     max_seq = 2 * max(data.stats["max_src_len"], data.stats["max_tgt_len"]) + 16
     reserve = cfg.reserve * cfg.max_time
     variants = (TEACHER_FORCING, *cfg.decays)
+    n_runs = len(cfg.models) * len(variants)
     runs: list[dict] = []
 
     def task_with(ss: ScheduledSamplingConfig) -> TranslationTask:
         d = dataclasses.replace(data, config=data.config.replace(scheduled_sampling=ss.to_dict()))
         return TranslationTask(d, eval_examples=0)
 
-    for i, kind in enumerate(cfg.models):
+    for kind in cfg.models:
         is_tf = kind == "transformer"
         torch.manual_seed(cfg.seed)
         init = build_translation_model(
@@ -203,17 +206,22 @@ def run_exposure_bias(
             progress=cfg.progress,
             **train_defaults(kind),
         )
-        if cfg.steps is None:  # fit the budget: every run of this kind gets the same steps
+        if cfg.steps is None:  # seconds per step, to fit each decay to the run's length
             t_tf = seconds_per_step(init, task_with(ScheduledSamplingConfig()), tcfg)
             probe = ScheduledSamplingConfig(decay="linear", k=0.5, c=1e-9)  # always sampling
-            t_ss = seconds_per_step(init, task_with(probe), tcfg) if cfg.decays else 0.0
-            left = len(cfg.models) - i
-            share = budget.share(left, reserve=reserve * left / len(cfg.models))
-            steps = steps_within(share, t_tf + len(cfg.decays) * t_ss, minimum=10)
-            log.info("exposure-bias: %s gets %d steps per run (%.0f s)", kind, steps, share)
-        else:
-            steps = cfg.steps
+            t_ss = seconds_per_step(init, task_with(probe), tcfg) if cfg.decays else t_tf
         for variant in variants:
+            if cfg.steps is None:  # an equal share of what is left, as wall-clock seconds
+                left = n_runs - len(runs)
+                seconds = max(1.0, budget.share(left, reserve=reserve * left / n_runs))
+                per_step = t_tf if variant == TEACHER_FORCING else t_ss
+                steps = steps_within(seconds, per_step)
+                run_cfg = tcfg.replace(steps=None, max_time=seconds)
+                log.info("exposure-bias: %s %s: %.0f s, ~%d steps", kind, variant, seconds, steps)
+            else:
+                steps = cfg.steps
+                run_cfg = tcfg.replace(steps=steps)
+            run_cfg = run_cfg.replace(warmup_steps=warmup_within(steps, usual_warmup))
             ss = (
                 ScheduledSamplingConfig()
                 if variant == TEACHER_FORCING
@@ -221,8 +229,6 @@ def run_exposure_bias(
             )
             model = copy.deepcopy(init)
             name = f"{kind}-{variant.replace(' ', '-')}"
-            log.info("exposure-bias: training %s", name)
-            run_cfg = tcfg.replace(steps=steps, warmup_steps=warmup_within(steps, usual_warmup))
             res = train(model, task_with(ss), run_cfg, out / "runs" / name)
             losses = prefix_losses(model, vocabs, test, batch_size=256)
             ev = evaluate_pairs(model, vocabs, test, batch_size=256)
@@ -237,7 +243,8 @@ def run_exposure_bias(
                     "model": kind,
                     "training": variant,
                     "schedule": ss.to_dict(),
-                    "final_gold_prob": ss.gold_probability(steps),
+                    "final_gold_prob": ss.gold_probability(res.steps),
+                    "planned_steps": steps,
                     "steps": res.steps,
                     "seconds": res.elapsed,
                     "teacher_forced_nll": tf,
@@ -258,15 +265,17 @@ def run_exposure_bias(
     results["summary"] = summarise(results)
     results["elapsed"] = budget.elapsed()
     table = results_table(results)
-    steps_note = ", ".join(
-        f"{k}: {next(r['steps'] for r in runs if r['model'] == k)} steps per run"
-        for k in cfg.models
+    budget_note = (
+        f"every run trained for {cfg.steps} steps"
+        if cfg.steps is not None
+        else f"every run trained for an equal share of --max-time {cfg.max_time:g} s"
     )
     notes = (
         f"NLL in nats per reference token on {len(test)} held-out pairs; gap = free-running − "
         f"teacher-forced. Exact match (greedy) by reference length in target tokens "
         f"(pairs per bucket: {', '.join(map(str, results['bucket_sizes']))}). Schedules reach "
-        f"ε = 1/2 at {cfg.half_at:.2f} of the run. {steps_note}; whole experiment "
+        f"ε = 1/2 at {cfg.half_at:.2f} of the run's (planned) steps; {budget_note}, from the "
+        f"same initial weights per model; whole experiment "
         f"{results['elapsed']:.0f} s.\n\n{results['summary']}"
     )
     write_outputs(
@@ -285,15 +294,17 @@ def results_table(results: dict) -> Table:
     """One row per run: steps, the two NLLs, the gap, exact match overall and by length."""
     buckets = results["buckets"]
     table = Table(
-        ["model", "training", "steps", "teacher-forced NLL", "free-running NLL", "gap", "EM %"]
+        ["model", "training", "steps", "train s", "teacher-forced NLL", "free-running NLL", "gap"]
+        + ["EM %"]
         + [f"EM % len {b}" for b in buckets],
-        formats=["", "", "d", ".3f", ".3f", ".3f", ".1f"] + [".1f"] * len(buckets),
+        formats=["", "", "d", ".0f", ".3f", ".3f", ".3f", ".1f"] + [".1f"] * len(buckets),
     )
     for r in results["runs"]:
         table.add(
             r["model"],
             r["training"],
             r["steps"],
+            r["seconds"],
             r["teacher_forced_nll"],
             r["free_running_nll"],
             r["gap"],

@@ -3,7 +3,8 @@
 The claim (Szegedy et al. 2016; the Transformer paper §5.4; Müller et al. 2019): training towards
 ``(1 − ε)·onehot + ε/V`` instead of the one-hot target keeps the model from pushing its logits
 towards certainty, which hurts perplexity a little but makes its confidence more honest. Every ε
-trains the same model from the same initial weights for the same steps on the ``numbers`` task
+trains the same model from the same initial weights (for ``steps`` steps, or an equal share of
+the ``max_time`` budget) on the ``numbers`` task
 (200 training pairs, so an unsmoothed model becomes overconfident on held-out data); on the
 held-out references, teacher-forced, the experiment measures per token
 
@@ -146,20 +147,23 @@ def run_label_smoothing(
         }
     )
     task = TranslationTask(data, eval_examples=0)
-    if cfg.steps is None:
-        per_step = seconds_per_step(init, task, tcfg)
-        share = budget.share(1, reserve=cfg.reserve * cfg.max_time)
-        steps = steps_within(share, per_step * len(cfg.epsilons), minimum=10)
-        log.info("label-smoothing: %d steps per run", steps)
-    else:
-        steps = cfg.steps
+    per_step = seconds_per_step(init, task, tcfg) if cfg.steps is None else 0.0
     runs = []
     for eps in cfg.epsilons:
-        model = copy.deepcopy(init)
-        run_cfg = tcfg.replace(
-            steps=steps, label_smoothing=eps, warmup_steps=warmup_within(steps, usual_warmup)
+        if cfg.steps is None:  # an equal share of what is left, as wall-clock seconds
+            left = len(cfg.epsilons) - len(runs)
+            reserve = cfg.reserve * cfg.max_time * left / len(cfg.epsilons)
+            seconds = max(1.0, budget.share(left, reserve=reserve))
+            steps = steps_within(seconds, per_step)
+            run_cfg = tcfg.replace(steps=None, max_time=seconds)
+            log.info("label-smoothing: ε=%g: %.0f s, ~%d steps", eps, seconds, steps)
+        else:
+            steps = cfg.steps
+            run_cfg = tcfg.replace(steps=steps)
+        run_cfg = run_cfg.replace(
+            label_smoothing=eps, warmup_steps=warmup_within(steps, usual_warmup)
         )
-        log.info("label-smoothing: training with ε=%g", eps)
+        model = copy.deepcopy(init)
         res = train(model, task, run_cfg, out / "runs" / f"eps-{eps:g}")
         logits, targets = teacher_forced_tokens(model, vocabs, test, batch_size=256)
         conf, correct = confidences(logits, targets)
@@ -182,13 +186,15 @@ def run_label_smoothing(
     results["summary"] = summarise(results)
     results["elapsed"] = budget.elapsed()
     table = Table(
-        ["ε", "steps", "token accuracy %", "NLL", "ECE", "mean confidence", "exact match %"],
-        formats=["g", "d", ".2f", ".3f", ".4f", ".3f", ".1f"],
+        ["ε", "steps", "train s", "token accuracy %", "NLL", "ECE", "mean confidence"]
+        + ["exact match %"],
+        formats=["g", "d", ".0f", ".2f", ".3f", ".4f", ".3f", ".1f"],
     )
     for r in runs:
         table.add(
             r["epsilon"],
             r["steps"],
+            r["seconds"],
             100 * r["token_accuracy"],
             r["nll"],
             r["ece"],
