@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# the browser tests (pytest -m browser) drive Debian's chromium; Playwright's own browsers are
+# never downloaded
+CHROMIUM ?= /usr/bin/chromium
+export ATTNLAB_CHROMIUM := $(CHROMIUM)
 
-.PHONY: demo test test-fast bench lint format clean
+.PHONY: demo test test-fast test-browser bench lint format clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,7 +20,11 @@ demo: $(STAMP)
 	$(VENV)/bin/attnlab demo
 
 test: $(STAMP)
+	@test -x $(CHROMIUM) || echo "make test: no Chromium at $(CHROMIUM): the browser tests will be SKIPPED (apt-get install chromium)"
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+test-browser: $(STAMP)
+	$(PY) -m pytest -q -m browser
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -x -m "not slow"

@@ -306,8 +306,22 @@ def test_mha_mask_that_does_not_broadcast_raises():
     mha = MultiHeadAttention(16, 4)
     with pytest.raises(ValueError, match=r"mask of shape \(3, 1, 1, 5\)"):
         mha(torch.randn(2, 5, 16), mask=torch.ones(3, 1, 1, 5, dtype=torch.bool))
-    with pytest.raises(ValueError, match="cannot return attention weights"):
-        MultiHeadAttention(16, 4, backend="sdpa")(torch.randn(1, 2, 16), need_weights=True)
+
+
+def test_need_weights_on_a_fused_backend_switches_to_the_math_path():
+    """A backend that cannot return weights (sdpa) computes them on the math path instead of
+    refusing: the same output, and the weights the math backend returns."""
+    torch.manual_seed(0)
+    fused = MultiHeadAttention(16, 4, backend="sdpa")
+    math_ = MultiHeadAttention(16, 4, backend="math")
+    math_.load_state_dict(fused.state_dict())
+    x = torch.randn(2, 5, 16)
+    out, w = fused(x, is_causal=True, need_weights=True)
+    ref, ref_w = math_(x, is_causal=True, need_weights=True)
+    assert w is not None and w.shape == (2, 4, 5, 5)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(w, ref_w)
+    torch.testing.assert_close(out, fused(x, is_causal=True)[0], atol=1e-6, rtol=1e-5)
 
 
 def test_bad_options_raise():

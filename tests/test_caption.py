@@ -1,33 +1,36 @@
-"""Captioners: causal decoders, cross-attention maps, incremental decoding, beam search against
-exhaustive search, frozen encoders, and a short training run that names what is in the image."""
+"""Captioners: causal decoders, cross-attention maps, incremental decoding against teacher
+forcing, beam search against exhaustive search, frozen encoders, every block option, and a short
+training run that names what is in the image."""
 
 import itertools
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from attnlab.data.scenes import CaptionTask, Vocab, build_vocab, images_to_tensor
+from attnlab.attention.cache import DecodeState
+from attnlab.config.multimodal import CaptionConfig
+from attnlab.data.scenes import Vocab, build_vocab, images_to_tensor
+from attnlab.decoding.search import length_penalty
 from attnlab.errors import UserError
-from attnlab.models.caption import (
-    CaptionConfig,
+from attnlab.models.multimodal.captioner import (
     LSTMCaptioner,
     TransformerCaptioner,
-    beam_decode,
     build_captioner,
-    caption_metrics,
-    greedy_decode,
 )
+from attnlab.tasks.caption import CaptionTask, caption_metrics, decode_captions
 
 V = len(build_vocab())
+BANNED = (Vocab.PAD, Vocab.START)  # never generated
 
 
 def tiny(arch, **kw):
     return build_captioner(CaptionConfig.preset("tiny", arch=arch, vocab_size=V, **kw)).eval()
 
 
-def tokens(B=3, L=9):
-    t = torch.randint(4, V, (B, L))
+def tokens(B=3, L=9, vocab_size=V):
+    t = torch.randint(4, vocab_size, (B, L))
     t[:, 0] = Vocab.START
     return t
 
@@ -48,30 +51,81 @@ def test_decoder_is_causal(arch, encoder):
 
 
 @pytest.mark.parametrize("encoder", ["cnn", "vit"])
-def test_cross_attention_weights_are_distributions_over_image_tokens(encoder):
+def test_cross_attention_weights_are_distributions_over_the_stated_grid(encoder):
     m = tiny("transformer", encoder=encoder, n_layers=2)
-    maps = m.cross_attention_maps(torch.rand(2, 3, 32, 32), tokens(2, 6))
-    Y, B, H, L, N = maps.shape
-    assert (Y, B, H, L) == (2, 2, m.config.n_heads, 6) and N == 64  # 8x8 grid / 4x4 patches
-    assert maps.min() >= 0
-    torch.testing.assert_close(maps.sum(-1), torch.ones(Y, B, H, L))
+    assert m.encoder.grid == (8, 8)  # 32 / 2 / 2 for the 3-stage CNN, 32 / 4 for ViT patches
+    logits, weights = m(torch.rand(2, 3, 32, 32), tokens(2, 6), need_weights=True)
+    assert logits.shape == (2, 6, V) and len(weights) == 2
+    for w in weights:
+        assert w.shape == (2, m.config.n_heads, 6, 64) and w.min() >= 0
+        torch.testing.assert_close(w.sum(-1), torch.ones(2, m.config.n_heads, 6))
+    assert not any(hasattr(mod, "cross_weights") for mod in m.modules())  # nothing kept
 
 
-def test_word_attention_maps_are_image_grids_one_per_predicted_word():
-    from attnlab.models.caption import word_attention
+def recomputed_cross_attention(model, forward):
+    """Call ``forward()`` with a hook on every block's cross-attention, and return what each
+    returned plus softmax(q kᵀ / √d) per block, recomputed from the layer's own projections of
+    the inputs it was given (grouped-query heads expanded)."""
+    inputs = {}
+    hooks = [
+        blk.cross_attn.register_forward_hook(
+            lambda mod, args, out, i=i: inputs.__setitem__(i, args)
+        )
+        for i, blk in enumerate(model.blocks)
+    ]
+    try:
+        out = forward()
+    finally:
+        for h in hooks:
+            h.remove()
+    ref = []
+    for i, blk in enumerate(model.blocks):
+        attn, (h, context) = blk.cross_attn, inputs[i]
+        B, H, Hkv, D = h.shape[0], attn.n_heads, attn.n_kv_heads, attn.head_dim
+        q = attn.q_proj(h).view(B, -1, H, D).transpose(1, 2)  # (B, H, L, D)
+        k, _ = attn.kv_proj(context).split(Hkv * D, dim=-1)
+        k = k.view(B, -1, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
+        ref.append((q @ k.transpose(-1, -2) / D**0.5).softmax(-1))  # (B, H, L, N)
+    return out, ref
 
+
+def test_captured_cross_attention_equals_the_softmax_recomputed_from_q_and_k():
+    m = tiny("transformer", n_layers=2, n_heads=4, n_kv_heads=2)  # grouped-query attention
+    x, t = torch.rand(2, 3, 32, 32), tokens(2, 5)
+    (logits, weights), ref = recomputed_cross_attention(m, lambda: m(x, t, need_weights=True))
+    torch.testing.assert_close(logits, m(x, t))  # the same forward, weights aside
+    for w, r in zip(weights, ref, strict=True):
+        torch.testing.assert_close(w, r, atol=1e-5, rtol=1e-5)
+
+
+def test_word_attention_is_the_last_layer_head_mean_per_predicted_word():
     m = tiny("transformer", n_layers=2)
-    image, words = torch.rand(3, 32, 32), [5, 9, 12]
-    maps = word_attention(m, image, words)  # <start> predicts words[0], ..., words[-1] -> <end>
+    image, words = torch.rand(1, 3, 32, 32), [5, 9, 12]
+    t = torch.tensor([[Vocab.START, *words]])
+    maps = m.word_attention(image, t)[0]  # <start> predicts words[0], ..., words[-1] -> <end>
     assert maps.shape == (len(words) + 1, 8, 8) and maps.min() >= 0
     torch.testing.assert_close(maps.sum((1, 2)), torch.ones(len(words) + 1))
-    full = m.cross_attention_maps(image[None], torch.tensor([[Vocab.START, *words]]))
-    torch.testing.assert_close(maps.flatten(1), full[-1, 0].mean(0))  # last layer, head mean
+    _, weights = m(image, t, need_weights=True)
+    torch.testing.assert_close(maps.flatten(1), weights[-1][0].mean(0))
     # causal: the map for word t does not depend on the words after it
-    other = word_attention(m, image, [5, 9, 30])
+    other = m.word_attention(image, torch.tensor([[Vocab.START, 5, 9, 30]]))[0]
     torch.testing.assert_close(other[:3], maps[:3])
-    with pytest.raises(UserError, match="Transformer"):
-        word_attention(tiny("lstm"), image, words)
+
+
+def test_decoding_keeps_each_words_attention_map_as_teacher_forcing_gives_it():
+    """The alignment kept while decoding (beam search's step_attention, with the KV caches) is
+    the teacher-forced word attention of the caption it produced."""
+    m = tiny("transformer", n_layers=2)
+    x = torch.rand(2, 3, 32, 32)
+    for beam in (1, 3):
+        hyps = decode_captions(m, x, beam_size=beam, attention=True, max_len=8)
+        for b, h in enumerate(hyps):
+            t = torch.tensor([[Vocab.START, *h.ids]])
+            ref = m.word_attention(x[b : b + 1], t)[0, : len(h.ids)]
+            assert h.alignment.shape == (len(h.ids), 8, 8)
+            torch.testing.assert_close(h.alignment, ref, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="no attention"):
+        decode_captions(tiny("lstm"), x, attention=True)
 
 
 @pytest.mark.parametrize(
@@ -104,19 +158,104 @@ def test_captions_depend_on_the_image():
         assert not torch.allclose(out[0], out[1])
 
 
-@pytest.mark.parametrize("arch", ["lstm", "transformer"])
-def test_step_by_step_decoding_matches_teacher_forcing(arch):
-    m = tiny(arch, n_layers=2)
+BLOCK_OPTIONS = [
+    {},
+    dict(position="rope", n_kv_heads=1, qk_norm="rmsnorm", ffn="swiglu", norm="rmsnorm"),
+    dict(position="alibi", n_heads=4, n_kv_heads=2),
+    dict(position="sinusoidal", norm_position="post"),
+    dict(ffn="moe", n_experts=4, top_k=2, activation="silu"),
+    dict(position="none", backend="math"),
+]
+
+
+@pytest.mark.parametrize(
+    "arch,options", [("lstm", {})] + [("transformer", o) for o in BLOCK_OPTIONS]
+)
+def test_cached_decode_steps_equal_teacher_forcing(arch, options):
+    """decode_step with the KV caches (self-attention over the words so far, cross-attention
+    over the image tokens) gives the logits of the full teacher-forced forward: a two-token
+    chunk first, then one token per step."""
+    m = tiny(arch, n_layers=2, **options)
     x, t = torch.rand(2, 3, 32, 32), tokens(2, 7)
-    full = m(x, t)
-    state = m.init_state(x)
-    for i in range(t.shape[1]):
-        logits, state = m.step(state, t[:, : i + 1])
-        torch.testing.assert_close(logits, full[:, i], atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        full = m(x, t)
+        state = m.start_decoding(x, max_len=7)
+        logits, state = m.decode_step(t[:, :2], state)
+        torch.testing.assert_close(logits, full[:, 1], atol=1e-5, rtol=1e-5)
+        for i in range(2, t.shape[1]):
+            logits, state = m.decode_step(t[:, i : i + 1], state)
+            torch.testing.assert_close(logits, full[:, i], atol=1e-5, rtol=1e-5)
+    if arch == "transformer":
+        assert state.memory is None and state.caches[0].length == 7
+        assert state.cross_caches[0].length == 64
+        with pytest.raises(ValueError, match="longer than max_len"):
+            m.decode_step(t[:, :1], state)
+
+
+@pytest.mark.parametrize("options", BLOCK_OPTIONS[1:])
+def test_block_options_train(options):
+    """Every block field reaches the captioner's blocks; the MoE aux loss reaches the task loss."""
+    m = tiny("transformer", **options).train()
+    task = CaptionTask(n_train=8, n_val=4, n_unseen=4)
+    loss, metrics = task.loss(m, task.get_batch("train", 0, 4), SimpleNamespace())
+    loss.backward()
+    assert torch.isfinite(loss) and ("aux" in metrics) == (options.get("ffn") == "moe")
+    blk = m.blocks[0]
+    assert blk.attn.n_kv_heads == m.config.n_kv_heads
+    assert type(blk.ffn).__name__ == {"swiglu": "SwiGLU", "moe": "MoE"}.get(m.config.ffn, "MLP")
+
+
+def _exhaustive_best(m, x, vocab_size, n_out, alpha):
+    """Every caption of at most ``n_out`` tokens (ending with <end>, or cut at n_out), scored by
+    teacher forcing the way beam search scores them; the best per image."""
+    allowed = [w for w in range(vocab_size) if w not in BANNED]
+    seqs = [list(s) for n in range(1, n_out + 1) for s in itertools.product(allowed, repeat=n)]
+    seqs = [s for s in seqs if Vocab.END not in s[:-1] and (s[-1] == Vocab.END or len(s) == n_out)]
+    best = []
+    for b in range(x.shape[0]):
+        scored = []
+        for s in seqs:
+            t = torch.tensor([[Vocab.START, *s]])
+            with torch.no_grad():
+                logits = m(x[b : b + 1], t[:, :-1])[0].float()  # (len(s), V)
+            logits[:, list(BANNED)] = float("-inf")
+            logp = float(logits.log_softmax(-1).gather(-1, t[0, 1:, None]).sum())
+            scored.append((logp / float(length_penalty(len(s), alpha)), logp, s))
+        scored.sort(key=lambda r: r[0], reverse=True)
+        best.append(scored[:2])
+    return best, len(seqs)
+
+
+@pytest.mark.parametrize("arch", ["lstm", "transformer"])
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+def test_beam_as_wide_as_the_search_space_is_exhaustive_search(arch, alpha):
+    """Four generable words (<unk>, <end> and two more), captions of up to 2 tokens: 13 in all.
+    A beam of 13 keeps every one of them, so it must return the caption exhaustive search finds,
+    with the same score."""
+    vocab_size, max_len = 6, 3  # <start> + 2 output tokens
+    torch.manual_seed(0)
+    m = build_captioner(
+        CaptionConfig.preset("tiny", arch=arch, vocab_size=vocab_size, max_len=max_len)
+    ).eval()
+    with torch.no_grad():
+        m.head.weight.mul_(20)  # spread the logits: no near-ties between captions
+    x = torch.rand(3, 3, 32, 32)
+    best, n = _exhaustive_best(m, x, vocab_size, max_len - 1, alpha)
+    assert n == 13
+    hyps = decode_captions(m, x, beam_size=n, alpha=alpha)
+    for h, ((score, logp, seq), (second, _, _)) in zip(hyps, best):
+        assert score - second > 1e-4  # a unique best
+        assert h.ids == seq
+        assert h.score == pytest.approx(score, abs=1e-4)
+        assert h.logprob == pytest.approx(logp, abs=1e-4)
 
 
 class TableModel(torch.nn.Module):
     """A 'captioner' whose next-word distribution depends only on the previous word."""
+
+    @dataclass
+    class State(DecodeState):
+        pass
 
     def __init__(self, table):
         super().__init__()
@@ -124,13 +263,11 @@ class TableModel(torch.nn.Module):
         self.config = SimpleNamespace(max_len=5)
         self.dummy = torch.nn.Parameter(torch.zeros(1))
 
-    def init_state(self, images):
-        return (torch.zeros(images.shape[0], 1),)
+    def start_decoding(self, images, max_len=None):
+        return self.State()
 
-    def step(self, state, prefix):
-        return self.logp[prefix[:, -1]], state
-
-    reorder_state = staticmethod(TransformerCaptioner.reorder_state)
+    def decode_step(self, tokens, state):
+        return self.logp[tokens[:, -1]], state
 
 
 def test_beam_search_finds_the_best_caption_greedy_misses():
@@ -144,21 +281,9 @@ def test_beam_search_finds_the_best_caption_greedy_misses():
     table = [[p / sum(r) for p in r] for r in table]
     m = TableModel(table)
     x = torch.zeros(2, 3, 1, 1)
-    assert greedy_decode(m, x)[0][0] == 4
-    best = beam_decode(m, x, beam_size=2, length_penalty=0.0)
-    # exhaustive search over every caption of up to max_len - 1 tokens
-    lp = torch.log(torch.tensor(table))
-
-    def score(seq):
-        prev, s = 2, 0.0
-        for w in seq + [3]:
-            s += float(lp[prev, w])
-            prev = w
-        return s
-
-    cands = [list(c) for n in range(0, 4) for c in itertools.product([4, 5], repeat=n)]
-    assert best[0] == max(cands, key=score) == [5]
-    assert best[0] == best[1]
+    assert decode_captions(m, x)[0].ids[0] == 4
+    best = [h.ids for h in decode_captions(m, x, beam_size=2, alpha=0.0)]
+    assert best == [[5, Vocab.END]] * 2
 
 
 def test_decoding_runs_past_the_full_stop_until_end():
@@ -173,17 +298,18 @@ def test_decoding_runs_past_the_full_stop_until_end():
     table = [[p / sum(r) for p in r] for r in table]
     m = TableModel(table)
     x = torch.zeros(1, 3, 1, 1)
-    assert greedy_decode(m, x) == [[dot, two]]
-    assert beam_decode(m, x, beam_size=2) == [[dot, two]]
+    for beam in (1, 2):
+        assert [h.ids for h in decode_captions(m, x, beam_size=beam)] == [[dot, two, Vocab.END]]
     assert vocab.decode([Vocab.START, dot, two, Vocab.END]) == ". two"
 
 
 def test_beam_search_with_real_model_returns_valid_captions():
     m = tiny("transformer")
-    out = beam_decode(m, torch.rand(2, 3, 32, 32), beam_size=3)
-    assert len(out) == 2
-    for ids in out:
-        assert len(ids) <= m.config.max_len - 1 and Vocab.END not in ids and Vocab.START not in ids
+    hyps = decode_captions(m, torch.rand(2, 3, 32, 32), beam_size=3)
+    assert len(hyps) == 2
+    for h in hyps:
+        assert len(h.ids) <= m.config.max_len - 1 and Vocab.START not in h.ids
+        assert Vocab.END not in h.ids[:-1]
 
 
 def test_frozen_encoder_keeps_weights_and_batchnorm_statistics():
@@ -198,18 +324,18 @@ def test_frozen_encoder_keeps_weights_and_batchnorm_statistics():
     loss.backward()
     opt.step()
     assert all(torch.equal(before[k], v) for k, v in m.encoder.state_dict().items())
-    assert not m.encoder.training and m.head.weight.grad is not None
+    assert not m.encoder.net.training and m.head.weight.grad is not None
 
 
 def test_logit_features_feed_the_classifier_scores():
     m = tiny("lstm", features="logits", num_classes=3)
     assert m.init_h.in_features == 3
     x = torch.rand(2, 3, 32, 32)
-    torch.testing.assert_close(m.image_vector(x), m.encoder(x))
+    torch.testing.assert_close(m.image_vector(x), m.encoder.logits(x))
     assert tiny("lstm").init_h.in_features == m.encoder.feature_dim
 
 
-def test_config_checks_and_round_trip():
+def test_config_checks_presets_and_first_release_keys():
     with pytest.raises(ValueError, match="arch"):
         CaptionConfig(arch="gru")
     with pytest.raises(ValueError, match="n_heads"):
@@ -221,6 +347,12 @@ def test_config_checks_and_round_trip():
     c = CaptionConfig.preset("small", arch="lstm")
     assert CaptionConfig.from_dict(c.to_dict()) == c
     assert isinstance(build_captioner(c), LSTMCaptioner)
+    assert CaptionConfig.presets() == ["small", "tiny"]
+    # the first release's model section: the block fields it lacks get its model's values
+    first = dict(arch="transformer", vocab_size=59, d_model=48, n_heads=2, dropout=0.0)
+    c = CaptionConfig.from_dict(first)
+    assert (c.ffn, c.ffn_hidden, c.activation, c.position) == ("mlp", 96, "gelu", "learned")
+    assert isinstance(build_captioner(c), TransformerCaptioner)
 
 
 def test_wrong_image_size_is_a_clear_error():
@@ -249,6 +381,7 @@ def test_short_training_names_objects_in_the_image(tmp_path, arch, steps, margin
 
     task = CaptionTask(n_train=1500, n_val=100, n_unseen=50)
     vocab = task.vocab
+    torch.manual_seed(0)
     model = build_captioner(CaptionConfig.preset("tiny", arch=arch, vocab_size=len(vocab)))
     cfg = TrainConfig(
         steps=steps,
@@ -272,13 +405,13 @@ def test_short_training_names_objects_in_the_image(tmp_path, arch, steps, margin
         assert m[f"{what}_precision"] > m[f"other_{what}_precision"] + gap, (what, m)
     assert m["bleu"] > 20
     x = images_to_tensor(task.sets("val").images[:2])
-    assert greedy_decode(loaded, x)  # the loaded model decodes
+    assert all(h.ids for h in decode_captions(loaded, x))  # the loaded model decodes
 
 
 def test_caption_metrics_on_known_captions(monkeypatch):
     """Reference listings of unseen scenes name their held-out combination and were never
     training captions; a fixed caption names none."""
-    import attnlab.models.caption as cap
+    import attnlab.tasks.caption as cap
     from attnlab.data.scenes import SceneConfig, SceneSet
 
     cfg = SceneConfig()
@@ -315,7 +448,7 @@ def test_nearest_neighbour_baseline_retrieves_the_closest_training_caption():
     itself; scored, its captions are verbatim training captions that name only present objects."""
     from attnlab.data.scenes import SceneConfig, SceneSet
     from attnlab.experiments.caption_retrieval import nearest_neighbour_captions
-    from attnlab.models.caption import score_captions
+    from attnlab.metrics.captions import score_captions
 
     train = SceneSet(SceneConfig(), "train", 50, seed=2)
     hyps = nearest_neighbour_captions(train, train, range(50))

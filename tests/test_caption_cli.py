@@ -1,5 +1,7 @@
 """CLI: train caption, caption (greedy, beam, attention maps), eval, and bad input."""
 
+import json
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -22,6 +24,8 @@ def cap_run(tmp_path_factory):
         "--eval-every",
         "3",
         "--eval-batches",
+        "1",
+        "--log-every",
         "1",
         "--no-progress",
         "--device",
@@ -112,6 +116,49 @@ def test_attention_maps_png(cap_run, tmp_path, capsys):
     assert "Transformer captioner" in err and out == ""  # refused before captioning
 
 
+def _losses(run):
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r.get("step"), r.get("loss"), r.get("val_loss")) for r in rows]
+
+
+@pytest.mark.parametrize("run", ["tr", "lstm"])
+def test_training_again_from_the_saved_config_reproduces_the_losses(cap_run, tmp_path, run):
+    """--config with a run's own config.json (model, train and task sections, encoder
+    pre-training included) trains the same model on the same batches."""
+    saved = json.loads((cap_run / run / "config.json").read_text())
+    out = tmp_path / "again"
+    assert (
+        main(
+            ["train", "caption", "--config", str(cap_run / run / "config.json"), "--out", str(out)]
+        )
+        == 0
+    )
+    again = json.loads((out / "config.json").read_text())
+    assert {k: again[k] for k in ("kind", "model", "task")} == {
+        k: saved[k] for k in ("kind", "model", "task")
+    }
+    assert _losses(out) == _losses(cap_run / run) and len(_losses(out)) >= 4
+
+
+def test_flags_and_set_override_the_config_file(cap_run, tmp_path):
+    """defaults < --config < typed flags < --set; an undotted --set key is a model field."""
+    out = tmp_path / "x"
+    args = ["train", "caption", "--config", str(cap_run / "tr" / "config.json"), "--out", str(out)]
+    args += ["--steps", "1", "--lr", "1e-3", "--n-train", "40", "--set", "train.lr=5e-4"]
+    args += ["--set", "position=rope", "--set", "model.n_kv_heads=1", "--set", "qk_norm=rmsnorm"]
+    assert main(args + ["--set", "task.scene.colour_bias=0.5"]) == 0
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["train"]["steps"] == 1 and cfg["train"]["lr"] == 5e-4
+    assert cfg["task"]["n_train"] == 40 and cfg["task"]["scene"]["colour_bias"] == 0.5
+    m = cfg["model"]
+    assert (m["position"], m["n_kv_heads"], m["qk_norm"], m["encoder"]) == (
+        "rope",
+        1,
+        "rmsnorm",
+        "vit",
+    )
+
+
 def test_eval_reports_bleu_and_retrieval(cap_run, capsys):
     capsys.readouterr()
     assert main(["eval", str(cap_run / "lstm"), "--max-batches", "1", "--batch-size", "8"]) == 0
@@ -184,6 +231,8 @@ def test_caption_experiments_print_their_tables(tmp_path, capsys, name, expect):
         (["train", "caption", "--pretrain-steps", "-1"], "--pretrain-steps"),
         (["experiment", "caption-retrieval", "--beam", "0"], "beam"),
         (["experiment", "caption-features", "--n-eval", "0"], "n_eval"),
+        (["train", "caption", "--set", "n_heads=5"], "n_heads"),
+        (["train", "caption", "--set", "task.n_trian=5"], "n_trian"),
     ],
 )
 def test_bad_settings_stop_before_training(tmp_path, capsys, argv, msg):

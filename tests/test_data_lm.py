@@ -1,4 +1,4 @@
-"""Tokenizers, corpora, the token-id cache and the LM task's batches."""
+"""Tokenizers, corpora, the token-id cache, and the LM task: its config, batches and loss."""
 
 import numpy as np
 import pytest
@@ -6,8 +6,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnlab.config import LMTaskConfig
 from attnlab.data import corpus as corpus_mod
-from attnlab.data.corpus import LMTask, load_corpus, tokenize_cached
+from attnlab.data.corpus import load_corpus, tokenize_cached
 from attnlab.data.tokenizers import (
     ByteBPETokenizer,
     CharTokenizer,
@@ -15,6 +16,7 @@ from attnlab.data.tokenizers import (
     train_tokenizer,
 )
 from attnlab.errors import RunDirError, UserError
+from attnlab.tasks.lm import LMTask
 
 
 @pytest.fixture(autouse=True)
@@ -120,7 +122,7 @@ def test_bad_corpora(tmp_path):
         load_corpus(str(tmp_path / "emptydir"))
     (tmp_path / "tiny.txt").write_text("abc")
     with pytest.raises(UserError, match="too few"):
-        LMTask.build(str(tmp_path / "tiny.txt"), seq_len=8)
+        LMTask.build(LMTaskConfig(data=str(tmp_path / "tiny.txt"), seq_len=8))
 
 
 def test_token_ids_are_cached_and_reused(tmp_path, monkeypatch):
@@ -146,7 +148,7 @@ def test_token_ids_are_cached_and_reused(tmp_path, monkeypatch):
 def task(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("ATTNLAB_CACHE", str(tmp_path_factory.mktemp("cache")))
-    yield LMTask.build("pydoc", seq_len=32, seed=5, max_chars=60_000)
+    yield LMTask.build(LMTaskConfig(data="pydoc", seq_len=32, seed=5, max_chars=60_000))
     mp.undo()
 
 
@@ -156,7 +158,7 @@ def test_batches_are_deterministic_in_seed_split_step(task):
     assert torch.equal(x1, x2) and torch.equal(y1, y2)
     assert not torch.equal(x1, task.get_batch("train", 8, 8)[0])
     assert not torch.equal(x1, task.get_batch("val", 7, 8)[0][:, :32])
-    other = LMTask(task.ids, task.tokenizer, seq_len=32, seed=6)
+    other = LMTask(task.ids, task.tokenizer, task.config.replace(seed=6))
     assert not torch.equal(x1, other.get_batch("train", 7, 8)[0])
     assert x1.shape == (8, 32) and x1.dtype == torch.long
     assert torch.equal(x1[:, 1:], y1[:, :-1])  # targets are the inputs shifted by one
@@ -180,7 +182,10 @@ def test_splits_are_disjoint_tail_and_eval_batches_fixed(task):
 
 
 def test_loss_adds_the_moe_aux_loss(task):
+    """The task's loss is CE + moe_aux_coef × the load-balancing losses of every MoE layer,
+    recomputed here from each layer's router on the input that layer saw."""
     from attnlab.config import ModelConfig
+    from attnlab.layers.moe import load_balancing_loss
     from attnlab.models.lm import DecoderLM
 
     model = DecoderLM(
@@ -190,6 +195,69 @@ def test_loss_adds_the_moe_aux_loss(task):
     )
     batch = task.get_batch("train", 0, 4)
     loss, metrics = task.loss(model, batch, None)
+    inputs = []
+    hooks = [
+        b.ffn.register_forward_pre_hook(lambda m, a: inputs.append(a[0])) for b in model.blocks
+    ]
+    logits = model(batch[0])
+    for h in hooks:
+        h.remove()
+    aux = 0.0
+    for block, x in zip(model.blocks, inputs):
+        moe = block.ffn
+        probs = moe.router(x.reshape(-1, x.shape[-1])).float().softmax(-1)  # (N, E)
+        aux = aux + load_balancing_loss(probs, probs.topk(moe.top_k, -1).indices, moe.n_experts)
+    ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[1].flatten())
+    torch.testing.assert_close(loss, ce + 0.5 * aux, atol=1e-5, rtol=0)
+    assert metrics["aux"] == pytest.approx(float(aux.detach()), rel=1e-5) and metrics["aux"] > 0
+    assert loss.requires_grad  # the aux term trains the routers
+    loss.backward()
+    assert all(b.ffn.router.weight.grad.abs().sum() > 0 for b in model.blocks)
+
+
+def test_a_dense_model_has_no_aux_term(task):
+    from attnlab.config import ModelConfig
+    from attnlab.models.lm import DecoderLM
+
+    model = DecoderLM(ModelConfig.preset("tiny", vocab_size=task.vocab_size, max_seq_len=32))
+    batch = task.get_batch("train", 0, 4)
+    loss, metrics = task.loss(model, batch, None)
     ce = torch.nn.functional.cross_entropy(model(batch[0]).flatten(0, 1), batch[1].flatten())
-    torch.testing.assert_close(loss, ce + 0.5 * model.aux_loss, atol=1e-5, rtol=0)
-    assert metrics["aux"] > 0
+    torch.testing.assert_close(loss, ce, atol=1e-6, rtol=0)
+    assert metrics == {}
+
+
+def test_task_config_is_config_json_task_and_reads_first_release_dicts(task):
+    """config_dict() is config.json's "task": LMTaskConfig's fields plus the token counts, which
+    LMTaskConfig accepts and drops on input (first-release run directories have them too)."""
+    d = task.config_dict()
+    assert d["n_tokens"] == {"train": len(task.splits["train"]), "val": len(task.splits["val"])}
+    assert LMTaskConfig.from_dict(d) == task.config
+    assert d["vocab_size"] == task.tokenizer.vocab_size and d["seed"] == 5
+    first_release = {
+        "type": "lm",
+        "data": "pydoc",
+        "tokenizer": "char",
+        "vocab_size": 100,
+        "seq_len": 64,
+        "seed": 0,
+        "val_fraction": 0.1,
+        "max_chars": 200000,
+        "n_tokens": {"train": 180000, "val": 20000},
+    }
+    cfg = LMTaskConfig.from_dict(first_release)
+    assert cfg.seq_len == 64 and cfg.max_chars == 200000
+    with pytest.raises(UserError, match="seq_len must be positive"):
+        LMTaskConfig(seq_len=0)
+    with pytest.raises(UserError, match="unknown LMTaskConfig field"):
+        LMTaskConfig.from_dict({"seq_lenn": 3})
+    with pytest.raises(UserError, match="tokenizer"):
+        LMTaskConfig(tokenizer="word")
+
+
+def test_from_config_rebuilds_the_same_batches(task):
+    again = LMTask.from_config(task.config_dict(), task.tokenizer)
+    assert again.config == task.config
+    assert torch.equal(again.get_batch("train", 3, 4)[0], task.get_batch("train", 3, 4)[0])
+    with pytest.raises(UserError, match="not a language-modelling task"):
+        LMTask.from_config({"type": "translation"}, task.tokenizer)

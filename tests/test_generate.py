@@ -1,15 +1,20 @@
-"""Generation: KV-cache decoding equals full recomputation for every preset and position scheme,
+"""Generation: KV-cache decoding equals full recomputation for every preset and position scheme
+(through the caches and through decode_step), the LSTM's decode_step equals its full forward,
 batched left-padded prompts equal each prompt alone, greedy equals a hand-written argmax loop,
-top-k / top-p restrict the support, stop ids, the sliding context, bad input."""
+beam search as wide as the search space equals exhaustive search, top-k / top-p restrict the
+support, stop ids, the sliding context, bad input."""
+
+import itertools
 
 import pytest
 import torch
 
 from attnlab import generate as attnlab_generate
-from attnlab.config import PRESETS, ModelConfig
+from attnlab.config import PRESETS, BigramConfig, LSTMConfig, ModelConfig
+from attnlab.decoding import beam_generate, generate, left_pad, sample_next
 from attnlab.errors import UserError
-from attnlab.decoding import generate, left_pad, sample_next
 from attnlab.models.lm import DecoderLM
+from attnlab.models.rnn_lm import LSTMLM, BigramLM
 
 SHRINK = dict(n_layers=1, vocab_size=64, max_seq_len=64)
 CASES = [(n, SHRINK if n.endswith("small") or n == "gpt2" else {}) for n in PRESETS] + [
@@ -150,7 +155,7 @@ def test_package_attribute_generate_is_the_function_even_after_importing_the_mod
 
     import attnlab
 
-    importlib.import_module("attnlab.generate")
+    importlib.import_module("attnlab.decoding.sampling")  # where generate lives now
     assert callable(attnlab.generate) and attnlab.generate.__name__ == "generate"
 
 
@@ -160,9 +165,9 @@ def test_cache_is_sized_for_the_request_not_the_whole_context(monkeypatch):
     sizes = []
     original = model.make_caches
 
-    def spy(batch, max_len):
+    def spy(batch, max_len, **kwargs):
         sizes.append(max_len)
-        return original(batch, max_len)
+        return original(batch, max_len, **kwargs)
 
     monkeypatch.setattr(model, "make_caches", spy)
     idx = torch.randint(0, model.config.vocab_size, (2, 5))
@@ -170,3 +175,107 @@ def test_cache_is_sized_for_the_request_not_the_whole_context(monkeypatch):
     assert out.shape == (2, 12)
     assert sizes == [12]
     assert torch.equal(out, generate(model, idx, 7, temperature=0.0, use_cache=False))
+
+
+@pytest.mark.parametrize("name,overrides", CASES[:4] + CASES[-5:], ids=IDS[:4] + IDS[-5:])
+def test_decode_step_logits_equal_the_full_forward(name, overrides):
+    """decode_step (the interface every search uses): a prompt, then one token at a time, gives
+    the logits a full forward gives at each position."""
+    cfg = ModelConfig.preset(name, **overrides)
+    model = DecoderLM(cfg).eval()
+    idx = torch.randint(0, cfg.vocab_size, (2, 12))
+    with torch.no_grad():
+        full = model(idx)  # (B, T, V)
+        state = model.start_decoding(2, 12)
+        logits, state = model.decode_step(idx[:, :4], state)
+        steps = [logits]
+        for t in range(4, 12):
+            logits, state = model.decode_step(idx[:, t : t + 1], state)
+            steps.append(logits)
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, 3:], atol=1e-5, rtol=0)
+
+
+def _lstm(**kw):
+    torch.manual_seed(0)
+    return LSTMLM(LSTMConfig.preset("tiny", vocab_size=50, max_seq_len=32, **kw)).eval()
+
+
+@pytest.mark.parametrize("n_layers", [1, 2])
+def test_lstm_decode_step_equals_its_full_forward(n_layers):
+    model = _lstm(n_layers=n_layers)
+    idx = torch.randint(0, 50, (3, 10))
+    with torch.no_grad():
+        full = model(idx)  # (B, T, V)
+        logits, state = model.decode_step(idx[:, :3], model.start_decoding(3, 10))
+        steps = [logits]
+        for t in range(3, 10):
+            logits, state = model.decode_step(idx[:, t : t + 1], state)
+            steps.append(logits)
+        # the state is batch-first, so reordering rows (beam search) selects whole states
+        state.reorder(torch.tensor([2, 0]))
+        nxt, _ = model.decode_step(idx[[2, 0], 9:], state)
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, 2:], atol=1e-5, rtol=0)
+    both = torch.cat([idx[[2, 0]], idx[[2, 0], 9:]], 1)
+    torch.testing.assert_close(nxt, model(both)[:, -1], atol=1e-5, rtol=0)
+
+
+def test_lstm_generates_through_its_state_like_recomputation():
+    model = _lstm(n_layers=2)
+    idx = torch.randint(0, 50, (2, 5))
+    with torch.no_grad():
+        ref = _greedy_reference(model, idx, 12)
+    assert torch.equal(generate(model, idx, 12, temperature=0), ref)
+    assert torch.equal(generate(model, idx, 12, temperature=0, use_cache=False), ref)
+
+
+def _exhaustive_best(model, prompt, n):
+    """The continuation of ``n`` tokens with the largest log-probability, by enumerating every
+    one and scoring it with a full forward pass."""
+    V = model.config.vocab_size
+    conts = torch.tensor(list(itertools.product(range(V), repeat=n)))  # (V^n, n)
+    seqs = torch.cat([prompt.expand(len(conts), -1), conts], 1)  # (V^n, T + n)
+    with torch.no_grad():
+        logp = model(seqs).log_softmax(-1)[:, prompt.shape[1] - 1 : -1]  # (V^n, n, V)
+    scores = logp.gather(-1, conts[..., None]).squeeze(-1).sum(-1)  # (V^n,)
+    best = int(scores.argmax())
+    return conts[best].tolist(), float(scores[best]), scores
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: DecoderLM(ModelConfig.preset("tiny", vocab_size=4, max_seq_len=16)),
+        lambda: DecoderLM(ModelConfig.preset("llama-tiny", vocab_size=4, max_seq_len=16)),
+        lambda: LSTMLM(LSTMConfig.preset("tiny", vocab_size=4, max_seq_len=16)),
+    ],
+    ids=["gpt2", "llama", "lstm"],
+)
+def test_beam_as_wide_as_the_search_space_is_exhaustive_search(make):
+    """V = 4 and 3 new tokens: a beam of 64 keeps every continuation, so its best is the best of
+    all 64 scored one by one; a narrower beam never scores higher."""
+    torch.manual_seed(1)
+    model = make().eval()
+    with torch.no_grad():  # sharper distributions than the init's near-uniform ones
+        model.lm_head.weight.mul_(20 if isinstance(model, DecoderLM) else 5)
+    prompts = torch.randint(0, 4, (2, 3))
+    hyps = beam_generate(model, prompts, 3, beam=64)
+    for b, hyp in enumerate(hyps):
+        best, score, scores = _exhaustive_best(model, prompts[b : b + 1], 3)
+        assert hyp.ids == best
+        assert hyp.logprob == pytest.approx(score, abs=1e-4)
+        assert (scores.sort(descending=True).values[:2].diff().abs() > 1e-4).all()  # no tie
+        narrow = beam_generate(model, prompts[b : b + 1], 3, beam=2)[0]
+        assert narrow.logprob <= score + 1e-5
+    greedy = generate(model, prompts, 3, temperature=0)[:, 3:].tolist()
+    assert [h.ids for h in beam_generate(model, prompts, 3, beam=1)] == greedy
+
+
+def test_the_bigram_table_generates_by_recomputation_and_refuses_beam_search():
+    model = BigramLM(BigramConfig(vocab_size=10, max_seq_len=8)).eval()
+    with torch.no_grad():
+        model.table.weight.copy_(torch.randn(10, 10))
+    out = generate(model, torch.tensor([[3]]), 20, temperature=0)  # slides past max_seq_len
+    for t in range(1, 21):
+        assert int(out[0, t]) == int(model.table.weight[out[0, t - 1]].argmax())
+    with pytest.raises(UserError, match="beam search needs"):
+        beam_generate(model, torch.tensor([[3]]), 2, beam=2)

@@ -57,13 +57,19 @@ def test_folder_that_is_not_a_checkpoint(tmp_path):
 
 def test_unsupported_architecture_lists_supported(tmp_path):
     (tmp_path / "config.json").write_text(
-        json.dumps({"architectures": ["BertForMaskedLM"], "model_type": "bert"})
+        json.dumps({"architectures": ["T5ForConditionalGeneration"], "model_type": "t5"})
     )
     with pytest.raises(
-        UserError, match="unsupported Hugging Face architecture BertForMaskedLM"
+        UserError, match="unsupported Hugging Face architecture T5ForConditionalGeneration"
     ) as e:
         from_hf(tmp_path)
-    for arch in ("GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "ViTModel"):
+    for arch in (
+        "GPT2LMHeadModel",
+        "LlamaForCausalLM",
+        "MixtralForCausalLM",
+        "ViTModel",
+        "BertForMaskedLM",
+    ):
         assert arch in str(e.value) and arch in SUPPORTED_ARCHITECTURES
 
 

@@ -301,7 +301,7 @@ def test_dtype_option(tmp_path):
     model = from_hf(tmp_path / "hf", dtype="bfloat16")
     assert model.tok_emb.weight.dtype == torch.bfloat16
     # RoPE frequencies stay fp32: θ^(−2i/D) exactly, not rounded to bf16's 8-bit mantissa
-    inv_freq = model.blocks[0].attn.rope.inv_freq
+    inv_freq = model.pos_emb.inv_freq  # the one RoPE module every block uses
     D = model.config.head_dim or model.config.d_model // model.config.n_heads
     expected = 1.0 / model.config.rope_theta ** (torch.arange(0, D, 2).float() / D)
     assert inv_freq.dtype == torch.float32 and torch.equal(inv_freq, expected)

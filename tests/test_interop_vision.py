@@ -1,8 +1,8 @@
 """from_hf / to_hf for ViT and Swin folders, against live Hugging Face models.
 
-The conversions themselves live in attnlab.models.vit / .swin (tested there); these tests cover
-the folder path: config + safetensors in, the same logits out, older key names accepted, and the
-exported folder read back by transformers weight for weight.
+The conversions themselves live in attnlab.interop.vision (tested in test_vit / test_swin); these
+tests cover the folder path: config + safetensors in, the same logits out, older key names
+accepted, and the exported folder read back by transformers weight for weight.
 """
 
 from __future__ import annotations

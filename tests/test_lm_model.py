@@ -1,11 +1,18 @@
 """DecoderLM and its config: every preset trains (forward, backward, gradients everywhere, no NaN),
-causality, left-padding invariance, checkpointing, tying, MoE aux loss, config validation."""
+causality, left-padding invariance, checkpointing, tying, MoE aux losses reported (not stored),
+attention weights equal to the softmax recomputed from each layer's projections, no per-call
+state on modules, config validation."""
+
+import math
 
 import pytest
 import torch
 
+from attnlab.attention import capture_attention, collect_aux_losses, repeat_kv
 from attnlab.config import PRESETS, ModelConfig
-from attnlab.layers.moe import MoE
+from attnlab.layers.moe import MoE, load_balancing_loss
+from attnlab.layers.position import RotaryEmbedding
+from attnlab.layers.position.alibi import alibi_slopes
 from attnlab.models.lm import DecoderLM
 
 # the big presets keep their style and width but get one layer and a small vocabulary here
@@ -41,12 +48,16 @@ def test_preset_sweep_forward_backward_every_parameter_gets_a_gradient(name, ove
     cfg = small(name, **overrides)
     model = DecoderLM(cfg).train()
     idx = torch.randint(0, cfg.vocab_size, (2, 12))
-    logits = model(idx)
+    with collect_aux_losses() as aux:
+        logits = model(idx)
     assert logits.shape == (2, 12, cfg.vocab_size)
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), idx.roll(-1, 1).flatten())
     if cfg.ffn == "moe":
-        assert model.aux_loss.requires_grad and model.aux_loss > 0
-        loss = loss + cfg.moe_aux_coef * model.aux_loss
+        assert len(aux.losses) == cfg.n_layers
+        assert aux.total().requires_grad and aux.total() > 0
+        loss = loss + cfg.moe_aux_coef * aux.total()
+    else:
+        assert aux.losses == []
     loss.backward()
     assert torch.isfinite(loss)
     for pname, p in model.named_parameters():
@@ -107,7 +118,9 @@ def test_layout_and_tying():
     blk = gpt.blocks[0]
     assert blk.attn.qkv.weight.shape == (3 * 64, 64) and blk.ffn.fc1.weight.shape == (256, 64)
     llama = DecoderLM(ModelConfig.preset("llama-tiny"))
-    assert llama.lm_head.weight is not llama.tok_emb.weight and not hasattr(llama, "pos_emb")
+    assert llama.lm_head.weight is not llama.tok_emb.weight
+    assert isinstance(llama.pos_emb, RotaryEmbedding) and not list(llama.pos_emb.parameters())
+    assert llama.blocks[0].attn.positions is llama.pos_emb  # one position module for all blocks
     assert llama.blocks[0].attn.qkv.weight.shape == ((4 + 2 * 2) * 16, 64)
     assert llama.blocks[0].attn.qkv.bias is None
     assert all(hasattr(llama.blocks[0].ffn, n) for n in ("gate", "up", "down"))
@@ -117,13 +130,121 @@ def test_layout_and_tying():
     assert isinstance(post.norm_f, torch.nn.Identity)
 
 
-def test_mixtral_aux_loss_is_sum_over_layers():
+def test_mixtral_reports_each_layers_load_balancing_loss():
+    """collect_aux_losses gets one loss per MoE layer, equal to load_balancing_loss recomputed
+    from that layer's router on the input it saw; nothing is kept on the modules."""
     model = DecoderLM(ModelConfig.preset("mixtral-tiny"))
-    model(torch.randint(0, 256, (2, 8)))
-    expected = sum(b.ffn.aux_loss for b in model.blocks)
-    torch.testing.assert_close(model.aux_loss, expected)
+    inputs = []
+    hooks = [
+        b.ffn.register_forward_pre_hook(lambda m, a: inputs.append(a[0])) for b in model.blocks
+    ]
+    with collect_aux_losses() as aux:
+        model(torch.randint(0, 256, (2, 8)))
+    for h in hooks:
+        h.remove()
+    expected = []
+    for block, x in zip(model.blocks, inputs):
+        moe = block.ffn
+        probs = moe.router(x.reshape(-1, x.shape[-1])).float().softmax(-1)  # (N, E)
+        top = probs.topk(moe.top_k, dim=-1).indices  # (N, K)
+        expected.append(load_balancing_loss(probs, top, moe.n_experts))
+        assert torch.equal(
+            aux.expert_counts[len(expected) - 1],
+            torch.bincount(top.flatten(), minlength=moe.n_experts),
+        )
+    assert len(aux.losses) == len(expected) == 2
+    for got, want in zip(aux.losses, expected):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(aux.total(), sum(expected))
     # uniform routing would give top_k per layer; a random init is close to it
-    assert 0.5 * 2 * 2 < float(model.aux_loss.detach()) < 2 * 2 * 2
+    assert 0.5 * 2 * 2 < float(aux.total().detach()) < 2 * 2 * 2
+    # outside a collection a forward reports nowhere and keeps nothing
+    model(torch.randint(0, 256, (2, 8)))
+    assert not any(hasattr(m, "aux_loss") or hasattr(m, "expert_counts") for m in model.modules())
+
+
+def _reference_weights(model, attn, x, T):
+    """softmax(QKᵀ/√D + ALiBi + causal mask) recomputed from a layer's projections."""
+    c = model.config
+    B, H, Hkv, D = x.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
+    q, k, _ = attn.qkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
+    q = attn.q_norm(q.view(B, T, H, D).transpose(1, 2))  # (B, H, T, D)
+    k = attn.k_norm(k.view(B, T, Hkv, D).transpose(1, 2))  # (B, Hkv, T, D)
+    pos = torch.arange(T)
+    if c.position == "rope":
+        q, k = model.pos_emb.rotate(q, k, pos, pos)
+    scores = q @ repeat_kv(k, H // Hkv).transpose(-1, -2) / math.sqrt(D)  # (B, H, T, T)
+    if c.position == "alibi":
+        scores = scores - alibi_slopes(H)[:, None, None] * (pos[:, None] - pos[None, :]).abs()
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    return scores.masked_fill(~causal, float("-inf")).softmax(-1)
+
+
+@pytest.mark.parametrize(
+    "name,overrides",
+    [("tiny", {}), ("llama-tiny", {"qk_norm": "rmsnorm"}), ("tiny", {"position": "alibi"})],
+)
+def test_attention_weights_are_the_softmax_of_each_layers_scores(name, overrides):
+    """need_weights=True and capture_attention give, per block, softmax(QKᵀ/√D + bias + causal
+    mask) recomputed from that block's Q/K projections of the input it saw."""
+    model = DecoderLM(small(name, backend="sdpa", **overrides)).eval()
+    inputs = []
+    hooks = [
+        b.attn.register_forward_pre_hook(lambda m, a: inputs.append(a[0])) for b in model.blocks
+    ]
+    idx = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        logits, weights = model(idx, need_weights=True)
+        with capture_attention(model) as maps:
+            captured = model(idx)
+        for h in hooks:
+            h.remove()
+        expected = [_reference_weights(model, b.attn, x, 9) for b, x in zip(model.blocks, inputs)]
+    torch.testing.assert_close(logits, captured)
+    assert len(weights) == len(expected) == model.config.n_layers
+    for i, (w, ref) in enumerate(zip(weights, expected)):
+        assert w.shape == (2, model.config.n_heads, 9, 9)
+        torch.testing.assert_close(w, ref, atol=1e-5, rtol=0)
+        torch.testing.assert_close(maps[f"blocks.{i}.attn"], ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits, model(idx), atol=1e-5, rtol=0)  # same as the sdpa path
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama-tiny", "mixtral-tiny"])
+def test_a_forward_leaves_no_per_call_state_on_any_module(name):
+    """Every module's attributes (vars) are the same before and after forwards, training or not,
+    with or without weights, caches or a capture: nothing of a call is kept."""
+    model = DecoderLM(small(name))
+
+    def snapshot():
+        return {
+            n: {k: v for k, v in vars(m).items() if k != "training"}
+            for n, m in model.named_modules()
+        }
+
+    def same(a, b):
+        assert a.keys() == b.keys()
+        for name in a:
+            assert a[name].keys() == b[name].keys(), name
+            for k in a[name]:
+                x, y = a[name][k], b[name][k]
+                if isinstance(x, dict):  # _parameters, _buffers, _modules: the same objects
+                    assert x.keys() == y.keys() and all(x[j] is y[j] for j in x), (name, k)
+                else:
+                    assert x is y or x == y, (name, k)
+
+    before = snapshot()
+    idx = torch.randint(0, 256, (2, 8))
+    model.train()
+    model(idx).sum().backward()
+    model.eval()
+    with torch.no_grad():
+        model(idx, need_weights=True)
+        with capture_attention(model), collect_aux_losses():
+            model(idx)
+        state = model.start_decoding(2, 10)
+        model.decode_step(idx, state)
+        model.decode_step(idx[:, :1], state)
+    same(before, snapshot())
 
 
 def test_config_roundtrip_and_derived_values():

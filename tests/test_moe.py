@@ -1,4 +1,5 @@
-"""Mixture of experts: parameter and FLOP scaling, exactly top-k experts per token, the aux loss."""
+"""Mixture of experts: parameter and FLOP scaling, exactly top-k experts per token, the aux loss
+and expert counts reported to collect_aux_losses (never kept on the layer)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from attnlab.attention import collect_aux_losses
 from attnlab.layers import MLP, MoE, SwiGLU, load_balancing_loss
 
 C, I, E = 16, 24, 8  # d_model, expert hidden width, experts
@@ -79,10 +81,21 @@ def test_each_token_mixes_exactly_top_k_experts(expert, top_k):
 
 def test_expert_counts_sum_to_tokens_times_top_k():
     moe = MoE(C, I, E, top_k=3)
-    moe(torch.randn(3, 7, C))
-    assert moe.expert_counts.shape == (E,)
-    assert moe.expert_counts.sum().item() == 3 * 7 * 3
-    assert (moe.expert_counts >= 0).all()
+    with collect_aux_losses() as aux:
+        moe(torch.randn(3, 7, C))
+    (counts,) = aux.expert_counts
+    assert counts.shape == (E,)
+    assert counts.sum().item() == 3 * 7 * 3
+    assert (counts >= 0).all()
+    assert not hasattr(moe, "expert_counts") and not hasattr(moe, "aux_loss")  # nothing kept
+
+
+def _aux(moe, x):
+    """The load-balancing loss and expert counts one forward reports."""
+    with collect_aux_losses() as aux:
+        moe(x)
+    (loss,), (counts,) = aux.losses, aux.expert_counts
+    return loss, counts
 
 
 @pytest.mark.parametrize("top_k", [1, 2])
@@ -91,8 +104,7 @@ def test_aux_loss_is_top_k_under_uniform_routing_and_larger_when_skewed(top_k):
     x = torch.randn(64, C)
     with torch.no_grad():
         moe.router.weight.zero_()  # every expert equally likely for every token
-    moe(x)
-    assert moe.aux_loss.item() == pytest.approx(top_k, abs=1e-6)
+    assert _aux(moe, x)[0].item() == pytest.approx(top_k, abs=1e-6)
     # balanced hard routing: token n prefers expert n mod E
     probs = F.one_hot(torch.arange(64) % E, E).float() * 0.9 + 0.1 / E
     top_idx = probs.topk(top_k, dim=-1).indices
@@ -103,12 +115,11 @@ def test_aux_loss_is_top_k_under_uniform_routing_and_larger_when_skewed(top_k):
         direction = torch.randn(C)
         direction /= direction.norm()
         moe.router.weight[0] = 4 * direction
-    moe(0.3 * torch.randn(64, C) + 3 * direction)
-    assert moe.expert_counts[0].item() == 64
-    assert moe.aux_loss.item() > top_k + 1
+    loss, counts = _aux(moe, 0.3 * torch.randn(64, C) + 3 * direction)
+    assert counts[0].item() == 64
+    assert loss.item() > top_k + 1
     # the loss is differentiable w.r.t. the router, so training can push towards balance
-    moe(x)
-    moe.aux_loss.backward()
+    _aux(moe, x)[0].backward()
     assert moe.router.weight.grad.abs().sum() > 0
 
 

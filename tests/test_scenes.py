@@ -9,22 +9,23 @@ from PIL import Image
 from attnlab.data.scenes import (
     COLOURS,
     QUESTION_TYPES,
-    CaptionTask,
     Scene,
     SceneConfig,
     SceneObject,
     SceneSet,
     Vocab,
-    VQATask,
     answer_list,
     build_vocab,
     mentioned_objects,
     read_scene_image,
+    render_scene,
     scene_captions,
     scene_questions,
     shape_label,
 )
 from attnlab.errors import UserError
+from attnlab.tasks.caption import CaptionTask, CaptionTaskConfig
+from attnlab.tasks.vqa import VQATask
 
 
 def make_scene(*objs) -> Scene:
@@ -129,7 +130,7 @@ def test_captions_of_the_hand_layout():
 
 
 def test_render_puts_each_colour_at_its_object():
-    img = LAYOUT.render()
+    img = render_scene(LAYOUT)
     assert img.shape == (32, 32, 3) and img.dtype == np.uint8
     for o in LAYOUT.objects:
         assert tuple(img[int(o.y), int(o.x)]) == COLOURS[o.colour]
@@ -139,7 +140,7 @@ def test_render_puts_each_colour_at_its_object():
 def test_shapes_are_told_apart_by_pixels():
     areas = {}
     for shape in ("circle", "square", "triangle"):
-        img = make_scene(("red", shape, 16, 16)).render()
+        img = render_scene(make_scene(("red", shape, 16, 16)))
         areas[shape] = int((img == COLOURS["red"]).all(-1).sum())
     assert areas["triangle"] < areas["circle"] < areas["square"] or len(set(areas.values())) == 3
 
@@ -204,7 +205,7 @@ def test_shape_label_is_the_majority_shape():
 
 def test_read_scene_image_errors(tmp_path):
     good = tmp_path / "s.png"
-    Image.fromarray(LAYOUT.render()).save(good)
+    Image.fromarray(render_scene(LAYOUT)).save(good)
     x = read_scene_image(good, 32)
     assert x.shape == (1, 3, 32, 32) and float(x.max()) <= 1.0
     with pytest.raises(UserError, match="64x64"):
@@ -218,7 +219,7 @@ def test_read_scene_image_errors(tmp_path):
     with pytest.raises(UserError, match="not an image file"):
         read_scene_image(tmp_path, 32)
     grey = tmp_path / "grey.png"  # other modes are converted to RGB
-    Image.fromarray(LAYOUT.render()[..., 0]).save(grey)
+    Image.fromarray(render_scene(LAYOUT)[..., 0]).save(grey)
     torch.testing.assert_close(read_scene_image(grey, 32)[0, 1], x[0, 0])
 
 
@@ -256,3 +257,17 @@ def test_tasks_batches_are_deterministic_and_split_over_ranks():
     assert cb["tokens"][:, 0].eq(Vocab.START).all() and cb["images"].shape == (6, 3, 32, 32)
     assert (cb["tokens"] == Vocab.END).sum() == 6
     assert cap.config_dict()["scene"]["image_size"] == 32
+
+
+def test_task_config_round_trips_and_reads_first_release_task_sections():
+    """config.json's "task" is the task config's to_dict(); the first release also wrote the
+    task's name there, which is accepted and dropped."""
+    cfg = CaptionTaskConfig(scene=SceneConfig(image_size=48), n_train=30, pretrain_steps=2)
+    assert CaptionTaskConfig.from_dict(cfg.to_dict()) == cfg
+    old = {"name": "caption", **cfg.to_dict()}
+    del old["eval_scenes"], old["pretrain_steps"]  # not in the first release
+    assert CaptionTaskConfig.from_dict(old).scene.image_size == 48
+    task = CaptionTask(cfg)
+    assert task.config_dict() == cfg.to_dict() and task.sets("train").images.shape[1] == 48
+    with pytest.raises(ValueError, match="n_trian"):
+        CaptionTaskConfig.from_dict({"n_trian": 3})

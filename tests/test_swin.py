@@ -8,16 +8,17 @@ import pytest
 import torch
 import transformers  # test extra, pinned in pyproject
 
+from attnlab.config.block import BlockConfig
+from attnlab.config.vision import SwinConfig
 from attnlab.errors import UserError
-from attnlab.models.swin import (
+from attnlab.interop.hf.vision import swin_from_hf_state_dict, swin_to_hf
+from attnlab.layers.position.relative import RelativePositionBias
+from attnlab.models.vision.swin import (
     PatchMerging,
-    RelativePositionBias,
     SwinBlock,
-    SwinConfig,
     SwinTransformer,
+    build_swin_block,
     shifted_window_mask,
-    swin_from_hf_state_dict,
-    swin_to_hf,
     window_partition,
     window_reverse,
 )
@@ -150,7 +151,7 @@ def test_relative_position_index_formula():
             assert rpb.index[i, j] == (ri - rj + w - 1) * (2 * w - 1) + (ci - cj + w - 1)
     with torch.no_grad():
         rpb.table.copy_(torch.randn_like(rpb.table))
-    bias = rpb()
+    bias = rpb.bias()
     assert bias.shape == (2, w * w, w * w)
     # same offset -> same bias
     assert torch.equal(bias[:, 0, 4], bias[:, 4, 8])  # (0,0)-(1,1) and (1,1)-(2,2)
@@ -177,21 +178,8 @@ def test_patch_merging_concatenates_2x2_neighbours_in_hf_order():
 
 
 def _block(shift: int) -> SwinBlock:
-    blk = SwinBlock(
-        8,
-        2,
-        resolution=8,
-        window_size=4,
-        shift=shift,
-        mlp_ratio=2.0,
-        activation="gelu",
-        norm_eps=1e-5,
-        qkv_bias=True,
-        dropout=0.0,
-        attn_dropout=0.0,
-        drop_path=0.0,
-        backend="auto",
-    ).eval()
+    cfg = BlockConfig(d_model=8, n_heads=2, ffn_hidden=16, activation="gelu")
+    blk = build_swin_block(cfg, resolution=8, window_size=4, shift=shift).eval()
     with torch.no_grad():
         blk.rel_pos.table.normal_()
     return blk
@@ -283,29 +271,130 @@ def test_bad_sizes_name_the_values():
 def test_swin_without_qkv_bias_matches_hf():
     hf = _hf_swin(transformers.SwinModel, qkv_bias=False)
     ours = swin_from_hf_state_dict(hf.config.to_dict(), hf.state_dict()).eval()
-    assert ours.stages[0].blocks[0].attn.qkv.bias is None
+    assert ours.stages[0].blocks[0].block.attn.qkv.bias is None
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours.features(x), hf(x).last_hidden_state, atol=1e-5, rtol=0)
 
 
-def test_from_hf_folder_goes_through_this_conversion(tmp_path, monkeypatch):
-    """attnlab.interop.from_hf loads Swin folders with swin_from_hf_state_dict, the function the
-    parity tests above check, and gives the same logits."""
-    import attnlab.models.swin as swin_module
+def test_from_hf_folder_goes_through_this_conversion(tmp_path):
+    """attnlab.interop.from_hf loads Swin folders through the same key map as swin_from_hf_state_dict,
+    the function the parity tests above check: the same weights, the same logits."""
+    from safetensors.torch import load_file
+
     from attnlab.interop import from_hf
 
     hf = _hf_swin(transformers.SwinForImageClassification)
     hf.save_pretrained(tmp_path)
-    calls = []
-
-    def spy(cfg_dict, state_dict):
-        calls.append(sorted(state_dict))
-        return swin_from_hf_state_dict(cfg_dict, state_dict)
-
-    monkeypatch.setattr(swin_module, "swin_from_hf_state_dict", spy)
     ours = from_hf(tmp_path)
-    assert len(calls) == 1
+    direct = swin_from_hf_state_dict(hf.config.to_dict(), load_file(tmp_path / "model.safetensors"))
+    assert set(ours.state_dict()) == set(direct.state_dict())
+    for name, t in direct.state_dict().items():
+        assert torch.equal(ours.state_dict()[name], t), name
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-5, rtol=0)
+
+
+def test_need_weights_are_softmax_of_qk_plus_table_and_shift_mask():
+    """A shifted block's returned weights = softmax(QKᵀ/√d + B) over the windows, with the pairs
+    the shift mask separates at zero; the model keeps no weights."""
+    model = SwinTransformer(SwinConfig.preset("tiny")).eval()
+    swin_blk = model.stages[0].blocks[1]  # 4×4 map, 2×2 windows shifted by 1
+    assert swin_blk.shift == 1
+    seen = {}
+
+    def hook(module, args, kwargs):
+        seen.update(h=args[0], mask=kwargs["mask"], bias=kwargs["attn_bias"])
+
+    swin_blk.block.register_forward_pre_hook(hook, with_kwargs=True)
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        logits, weights = model(x, need_weights=True)
+        torch.testing.assert_close(logits, model(x))
+    assert len(weights) == 4 and not hasattr(model, "attn_weights")
+    blk, h = swin_blk.block, seen["h"]  # h: (B·nW, Nw, C) = (8, 4, 32)
+    with torch.no_grad():
+        q, k, _ = blk.attn.qkv(blk.norm1(h)).split(32, dim=-1)
+        q, k = (t.view(8, 4, 2, 16).transpose(1, 2) for t in (q, k))  # (B·nW, Hh, Nw, D)
+        scores = q @ k.transpose(-1, -2) / 16**0.5 + swin_blk.rel_pos.bias()
+        ref = scores.masked_fill(~seen["mask"], float("-inf")).softmax(-1)
+    torch.testing.assert_close(weights[1], ref, atol=1e-5, rtol=1e-5)
+    assert seen["mask"].shape == (8, 1, 4, 4) and (weights[1] == 0).any()
+
+
+def test_drop_path_drops_whole_images_not_windows():
+    """Stochastic depth in a Swin block draws once per image for all of its windows."""
+    from attnlab.layers.drop_path import DropPath
+
+    cfg = BlockConfig(d_model=8, n_heads=2, ffn_hidden=16)
+    blk = build_swin_block(cfg, resolution=8, window_size=4, shift=2, drop_path=0.5)
+    assert isinstance(blk.block.drop_path, DropPath) and blk.block.drop_path.group == 4
+    dp = DropPath(0.5, group=4).train()
+    out = dp(torch.ones(64, 3))  # 16 images of 4 windows each
+    per_image = out.view(16, 4, 3)
+    assert torch.equal(per_image, per_image[:, :1].expand(16, 4, 3))  # one fate per image
+    assert set(out.unique().tolist()) == {0.0, 2.0}
+    model = SwinTransformer(SwinConfig.preset("tiny", drop_path=0.2))
+    rates = [getattr(b.block.drop_path, "p", 0.0) for s in model.stages for b in s.blocks][1:]
+    torch.testing.assert_close(torch.tensor(rates), torch.tensor([0.2 / 3, 0.4 / 3, 0.2]))
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        dict(n_kv_heads=[1, 2], qk_norm="rmsnorm", ffn="swiglu", activation="silu"),
+        dict(ffn="moe", n_experts=4, top_k=1, norm="rmsnorm", head_dim=8),
+        dict(position="none", qkv_bias=False, absolute_positions=True, dropout=0.1),
+    ],
+)
+def test_block_fields_work_for_swin(block):
+    """GQA per stage, QK-norm, SwiGLU, MoE and RMSNorm come from the shared block config."""
+    from attnlab.attention import collect_aux_losses
+
+    cfg = SwinConfig.preset("tiny", **block)
+    model = SwinTransformer(cfg).train()
+    for s, stage in enumerate(model.stages):
+        attn = stage.blocks[0].block.attn
+        assert attn.n_kv_heads == cfg.stage_block(s).n_kv_heads
+    with collect_aux_losses() as aux:
+        out = model(torch.randn(4, 1, 8, 8))
+    assert out.shape == (4, 10) and torch.isfinite(out).all()
+    assert bool(aux.losses) == (cfg.ffn == "moe")
+    (out.square().mean() + aux.total()).backward()
+    for n, p in model.named_parameters():
+        assert p.grad is not None, n
+    has_tables = any(n.endswith("rel_pos.table") for n, _ in model.named_parameters())
+    assert has_tables == (cfg.position == "relative")
+
+
+def test_first_release_names_and_config_keys_load():
+    """First-release Swin runs: ``embed_dim`` is ``d_model``; a block's parts moved into its
+    shared ``block`` and absolute positions into ``pos_embed.weight`` (the kind's upgrade)."""
+    from attnlab.models.registry import get_kind
+
+    old_cfg = SwinConfig.preset("tiny", absolute_positions=True).to_dict()
+    old_cfg["embed_dim"] = old_cfg.pop("d_model")
+    for derived in ("n_kv_heads", "head_dim", "ffn_hidden", "ffn", "norm", "qk_norm", "position"):
+        old_cfg.pop(derived)
+    cfg = SwinConfig.from_dict(old_cfg)
+    assert cfg == SwinConfig.preset("tiny", absolute_positions=True)
+    model = SwinTransformer(cfg)
+    old = {
+        k.replace(".block.", ".").replace("pos_embed.weight", "pos_embed"): v
+        for k, v in model.state_dict().items()
+    }
+    assert "stages.0.blocks.1.attn.qkv.weight" in old and "pos_embed" in old
+    fresh = SwinTransformer(cfg)
+    fresh.load_state_dict(get_kind("swin").upgrade(old), strict=True)
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.eval()(x), model.eval()(x))
+
+
+def test_stage_blocks_are_checked_per_stage():
+    with pytest.raises(ValueError, match=r"stage 1 \(width 64\).*n_kv_heads"):
+        SwinConfig(n_heads=[2, 4], n_kv_heads=[2, 3])
+    with pytest.raises(ValueError, match="mlp_ratio"):
+        SwinConfig(ffn_hidden=64)
+    assert SwinConfig.preset("swin-t").stage_block(3).ffn_hidden == 4 * 768

@@ -309,9 +309,9 @@ def test_existing_run_dir_is_protected(tmp_path):
         train(make_model(), ToyTask(), cfg, tmp_path / "missing", resume=True)
     with pytest.raises(UserError, match="resume.*overwrite"):
         train(make_model(), ToyTask(), cfg, run, resume=True, overwrite=True)
-    from attnlab.train.trainer import _save_weights
+    from attnlab.train.checkpoint import save_weights
 
-    _save_weights(make_model(), run / "model.safetensors", step=99)  # as if killed mid-save
+    save_weights(make_model(), run / "model.safetensors", step=99)  # as if killed mid-save
     with pytest.raises(RunDirError, match="model.safetensors is from step 99 but state.pt"):
         train(make_model(), ToyTask(), cfg, run, resume=True)
     (run / "state.pt").write_bytes(b"not a checkpoint")

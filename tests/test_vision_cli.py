@@ -11,7 +11,9 @@ import torch
 from PIL import Image
 
 from attnlab.cli import main
-from attnlab.models.vit import VisionTransformer, ViTConfig
+from attnlab.config.overrides import parse_value
+from attnlab.config.vision import ViTConfig
+from attnlab.models.vision import VisionTransformer
 from attnlab.viz.vision import attention_rollout, cls_attention, overlay_attention
 
 FAST = ["--steps", "3", "--batch-size", "16", "--eval-every", "3", "--warmup", "1", "--no-progress"]
@@ -258,8 +260,7 @@ def test_rollout_is_the_product_of_residual_mixed_attention():
 def test_model_attention_maps_and_overlay(tmp_path):
     model = VisionTransformer(ViTConfig.preset("tiny")).eval()
     with torch.no_grad():
-        model(torch.randn(1, 1, 8, 8), need_weights=True)
-    w = model.attn_weights
+        _, w = model(torch.randn(1, 1, 8, 8), need_weights=True)
     assert len(w) == 2 and w[0].shape == (1, 4, 17, 17)
     torch.testing.assert_close(w[0].sum(-1), torch.ones(1, 4, 17))
     r = attention_rollout(w)
@@ -287,3 +288,98 @@ def test_plot_vit_attention_maps_are_softmax_qk_of_the_last_block(tmp_path):
         w = (q @ k.transpose(-1, -2) / (C // H) ** 0.5).softmax(-1)  # (1, H, T, T)
     torch.testing.assert_close(maps["cls_attention"], w.mean(1)[0, 0, 1:].view(4, 4))
     assert maps["rollout"].shape == (4, 4) and bool((maps["rollout"] >= 0).all())
+
+
+# ----------------------------------------------------------------------------------------------
+# --config / --set
+
+
+def _losses(run) -> list[tuple[int, float]]:
+    """(step, loss) of every training and validation record of metrics.jsonl."""
+    out = []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        for key in ("loss", "val_loss", "val_acc"):
+            if key in rec:
+                out.append((rec["step"], key, rec[key]))
+    return out
+
+
+@pytest.mark.parametrize(
+    "model,sets",
+    [
+        ("vit", ["model.d_model=32", "n_kv_heads=2", "train.lr=3e-3", "task.train_fraction=0.5"]),
+        ("swin", ["mlp_ratio=1.0", "model.drop_path=0.1", "task.augment=true"]),
+        ("cnn", ["channels=[8, 16]", "dropout=0.1", "train.label_smoothing=0.1"]),
+    ],
+)
+def test_config_from_a_run_reproduces_its_losses(model, sets, tmp_path):
+    """Train a few steps with flags and --set, then again from the saved config.json alone: the
+    same settings, hence exactly the same losses."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    argv = ["train", "image", "--model", model, "--out", str(first), *FAST, "--log-every", "1"]
+    assert main([*argv, *(a for s in sets for a in ("--set", s))]) == 0
+    saved = json.loads((first / "config.json").read_text())
+    assert (
+        main(["train", "image", "--config", str(first / "config.json"), "--out", str(second)]) == 0
+    )
+    again = json.loads((second / "config.json").read_text())
+    assert again == saved
+    losses = _losses(first)
+    assert len([x for x in losses if x[1] == "loss"]) == 3 and losses == _losses(second)
+    # the --set values reached their sections (a key without one is a model field)
+    for item in sets:
+        key, _, value = item.partition("=")
+        section, _, name = key.rpartition(".")
+        assert saved[section or "model"][name] == parse_value(value), item
+
+
+def test_config_file_flags_and_set_priority(tmp_path):
+    """defaults < --config FILE < typed flags < --set; a preset named in the file is the start."""
+    cfg = tmp_path / "vit.toml"
+    cfg.write_text(
+        '[model]\npreset = "tiny"\nd_model = 32\npooling = "mean"\n'
+        "[train]\nsteps = 2\nlr = 0.01\nbatch_size = 8\n"
+        '[task]\ndata = "shapes"\nshapes_n = 40\nimage_size = 16\n'
+    )
+    out = tmp_path / "run"
+    argv = ["train", "image", "--config", str(cfg), "--out", str(out), "--no-progress"]
+    assert main([*argv, "--lr", "0.02", "--patch-size", "4", "--set", "train.lr=0.03"]) == 0
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["kind"] == "vit"
+    assert (saved["model"]["d_model"], saved["model"]["pooling"]) == (32, "mean")
+    assert (saved["model"]["patch_size"], saved["model"]["image_size"]) == (4, 16)
+    assert (saved["train"]["steps"], saved["train"]["lr"], saved["train"]["batch_size"]) == (
+        2,
+        0.03,
+        8,
+    )
+    assert (saved["task"]["data"], saved["task"]["shapes_n"]) == ("shapes", 40)
+
+
+def test_config_errors_name_the_key(tmp_path, capsys):
+    out = str(tmp_path / "x")
+    assert "vit has no config field 'depth'" in _err(
+        capsys, ["train", "image", "--set", "model.depth=3", "--out", out]
+    )
+    assert "unknown ImageTaskConfig field(s) ['colour']" in _err(
+        capsys, ["train", "image", "--set", "task.colour=red", "--out", out]
+    )
+    assert "unknown section 'data'" in _err(
+        capsys, ["train", "image", "--set", "data.x=1", "--out", out]
+    )
+    run = tmp_path / "run"
+    assert main(["train", "image", "--model", "cnn", "--out", str(run), *FAST]) == 0
+    err = _err(
+        capsys,
+        ["train", "image", "--config", str(run / "config.json"), "--model", "vit", "--out", out],
+    )
+    assert "--model vit" in err and "'cnn'" in err
+    assert not (tmp_path / "x").exists()
+    # --resume reads the run's own settings: no model or data flags needed
+    assert (
+        main(["train", "image", "--resume", "--steps", "4", "--out", str(run), "--no-progress"])
+        == 0
+    )
+    assert json.loads((run / "config.json").read_text())["kind"] == "cnn"
+    assert max(step for step, *_ in _losses(run)) == 4

@@ -1,5 +1,6 @@
 """Image data: digits, generated shapes, class folders, CIFAR-10 batches and MNIST IDX files written
-here in their formats, augmentations, the classification task, and bad files."""
+here in their formats, augmentations, the classification task, and bad files — including CIFAR-10
+pickles crafted to run code, which must be refused before anything runs."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import torch
 from PIL import Image
 
 from attnlab.data.images import (
-    ImageClassificationTask,
     load_cifar10,
     load_digits,
     load_image_folder,
@@ -24,6 +24,7 @@ from attnlab.data.images import (
     read_image,
 )
 from attnlab.errors import UserError
+from attnlab.tasks.image import ImageClassificationTask
 
 
 def test_digits_are_sklearn_digits_in_unit_range():
@@ -248,3 +249,98 @@ def test_image_size_resizes_fixed_size_sources():
     torch.testing.assert_close(small.test[0].mean((1, 2, 3)), x.mean((1, 2, 3)), atol=0.05, rtol=0)
     with pytest.raises(UserError, match="image size must be positive, got 0"):
         load_image_data("digits", image_size=0)
+
+
+class _Payload:
+    """Unpickling this calls ``open(target, "w")``: a pickle that creates a file when loaded."""
+
+    def __init__(self, target):
+        self.target = str(target)
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_cifar10_crafted_pickle_is_refused_before_it_runs(tmp_path, protocol):
+    root = tmp_path / "cifar-10-batches-py"
+    root.mkdir()
+    _cifar_batch(root / "data_batch_1", 4, 0)
+    _cifar_batch(root / "test_batch", 2, 1)
+    target = tmp_path / "pwned.txt"
+    crafted = {b"data": np.zeros((1, 3072), np.uint8), b"labels": [0], b"x": _Payload(target)}
+    with open(root / "data_batch_2", "wb") as f:
+        pickle.dump(crafted, f, protocol=protocol)
+    with pytest.raises(UserError, match=r"data_batch_2.*io\.open.*refused") as err:
+        load_cifar10(root)
+    assert not target.exists(), "the crafted pickle ran"
+    control = tmp_path / "control.txt"  # the payload is real: plain pickle.load runs it
+    pickle.loads(pickle.dumps(_Payload(control), protocol=protocol)).close()
+    assert control.exists()
+    assert "cannot read CIFAR-10 batch" in str(err.value)
+    # the same for the meta file, and for a classic os.system payload
+    (root / "data_batch_2").unlink()
+    with open(root / "batches.meta", "wb") as f:
+        pickle.dump({b"label_names": [_Payload(target)]}, f, protocol=protocol)
+    with pytest.raises(UserError, match="batches.meta"):
+        load_cifar10(root)
+    assert not target.exists()
+
+
+def test_cifar10_refuses_every_global_but_numpy_arrays(tmp_path):
+    from attnlab.data.images import safe_unpickle
+
+    path = tmp_path / "b"
+    for payload in (
+        b"cos\nsystem\n(S'touch x'\ntR.",  # protocol 0: os.system("touch x")
+        b"cbuiltins\neval\n(S'1'\ntR.",
+        b"cnumpy\nload\n(S'x'\ntR.",  # numpy, but not an array reconstructor
+        b"csubprocess\ncall\n(S'x'\ntR.",
+    ):
+        path.write_bytes(payload)
+        with pytest.raises(UserError, match=r"'.*b'.*refused"):
+            safe_unpickle(path)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_cifar10_real_format_batches_load_at_every_protocol(tmp_path, protocol):
+    """Batches written by numpy + pickle (any protocol, numpy's own reconstructors) still load,
+    with a label list or an int array, bytes keys and the file-name list a real batch holds."""
+    root = tmp_path / "cifar-10-batches-py"
+    root.mkdir()
+    rng = np.random.default_rng(protocol)
+    batches = {}
+    for name, n in (("data_batch_1", 6), ("test_batch", 3)):
+        data = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+        labels = rng.integers(0, 10, n)
+        batch = {
+            b"batch_label": b"training batch 1 of 5",
+            b"labels": labels.tolist() if name == "test_batch" else labels,
+            b"data": data,
+            b"filenames": [f"img_{i}.png".encode() for i in range(n)],
+        }
+        with open(root / name, "wb") as f:
+            pickle.dump(batch, f, protocol=protocol)
+        batches[name] = (data, labels)
+    with open(root / "batches.meta", "wb") as f:
+        names = [b"plane", b"car", b"bird", b"cat", b"deer", b"dog", b"frog", b"horse", b"ship"]
+        pickle.dump({b"label_names": names + [b"truck"], b"num_vis": 3072}, f, protocol=protocol)
+    d = load_cifar10(root)
+    assert d.classes[:2] == ["plane", "car"]
+    data, labels = batches["test_batch"]
+    assert d.test[1].tolist() == labels.tolist()
+    assert torch.equal((d.test[0] * 255).round().byte().reshape(3, 3072), torch.from_numpy(data))
+
+
+def test_no_image_reader_unpickles():
+    """Only the CIFAR-10 reader touches pickles, and only through the restricted unpickler."""
+    from pathlib import Path
+
+    import attnlab.data.images as images
+
+    for path in Path(images.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        assert "pickle.load(" not in text and "torch.load(" not in text, path.name
+        if path.name != "cifar.py":
+            assert "import pickle" not in text, path.name

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.data.images import ImageClassificationTask, load_digits
-from attnlab.models.vit import VisionTransformer, ViTConfig
+from attnlab.config.vision import ViTConfig
+from attnlab.data.images import load_digits
+from attnlab.models.vision import VisionTransformer
+from attnlab.tasks.image import ImageClassificationTask
 from attnlab.train import TrainConfig, train
 
 

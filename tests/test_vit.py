@@ -8,15 +8,11 @@ import torch
 import torch.nn.functional as F
 import transformers  # test extra, pinned in pyproject
 
+from attnlab.config.vision import VIT_PRESETS, ViTConfig
 from attnlab.errors import UserError
-from attnlab.models.vit import (
-    VIT_PRESETS,
-    VisionTransformer,
-    ViTConfig,
-    interpolate_positions,
-    vit_from_hf_state_dict,
-    vit_to_hf,
-)
+from attnlab.interop.hf.vision import vit_from_hf_state_dict, vit_to_hf
+from attnlab.layers.position.grid import interpolate_positions
+from attnlab.models.vision import VisionTransformer
 
 
 def _rerandomise(model: torch.nn.Module) -> None:
@@ -148,7 +144,7 @@ def test_token_count_is_hw_over_p_squared():
     with torch.no_grad():
         assert model.features(torch.randn(1, 3, 224, 224)).shape == (1, 196, 32)
         assert model.encode(torch.randn(1, 3, 224, 224)).shape == (1, 197, 32)
-    assert model.pos_embed.shape == (1, 197, 32)
+    assert model.pos_embed.weight.shape == (1, 197, 32)
     # the full ViT-B/16 preset has the paper's width and ~86M parameters
     full = ViTConfig.preset("vit-b16")
     assert (full.d_model, full.n_layers, full.n_heads, full.ffn_hidden) == (768, 12, 12, 3072)
@@ -169,7 +165,7 @@ def test_patch_embedding_is_a_linear_map_of_flattened_patches():
 def test_interpolating_to_the_same_size_is_the_identity():
     model = VisionTransformer(ViTConfig.preset("tiny")).eval()
     g = model.config.grid_size
-    assert model.positions_for((g, g)) is model.pos_embed
+    assert model.pos_embed.table((g, g)) is model.pos_embed.weight
     pos = torch.randn(1, 1 + 16, 8)
     assert interpolate_positions(pos, (4, 4), (4, 4)) is pos
     x = torch.randn(2, 1, 8, 8)
@@ -195,8 +191,7 @@ def test_no_causal_mask_first_token_sees_last_patch(pooling):
     y[..., -2:, -2:] += 1.0  # only the last patch changes
     with torch.no_grad():
         a, b = model.encode(x), model.encode(y)
-        model.encode(x, need_weights=True)
-    a_w = model.attn_weights
+        _, a_w = model(x, need_weights=True)
     assert len(a_w) == model.config.n_layers
     # token 0 (class token, or the first patch) is influenced by the last patch
     assert (a[:, 0] - b[:, 0]).abs().max() > 1e-4
@@ -209,9 +204,10 @@ def test_sincos_positions_are_fixed_2d_tables():
     from attnlab.layers.position import sincos_2d
 
     model = VisionTransformer(ViTConfig.preset("tiny", position="sincos"))
-    assert "pos_embed" not in dict(model.named_parameters())
-    assert torch.equal(model.pos_embed[0, 1:], sincos_2d(4, 4, 64))
-    assert torch.equal(model.pos_embed[0, 0], torch.zeros(64))
+    assert not any(n.startswith("pos_embed") for n, _ in model.named_parameters())
+    assert "pos_embed.weight" not in model.state_dict()  # fixed: nothing to store
+    assert torch.equal(model.pos_embed.weight[0, 1:], sincos_2d(4, 4, 64))
+    assert torch.equal(model.pos_embed.weight[0, 0], torch.zeros(64))
     with torch.no_grad():  # other sizes recompute the table rather than interpolate
         out = model.features(torch.randn(1, 1, 12, 12), interpolate_pos_encoding=True)
     assert out.shape == (1, 36, 64)
@@ -259,7 +255,7 @@ def test_bad_input_messages_name_the_values():
         model(torch.randn(1, 8, 8))
     with pytest.raises(ValueError, match="image_size=30 is not divisible by patch_size=16"):
         ViTConfig(image_size=30, patch_size=16)
-    with pytest.raises(ValueError, match="d_model=30.*n_heads=4"):
+    with pytest.raises(ValueError, match=r"d_model \(30\).*n_heads \(4\)"):
         ViTConfig(d_model=30, n_heads=4)
 
 
@@ -274,24 +270,95 @@ def test_vit_without_qkv_bias_and_with_tanh_gelu_matches_hf():
     assert sorted(vit_to_hf(ours)[1]) == sorted(hf.state_dict())
 
 
-def test_from_hf_folder_goes_through_this_conversion(tmp_path, monkeypatch):
-    """attnlab.interop.from_hf loads ViT folders with vit_from_hf_state_dict, the function the
-    parity tests above check, and gives the same logits."""
-    import attnlab.models.vit as vit_module
+def test_from_hf_folder_goes_through_this_conversion(tmp_path):
+    """attnlab.interop.from_hf loads ViT folders through the same key map as vit_from_hf_state_dict,
+    the function the parity tests above check: the same weights, the same logits."""
+    from safetensors.torch import load_file
+
     from attnlab.interop import from_hf
 
     hf = _hf_vit(transformers.ViTForImageClassification)
     hf.save_pretrained(tmp_path)
-    calls = []
-
-    def spy(cfg_dict, state_dict):
-        calls.append(sorted(state_dict))
-        return vit_from_hf_state_dict(cfg_dict, state_dict)
-
-    monkeypatch.setattr(vit_module, "vit_from_hf_state_dict", spy)
-    ours = from_hf(tmp_path)
-    # (save_pretrained writes the checkpoint with the older key names; the converter maps them)
-    assert len(calls) == 1 and len(calls[0]) == len(hf.state_dict())
+    ours = from_hf(tmp_path)  # save_pretrained writes the older key names: both rename them
+    direct = vit_from_hf_state_dict(hf.config.to_dict(), load_file(tmp_path / "model.safetensors"))
+    assert set(ours.state_dict()) == set(direct.state_dict())
+    for name, t in direct.state_dict().items():
+        assert torch.equal(ours.state_dict()[name], t), name
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-5, rtol=0)
+
+
+def test_need_weights_are_softmax_qk_of_every_layer():
+    """forward(need_weights=True) returns, per layer, softmax(QKᵀ/√d) recomputed from that
+    block's own projections of its input; the model keeps no weights afterwards."""
+    model = VisionTransformer(ViTConfig.preset("tiny", n_kv_heads=2)).eval()  # GQA too
+    inputs = []
+    for blk in model.blocks:
+        blk.register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
+    x = torch.randn(2, 1, 8, 8)
+    with torch.no_grad():
+        logits, weights = model(x, need_weights=True)
+        torch.testing.assert_close(logits, model(x))
+    assert len(weights) == len(model.blocks) == 2 and not hasattr(model, "attn_weights")
+    T, C, H, Hkv = 17, 64, 4, 2
+    D = C // H
+    for blk, h, w in zip(model.blocks, inputs[:2], weights, strict=True):  # the first call
+        with torch.no_grad():
+            q, k, _ = blk.attn.qkv(blk.norm1(h)).split([C, Hkv * D, Hkv * D], dim=-1)
+            q = q.view(2, T, H, D).transpose(1, 2)  # (B, H, T, D)
+            k = k.view(2, T, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)
+            ref = (q @ k.transpose(-1, -2) / D**0.5).softmax(-1)  # (B, H, T, T)
+        torch.testing.assert_close(w, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        dict(n_kv_heads=1, qk_norm="rmsnorm", ffn="swiglu", activation="silu"),
+        dict(ffn="moe", n_experts=4, top_k=2, norm="rmsnorm", drop_path=0.1),
+        dict(position="sincos", pooling="mean", qkv_bias=False, dropout=0.1),
+    ],
+)
+def test_block_fields_work_for_vit(block):
+    """GQA, QK-norm, SwiGLU, MoE, RMSNorm and drop-path come from the shared block config."""
+    from attnlab.attention import collect_aux_losses
+
+    model = VisionTransformer(ViTConfig.preset("tiny", **block)).train()
+    blk = model.blocks[-1]
+    assert blk.attn.n_kv_heads == model.config.n_kv_heads
+    with collect_aux_losses() as aux:
+        out = model(torch.randn(4, 1, 8, 8))
+    assert out.shape == (4, 10) and torch.isfinite(out).all()
+    assert bool(aux.losses) == (block.get("ffn") == "moe")  # MoE reports its balance loss
+    (out.square().mean() + aux.total()).backward()
+    for n, p in model.named_parameters():
+        assert p.grad is not None, n
+
+
+def test_first_release_weight_names_load():
+    """The first release stored the learned positions as ``pos_embed``: the vit kind's upgrade
+    maps them to ``pos_embed.weight``."""
+    from attnlab.models.registry import get_kind
+
+    model = VisionTransformer(ViTConfig.preset("tiny"))
+    old = {
+        ("pos_embed" if k == "pos_embed.weight" else k): v for k, v in model.state_dict().items()
+    }
+    assert "pos_embed" in old
+    fresh = VisionTransformer(ViTConfig.preset("tiny"))
+    fresh.load_state_dict(get_kind("vit").upgrade(old), strict=True)
+    assert torch.equal(fresh.pos_embed.weight, model.pos_embed.weight)
+
+
+def test_first_release_config_keys_load():
+    first_release = {
+        "image_size": 8, "patch_size": 2, "in_channels": 1, "num_classes": 10, "d_model": 64,
+        "n_layers": 2, "n_heads": 4, "ffn_hidden": 128, "activation": "gelu", "norm_eps": 1e-06,
+        "qkv_bias": True, "pooling": "cls", "position": "learned", "pooler": False,
+        "dropout": 0.0, "attn_dropout": 0.0, "backend": "auto", "init_std": 0.02,
+        "labels": [str(i) for i in range(10)],
+    }  # fmt: skip
+    cfg = ViTConfig.from_dict(first_release)
+    assert cfg == ViTConfig.preset("tiny", labels=first_release["labels"])
+    assert (cfg.ffn, cfg.norm, cfg.n_kv_heads, cfg.drop_path) == ("mlp", "layernorm", 4, 0.0)

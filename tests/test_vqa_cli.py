@@ -32,6 +32,8 @@ def vqa_run(tmp_path_factory):
             "4",
             "--eval-batches",
             "1",
+            "--log-every",
+            "1",
             "--no-progress",
             "--device",
             "cpu",
@@ -136,7 +138,53 @@ def test_ask_refuses_a_captioning_run(vqa_run, tmp_path, capsys):
     cfg["kind"] = "caption_lstm"
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     assert main(["ask", str(tmp_path), str(vqa_run / "scenes" / "scene_0.png"), "why"]) == 2
-    assert "not a vqa model" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "'caption_lstm'" in err and "vqa_lstm" in err  # what it holds, what is needed
+
+
+def _losses(run):
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r.get("step"), r.get("loss"), r.get("val_loss")) for r in rows]
+
+
+def test_training_again_from_the_saved_config_reproduces_the_losses(vqa_run, tmp_path):
+    out = tmp_path / "again"
+    saved = vqa_run / "run" / "config.json"
+    assert main(["train", "vqa", "--config", str(saved), "--out", str(out)]) == 0
+    again = json.loads((out / "config.json").read_text())
+    assert again["model"] == json.loads(saved.read_text())["model"]
+    assert _losses(out) == _losses(vqa_run / "run") and len(_losses(out)) >= 4
+
+
+def test_resume_reads_the_runs_own_settings(vqa_run, tmp_path):
+    """--resume continues with the run's config.json: the data and model flags need not be
+    typed again (their defaults differ from what the run was trained with)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(vqa_run / "run", run)
+    assert main(["train", "vqa", "--out", str(run), "--resume", "--steps", "5"]) == 0
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["train"]["steps"] == 5 and cfg["task"]["n_train"] == 60
+    assert cfg["model"]["fusion"] == "product"
+    assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").open()) if "loss" in r][
+        -1
+    ] == 5
+
+
+def test_model_flag_is_two_model_fields_below_set(vqa_run, tmp_path):
+    """--model names (arch, fusion): typed, it overrides the config file; --set still wins."""
+    saved = str(vqa_run / "run" / "config.json")
+    common = ["--steps", "1", "--n-train", "30", "--n-val", "10", "--eval-batches", "0"]
+    for extra, want in (
+        ([], ("lstm", "product")),  # from the file, not --model's default lstm-concat
+        (["--model", "blind"], ("lstm", "none")),
+        (["--model", "blind", "--set", "fusion=concat"], ("lstm", "concat")),
+    ):
+        out = tmp_path / "_".join(extra or ["file"])
+        assert main(["train", "vqa", "--config", saved, "--out", str(out), *common, *extra]) == 0
+        m = json.loads((out / "config.json").read_text())["model"]
+        assert (m["arch"], m["fusion"]) == want, extra
 
 
 def test_vqa_bias_experiment_prints_a_table_per_question_type(tmp_path, capsys):

@@ -1,8 +1,10 @@
 """``attnlab <verb>``: a thin command line over the library.
 
 Each family of commands lives in ``attnlab.commands.<family>`` and adds its sub-commands through
-``register(groups)``; this file only assembles the parser and turns user errors into one clear line
-and exit status 2 (``--debug`` shows the full traceback instead).
+``register(groups)``; this file only assembles the parser and turns user errors (and OS errors: a
+missing file, a full disk) into one clear line and exit status 2 (``--debug`` shows the full
+traceback instead). Ctrl-C exits with 130, SIGTERM during training with 143 (128 + the signal),
+after the trainer has saved a checkpoint.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ COMMAND_MODULES = [
     "attnlab.commands.multimodal",
     "attnlab.commands.efficient",
     "attnlab.commands.interop",
+<<<<<<< HEAD
     "attnlab.commands.experiments",
+=======
+    "attnlab.commands.explore",
+    "attnlab.commands.mlm",
+>>>>>>> main
 ]
 
 
@@ -69,12 +76,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         if os.environ.get("RANK", "0") == "0":  # under torchrun, say it once
-            print(f"attnlab: error: {err}", file=sys.stderr)
+            print(f"attnlab: error: {_message(err)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("attnlab: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C: 130; SIGTERM while training (Terminated): 143
+        status = getattr(err, "exit_status", 130)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"attnlab: {'terminated' if status == 143 else 'interrupted'}", file=sys.stderr)
+        return status
     return int(rc or 0)
+
+
+def _message(err: Exception) -> str:
+    """An OSError as ``PATH: cause`` (not ``[Errno 28] ...``); other errors as they are."""
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.filename}: {err.strerror}" if err.filename is not None else err.strerror
+    return str(err)
 
 
 if __name__ == "__main__":  # pragma: no cover

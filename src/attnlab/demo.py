@@ -138,9 +138,9 @@ def run_demo(
         ``{"models": [{name, kind, params, steps, val_loss, time}], "tokens", "sample", "files",
         ...}``.
     """
-    from attnlab.config import ModelConfig
-    from attnlab.data.corpus import LMTask
+    from attnlab.config import LMTaskConfig, ModelConfig
     from attnlab.models.lm import DecoderLM
+    from attnlab.tasks.lm import LMTask
 
     say = log or (lambda s: None)
     out = Path(out)
@@ -154,7 +154,7 @@ def run_demo(
             f"({', '.join(foreign[:5])}); choose another --out"
         )
     out.mkdir(parents=True, exist_ok=True)
-    task = LMTask.build("pydoc", tokenizer="char", seq_len=SEQ_LEN, seed=seed)
+    task = LMTask.build(LMTaskConfig(data="pydoc", tokenizer="char", seq_len=SEQ_LEN, seed=seed))
     V = task.vocab_size
     torch.manual_seed(seed)
     # RoPE rather than GPT-2's learned positions: with ~1M training tokens a learned position
@@ -272,8 +272,8 @@ def _run(
 
     text_ids = next(task.eval_batches(1, 1))[0][:, :32].to(dev)  # (1, 32) held-out characters
     with torch.no_grad():
-        transformer(text_ids, need_weights=True)
-    weights = transformer.blocks[-1].attn_weights[0]  # (H, T, T)
+        _, weights = transformer(text_ids, need_weights=True)  # one (1, H, T, T) per block
+    weights = weights[-1][0]  # (H, T, T)
     chars = [_display(c) for c in task.tokenizer.decode(text_ids[0].tolist())]
     files = {
         "attention heatmap": out / "attention.png",

@@ -10,6 +10,10 @@ the caller reads the result. Modules keep no per-call state, so forward stays re
     maps["blocks.0.attn"]                          # (B, H, T, S) weights of that layer's last call
     maps.calls("blocks.0.attn")                    # one tensor per call (incremental decoding)
 
+    with capture_attention(model, scores=True) as maps:   # also the raw scores (opt-in)
+        logits = model(idx)
+    maps.scores("blocks.0.attn")                   # (B, H, T, S) logits of the softmax, -inf masked
+
     with collect_aux_losses() as aux:              # MoE load-balancing losses of this forward
         logits = model(idx)
     loss = ce + coef * aux.total()
@@ -32,6 +36,7 @@ __all__ = [
     "capture_attention",
     "collect_aux_losses",
     "capturing_attention",
+    "capturing_scores",
     "report_attention",
     "report_aux_loss",
 ]
@@ -47,14 +52,20 @@ class AttentionMaps(Mapping):
     attention (``(B, S)`` for additive attention); ``maps.calls(name)`` lists every call.
     Names are the layers' names in the model given to :func:`capture_attention`
     (``blocks.0.attn``, ``decoder.1.cross_attn`` ...).
+
+    With ``scores=True`` the layers also report their raw scores, the logits the softmax turns
+    into the weights (``Q Kᵀ/√d`` plus any position bias, ``-inf`` where masked):
+    ``maps.scores(name)``, ``maps.score_calls(name)``.
     """
 
-    def __init__(self, model: nn.Module | None = None) -> None:
+    def __init__(self, model: nn.Module | None = None, *, scores: bool = False) -> None:
         self._names: dict[int, str] = {}
         if model is not None:
             for name, module in model.named_modules():
                 self._names.setdefault(id(module), name)
         self._calls: dict[str, list[Tensor]] = {}
+        self.wants_scores = scores
+        self._scores: dict[str, list[Tensor]] = {}
 
     def _name(self, module: nn.Module) -> str:
         name = self._names.get(id(module))
@@ -63,8 +74,11 @@ class AttentionMaps(Mapping):
             self._names[id(module)] = name
         return name
 
-    def add(self, module: nn.Module, weights: Tensor) -> None:
-        self._calls.setdefault(self._name(module), []).append(weights.detach())
+    def add(self, module: nn.Module, weights: Tensor, scores: Tensor | None = None) -> None:
+        name = self._name(module)
+        self._calls.setdefault(name, []).append(weights.detach())
+        if self.wants_scores and scores is not None:
+            self._scores.setdefault(name, []).append(scores.detach())
 
     def __getitem__(self, name: str) -> Tensor:
         if name not in self._calls:
@@ -80,6 +94,15 @@ class AttentionMaps(Mapping):
     def calls(self, name: str) -> list[Tensor]:
         """Every recorded call of layer ``name``, oldest first."""
         return list(self._calls.get(name, []))
+
+    def scores(self, name: str) -> Tensor | None:
+        """Raw scores of layer ``name``'s last call (None when the layer reported none)."""
+        calls = self._scores.get(name)
+        return calls[-1] if calls else None
+
+    def score_calls(self, name: str) -> list[Tensor]:
+        """Raw scores of every recorded call of layer ``name``, oldest first."""
+        return list(self._scores.get(name, []))
 
     def select(self, suffix: str) -> list[Tensor]:
         """Last weights of the layers whose name ends with ``suffix`` (``.attn``, ``.cross_attn``),
@@ -102,15 +125,19 @@ class AuxLosses:
 
 
 @contextlib.contextmanager
-def capture_attention(model: nn.Module | None = None) -> Iterator[AttentionMaps]:
+def capture_attention(
+    model: nn.Module | None = None, *, scores: bool = False
+) -> Iterator[AttentionMaps]:
     """Collect the attention weights of every attention layer that runs inside the block.
 
     Args:
         model: names the layers (``model.named_modules()``); layers outside it are numbered.
+        scores: also collect each layer's raw scores (the softmax's input; costs one more
+            ``Q Kᵀ`` per layer, so only when asked).
 
     Attention layers compute explicit weights (the math path) while a capture is open.
     """
-    maps = AttentionMaps(model)
+    maps = AttentionMaps(model, scores=scores)
     _ATTENTION.append(maps)
     try:
         yield maps
@@ -134,10 +161,16 @@ def capturing_attention() -> bool:
     return bool(_ATTENTION)
 
 
-def report_attention(module: nn.Module, weights: Tensor) -> None:
-    """Called by attention layers with the weights of this call (no-op outside a capture)."""
+def capturing_scores() -> bool:
+    """True while an open capture asked for the raw scores (``capture_attention(scores=True)``)."""
+    return any(maps.wants_scores for maps in _ATTENTION)
+
+
+def report_attention(module: nn.Module, weights: Tensor, scores: Tensor | None = None) -> None:
+    """Called by attention layers with the weights of this call (no-op outside a capture), and,
+    when :func:`capturing_scores`, the raw scores they were computed from."""
     for maps in _ATTENTION:
-        maps.add(module, weights)
+        maps.add(module, weights, scores)
 
 
 def report_aux_loss(loss: Tensor, expert_counts: Tensor | None = None) -> None:

@@ -15,8 +15,9 @@ Backends, chosen in :func:`scaled_dot_product_attention` and nowhere else:
 
 - ``math``: the explicit formula above; the readable reference, can return the weights.
 - ``sdpa``: PyTorch's fused ``torch.nn.functional.scaled_dot_product_attention``.
-- further backends (``tiled``, ``window``, ``linear``) register themselves through
-  :func:`register_backend` from :mod:`attnlab.attention.tiled` and :mod:`attnlab.attention.efficient`.
+- further backends (``tiled``, ``window``, ``linear``, ``block_sparse``) register themselves through
+  :func:`register_backend` from :mod:`attnlab.attention.tiled`, :mod:`attnlab.attention.efficient`
+  and :mod:`attnlab.attention.sparse`.
 - ``auto``: ``sdpa`` unless the weights are requested, then ``math``.
 """
 
@@ -33,6 +34,7 @@ from torch import Tensor
 
 __all__ = [
     "scaled_dot_product_attention",
+    "attention_scores",
     "causal_mask",
     "padding_mask",
     "key_padding_mask",
@@ -54,19 +56,29 @@ _BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {}
 _WEIGHT_BACKENDS: set[str] = set()
 # backend name -> the option names its function takes (None: it takes any **options)
 _BACKEND_OPTIONS: dict[str, frozenset[str] | None] = {}
+# backend name -> check(options, dropout_p) used by check_backend instead of a probe run
+_BACKEND_CHECKS: dict[str, Callable[[dict[str, Any], float], None]] = {}
 
 
 def register_backend(
-    name: str, fn: Callable[..., tuple[Tensor, Tensor | None]], *, returns_weights: bool = False
+    name: str,
+    fn: Callable[..., tuple[Tensor, Tensor | None]],
+    *,
+    returns_weights: bool = False,
+    check: Callable[[dict[str, Any], float], None] | None = None,
 ) -> None:
     """Make ``fn`` selectable as ``backend=name``.
 
     ``fn(q, k, v, *, mask, bias, is_causal, scale, dropout_p, return_weights, **options)`` must return
     ``(out, weights or None)``. k/v may carry fewer heads than q (grouped-query attention).
+    ``check(options, dropout_p)``, if given, validates options without running (for options that
+    depend on the sequence, such as token indices, which a tiny probe input cannot satisfy).
     """
     _BACKENDS[name] = fn
     if returns_weights:
         _WEIGHT_BACKENDS.add(name)
+    if check is not None:
+        _BACKEND_CHECKS[name] = check
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     _BACKEND_OPTIONS[name] = None if takes_any else frozenset(params) - _COMMON_ARGS
@@ -82,7 +94,11 @@ def _load_optional_backends() -> None:
     # Optional backends live in their own files; importing them registers them.
     import importlib
 
-    for mod in ("attnlab.attention.tiled", "attnlab.attention.efficient"):
+    for mod in (
+        "attnlab.attention.tiled",
+        "attnlab.attention.efficient",
+        "attnlab.attention.sparse",
+    ):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as err:  # pragma: no cover - only while a file is missing
@@ -166,14 +182,9 @@ def _math_attention(
     dropout_p: float,
     return_weights: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    n_rep = q.shape[-3] // k.shape[-3] if q.dim() >= 3 and k.dim() >= 3 else 1
-    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
-    scores = (q @ k.transpose(-2, -1)) * scale  # (..., Tq, Tk)
-    if bias is not None:
-        scores = scores + bias
-    allowed = _allowed(mask, is_causal, q.shape[-2], k.shape[-2], q.device)
+    scores, allowed = _scores(q, k, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
+    v = repeat_kv(v, q.shape[-3] // v.shape[-3] if q.dim() >= 3 and v.dim() >= 3 else 1)
     if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
         # a row with no allowed key: softmax over all -inf is NaN; give it zeros instead
         empty_row = ~allowed.any(dim=-1, keepdim=True)
         scores = scores.masked_fill(empty_row, 0.0)
@@ -183,6 +194,52 @@ def _math_attention(
     attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     out = attn @ v  # (..., Tq, Dv)
     return out, (weights if return_weights else None)
+
+
+def _scores(
+    q: Tensor,
+    k: Tensor,
+    *,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    is_causal: bool,
+    scale: float,
+) -> tuple[Tensor, Tensor | None]:
+    """``Q Kᵀ · scale + bias`` with -inf where masked ``(..., Tq, Tk)``, and the allowed mask."""
+    n_rep = q.shape[-3] // k.shape[-3] if q.dim() >= 3 and k.dim() >= 3 else 1
+    k = repeat_kv(k, n_rep)
+    scores = (q @ k.transpose(-2, -1)) * scale  # (..., Tq, Tk)
+    if bias is not None:
+        scores = scores + bias
+    allowed = _allowed(mask, is_causal, q.shape[-2], k.shape[-2], q.device)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores, allowed
+
+
+def attention_scores(
+    q: Tensor,
+    k: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """The raw scores ``Q Kᵀ · scale + bias`` that the softmax turns into attention weights.
+
+    The same numbers as the math path's (same masks and scale): ``-inf`` where a query may not
+    attend, so ``softmax(scores)`` is the weights (a fully masked row gives zero weights there).
+
+    Args:
+        q, k, mask, is_causal, scale, bias: as in :func:`scaled_dot_product_attention`.
+
+    Returns:
+        ``(..., Tq, Tk)`` scores.
+    """
+    _check_inputs(q, k, k, mask, bias)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return _scores(q, k, mask=mask, bias=bias, is_causal=is_causal, scale=scale)[0]
 
 
 def _allowed(
@@ -365,8 +422,18 @@ def check_backend(
 
     Model configs call this when they are built, so a bad choice (``window`` without a window, a
     misspelled option, dropout on ``tiled``) fails before a run directory is written, not at the
-    first forward pass. It runs the backend once on a tiny causal input.
+    first forward pass. It runs the backend once on a tiny causal input, or the backend's own
+    ``check`` when it registered one.
     """
+    if backend not in _BACKENDS:
+        _load_optional_backends()
+    if backend in _BACKEND_CHECKS:
+        if options:
+            _check_options(backend, options)
+        if not 0.0 <= dropout_p < 1.0:
+            raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+        _BACKEND_CHECKS[backend](dict(options or {}), dropout_p)
+        return
     x = torch.zeros(1, 1, 2, 8)
     scaled_dot_product_attention(
         x, x, x, is_causal=True, dropout_p=dropout_p, backend=backend, **(options or {})

@@ -18,14 +18,25 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.cache import KVCache
-from attnlab.attention.capture import capturing_attention, report_attention
-from attnlab.attention.core import backend_for_weights, scaled_dot_product_attention
+from attnlab.attention.capture import capturing_attention, capturing_scores, report_attention
+from attnlab.attention.core import (
+    attention_scores,
+    backend_for_weights,
+    scaled_dot_product_attention,
+)
+from attnlab.attention.linformer import LinformerProjection
 from attnlab.layers.norm import make_norm
-from attnlab.layers.position import ALiBi, NoPositions, Positions, RotaryEmbedding
+from attnlab.layers.position import (
+    ALiBi,
+    NoPositions,
+    Positions,
+    RotaryEmbedding,
+    T5RelativeBias,
+)
 
 __all__ = ["MultiHeadAttention", "PositionName"]
 
-PositionName = Literal["none", "rope", "alibi"]
+PositionName = Literal["none", "rope", "alibi", "t5"]
 
 
 def _attention_positions(position: str | Positions, head_dim: int, n_heads: int, theta: float):
@@ -35,9 +46,11 @@ def _attention_positions(position: str | Positions, head_dim: int, n_heads: int,
         return RotaryEmbedding(head_dim, theta=theta)
     if position == "alibi":
         return ALiBi(n_heads)
+    if position == "t5":
+        return T5RelativeBias(n_heads)
     if position == "none":
         return NoPositions()
-    raise ValueError(f"unknown position {position!r}; choose 'none', 'rope' or 'alibi'")
+    raise ValueError(f"unknown position {position!r}; choose 'none', 'rope', 'alibi' or 't5'")
 
 
 class MultiHeadAttention(nn.Module):
@@ -55,11 +68,18 @@ class MultiHeadAttention(nn.Module):
         qk_norm: ``None`` | ``"rmsnorm"`` | ``"layernorm"``: normalise q and k per head.
         qk_norm_eps: ε of the QK-norm.
         dropout: dropout on the attention weights (training only).
-        position: ``none`` | ``rope`` | ``alibi``, or a :class:`~attnlab.layers.position.Positions`
-            module (its ``rotate`` and ``bias`` act here; one module may serve every layer).
+        position: ``none`` | ``rope`` | ``alibi`` | ``t5`` (this layer's own module, registered
+            here), or a :class:`~attnlab.layers.position.Positions` module shared with other
+            layers (its ``rotate`` and ``bias`` act here). A shared module is kept as a plain
+            reference, not a submodule: the model that owns it registers it once, so its
+            parameters (T5's table) appear once in the state dict and move with the model.
         rope_theta: RoPE's base θ.
         backend: attention backend (see :func:`attnlab.attention.scaled_dot_product_attention`).
         backend_options: extra options for the backend (``block_size``, ``window``...).
+        linformer_k: project keys and values along the sequence to this many rows (Linformer,
+            :class:`~attnlab.attention.linformer.LinformerProjection`); non-causal
+            self-attention only, with no relative position bias and no KV cache.
+        max_seq_len: N, the longest sequence (the width of Linformer's E and F).
         qkv, q_proj, kv_proj, out_proj, q_norm, k_norm: ready-made parts that replace the ones
             built from the options above (e.g. a Q/K/V projection without bias but an output
             projection with one); shapes are checked.
@@ -89,6 +109,8 @@ class MultiHeadAttention(nn.Module):
         rope_theta: float = 10000.0,
         backend: str = "auto",
         backend_options: dict | None = None,
+        linformer_k: int | None = None,
+        max_seq_len: int | None = None,
         qkv: nn.Module | None = None,
         q_proj: nn.Module | None = None,
         kv_proj: nn.Module | None = None,
@@ -156,8 +178,30 @@ class MultiHeadAttention(nn.Module):
         else:
             self.q_norm = q_norm or make_norm(qk_norm, head_dim, eps=qk_norm_eps, **kw)
             self.k_norm = k_norm or make_norm(qk_norm, head_dim, eps=qk_norm_eps, **kw)
-        # relative schemes (RoPE, ALiBi...) act here; absolute ones are the model's business
-        self.positions = positions if positions.relative else NoPositions()
+        # relative schemes (RoPE, ALiBi, T5...) act here; absolute ones are the model's business
+        if not positions.relative:
+            self.positions = NoPositions()
+        elif isinstance(position, Positions):
+            # shared with other layers and owned by the model: a reference, not a submodule
+            object.__setattr__(self, "positions", positions)
+        else:
+            self.positions = positions
+        self.linformer: LinformerProjection | None = None
+        if linformer_k is not None:
+            if cross:
+                raise ValueError("linformer_k is for self-attention, not cross-attention")
+            if max_seq_len is None:
+                raise ValueError(
+                    f"linformer_k={linformer_k} needs the sequence length N: pass max_seq_len"
+                )
+            probe = torch.zeros(1)
+            if positions.relative and positions.bias(probe, probe) is not None:
+                raise ValueError(
+                    f"Linformer (linformer_k) cannot use the position {self.position!r}: it adds "
+                    "a score per (query, key) distance, and projected keys have no position; "
+                    "use rope, learned, sinusoidal or none"
+                )
+            self.linformer = LinformerProjection(linformer_k, max_seq_len, **kw)
 
     def make_cache(self, batch_size: int, max_seq_len: int, *, device=None, dtype=None) -> KVCache:
         """An empty KV cache sized for this layer."""
@@ -242,6 +286,9 @@ class MultiHeadAttention(nn.Module):
                 positions = torch.arange(past, past + T, device=x.device)
             if relative:
                 q, k = self.positions.rotate(q, k, positions, positions)
+            if self.linformer is not None:
+                k, v, mask = self._project_sequence(k, v, mask, is_causal, cache, bias)
+                is_causal, relative = False, False
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, Hkv, past + T, D)
             if relative:
@@ -271,6 +318,49 @@ class MultiHeadAttention(nn.Module):
         )
         out, weights = result if need_weights else (result, None)
         if weights is not None:
-            report_attention(self, weights)
+            # raw scores only when a capture asks for them (the explorer): one more Q Kᵀ
+            scores = None
+            if capturing_scores():
+                scores = attention_scores(q, k, mask=mask, is_causal=is_causal, bias=bias)
+            report_attention(self, weights, scores)
         out = out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H·D)
         return self.out_proj(out), weights
+
+    def _project_sequence(
+        self,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        cache: KVCache | None,
+        bias: Tensor | None,
+    ) -> tuple[Tensor, Tensor, None]:
+        """Linformer: keys/values ``(B, Hkv, T, D)`` -> ``(B, Hkv, k, D)``; the key mask is
+        applied before the projection (padded positions are zeroed), so none is left after it."""
+        if is_causal:
+            raise ValueError(
+                "Linformer (linformer_k) cannot be causal: its projection mixes every position, "
+                "the future included, into each projected key; use it for non-causal (encoder) "
+                "attention"
+            )
+        if cache is not None:
+            raise ValueError("Linformer (linformer_k) takes no KV cache (encoder attention only)")
+        if bias is not None:
+            raise ValueError(
+                "Linformer (linformer_k) takes no additive score bias (attn_bias): after the "
+                "projection the keys are mixtures of positions"
+            )
+        key_mask = None
+        if mask is not None:
+            B, S = k.shape[0], k.shape[-2]
+            m = mask
+            while m.dim() < 4:
+                m = m.unsqueeze(0)
+            if m.dim() > 4 or m.shape[-3] != 1 or m.shape[-2] != 1:
+                raise ValueError(
+                    "Linformer (linformer_k) takes only a key padding mask broadcastable to "
+                    f"(B, 1, 1, S), got a mask of shape {tuple(mask.shape)}"
+                )
+            key_mask = m.expand(B, 1, 1, S).transpose(-1, -2)  # (B, 1, S, 1)
+        k, v = self.linformer(k, v, key_mask)  # (B, Hkv, k, D)
+        return k, v, None

@@ -27,10 +27,16 @@ D key width, Dv value width, R = rows of a query tile (block_q · g), C = column
 
 Options (``scaled_dot_product_attention(..., backend="tiled", block_q=..., block_k=...)``):
 ``block_q`` (default 128) and ``block_k`` (default 256), positive integers.
+
+The block-sparse backend (:mod:`attnlab.attention.sparse`) runs the same loops over a given set of
+live tiles only; :func:`count_tiles` records which tiles either backend actually computes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -38,12 +44,44 @@ from torch import Tensor
 
 from attnlab.attention.core import register_backend
 
-__all__ = ["tiled_attention", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K"]
+__all__ = ["tiled_attention", "count_tiles", "TileCount", "DEFAULT_BLOCK_Q", "DEFAULT_BLOCK_K"]
 
 # Tiles large enough to amortise per-tile Python overhead, small enough that few causal tiles
 # straddle the diagonal; measured on CPU fp32, d=64 (128×256 fp32 scores × 8 heads = 1 MiB).
 DEFAULT_BLOCK_Q = 128
 DEFAULT_BLOCK_K = 256
+
+
+@dataclass
+class TileCount:
+    """The (query-block, key-block) tiles whose scores were computed, in call order."""
+
+    forward: list[tuple[int, int]] = field(default_factory=list)
+    backward: list[tuple[int, int]] = field(default_factory=list)
+
+
+_COUNTERS: list[TileCount] = []
+
+
+@contextmanager
+def count_tiles() -> Iterator[TileCount]:
+    """Record every score tile the ``tiled`` and ``block_sparse`` backends compute.
+
+    ``with count_tiles() as n: ...`` then ``n.forward`` / ``n.backward`` list the
+    ``(query block, key block)`` index of each tile computed, in the forward and backward passes.
+    Nothing is recorded (and nothing is kept) outside the ``with`` block.
+    """
+    counter = TileCount()
+    _COUNTERS.append(counter)
+    try:
+        yield counter
+    finally:
+        _COUNTERS.remove(counter)
+
+
+def _note(kind: str, qb: int, kb: int) -> None:
+    for counter in _COUNTERS:
+        getattr(counter, kind).append((qb, kb))
 
 
 def positive_int_option(backend: str, name: str, value: Any) -> int:
@@ -91,10 +129,11 @@ def _causal_tile(q0: int, q1: int, k0: int, k1: int, offset: int, device) -> Ten
 
 class _TiledAttention(torch.autograd.Function):
     """Autograd function on canonical shapes: q (B, Hkv, Tq·g, D) with rows ordered (t, head-in-
-    group), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv); mask/bias (B|1, Hkv|1, Tq|1, g|1, Tk|1)."""
+    group), k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv); mask/bias (B|1, Hkv|1, Tq|1, g|1, Tk|1).
+    ``live``: None (every tile) or, per query block, the sorted key blocks to compute."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, mask, g, is_causal, scale, block_q, block_k):
+    def forward(ctx, q, k, v, bias, mask, g, is_causal, scale, block_q, block_k, live=None):
         B, Hkv, rows, D = q.shape
         Tq, Tk, Dv = rows // g, k.shape[-2], v.shape[-1]
         offset = Tk - Tq
@@ -105,19 +144,32 @@ class _TiledAttention(torch.autograd.Function):
             for q0 in range(0, Tq, block_q):
                 q1 = min(q0 + block_q, Tq)
                 qi = qs[:, :, q0 * g : q1 * g]  # (B, Hkv, R, D)
+                k_blocks = None if live is None else live[q0 // block_q]
                 o_blk, lse_blk = _forward_rows(
-                    qi, k, v, bias, mask, g, q0, q1, offset, is_causal, block_k
+                    qi,
+                    k,
+                    v,
+                    bias,
+                    mask,
+                    g,
+                    q0,
+                    q1,
+                    offset,
+                    is_causal,
+                    block_k,
+                    k_blocks,
+                    q0 // block_q,
                 )
                 out[:, :, q0 * g : q1 * g] = o_blk
                 lse[:, :, q0 * g : q1 * g] = lse_blk
         ctx.save_for_backward(q, k, v, out, lse, bias, mask)
-        ctx.cfg = (g, is_causal, scale, block_q, block_k)
+        ctx.cfg = (g, is_causal, scale, block_q, block_k, live)
         return out
 
     @staticmethod
     def backward(ctx, d_out):
         q, k, v, out, lse, bias, mask = ctx.saved_tensors
-        g, is_causal, scale, block_q, block_k = ctx.cfg
+        g, is_causal, scale, block_q, block_k, live = ctx.cfg
         need_bias = bias is not None and ctx.needs_input_grad[3]
         with torch.autocast(q.device.type, enabled=False):
             grads = _backward(
@@ -135,8 +187,9 @@ class _TiledAttention(torch.autograd.Function):
                 block_q,
                 block_k,
                 need_bias,
+                live,
             )
-        return (*grads, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None)
 
 
 def _stats_dtype(q: Tensor) -> torch.dtype:
@@ -145,7 +198,7 @@ def _stats_dtype(q: Tensor) -> torch.dtype:
 
 
 def _backward(
-    q, k, v, out, lse, bias, mask, d_out, g, is_causal, scale, block_q, block_k, need_bias
+    q, k, v, out, lse, bias, mask, d_out, g, is_causal, scale, block_q, block_k, need_bias, live
 ):
     """Gradients of q, k, v (and bias) by recomputing each tile's probabilities from ``lse``."""
     B, Hkv, rows, D = q.shape
@@ -159,14 +212,19 @@ def _backward(
     dk = torch.zeros(k.shape, dtype=adt, device=q.device)
     dv = torch.zeros(v.shape, dtype=adt, device=q.device)
     dbias = torch.zeros(bias.shape, dtype=adt, device=q.device) if need_bias else None
+    live_sets = None if live is None else [set(row) for row in live]
     for k0 in range(0, Tk, block_k):
         k1 = min(k0 + block_k, Tk)
         kj, vj = k[:, :, k0:k1], v[:, :, k0:k1]  # (B, Hkv, C, D|Dv)
         # causal: query rows before first_q see none of these keys
         first_q = max(0, k0 - offset) if is_causal else 0
         for q0 in range(first_q - first_q % block_q, Tq, block_q):
+            if live_sets is not None and k0 // block_k not in live_sets[q0 // block_q]:
+                continue  # a fully masked tile: its probabilities are all zero
             q1 = min(q0 + block_q, Tq)
             r0, r1 = q0 * g, q1 * g
+            if _COUNTERS:
+                _note("backward", q0 // block_q, k0 // block_k)
             s = (qs[:, :, r0:r1] @ kj.transpose(-2, -1)).to(adt)  # (B, Hkv, R, C)
             allowed = _tile_allowed(mask, q0, q1, k0, k1, offset, is_causal, q.device)
             s = _add_bias(s, bias, q0, q1, k0, k1, g)
@@ -215,8 +273,11 @@ def _accumulate_bias_grad(dbias: Tensor, ds: Tensor, q0, q1, k0, k1, g) -> None:
     target += ds.sum(dim=dims, keepdim=True) if dims else ds
 
 
-def _forward_rows(qi, k, v, bias, mask, g, q0, q1, offset, is_causal, block_k):
-    """Online softmax of one query tile against all its key tiles -> (out (B,Hkv,R,Dv), lse)."""
+def _forward_rows(qi, k, v, bias, mask, g, q0, q1, offset, is_causal, block_k, k_blocks=None, qb=0):
+    """Online softmax of one query tile against its key tiles -> (out (B,Hkv,R,Dv), lse).
+
+    ``k_blocks``: the key blocks to visit (default: every block the causal mask leaves);
+    ``qb``: this query block's index (for :func:`count_tiles`)."""
     B, Hkv, R, _ = qi.shape
     Tk, Dv = k.shape[-2], v.shape[-1]
     last_k = min(Tk, q1 - 1 + offset + 1) if is_causal else Tk  # keys after this are never seen
@@ -224,8 +285,13 @@ def _forward_rows(qi, k, v, bias, mask, g, q0, q1, offset, is_causal, block_k):
     acc = qi.new_zeros(B, Hkv, R, Dv, dtype=adt)
     m = qi.new_full((B, Hkv, R), float("-inf"), dtype=adt)
     l = qi.new_zeros(B, Hkv, R, dtype=adt)
-    for k0 in range(0, max(last_k, 0), block_k):
+    starts = range(0, max(last_k, 0), block_k)
+    if k_blocks is not None:
+        starts = [kb * block_k for kb in k_blocks if kb * block_k < last_k]
+    for k0 in starts:
         k1 = min(k0 + block_k, Tk)
+        if _COUNTERS:
+            _note("forward", qb, k0 // block_k)
         s = (qi @ k[:, :, k0:k1].transpose(-2, -1)).to(adt)  # (B, Hkv, R, C)
         s = _add_bias(s, bias, q0, q1, k0, k1, g)
         allowed = _tile_allowed(mask, q0, q1, k0, k1, offset, is_causal, qi.device)
@@ -292,6 +358,16 @@ def tiled_attention(
             f"backend 'tiled' does not implement attention dropout "
             f"(dropout_p={dropout_p}); use dropout_p=0 or backend='math'/'sdpa'"
         )
+    return tiled_forward(q, k, v, mask, bias, is_causal, scale, block_q, block_k), None
+
+
+def tiled_forward(q, k, v, mask, bias, is_causal, scale, block_q, block_k, live=None) -> Tensor:
+    """The tiled computation on validated inputs (shared with the block-sparse backend).
+
+    ``live``: None (every tile the causal mask leaves) or, for each query block of ``block_q``
+    rows, the sorted indices of the key blocks of ``block_k`` columns to compute; tiles left out
+    are treated as fully masked. Returns ``out (..., H, Tq, Dv)``.
+    """
     lead = q.shape[:-3] if q.dim() >= 3 else ()
     Tq, D, Tk, Dv = q.shape[-2], q.shape[-1], k.shape[-2], v.shape[-1]
     H = q.shape[-3] if q.dim() >= 3 else 1
@@ -305,9 +381,11 @@ def tiled_attention(
     qr = q4.view(B, Hkv, g, Tq, D).transpose(2, 3).reshape(B, Hkv, Tq * g, D)  # (B, Hkv, Tq·g, D)
     mask5 = _to_heads(_flatten_lead(mask, lead), H, Hkv)
     bias5 = _to_heads(_flatten_lead(bias, lead), H, Hkv)
-    out = _TiledAttention.apply(qr, k4, v4, bias5, mask5, g, is_causal, scale, block_q, block_k)
+    out = _TiledAttention.apply(
+        qr, k4, v4, bias5, mask5, g, is_causal, scale, block_q, block_k, live
+    )
     out = out.view(B, Hkv, Tq, g, Dv).transpose(2, 3).reshape(B, H, Tq, Dv)  # (B, H, Tq, Dv)
-    return out.reshape(*lead, *q.shape[-3:-1], Dv) if q.dim() >= 3 else out.view(Tq, Dv), None
+    return out.reshape(*lead, *q.shape[-3:-1], Dv) if q.dim() >= 3 else out.view(Tq, Dv)
 
 
 def _flatten_lead(t: Tensor | None, lead: torch.Size | tuple) -> Tensor | None:

@@ -64,6 +64,40 @@ def register(groups) -> None:
         help="feature map of 'linear' (default elu)",
     )
     p.add_argument("--n-features", type=int, default=256, help="FAVOR+ features (default 256)")
+    p.add_argument(
+        "--pattern",
+        choices=["longformer", "bigbird"],
+        default="longformer",
+        help="sparse pattern of 'block_sparse' (default longformer: --window plus global tokens)",
+    )
+    p.add_argument(
+        "--global-tokens",
+        type=int,
+        nargs="*",
+        default=[0],
+        metavar="I",
+        help="global token positions of 'block_sparse' (default 0)",
+    )
+    p.add_argument(
+        "--block-size", type=int, default=64, help="tile (and BigBird block) of 'block_sparse'"
+    )
+    p.add_argument("--window-blocks", type=int, default=1, help="BigBird window blocks per side")
+    p.add_argument("--random-blocks", type=int, default=2, help="BigBird random blocks (default 2)")
+    p.add_argument(
+        "--linformer-k",
+        type=int,
+        default=256,
+        help="projected rows k of 'linformer' (random E, F; with --non-causal) (default 256)",
+    )
+    p.add_argument(
+        "--linformer-error",
+        action="store_true",
+        help="also measure Linformer's error against full attention for each N (random and "
+        "fitted E, F; i.i.d. and smooth inputs) into linformer_error.md",
+    )
+    p.add_argument(
+        "--fit-steps", type=int, default=200, help="Adam steps fitting E, F (default 200)"
+    )
     p.add_argument("--block-q", type=int, default=None, help="query tile of 'tiled'")
     p.add_argument("--block-k", type=int, default=None, help="key tile of 'tiled'")
     p.add_argument(
@@ -137,7 +171,9 @@ def _positive(name: str, value: int | float | None) -> None:
 def run_attention_bench(args: argparse.Namespace) -> int:
     """``attnlab bench attention``: run, print the tables, write the files."""
     from attnlab.attention import available_backends
+    from attnlab.attention.core import check_backend
     from attnlab.experiments.attention_bench import BenchConfig, run_benchmark, save_results
+    from attnlab.experiments.sparse_bench import BENCH_ONLY_BACKENDS
 
     for name in (
         "batch",
@@ -147,6 +183,9 @@ def run_attention_bench(args: argparse.Namespace) -> int:
         "n_features",
         "block_q",
         "block_k",
+        "block_size",
+        "linformer_k",
+        "fit_steps",
         "threads",
         "max_gb",
         "min_time",
@@ -154,10 +193,25 @@ def run_attention_bench(args: argparse.Namespace) -> int:
         _positive("--" + name.replace("_", "-"), getattr(args, name))
     for n in args.n:
         _positive("--n", n)
-    unknown = sorted(set(args.backends) - set(available_backends()))
+    known = [*available_backends(), *BENCH_ONLY_BACKENDS]
+    unknown = sorted(set(args.backends) - set(known))
     if unknown:
-        raise UserError(f"unknown backend(s) {unknown}; choose from {available_backends()}")
+        raise UserError(f"unknown backend(s) {unknown}; choose from {known}")
     _check_device(args.device)
+    sparse = _block_sparse_options(args)
+    try:
+        check_backend("block_sparse", sparse)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    for g in args.global_tokens:
+        if g >= min(args.n):
+            raise UserError(f"--global-tokens: index {g} is outside the sequence N={min(args.n)}")
+    if "linformer" in args.backends and not args.non_causal:
+        raise UserError(
+            "linformer is non-causal (its projection mixes the future): add --non-causal"
+        )
+    if args.linformer_k > min(args.n) and ("linformer" in args.backends or args.linformer_error):
+        raise UserError(f"--linformer-k {args.linformer_k} exceeds the shortest N={min(args.n)}")
     tiled = {k: v for k, v in (("block_q", args.block_q), ("block_k", args.block_k)) if v}
     linear = {"feature_map": args.feature_map}
     if args.feature_map == "favor":
@@ -175,7 +229,13 @@ def run_attention_bench(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype,
         min_time=args.min_time,
-        options={"window": {"window": args.window}, "linear": linear, "tiled": tiled},
+        options={
+            "window": {"window": args.window},
+            "linear": linear,
+            "tiled": tiled,
+            "block_sparse": sparse,
+            "linformer": {"k": args.linformer_k},
+        },
     )
 
     def show(row: dict) -> None:
@@ -190,9 +250,67 @@ def run_attention_bench(args: argparse.Namespace) -> int:
     files = save_results(rows, cfg, args.out)
     print()
     print(files["table"].read_text())
+    if args.linformer_error:
+        files.update(_linformer_errors(args))
     for name, path in files.items():
         print(f"{name}: {path}")
     return 0
+
+
+def _block_sparse_options(args: argparse.Namespace) -> dict:
+    opts: dict = {
+        "pattern": args.pattern,
+        "block_size": args.block_size,
+        "global_tokens": list(args.global_tokens),
+    }
+    if args.pattern == "longformer":
+        opts["window"] = args.window
+    else:
+        opts.update(window_blocks=args.window_blocks, random_blocks=args.random_blocks)
+    return opts
+
+
+def _linformer_errors(args: argparse.Namespace) -> dict:
+    """Measure Linformer's error for each N and input kind; print and save the table."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from attnlab.experiments.sparse_bench import linformer_error, linformer_error_table
+    from attnlab.fileio import atomic_write_text
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = []
+    for n in args.n:
+        for inputs in ("iid", "smooth"):
+            row = linformer_error(
+                n,
+                args.linformer_k,
+                inputs=inputs,
+                heads=args.heads,
+                head_dim=args.head_dim,
+                fit_steps=args.fit_steps,
+            )
+            print(
+                f"  linformer N={n} k={args.linformer_k} {inputs}: random {row['random']:.3f}, "
+                f"fitted {row['fitted']:.3f} ({row['fit_s']:.0f} s)",
+                flush=True,
+            )
+            rows.append(row)
+    table = linformer_error_table(rows)
+    print()
+    print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "linformer_table": out / "linformer_error.md",
+        "linformer_json": out / "linformer_error.json",
+    }
+    atomic_write_text(files["linformer_table"], table)
+    atomic_write_text(files["linformer_json"], json.dumps(rows, indent=1))
+    return files
 
 
 def run_long_context(args: argparse.Namespace) -> int:

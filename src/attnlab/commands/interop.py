@@ -99,7 +99,8 @@ def _to_hf(args: argparse.Namespace) -> int:
     tok, note = None, ""
     if (run / TOKENIZER_NAME).exists():
         tok = run / TOKENIZER_NAME  # copied verbatim when it is a Hugging Face tokenizer.json
-        if isinstance(load_tokenizer(run), CharTokenizer):
+        plain = load_tokenizer(run)
+        if isinstance(getattr(plain, "base", plain), CharTokenizer):  # with specials, or not
             tok, note = None, " (character tokenizer not exported: it has no tokenizer.json form)"
     out = to_hf(
         model,
@@ -127,7 +128,7 @@ def register(groups) -> None:
         "convert",
         help="convert Hugging Face checkpoint folders to attnlab runs and back",
         description="Convert between Hugging Face checkpoint folders (config.json + safetensors, "
-        "sharded or not; GPT-2, Llama, Mixtral, ViT, Swin) and attnlab run directories. "
+        "sharded or not; GPT-2, Llama, Mixtral, ViT, Swin, BERT) and attnlab run directories. "
         "Only local files are read.",
     )
     src = p.add_mutually_exclusive_group(required=True)

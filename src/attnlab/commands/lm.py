@@ -1,15 +1,17 @@
-"""Language-model commands: ``attnlab train lm``, ``attnlab generate``, ``attnlab eval`` (LM
-runs) and ``attnlab demo``.
+"""Language-model commands: ``attnlab train lm``, ``attnlab generate``, ``attnlab eval`` (LM runs)
+and ``attnlab demo``.
 
-The CLI only parses and prints; the work is done by :mod:`attnlab.data.corpus` (corpus, tokenizer,
-task), :mod:`attnlab.models` (models), :mod:`attnlab.train` (the loop) and
-:mod:`attnlab.decoding` (sampling, beam search).
+The CLI only parses and prints; the work is done by :mod:`attnlab.tasks.lm` (corpus, tokenizer,
+batches, loss), :mod:`attnlab.models` (models), :mod:`attnlab.train` (the loop) and
+:mod:`attnlab.runs` (loading runs).
+
+How ``attnlab train lm`` merges ``--config``, ``--set`` and its flags is in
+:mod:`attnlab.commands.lm_settings`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -17,88 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attnlab.commands.lm_settings import (
+    ARCHS,
+    LM_KINDS,
+    check_prepared_settings,
+    check_resume_settings,
+    resolve_lm_settings,
+)
 from attnlab.errors import RunDirError, UserError
-
-LM_KINDS = ("decoder_lm", "lstm_lm", "bigram_lm")
-ARCHS = {"transformer": "decoder_lm", "lstm": "lstm_lm", "bigram": "bigram_lm"}
-
-
-# ----------------------------------------------------------------------------------------------
-# building models (library-level helpers the commands share)
-
-
-def _parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["d_model=128", "qk_norm=rmsnorm", "bias=false"]`` -> typed dict (JSON values, Python's
-    True/False/None, else str)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UserError(f"--set expects KEY=VALUE, got {item!r}")
-        spelled = {"None": None, "none": None, "null": None, "True": True, "False": False}
-        try:
-            out[key.strip()] = spelled[value] if value in spelled else json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value  # a string; the config checks its type
-    return out
-
-
-def model_config(arch: str, preset: str, overrides: dict[str, Any]):
-    """The config object of ``arch`` (transformer | lstm | bigram) from a preset and overrides."""
-    from attnlab.config import ModelConfig
-    from attnlab.models.rnn_lm import BigramConfig, LSTMConfig
-
-    cls = {"transformer": ModelConfig, "lstm": LSTMConfig, "bigram": BigramConfig}.get(arch)
-    if cls is None:
-        raise UserError(f"unknown architecture {arch!r}; choose from {sorted(ARCHS)}")
-    return cls.preset(preset, **overrides)  # an unknown preset raises, naming the known ones
-
-
-def build_model(config):
-    """The model for a config object."""
-    from attnlab.config import ModelConfig
-    from attnlab.models.lm import DecoderLM
-    from attnlab.models.rnn_lm import LSTMLM, BigramConfig, BigramLM, LSTMConfig
-
-    for cfg_cls, model_cls in (
-        (ModelConfig, DecoderLM),
-        (LSTMConfig, LSTMLM),
-        (BigramConfig, BigramLM),
-    ):
-        if isinstance(config, cfg_cls):
-            return model_cls(config)
-    raise TypeError(f"not a language-model config: {type(config).__name__}")
-
-
-def _lm_run_config(run_dir: str | Path, *, need_task: bool = True) -> dict:
-    from attnlab.runs import read_config
-
-    cfg = read_config(run_dir)
-    if cfg["kind"] not in LM_KINDS:
-        raise RunDirError(
-            f"{str(run_dir)!r} holds a {cfg['kind']!r} run, not a language model "
-            f"({', '.join(LM_KINDS)})"
-        )
-    has_task = isinstance(cfg.get("task"), dict) and cfg["task"].get("type") == "lm"
-    if need_task and not has_task:  # generation needs no corpus (runs converted from HF have none)
-        raise RunDirError(f"{str(run_dir)!r}: config.json has no language-modelling task")
-    return cfg
-
-
-def _load_lm(
-    run_dir: str | Path, weights: str = "best", device: str = "cpu", *, need_task: bool = True
-):
-    """(model, tokenizer, config) of an LM run; ``weights`` best falls back to last."""
-    from attnlab.runs import load
-
-    cfg = _lm_run_config(run_dir, need_task=need_task)
-    name = "best.safetensors" if weights == "best" else "model.safetensors"
-    if not (Path(run_dir) / name).exists():
-        name = "model.safetensors"
-    model, tok = load(run_dir, weights=name, map_location=device)
-    if tok is None:
-        raise RunDirError(f"{str(run_dir)!r} has no tokenizer")
-    return model, tok, cfg
 
 
 def _device(name: str | None) -> str:
@@ -115,108 +43,59 @@ def _device(name: str | None) -> str:
 def _train_lm(args: argparse.Namespace) -> int:
     import torch
 
-    from attnlab.data.corpus import LMTask
+    from attnlab.config.overrides import load_config_file
     from attnlab.data.tokenizers import load_tokenizer
-    from attnlab.runs import _find_kind
-    from attnlab.train import check_run_dir, train, train_config_from_args
+    from attnlab.models.registry import build_model
+    from attnlab.runs import read_config
+    from attnlab.tasks.lm import LMTask
+    from attnlab.train import check_run_dir, train
 
-    cfg = train_config_from_args(args)
     out = Path(args.out)
     check_run_dir(out, args.resume, args.overwrite)  # before reading and tokenising the corpus
     if args.resume:
-        saved = _lm_run_config(out)
-        _check_resume_options(args, saved)
-        tokenizer = load_tokenizer(out)
-        task = LMTask.from_config(saved["task"], tokenizer)
-        model = _find_kind(saved["kind"]).build(saved["model"])
+        if args.config:
+            raise UserError("--resume continues the run's own config.json; drop --config")
+        saved = read_config(out)
+        if saved["kind"] not in LM_KINDS or (saved.get("task") or {}).get("type") != "lm":
+            raise RunDirError(f"{str(out)!r} does not hold a language-model training run")
+        settings = resolve_lm_settings(args, saved, resume=True)
+        check_resume_settings(args, settings, saved)
+        task = LMTask.from_config(saved["task"], load_tokenizer(out))
+        model = build_model(saved["kind"], saved["model"])
     else:
-        overrides = _parse_overrides(args.set)
-        if "vocab_size" in overrides:
-            raise UserError(
-                "the vocabulary size comes from the tokenizer: use --vocab-size (BPE), "
-                "not --set vocab_size"
-            )
-        if args.seq_len is not None and overrides.get("max_seq_len", args.seq_len) != args.seq_len:
-            raise UserError(
-                f"--seq-len {args.seq_len} and --set max_seq_len={overrides['max_seq_len']} "
-                "disagree (they are the same thing: give one)"
-            )
-        if args.backend is not None:
-            overrides["backend"] = args.backend
-        if args.checkpointing:
-            overrides["activation_checkpointing"] = True
-        arch, preset = args.arch or "transformer", args.preset or "tiny"
-        base = model_config(arch, preset, overrides)
-        seq_len = base.max_seq_len if args.seq_len is None else args.seq_len
-        task = LMTask.build(
-            args.data or "pydoc",
-            tokenizer=args.tokenizer or "char",
-            vocab_size=args.vocab_size or 512,
-            seq_len=seq_len,
-            seed=cfg.seed,
-            max_chars=args.max_chars,
-        )
-        config = model_config(
-            arch,
-            preset,
-            {**overrides, "vocab_size": task.vocab_size, "max_seq_len": seq_len},
-        )
-        torch.manual_seed(cfg.seed)
-        model = build_model(config)
+        settings = resolve_lm_settings(args, load_config_file(args.config) if args.config else None)
+        # check the model settings before the (slow) corpus reading and tokenising
+        config = settings.model_config(vocab_size=256)
+        _check_backend(config)
+        task = LMTask.build(settings.task, progress=settings.train.progress)
+        check_prepared_settings(args, task)
+        config = settings.model_config(task.vocab_size)
+        torch.manual_seed(settings.train.seed)
+        model = build_model(settings.kind, config)
     main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 prints
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     if main_rank:
+        skipped = (task.prepared.manifest["skipped"] if task.prepared else {}).items()
+        skipped_s = ", ".join(f"{n} {k.replace('_', '-')}" for k, n in skipped if n)
         print(
             f"model {model.kind}: {n_params / 1e6:.2f}M parameters; data {task.data!r}: "
-            f"{task.config_dict()['n_tokens']['train']:,} training tokens "
-            f"({task.tokenizer.type} tokenizer, vocab {task.vocab_size})",
+            f"{task.n_tokens['train']:,} training tokens "
+            f"({task.tokenizer.type} tokenizer, vocab {task.vocab_size})"
+            + (f"; files skipped: {skipped_s}" if skipped_s else ""),
             file=sys.stderr,
         )
-    result = train(model, task, cfg, out, resume=args.resume, overwrite=args.overwrite)
+    result = train(model, task, settings.train, out, resume=args.resume, overwrite=args.overwrite)
     if main_rank:
         _print_result(result)
     return 0
 
 
-def _check_resume_options(args: argparse.Namespace, saved: dict) -> None:
-    """A resume continues the run as saved: refuse model or data options that contradict it."""
-    task, kind = saved["task"], saved["kind"]
-    diffs = []
+def _check_backend(config: Any) -> None:
+    """Run the attention backend once on a tiny input: a bad backend fails before the corpus."""
+    if hasattr(config, "backend"):
+        from attnlab.attention.core import check_backend
 
-    def differs(flag: str, given: Any, stored: Any) -> None:
-        if given is not None and given != stored:
-            diffs.append(f"{flag} {given!r} (the run has {stored!r})")
-
-    if args.arch is not None:
-        differs("--arch", ARCHS[args.arch], kind)
-    if args.data is not None and Path(args.data).exists() and Path(task["data"]).exists():
-        differs("--data", str(Path(args.data).resolve()), str(Path(task["data"]).resolve()))
-    else:
-        differs("--data", args.data, task["data"])
-    differs("--tokenizer", args.tokenizer, task.get("tokenizer"))
-    differs("--seq-len", args.seq_len, task["seq_len"])
-    differs("--max-chars", args.max_chars, task.get("max_chars"))
-    if args.preset is not None or args.set or args.backend is not None or args.checkpointing:
-        overrides = _parse_overrides(args.set)
-        if args.backend is not None:
-            overrides["backend"] = args.backend
-        if args.checkpointing:
-            overrides["activation_checkpointing"] = True
-        arch = {v: k for k, v in ARCHS.items()}[kind]
-        fixed = {k: saved["model"][k] for k in ("vocab_size", "max_seq_len")}
-        wanted = json.loads(
-            json.dumps(model_config(arch, args.preset or "tiny", {**overrides, **fixed}).to_dict())
-        )
-        # a preset names every field; without one, only the fields set on this command line
-        keys = wanted if args.preset is not None else overrides
-        for key in sorted(k for k in keys if wanted[k] != saved["model"].get(k)):
-            diffs.append(f"model {key}={wanted[key]!r} (the run has {saved['model'].get(key)!r})")
-    if diffs:
-        raise UserError(
-            f"--resume continues {args.out!r} as it was configured, but "
-            + "; ".join(diffs)
-            + ". Drop these options, or start a new run (another --out, or --overwrite)"
-        )
+        check_backend(config.backend, config.backend_options, dropout_p=config.attn_dropout)
 
 
 def _print_result(result) -> None:
@@ -247,14 +126,34 @@ def _encode_prompt(tok, prompt: str) -> list[int]:
     return [0]
 
 
+def _stop_list(stop_ids: int | list[int] | None) -> list[int]:
+    return [] if stop_ids is None else [stop_ids] if isinstance(stop_ids, int) else list(stop_ids)
+
+
 def _generate(args: argparse.Namespace) -> int:
     import torch
 
-    from attnlab.decoding import stream_generate
-
     if args.n < 0:
         raise UserError(f"-n must be >= 0, got {args.n}")
-    stop_ids = None
+    if args.beam is not None:
+        sampling = [
+            flag
+            for flag, value in (
+                ("--temperature", args.temperature),
+                ("--top-k", args.top_k),
+                ("--top-p", args.top_p),
+            )
+            if value is not None
+        ]
+        if sampling:
+            raise UserError(
+                "--beam searches for the most probable continuation and takes no sampling "
+                f"options ({', '.join(sampling)}): drop them or --beam"
+            )
+        if args.beam < 1:
+            raise UserError(f"--beam must be >= 1, got {args.beam}")
+        if args.no_cache:
+            raise UserError("--beam decodes with the model's cache; drop --no-cache")
     if args.from_hf:
         if args.run_dir:
             raise UserError("give either a run directory or --from-hf DIR, not both")
@@ -263,11 +162,10 @@ def _generate(args: argparse.Namespace) -> int:
         model, tok = load_hf_lm(args.from_hf, device=_device(args.device))
         stop_ids = getattr(model, "hf_config", {}).get("eos_token_id")  # int, list or None
     elif args.run_dir:
-        model, tok, cfg = _load_lm(
-            args.run_dir, args.weights, _device(args.device), need_task=False
-        )
+        loaded = load_lm(args.run_dir, args.weights, _device(args.device))
+        model, tok = loaded
         # a run converted from a Hugging Face checkpoint remembers its end-of-text id(s)
-        stop_ids = (cfg.get("source") or {}).get("eos_token_id")
+        stop_ids = (loaded.config.get("source") or {}).get("eos_token_id")
     else:
         raise UserError("give a run directory (or --from-hf DIR)")
     ids = _encode_prompt(tok, args.prompt)
@@ -277,9 +175,41 @@ def _generate(args: argparse.Namespace) -> int:
             f"the prompt is {len(ids)} tokens long but the model's context is {ctx} "
             "tokens; shorten the prompt"
         )
-    gen = torch.Generator(device=next(model.parameters()).device)
-    gen.manual_seed(args.seed)
     idx = torch.tensor([ids], device=next(model.parameters()).device)
+    if args.beam is not None:
+        text = _beam_text(model, tok, idx, args, _stop_list(stop_ids))
+        sys.stdout.write(args.prompt + text + "\n")
+        sys.stdout.flush()
+        return 0
+    _stream_sample(model, tok, idx, args, _stop_list(stop_ids))
+    return 0
+
+
+def _cut_at_stop_text(text: str, stop: str | None) -> tuple[str, bool]:
+    if stop and stop in text:
+        return text[: text.index(stop)], True
+    return text, False
+
+
+def _beam_text(model, tok, idx, args: argparse.Namespace, stop_ids: list[int]) -> str:
+    """The best beam's continuation (``--beam N``), cut at an end-of-text id or ``--stop``."""
+    from attnlab.decoding import beam_generate
+
+    hyp = beam_generate(model, idx, args.n, beam=args.beam, stop=stop_ids[0] if stop_ids else None)[
+        0
+    ]
+    new = [t for t in hyp.ids if t not in stop_ids]  # the end-of-text id ends the beam
+    return _cut_at_stop_text(tok.decode(new), args.stop)[0]
+
+
+def _stream_sample(model, tok, idx, args: argparse.Namespace, stop_ids: list[int]) -> None:
+    """Sample (or greedy with ``--temperature 0``), printing as tokens arrive."""
+    import torch
+
+    from attnlab.decoding import stream_generate
+
+    gen = torch.Generator(device=idx.device)
+    gen.manual_seed(args.seed)
     stream = not args.no_stream
     out = sys.stdout
     if stream:
@@ -291,22 +221,17 @@ def _generate(args: argparse.Namespace) -> int:
         model,
         idx,
         args.n,
-        temperature=args.temperature,
+        temperature=0.8 if args.temperature is None else args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
         use_cache=not args.no_cache,
         generator=gen,
-        stop=stop_ids,
+        stop=stop_ids or None,
     ):
-        if stop_ids is not None and int(nxt[0]) in (
-            [stop_ids] if isinstance(stop_ids, int) else list(stop_ids)
-        ):
+        if int(nxt[0]) in stop_ids:
             break  # end of text
         new.append(int(nxt[0]))
-        text = tok.decode(new)
-        stopped = bool(args.stop) and args.stop in text
-        if stopped:
-            text = text[: text.index(args.stop)]
+        text, stopped = _cut_at_stop_text(tok.decode(new), args.stop)
         # byte-level BPE can end mid-character: wait for the rest of it before printing
         if stream and (stopped or not text.endswith("\ufffd")):
             out.write(text[len(shown) :])
@@ -316,23 +241,38 @@ def _generate(args: argparse.Namespace) -> int:
             break
     out.write((text[len(shown) :] if stream else args.prompt + text) + "\n")
     out.flush()
-    return 0
 
 
 # ----------------------------------------------------------------------------------------------
 # attnlab eval (LM kinds)
 
 
+def load_lm(run_dir: str | Path, weights: str = "best", device: str = "cpu") -> Any:
+    """Load an LM run through :func:`attnlab.runs.load` (``weights`` best falls back to last).
+
+    Raises:
+        RunDirError: not an LM run, damaged, or without a tokenizer.
+    """
+    from attnlab.runs import load
+
+    loaded = load(run_dir, weights=weights, map_location=device, kinds=LM_KINDS)
+    if loaded.tokenizer is None:
+        raise RunDirError(f"{str(run_dir)!r} has no tokenizer")
+    return loaded
+
+
 def _eval_lm(args: argparse.Namespace) -> int:
-    from attnlab.data.corpus import LMTask
+    from attnlab.tasks.lm import LMTask
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.max_batches is not None and args.max_batches < 1:
         raise UserError(f"--max-batches must be >= 1, got {args.max_batches}")
-    model, tok, cfg = _load_lm(args.run_dir, args.weights, _device(getattr(args, "device", None)))
-    task = LMTask.from_config(cfg["task"], tok)
-    res = task.val_loss(model, batch_size=args.batch_size, n_batches=args.max_batches)
+    loaded = load_lm(args.run_dir, args.weights, _device(getattr(args, "device", None)))
+    if loaded.task.get("type") != "lm":
+        raise RunDirError(f"{str(args.run_dir)!r}: config.json has no language-modelling task")
+    task = LMTask.from_config(loaded.task, loaded.tokenizer)
+    res = task.val_loss(loaded.model, batch_size=args.batch_size, n_batches=args.max_batches)
     print(
         f"{args.run_dir}: val loss {res['loss']:.4f}, perplexity {res['perplexity']:.3f} "
         f"({res['tokens']:,} tokens of {task.data!r}, {args.weights} weights)"
@@ -384,9 +324,8 @@ def _demo(args: argparse.Namespace) -> int:
 # parsers
 
 
-def register(groups) -> None:
-    """Add ``train lm``, ``generate``, ``demo`` and the LM evaluators."""
-    from attnlab.commands import register_evaluator
+def _add_train_lm_parser(groups) -> None:
+    from attnlab.commands.config_args import add_config_args, track_explicit
     from attnlab.config import PRESETS
     from attnlab.train import add_train_args
 
@@ -396,7 +335,8 @@ def register(groups) -> None:
         description="Train a language model on a local corpus (nothing is downloaded). "
         "Examples: 'attnlab train lm --preset tiny --steps 200 --out runs/tiny'; "
         "'attnlab train lm --preset llama-mini --tokenizer bpe --max-time 300 --out runs/llama'; "
-        "continue a run with '--resume --steps 400 --out runs/tiny' (model and data options "
+        "'attnlab train lm --config runs/tiny/config.json --set d_model=128 --out runs/wider'; "
+        "continue a run with '--resume --steps 400 --out runs/tiny' (model and data settings "
         "are those saved in the run).",
     )
     p.add_argument(
@@ -404,7 +344,8 @@ def register(groups) -> None:
         default=None,
         metavar="CORPUS",
         help="'pydoc' (CPython's help topics, default), 'stdlib' (the standard "
-        "library's .py source) or a path to a text file or folder",
+        "library's .py source), a text file or folder (prepared on the fly into the cache, "
+        "streaming), or a directory written by 'attnlab prepare' (= --set task.data=...)",
     )
     p.add_argument(
         "--arch",
@@ -416,15 +357,7 @@ def register(groups) -> None:
         "--preset",
         default=None,
         help=f"size/style preset (default tiny); transformer: {', '.join(sorted(PRESETS))}; "
-        "lstm: tiny, small, medium; bigram: tiny",
-    )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a model config field, e.g. --set d_model=128 --set "
-        "qk_norm=rmsnorm --set position=alibi (repeatable)",
+        "lstm: tiny, small, medium; bigram: tiny (= --set model.preset=NAME)",
     )
     p.add_argument(
         "--tokenizer",
@@ -455,17 +388,25 @@ def register(groups) -> None:
     )
     p.add_argument(
         "--checkpointing",
-        action="store_true",
+        action="store_const",
+        const=True,
+        default=None,
         help="activation checkpointing per block: recompute activations in the backward "
         "pass to save memory (same as --set activation_checkpointing=true)",
     )
     add_train_args(p, out="runs/lm", steps=1000, lr=1e-3, warmup_steps=50)
+    add_config_args(p)
+    track_explicit(p)
     p.set_defaults(func=_train_lm)
 
+
+def _add_generate_parser(groups) -> None:
     g = groups["top"].add_parser(
         "generate",
         help="sample text from a trained language model (streams to stdout)",
-        description="Continue a prompt with a trained LM run. Greedy with --temperature 0.",
+        description="Continue a prompt with a trained LM run: sampling (greedy with "
+        "--temperature 0), or beam search with --beam N (the most probable continuation found "
+        "by N beams; --beam 1 is greedy).",
     )
     g.add_argument(
         "run_dir", nargs="?", default=None, help="run directory written by 'attnlab train lm'"
@@ -489,11 +430,19 @@ def register(groups) -> None:
     g.add_argument(
         "--temperature",
         type=float,
-        default=0.8,
+        default=None,
         help="sampling temperature; 0 = greedy (default 0.8)",
     )
     g.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
     g.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold (0, 1]")
+    g.add_argument(
+        "--beam",
+        type=int,
+        default=None,
+        metavar="N",
+        help="beam search with N beams instead of sampling; prints the best beam (the prompt "
+        "and the new tokens must fit in the context)",
+    )
     g.add_argument("--stop", default=None, help="stop when this text is generated")
     g.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
     g.add_argument(
@@ -507,6 +456,8 @@ def register(groups) -> None:
     g.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
     g.set_defaults(func=_generate)
 
+
+def _add_demo_parser(groups) -> None:
     d = groups["top"].add_parser(
         "demo",
         help="train a small Transformer LM on pydoc and compare it with LSTM and bigram "
@@ -548,5 +499,15 @@ def register(groups) -> None:
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.set_defaults(func=_demo)
 
+
+def register(groups) -> None:
+    """Add ``train lm``, ``prepare``, ``generate``, ``demo`` and the LM evaluators."""
+    from attnlab.commands import register_evaluator
+    from attnlab.commands.lm_prepare import register_prepare
+
+    _add_train_lm_parser(groups)
+    register_prepare(groups)
+    _add_generate_parser(groups)
+    _add_demo_parser(groups)
     for kind in LM_KINDS:
         register_evaluator(kind, _eval_lm)

@@ -1,16 +1,14 @@
 """Vision commands: ``attnlab train image``, ``attnlab classify``, ``attnlab eval`` for vit/swin/cnn
 runs, and ``attnlab experiment inductive-bias``.
 
-The CLI parses and prints; the work is in :mod:`attnlab.data.images`, :mod:`attnlab.models`
-(vit, swin, cnn), :mod:`attnlab.train`, :mod:`attnlab.viz.vision` and
+The CLI parses and prints; the work is in :mod:`attnlab.data.images`, :mod:`attnlab.tasks.image`,
+:mod:`attnlab.models.vision`, :mod:`attnlab.train`, :mod:`attnlab.viz.vision` and
 :mod:`attnlab.experiments.inductive_bias`.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,182 +16,99 @@ from attnlab.errors import RunDirError, UserError
 
 VISION_KINDS = ("vit", "swin", "cnn")
 DATA_CHOICES = ("digits", "shapes", "folder", "cifar10", "mnist")
+AUGMENT = {"auto": None, "on": True, "off": False}
+
+#: flags of ``train image`` that are settings, and where they go in config.json
+_MODEL_FLAGS = {
+    "preset": "model.preset",
+    "patch_size": "model.patch_size",
+    "window_size": "model.window_size",
+    "pooling": "model.pooling",
+    "position": "model.position",
+}
+_TASK_FLAGS = {
+    name: f"task.{name}"
+    for name in (
+        "data",
+        "data_path",
+        "image_size",
+        "channels",
+        "shapes_n",
+        "shapes_label",
+        "train_fraction",
+        "augment",
+    )
+}
+#: model flags that only some architectures have
+_ONLY_FOR = {
+    "patch_size": ("vit", "swin"),
+    "window_size": ("swin",),
+    "pooling": ("vit",),
+    "position": ("vit",),
+}
 
 
 # ----------------------------------------------------------------------------------------------
-# helpers shared by the commands
+# attnlab train image
 
 
-def _parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["d_model=128", "pooling=mean"]`` -> typed dict (JSON values, else strings)."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            out[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key.strip()] = value
-    return out
+def _resolve(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """``(kind, sections)``: flags, ``--config`` (or the run itself on --resume) and ``--set``."""
+    from attnlab.commands.config_args import explicit_dests, resolve_sections
+    from attnlab.config.train import TrainConfig
+    from attnlab.runs import read_config
 
-
-def build_image_model(
-    model: str,
-    image_shape: tuple[int, int, int],
-    classes: list[str],
-    *,
-    preset: str | None = None,
-    overrides: dict[str, Any] | None = None,
-):
-    """A vit / swin / cnn sized for the data: image size, channels and classes come from it.
-
-    The default preset is ``tiny`` for images up to 16 pixels and ``small`` above.
-
-    Raises:
-        UserError: unknown model, or a config that does not fit (e.g. patch size not dividing
-            the image size; the message names the values).
-    """
-    from attnlab.models.cnn import CNN_PRESETS, CNNConfig, ResidualCNN
-    from attnlab.models.swin import SWIN_PRESETS, SwinConfig, SwinTransformer
-    from attnlab.models.vit import VIT_PRESETS, VisionTransformer, ViTConfig
-
-    kinds = {
-        "vit": (ViTConfig, VisionTransformer),
-        "swin": (SwinConfig, SwinTransformer),
-        "cnn": (CNNConfig, ResidualCNN),
-    }
-    if model not in kinds:
-        raise UserError(f"unknown model {model!r}; choose from {', '.join(kinds)}")
-    c, h, w = image_shape
-    if h != w:
-        raise UserError(f"images must be square, got {h}×{w}")
-    cfg_cls, model_cls = kinds[model]
-    preset = preset or ("tiny" if h <= 16 else "small")
-    presets = {"vit": VIT_PRESETS, "swin": SWIN_PRESETS, "cnn": CNN_PRESETS}[model]
-    if preset not in presets:
-        raise UserError(f"unknown {model} preset {preset!r}; known: {', '.join(presets)}")
-    known = {f.name for f in dataclasses.fields(cfg_cls)}
-    unknown = sorted(set(overrides or {}) - known)
-    if unknown:
+    if args.augment is not None:
+        args.augment = AUGMENT[args.augment]
+    if args.data_path:
+        args.data_path = str(Path(args.data_path).resolve())
+    train_flags = {f: f"train.{f}" for f in TrainConfig.field_names() if hasattr(args, f)}
+    base = read_config(args.out) if args.resume else None
+    sections = resolve_sections(args, {**train_flags, **_MODEL_FLAGS, **_TASK_FLAGS}, base=base)
+    stored = sections.pop("kind", None)
+    typed = args.model if "model" in explicit_dests(args) else None
+    if typed and stored and typed != stored:
+        source = f"the run in {args.out!r}" if args.resume else repr(args.config)
         raise UserError(
-            f"{model} has no config field {', '.join(map(repr, unknown))}; "
-            f"its fields: {', '.join(sorted(known))}"
+            f"--model {typed}, but {source} holds a {stored!r} model; drop --model, or start "
+            "from another config"
         )
-    fields = dict(image_size=h, in_channels=c, num_classes=len(classes), labels=list(classes))
-    try:
-        cfg = cfg_cls.preset(preset, **{**fields, **(overrides or {})})
-    except TypeError as err:
-        raise UserError(f"bad --set for {model}: {err}") from None
-    except ValueError as err:
-        raise UserError(
-            f"{model} preset {preset!r} does not fit {h}×{w} images: {err} (--image-size, "
-            "--patch-size, --window-size or --set change the sizes)"
-        ) from None
-    return model_cls(cfg)
-
-
-def _task_from_args(args: argparse.Namespace, seed: int):
-    from attnlab.data.images import ImageClassificationTask, load_image_data
-
-    path = str(Path(args.data_path).resolve()) if args.data_path else None
-    source_args = {
-        "data_path": path,
-        "image_size": args.image_size,
-        "channels": args.channels,
-        "shapes_n": args.shapes_n,
-        "shapes_label": args.shapes_label,
-    }
-    splits = load_image_data(
-        args.data,
-        path=path,
-        image_size=args.image_size,
-        channels=args.channels,
-        seed=seed,
-        shapes_n=args.shapes_n,
-        shapes_label=args.shapes_label,
-    )
-    augment = None if args.augment == "auto" else args.augment == "on"
-    return ImageClassificationTask(
-        splits,
-        seed=seed,
-        train_fraction=args.train_fraction,
-        augment=augment,
-        source_args=source_args,
-    )
-
-
-def task_from_run_config(task_cfg: dict):
-    """Rebuild the classification task (same data, split and normalisation) of a run."""
-    from attnlab.data.images import ImageClassificationTask, load_image_data
-
-    if task_cfg.get("name") != "image":
-        raise RunDirError(f"not an image-classification run (task {task_cfg.get('name')!r})")
-    seed = int(task_cfg.get("seed", 0))
-    splits = load_image_data(
-        task_cfg["data"],
-        path=task_cfg.get("data_path"),
-        image_size=task_cfg.get("image_size"),
-        channels=task_cfg.get("channels", 3),
-        seed=seed,
-        shapes_n=task_cfg.get("shapes_n", 3000),
-        shapes_label=task_cfg.get("shapes_label", "shape"),
-    )
-    task = ImageClassificationTask(
-        splits, seed=seed, train_fraction=task_cfg.get("train_fraction", 1.0), augment=False
-    )
-    task.mean, task.std = task_cfg["mean"], task_cfg["std"]  # exactly the training normalisation
-    return task
-
-
-def _load_run(run_dir: str, weights: str = "best"):
-    from attnlab.runs import load_model, read_config
-
-    cfg = read_config(run_dir)
-    if cfg["kind"] not in VISION_KINDS:
-        raise RunDirError(
-            f"{run_dir!r} holds a {cfg['kind']!r} model, not an image classifier "
-            f"({', '.join(VISION_KINDS)})"
-        )
-    name = "best.safetensors" if weights == "best" else "model.safetensors"
-    if not (Path(run_dir) / name).exists():
-        name = "model.safetensors"
-    return load_model(run_dir, weights=name), cfg
-
-
-# ----------------------------------------------------------------------------------------------
-# commands
+    kind = typed or stored or "vit"
+    if kind not in VISION_KINDS:
+        raise UserError(f"{kind!r} is not an image classifier ({', '.join(VISION_KINDS)})")
+    for flag, kinds in _ONLY_FOR.items():
+        if getattr(args, flag) is not None and kind not in kinds:
+            raise UserError(
+                f"--{flag.replace('_', '-')} applies to --model {' or '.join(kinds)} only "
+                f"(got --model {kind})"
+            )
+    return kind, sections
 
 
 def _train_image(args: argparse.Namespace) -> int:
-    from attnlab.train import train, train_config_from_args
-
-    cfg = train_config_from_args(args)
-    task = _task_from_args(args, cfg.seed)
-    overrides = _parse_overrides(args.set)
-    for flag, models in (
-        ("patch_size", ("vit", "swin")),
-        ("window_size", ("swin",)),
-        ("pooling", ("vit",)),
-        ("position", ("vit",)),
-    ):
-        if getattr(args, flag) is None:
-            continue
-        if args.model not in models:
-            raise UserError(
-                f"--{flag.replace('_', '-')} applies to --model {' or '.join(models)} only "
-                f"(got --model {args.model})"
-            )
-        overrides[flag] = getattr(args, flag)
     import torch
 
+    from attnlab.config.train import TrainConfig
+    from attnlab.config.vision import ImageTaskConfig
+    from attnlab.models.vision.factory import build_image_classifier
+    from attnlab.tasks.image import ImageClassificationTask
+    from attnlab.train import check_run_dir, train
+
+    check_run_dir(args.out, args.resume, args.overwrite)  # before the data is read
+    kind, sections = _resolve(args)
+    cfg = TrainConfig.from_dict(sections["train"])
+    task = ImageClassificationTask.from_config(
+        ImageTaskConfig.from_dict(sections["task"]), cfg.seed
+    )
+    model_fields = dict(sections["model"])
+    preset = model_fields.pop("preset", None)
     torch.manual_seed(cfg.seed)
-    model = build_image_model(
-        args.model, task.image_shape, task.classes, preset=args.preset, overrides=overrides
+    model = build_image_classifier(
+        kind, task.image_shape, task.classes, preset=preset, overrides=model_fields
     )
     n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"{args.model}: {n_params:,} parameters; {args.data} "
+        f"{kind}: {n_params:,} parameters; {task.data.name} "
         f"{'×'.join(map(str, task.image_shape))}, {task.num_classes} classes, "
         f"{len(task.train_y)} training images (augment={task.augment})"
     )
@@ -208,24 +123,31 @@ def _train_image(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------------------------
+# attnlab eval / classify
+
+
 def _eval_image(args: argparse.Namespace) -> int:
     import torch
+
+    from attnlab.metrics.classification import per_class_accuracy
+    from attnlab.runs import load
+    from attnlab.tasks.image import ImageClassificationTask
 
     if args.batch_size < 1 or (args.max_batches is not None and args.max_batches < 1):
         raise UserError(
             f"--batch-size and --max-batches must be at least 1, got {args.batch_size} and "
             f"{args.max_batches}"
         )
-    model, cfg = _load_run(args.run_dir, args.weights)
-    task = task_from_run_config(cfg.get("task", {}))
+    run = load(args.run_dir, weights=args.weights, kinds=VISION_KINDS)
+    task = ImageClassificationTask.for_run(run.task, run.tokenizer)
     x, y = task.data.test
     if args.max_batches is not None:
         x, y = x[: args.max_batches * args.batch_size], y[: args.max_batches * args.batch_size]
-    model.eval()
     with torch.no_grad():
         logits = torch.cat(
             [
-                model(task.prepare(x[i : i + args.batch_size])).float()
+                run.model(task.prepare(x[i : i + args.batch_size])).float()
                 for i in range(0, len(y), args.batch_size)
             ]
         )
@@ -233,53 +155,45 @@ def _eval_image(args: argparse.Namespace) -> int:
     pred = logits.argmax(-1)
     acc = float((pred == y).float().mean())
     print(
-        f"{cfg['kind']} on {task.data.name} test split: accuracy {acc:.4f} "
+        f"{run.kind} on {task.data.name} test split: accuracy {acc:.4f} "
         f"({int((pred == y).sum())}/{len(y)}), loss {loss:.4f}"
     )
-    per_class = []
-    for k, name in enumerate(task.classes):
-        m = y == k
-        if m.any():
-            per_class.append(f"{name}: {float((pred[m] == k).float().mean()):.3f}")
-    print("per class: " + ", ".join(per_class))
+    per_class = per_class_accuracy(pred, y, len(task.classes))
+    shown = [f"{n}: {a:.3f}" for n, a in zip(task.classes, per_class) if a is not None]
+    print("per class: " + ", ".join(shown))
     return 0
 
 
 def _classify(args: argparse.Namespace) -> int:
     import torch
 
-    from attnlab.data.images import normalize, read_image
+    from attnlab.data.images import read_image
+    from attnlab.runs import load
 
     if args.top_k < 1:
         raise UserError(f"--top-k must be at least 1, got {args.top_k}")
-    model, cfg = _load_run(args.run_dir, args.weights)
-    if args.attention and cfg["kind"] != "vit":
-        raise UserError(f"--attention draws ViT class-token attention; this run is {cfg['kind']!r}")
-    labels_path = Path(args.run_dir) / "labels.json"
-    if labels_path.exists():
-        info = json.loads(labels_path.read_text())
-    else:
-        info = cfg.get("task", {})
-    try:
-        classes, (c, h, w) = info["classes"], info["image_shape"]
-        mean, std = info["mean"], info["std"]
-    except (KeyError, ValueError):
+    model, settings = run = load(args.run_dir, weights=args.weights, kinds=VISION_KINDS)
+    if args.attention and run.kind != "vit":
+        raise UserError(f"--attention draws ViT class-token attention; this run is {run.kind!r}")
+    if settings is None:
         raise RunDirError(
-            f"{args.run_dir!r} lacks labels.json (classes, image shape, normalisation)"
-        ) from None
+            f"{args.run_dir!r} lacks labels.json (classes, image shape, normalisation): it was "
+            "converted from a checkpoint; write one to classify with it"
+        )
+    c, h, w = settings.image_shape
     image = read_image(args.image, image_size=None if args.no_resize else h, channels=c)
     if args.no_resize and tuple(image.shape[1:]) != (h, w):
         raise UserError(
             f"{args.image}: image is {image.shape[2]}×{image.shape[1]}, the model "
             f"expects {w}×{h} (drop --no-resize to resize it)"
         )
-    x = normalize(image[None], mean, std)
+    x = settings.prepare(image[None])
     with torch.no_grad():
         probs = model(x).softmax(-1)[0]
-    k = min(args.top_k, len(classes))
+    k = min(args.top_k, len(settings.classes))
     top = probs.topk(k)
     for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True):
-        print(f"{classes[i]:>16s}  {p:.4f}")
+        print(f"{settings.classes[i]:>16s}  {p:.4f}")
     if args.attention:
         from attnlab.viz.vision import plot_vit_attention
 
@@ -288,14 +202,32 @@ def _classify(args: argparse.Namespace) -> int:
             image,
             args.attention,
             normalized=x[0],
-            title=f"{Path(args.image).name}: {classes[int(top.indices[0])]}",
+            title=f"{Path(args.image).name}: {settings.classes[int(top.indices[0])]}",
         )
         print(f"attention maps written to {args.attention}")
     return 0
 
 
+# ----------------------------------------------------------------------------------------------
+# attnlab experiment inductive-bias
+
+
+def _model_overrides(items: list[str], flag: str) -> dict[str, Any]:
+    """``--vit-set d_model=96`` items -> ``{"d_model": 96}`` (the one ``--set`` value parser)."""
+    from attnlab.config.overrides import parse_overrides
+
+    out = {}
+    for key, value in parse_overrides(items).items():
+        section, _, name = key.partition(".")
+        if section != "model":
+            raise UserError(f"{flag} sets model fields (KEY=VALUE), got {key!r}")
+        out[name] = value
+    return out
+
+
 def _inductive_bias(args: argparse.Namespace) -> int:
     from attnlab.experiments.inductive_bias import (
+        DATA_FIELDS,
         InductiveBiasSettings,
         format_table,
         run_inductive_bias,
@@ -310,20 +242,15 @@ def _inductive_bias(args: argparse.Namespace) -> int:
             f"{args.fractions!r} / {args.seeds!r}"
         ) from None
     settings = InductiveBiasSettings(
-        data=args.data,
-        data_path=args.data_path,
-        image_size=args.image_size,
-        channels=args.channels,
-        shapes_n=args.shapes_n,
-        shapes_label=args.shapes_label,
+        **{name: getattr(args, name) for name in DATA_FIELDS},
         fractions=fractions,
         steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
         warmup=args.warmup,
         seeds=seeds,
-        vit=_parse_overrides(args.vit_set),
-        cnn=_parse_overrides(args.cnn_set),
+        vit=_model_overrides(args.vit_set, "--vit-set"),
+        cnn=_model_overrides(args.cnn_set, "--cnn-set"),
         device=args.device,
     )
     result = run_inductive_bias(
@@ -335,6 +262,10 @@ def _inductive_bias(args: argparse.Namespace) -> int:
         f"{args.out}"
     )
     return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# parsers
 
 
 def _add_data_args(p: argparse.ArgumentParser, *, default: str = "digits") -> None:
@@ -381,9 +312,8 @@ def _add_data_args(p: argparse.ArgumentParser, *, default: str = "digits") -> No
     )
 
 
-def register(groups) -> None:
-    """Add the vision commands."""
-    from attnlab.commands import register_evaluator
+def _add_train_image(groups) -> None:
+    from attnlab.commands.config_args import add_config_args, track_explicit
     from attnlab.train import add_train_args
 
     p = groups["train"].add_parser(
@@ -391,12 +321,17 @@ def register(groups) -> None:
         help="train an image classifier (ViT, Swin or CNN)",
         description="Train a ViT, Swin Transformer or residual CNN on digits, generated shapes, a "
         "folder of images, CIFAR-10 or MNIST. Example: attnlab train image --data digits "
-        "--model vit --out runs/vit-digits",
+        "--model vit --out runs/vit-digits. Every setting also comes from --config FILE (a run's "
+        "config.json reproduces the run) and --set KEY=VALUE (model.d_model=96, train.lr=3e-4, "
+        "task.train_fraction=0.5).",
     )
     _add_data_args(p)
     g = p.add_argument_group("model")
     g.add_argument(
-        "--model", choices=VISION_KINDS, default="vit", help="architecture (default: %(default)s)"
+        "--model",
+        choices=VISION_KINDS,
+        default="vit",
+        help="architecture (default: %(default)s, or the kind in --config)",
     )
     g.add_argument(
         "--preset", default=None, help="model preset (default: tiny for ≤16 px images, small above)"
@@ -406,13 +341,6 @@ def register(groups) -> None:
     g.add_argument("--pooling", choices=("cls", "mean"), default=None, help="ViT pooling")
     g.add_argument("--position", choices=("learned", "sincos"), default=None, help="ViT positions")
     g.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override any model config field, e.g. --set d_model=96",
-    )
-    g.add_argument(
         "--train-fraction",
         type=float,
         default=1.0,
@@ -420,16 +348,20 @@ def register(groups) -> None:
     )
     g.add_argument(
         "--augment",
-        choices=("auto", "on", "off"),
-        default="auto",
+        choices=tuple(AUGMENT),
+        default=None,
         help="random crop (+ flips where they keep the class); auto = on for "
-        "images of 16 px or more (default: %(default)s)",
+        "images of 16 px or more (default: auto)",
     )
     add_train_args(
         p, steps=300, batch_size=64, lr=1e-3, warmup=30, eval_every=100, weight_decay=0.05
     )
+    add_config_args(p)
+    track_explicit(p)
     p.set_defaults(func=_train_image)
 
+
+def _add_classify(groups) -> None:
     c = groups["top"].add_parser(
         "classify",
         help="top-k classes of an image with a trained image classifier",
@@ -451,6 +383,8 @@ def register(groups) -> None:
     )
     c.set_defaults(func=_classify)
 
+
+def _add_inductive_bias(groups) -> None:
     e = groups["experiment"].add_parser(
         "inductive-bias",
         help="CNN vs ViT with the same budget on growing data fractions",
@@ -480,5 +414,13 @@ def register(groups) -> None:
     )
     e.set_defaults(func=_inductive_bias)
 
+
+def register(groups) -> None:
+    """Add the vision commands."""
+    from attnlab.commands import register_evaluator
+
+    _add_train_image(groups)
+    _add_classify(groups)
+    _add_inductive_bias(groups)
     for kind in VISION_KINDS:
         register_evaluator(kind, _eval_image)

@@ -5,13 +5,16 @@
 
 from attnlab.config.base import Config, ConfigError
 from attnlab.config.block import BlockConfig, swiglu_hidden
-from attnlab.config.lm import PRESETS, BigramConfig, LSTMConfig, ModelConfig
+from attnlab.config.encoder import EncoderConfig, MLMTaskConfig
+from attnlab.config.lm import PRESETS, BigramConfig, LMTaskConfig, LSTMConfig, ModelConfig
+from attnlab.config.multimodal import VQA_MODELS, CaptionConfig, VQAConfig
 from attnlab.config.translation import (
     RNNSeq2SeqConfig,
     ScheduledSamplingConfig,
     Seq2SeqConfig,
     TranslationTaskConfig,
 )
+from attnlab.config.vision import CNNConfig, ImageTaskConfig, SwinConfig, ViTConfig
 
 __all__ = [
     "Config",
@@ -20,10 +23,20 @@ __all__ = [
     "ModelConfig",
     "LSTMConfig",
     "BigramConfig",
+    "LMTaskConfig",
     "PRESETS",
     "Seq2SeqConfig",
     "RNNSeq2SeqConfig",
     "TranslationTaskConfig",
     "ScheduledSamplingConfig",
+    "ViTConfig",
+    "SwinConfig",
+    "CNNConfig",
+    "ImageTaskConfig",
+    "CaptionConfig",
+    "VQAConfig",
+    "VQA_MODELS",
+    "EncoderConfig",
+    "MLMTaskConfig",
     "swiglu_hidden",
 ]

@@ -30,7 +30,7 @@ NormKind = Literal["layernorm", "rmsnorm"]
 NormPosition = Literal["pre", "post"]
 Activation = Literal["gelu_tanh", "gelu", "relu", "silu"]
 #: 1-D position schemes (vision families narrow or extend this in their own configs)
-PositionKind = Literal["learned", "sinusoidal", "rope", "alibi", "none"]
+PositionKind = Literal["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
 
 
 def swiglu_hidden(d_model: int, multiple_of: int = 8) -> int:
@@ -53,13 +53,18 @@ class BlockConfig(Config):
         activation: MLP activation; MoE experts are SwiGLU when ``silu``.
         n_experts, top_k, moe_aux_coef: mixture of experts (``ffn == "moe"``).
         norm, norm_eps, norm_position: ``layernorm`` | ``rmsnorm``, its ε, ``pre`` | ``post``.
-        position: how order enters (``learned`` | ``sinusoidal`` | ``rope`` | ``alibi`` | ``none``).
+        position: how order enters (``learned`` | ``sinusoidal`` | ``rope`` | ``alibi`` | ``t5`` |
+            ``none``); ``t5`` is one bucketed relative-bias table shared by all layers.
         rope_theta: RoPE's base θ.
         qk_norm: normalise q and k per head (None | ``rmsnorm`` | ``layernorm``).
         bias: biases in the linear layers and LayerNorms.
         dropout: residual and embedding dropout. attn_dropout: on the attention weights.
         drop_path: stochastic depth: the largest rate, reached by the last block (linear in depth).
-        backend, backend_options: attention backend (see ``scaled_dot_product_attention``).
+        backend, backend_options: attention backend (see ``scaled_dot_product_attention``), e.g.
+            ``block_sparse`` with ``{"pattern": "longformer", "window": 32, "global_tokens": [0]}``.
+        linformer_k: Linformer: project keys and values along the sequence to this many rows
+            (None = full attention); the sequence length N is the family's maximum length.
+            Non-causal (encoder) attention only.
     """
 
     d_model: int = 64
@@ -84,6 +89,7 @@ class BlockConfig(Config):
     drop_path: float = 0.0
     backend: str = "auto"
     backend_options: dict[str, Any] = field(default_factory=dict)
+    linformer_k: int | None = None
 
     def validate(self) -> None:
         super().validate()
@@ -118,6 +124,20 @@ class BlockConfig(Config):
         self.positive("moe_aux_coef", allow_zero=True)
         self.positive("norm_eps", "rope_theta")
         self.fraction("dropout", "attn_dropout", "drop_path")
+        if self.linformer_k is not None:
+            self.positive("linformer_k")
+            n = getattr(self, "max_seq_len", None)
+            if isinstance(n, int) and self.linformer_k > n:
+                raise ConfigError(
+                    f"linformer_k ({self.linformer_k}) must not exceed the sequence length "
+                    f"max_seq_len ({n})"
+                )
+            if self.position in ("alibi", "t5"):
+                raise ConfigError(
+                    f"linformer_k does not work with position={self.position!r} (a bias per "
+                    "query-key distance; projected keys have no position): use rope, learned, "
+                    "sinusoidal or none"
+                )
 
     @property
     def block(self) -> BlockConfig:

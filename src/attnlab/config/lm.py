@@ -1,18 +1,21 @@
 """Configs of the language models: the decoder-only Transformer (GPT-2, Llama and Mixtral styles)
-and the LSTM and bigram baselines, with their presets.
+and the LSTM and bigram baselines, with their presets; and ``LMTaskConfig``, the data settings of
+language-model training (config.json's ``"task"``).
 
     ModelConfig.preset("llama-tiny", d_model=128)   # a named preset with overrides
+    LMTaskConfig(data="stdlib", tokenizer="bpe", vocab_size=1024, seq_len=256)
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from attnlab.config.base import Config, ConfigError
 from attnlab.config.block import BlockConfig
 
-__all__ = ["ModelConfig", "LSTMConfig", "BigramConfig", "PRESETS"]
+__all__ = ["ModelConfig", "LSTMConfig", "BigramConfig", "LMTaskConfig", "PRESETS"]
 
 _GPT2 = dict(
     ffn="mlp",
@@ -152,3 +155,53 @@ class BigramConfig(Config):
     def validate(self) -> None:
         super().validate()
         self.positive("vocab_size", "max_seq_len")
+
+
+@dataclass
+class LMTaskConfig(Config):
+    """Next-token prediction on one corpus: what ``attnlab train lm`` reads and tokenises.
+
+    Its ``to_dict()`` is config.json's ``"task"`` (the task adds the derived token counts
+    ``n_tokens``, which are accepted and dropped on input, as in first-release run directories).
+
+    Attributes:
+        type: always ``"lm"`` (tells an LM task from other families' tasks in config.json).
+        data: ``pydoc``, ``stdlib``, or a path to a text file or folder (a run stores it absolute).
+        tokenizer: ``char`` (the corpus's characters) or ``bpe`` (byte-level BPE trained on it).
+        vocab_size: the BPE vocabulary size (at least 256); a run records the tokenizer's actual
+            size (for ``char``: the number of distinct characters).
+        seq_len: training window T, which is also the model's context ``max_seq_len``.
+        seed: seeds the window positions (None: the training seed).
+        val_fraction: the fraction of the token ids held out for validation: the last
+            ``val_fraction`` of every block of ``val_block`` tokens.
+        val_block: tokens per held-out block (default 2^20). A corpus of at most one block, or
+            ``None``, is one block: its last ``val_fraction`` is validation. A run's config.json
+            from before this field (it has ``n_tokens`` but no ``val_block``) reads as ``None``:
+            such runs held out the tail, and still evaluate on it.
+        max_chars: use only the first this many characters of the corpus.
+    """
+
+    IGNORED: ClassVar[frozenset[str]] = frozenset({"n_tokens"})
+
+    type: Literal["lm"] = "lm"
+    data: str = "pydoc"
+    tokenizer: Literal["char", "bpe"] = "char"
+    vocab_size: int = 512
+    seq_len: int = 128
+    seed: int | None = None
+    val_fraction: float = 0.1
+    val_block: int | None = 1 << 20
+    max_chars: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LMTaskConfig:
+        if isinstance(d, Mapping) and "n_tokens" in d and "val_block" not in d:
+            d = {**d, "val_block": None}  # a first-release run: the tail was held out
+        return super().from_dict(d)
+
+    def validate(self) -> None:
+        super().validate()
+        self.positive("vocab_size", "seq_len", "max_chars", "val_block")
+        self.positive("seed", allow_zero=True)
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")

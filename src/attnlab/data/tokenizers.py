@@ -8,6 +8,11 @@ token ids are keyed by the exact tokenizer). :func:`load_tokenizer` reads either
   a character outside it cannot be encoded; that is a user error naming the characters.
 - Byte-level BPE (GPT-2's scheme): text is UTF-8 bytes mapped to 256 printable symbols, and merges
   of frequent pairs are learned up to ``vocab_size``. Every string can be encoded.
+
+Masked-LM runs add BERT's special tokens ``[PAD] [CLS] [SEP] [MASK]`` (:data:`SPECIAL_TOKENS`) with
+:class:`TokenizerWithSpecials` (``train_tokenizer(..., specials=True)``): the four tokens get the
+ids after the plain vocabulary, so text without them encodes exactly as before, and a
+language-model tokenizer (and its ``tokenizer.json``) is untouched.
 """
 
 from __future__ import annotations
@@ -15,22 +20,47 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from attnlab.errors import RunDirError, UserError
+from attnlab.fileio import atomic_write_text
 
 __all__ = [
     "CharTokenizer",
     "ByteBPETokenizer",
+    "TokenizerWithSpecials",
+    "SPECIAL_TOKENS",
     "load_tokenizer",
     "train_tokenizer",
     "TOKENIZER_FILE",
 ]
 
 TOKENIZER_FILE = "tokenizer.json"
+#: BERT's special tokens, in the order of their ids (after the plain vocabulary)
+SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
 
 
-class CharTokenizer:
+class _SavedTokenizer:
+    """What both tokenizers share: the saved form is ``to_json()`` (defined by each)."""
+
+    def to_json(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the saved form (keys the token-id cache)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
+
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write ``tokenizer.json`` into ``directory`` (atomically)."""
+        path = Path(directory) / TOKENIZER_FILE
+        atomic_write_text(path, self.to_json())
+        return path
+
+
+class CharTokenizer(_SavedTokenizer):
     """One id per character of a fixed alphabet.
 
     Args:
@@ -82,19 +112,8 @@ class CharTokenizer:
     def to_json(self) -> str:
         return json.dumps({"type": "char", "chars": self.chars}, ensure_ascii=False)
 
-    @property
-    def fingerprint(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
 
-    def save(self, directory: str | os.PathLike) -> Path:
-        from attnlab.fileio import atomic_write_text
-
-        path = Path(directory) / TOKENIZER_FILE
-        atomic_write_text(path, self.to_json())
-        return path
-
-
-class ByteBPETokenizer:
+class ByteBPETokenizer(_SavedTokenizer):
     """Byte-level BPE (as GPT-2) on top of a ``tokenizers.Tokenizer``.
 
     Args:
@@ -109,6 +128,20 @@ class ByteBPETokenizer:
     @classmethod
     def train(cls, text: str, vocab_size: int = 512) -> ByteBPETokenizer:
         """Learn merges on ``text`` until ``vocab_size`` tokens (at least the 256 byte symbols).
+
+        Raises:
+            UserError: ``vocab_size`` below 256.
+        """
+        # feed lines in chunks: the trainer counts words per chunk, order does not matter
+        lines = text.splitlines(keepends=True)
+        return cls.train_from_iterator(
+            ("".join(lines[i : i + 200]) for i in range(0, len(lines), 200)), vocab_size
+        )
+
+    @classmethod
+    def train_from_iterator(cls, texts: Iterable[str], vocab_size: int = 512) -> ByteBPETokenizer:
+        """Learn merges on the texts an iterator yields (streamed into the trainer, which only
+        keeps word counts).
 
         Raises:
             UserError: ``vocab_size`` below 256.
@@ -130,10 +163,7 @@ class ByteBPETokenizer:
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
             special_tokens=[],
         )
-        # feed lines in chunks: the trainer counts words per chunk, order does not matter
-        lines = text.splitlines(keepends=True)
-        chunks = ["".join(lines[i : i + 200]) for i in range(0, len(lines), 200)]
-        tok.train_from_iterator(chunks, trainer=trainer)
+        tok.train_from_iterator(texts, trainer=trainer)
         return cls(tok)
 
     @property
@@ -152,17 +182,6 @@ class ByteBPETokenizer:
     def to_json(self) -> str:
         return self.tokenizer.to_str()
 
-    @property
-    def fingerprint(self) -> str:
-        return hashlib.sha256(self.to_json().encode()).hexdigest()[:16]
-
-    def save(self, directory: str | os.PathLike) -> Path:
-        from attnlab.fileio import atomic_write_text
-
-        path = Path(directory) / TOKENIZER_FILE
-        atomic_write_text(path, self.to_json())
-        return path
-
     @classmethod
     def from_json(cls, text: str) -> ByteBPETokenizer:
         from tokenizers import Tokenizer
@@ -170,22 +189,135 @@ class ByteBPETokenizer:
         return cls(Tokenizer.from_str(text))
 
 
+class TokenizerWithSpecials(_SavedTokenizer):
+    """A char or BPE tokenizer plus BERT's specials ``[PAD] [CLS] [SEP] [MASK]``.
+
+    The specials take the ids ``base.vocab_size + 0 … 3`` (in :data:`SPECIAL_TOKENS` order), so
+    every other id means what it means in ``base``. ``encode`` reads the special tokens' text
+    (``"a [MASK] b"`` gives one ``[MASK]`` id), everything else through ``base``; a corpus is
+    tokenised with ``base`` (a literal ``[MASK]`` in it stays characters).
+
+    Saved form: a character tokenizer's JSON gains ``"specials"``; a BPE ``tokenizer.json`` lists
+    them as added special tokens (a Hugging Face ``tokenizers`` file that reads them too).
+
+    Args:
+        base: the plain tokenizer.
+    """
+
+    def __init__(self, base: CharTokenizer | ByteBPETokenizer) -> None:
+        if isinstance(base, TokenizerWithSpecials):
+            base = base.base
+        self.base = base
+        self.type = base.type
+        n = base.vocab_size
+        self.special_ids = {tok: n + i for i, tok in enumerate(SPECIAL_TOKENS)}
+        self._split = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL_TOKENS) + ")")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.base.vocab_size + len(SPECIAL_TOKENS)
+
+    @property
+    def pad_id(self) -> int:
+        return self.special_ids["[PAD]"]
+
+    @property
+    def cls_id(self) -> int:
+        return self.special_ids["[CLS]"]
+
+    @property
+    def sep_id(self) -> int:
+        return self.special_ids["[SEP]"]
+
+    @property
+    def mask_id(self) -> int:
+        return self.special_ids["[MASK]"]
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text``, its ``[PAD] [CLS] [SEP] [MASK]`` read as the special tokens.
+
+        Raises:
+            UserError: characters outside a character vocabulary (named).
+        """
+        ids: list[int] = []
+        for piece in self._split.split(text):
+            if piece in self.special_ids:
+                ids.append(self.special_ids[piece])
+            elif piece:
+                ids.extend(self.base.encode(piece))
+        return ids
+
+    def decode(self, ids) -> str:
+        out, run = [], []
+        for i in (int(i) for i in ids):
+            if i >= self.base.vocab_size:
+                if i >= self.vocab_size:
+                    raise UserError(f"token id out of range (vocabulary {self.vocab_size})")
+                out.append(self.base.decode(run) if run else "")
+                out.append(SPECIAL_TOKENS[i - self.base.vocab_size])
+                run = []
+            else:
+                run.append(i)
+        out.append(self.base.decode(run) if run else "")
+        return "".join(out)
+
+    def to_json(self) -> str:
+        data = json.loads(self.base.to_json())
+        if self.type == "char":
+            data["specials"] = list(SPECIAL_TOKENS)
+            return json.dumps(data, ensure_ascii=False)
+        data["added_tokens"] = [
+            {
+                "id": i,
+                "content": tok,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+            for tok, i in self.special_ids.items()
+        ]
+        return json.dumps(data, ensure_ascii=False)
+
+
+def _bpe_specials(data: dict) -> bool:
+    """Whether a BPE tokenizer.json lists exactly the specials, after its plain vocabulary
+    (then they are removed from ``data``: :class:`TokenizerWithSpecials` adds them back)."""
+    added = data.get("added_tokens") or []
+    if [a.get("content") for a in added if isinstance(a, dict)] != list(SPECIAL_TOKENS):
+        return False
+    ids = [a.get("id") for a in added]
+    n = len((data.get("model") or {}).get("vocab") or {})
+    if ids != list(range(n, n + len(SPECIAL_TOKENS))):
+        return False
+    data["added_tokens"] = []
+    return True
+
+
 def train_tokenizer(
-    kind: str, text: str, vocab_size: int = 512
-) -> CharTokenizer | ByteBPETokenizer:
+    kind: str, text: str, vocab_size: int = 512, *, specials: bool = False
+) -> CharTokenizer | ByteBPETokenizer | TokenizerWithSpecials:
     """Train a ``char`` or ``bpe`` tokenizer on ``text``.
+
+    Args:
+        specials: add ``[PAD] [CLS] [SEP] [MASK]`` (:class:`TokenizerWithSpecials`; masked LM).
 
     Raises:
         UserError: unknown kind or unusable vocabulary size.
     """
     if kind == "char":
-        return CharTokenizer.train(text)
-    if kind == "bpe":
-        return ByteBPETokenizer.train(text, vocab_size)
-    raise UserError(f"unknown tokenizer {kind!r}; choose 'char' or 'bpe'")
+        tok: CharTokenizer | ByteBPETokenizer = CharTokenizer.train(text)
+    elif kind == "bpe":
+        tok = ByteBPETokenizer.train(text, vocab_size)
+    else:
+        raise UserError(f"unknown tokenizer {kind!r}; choose 'char' or 'bpe'")
+    return TokenizerWithSpecials(tok) if specials else tok
 
 
-def tokenizer_from_json(text: str, source: str = "tokenizer") -> CharTokenizer | ByteBPETokenizer:
+def tokenizer_from_json(
+    text: str, source: str = "tokenizer"
+) -> CharTokenizer | ByteBPETokenizer | TokenizerWithSpecials:
     """Rebuild a tokenizer from the text of its ``tokenizer.json``.
 
     Raises:
@@ -198,16 +330,24 @@ def tokenizer_from_json(text: str, source: str = "tokenizer") -> CharTokenizer |
     if not isinstance(data, dict):
         raise RunDirError(f"{source} is not an attnlab tokenizer (neither char nor BPE)")
     if data.get("type") == "char" and isinstance(data.get("chars"), list):
-        return CharTokenizer(data["chars"])
+        specials = data.get("specials")
+        if specials not in (None, list(SPECIAL_TOKENS)):
+            raise RunDirError(f"{source}: unknown special tokens {specials!r}")
+        tok = CharTokenizer(data["chars"])
+        return tok if specials is None else TokenizerWithSpecials(tok)
     if isinstance(data.get("model"), dict):
+        specials = _bpe_specials(data)
         try:
-            return ByteBPETokenizer.from_json(text)
+            bpe = ByteBPETokenizer.from_json(json.dumps(data) if specials else text)
         except Exception as err:  # tokenizers raises its own exception type
             raise RunDirError(f"{source} is not a readable tokenizer: {err}") from None
+        return TokenizerWithSpecials(bpe) if specials else bpe
     raise RunDirError(f"{source} is not an attnlab tokenizer (neither char nor BPE)")
 
 
-def load_tokenizer(run_dir: str | os.PathLike) -> CharTokenizer | ByteBPETokenizer:
+def load_tokenizer(
+    run_dir: str | os.PathLike,
+) -> CharTokenizer | ByteBPETokenizer | TokenizerWithSpecials:
     """The tokenizer saved in a run directory.
 
     Raises:

@@ -8,7 +8,13 @@
 """
 
 from attnlab.decoding.interface import DecodeState, IncrementalDecoder, supports_decoding
-from attnlab.decoding.sampling import beam_generate, generate, left_pad, sample_next, stream_generate
+from attnlab.decoding.sampling import (
+    beam_generate,
+    generate,
+    left_pad,
+    sample_next,
+    stream_generate,
+)
 from attnlab.decoding.search import Hypothesis, beam_search, greedy_search, length_penalty
 
 __all__ = [

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnlab.experiments.sparse_bench import bench_attention_fn, estimate_extra_gb
+
 __all__ = [
     "BenchConfig",
     "run_benchmark",
@@ -34,7 +36,7 @@ __all__ = [
     "lm_attention_memory_formula",
 ]
 
-DEFAULT_BACKENDS = ("math", "tiled", "sdpa", "window", "linear")
+DEFAULT_BACKENDS = ("math", "tiled", "sdpa", "window", "linear", "block_sparse")
 DEFAULT_NS = (512, 1024, 2048, 4096, 8192, 16384)
 
 
@@ -44,7 +46,8 @@ class BenchConfig:
 
     Attributes:
         ns: sequence lengths N.
-        backends: attention backends (``math``, ``tiled``, ``sdpa``, ``window``, ``linear``...).
+        backends: attention backends (``math``, ``tiled``, ``sdpa``, ``window``, ``linear``,
+            ``block_sparse``...), and ``linformer`` (random E, F; non-causal only).
         batch, heads, head_dim: B, H, d.
         causal: causal attention (the language-model case).
         modes: ``fwd`` (no autograd) and/or ``fwdbwd`` (forward + backward of ``out.sum()``).
@@ -65,7 +68,12 @@ class BenchConfig:
     causal: bool = True
     modes: tuple[str, ...] = ("fwd", "fwdbwd")
     options: dict[str, dict[str, Any]] = field(
-        default_factory=lambda: {"window": {"window": 256}, "linear": {"feature_map": "elu"}}
+        default_factory=lambda: {
+            "window": {"window": 256},
+            "linear": {"feature_map": "elu"},
+            "block_sparse": {"pattern": "longformer", "window": 256, "global_tokens": [0]},
+            "linformer": {"k": 256},
+        }
     )
     max_gb: float = 12.0
     threads: int | None = None
@@ -83,6 +91,9 @@ def estimate_gb(backend: str, n: int, cfg: BenchConfig, mode: str) -> float:
     causal mask adds N² bytes. The other backends are O(N): we count their inputs, outputs and gradients
     plus a tile/band/chunk term.
     """
+    extra = estimate_extra_gb(backend, n, cfg, mode)
+    if extra is not None:
+        return extra
     bh = cfg.batch * cfg.heads
     elem = 2 if cfg.dtype == "bfloat16" else 4
     linear_part = 8 * bh * n * cfg.head_dim * elem
@@ -102,8 +113,6 @@ def measure_case(spec: dict) -> dict:
 
     import torch
 
-    from attnlab.attention import scaled_dot_product_attention
-
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     device = torch.device(spec["device"])
@@ -116,14 +125,14 @@ def measure_case(spec: dict) -> dict:
         for _ in range(3)
     )
 
+    attend, params = bench_attention_fn(spec, q, k, v, backward)
+
     def step() -> None:
         with torch.set_grad_enabled(backward):
-            out = scaled_dot_product_attention(
-                q, k, v, is_causal=spec["causal"], backend=spec["backend"], **spec["options"]
-            )
+            out = attend()
             if backward:
                 out.sum().backward()
-                for t in (q, k, v):
+                for t in (q, k, v, *params):
                     t.grad = None
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -325,6 +334,13 @@ def _ratios(index: dict, ns: list[int], cfg: BenchConfig) -> list[str]:
                 parts.append(f"{mode}: tiled/sdpa time {t['time_s'] / s['time_s']:.2f}×")
             if _ok(t) and _ok(m) and t["peak_bytes"] > 0:
                 parts.append(f"{mode}: math/tiled memory {m['peak_bytes'] / t['peak_bytes']:.1f}×")
+            for name in ("block_sparse", "linformer"):
+                r = index.get((name, n, mode))
+                if _ok(r) and _ok(m) and r["peak_bytes"] > 0:
+                    parts.append(
+                        f"{mode}: math/{name} time {m['time_s'] / r['time_s']:.2f}×, "
+                        f"memory {m['peak_bytes'] / r['peak_bytes']:.1f}×"
+                    )
         if parts:
             out.append(f"- N={n}: " + "; ".join(parts))
     return (["**ratios**", ""] + out + [""]) if out else []

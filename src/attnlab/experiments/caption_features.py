@@ -13,40 +13,54 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnlab.data.scenes import CaptionTask
-from attnlab.experiments.scene_runs import check_fresh, train_for_experiment
-from attnlab.runs import atomic_write_text
+import torch
+
+from attnlab.config.multimodal import CaptionConfig
+from attnlab.experiments.scene_runs import (
+    SceneExperimentConfig,
+    check_fresh,
+    pretrain_encoder,
+    train_for_experiment,
+)
+from attnlab.fileio import atomic_write_text
+from attnlab.models.multimodal.captioner import build_captioner
+from attnlab.tasks.caption import CaptionTask, caption_metrics
 
 __all__ = ["CaptionFeaturesConfig", "run", "format_table"]
 
+ROW = (
+    "bleu",
+    "object_precision",
+    "colour_precision",
+    "shape_precision",
+    "chance_precision",
+    "other_colour_precision",
+    "other_shape_precision",
+)
+
 
 @dataclass
-class CaptionFeaturesConfig:
-    """Settings of the experiment."""
+class CaptionFeaturesConfig(SceneExperimentConfig):
+    """Settings of the experiment (see :class:`SceneExperimentConfig`).
+
+    Attributes:
+        pretrain_steps: steps training the classifier before it is frozen.
+        encoder_width: the classifier's width, i.e. the penultimate feature size (None: the
+            preset's).
+        n_eval: validation scenes captioned.
+    """
 
     out: str = "runs/caption-features"
     pretrain_steps: int = 300
-    steps: int = 800
-    max_time: float | None = None
-    batch_size: int = 64
-    lr: float = 3e-3
-    preset: str = "tiny"
     # A wider penultimate layer than the tiny preset's 16 channels: with 16, the shape
     # classifier's features keep little more than its 3 logits (measured: colour precision
     # 66% vs 59%); with 64 the gap is the lecture's (76% vs 60%).
     encoder_width: int | None = 64
-    n_train: int = 2000
     n_eval: int = 200
-    seed: int = 0
-    device: str = "auto"
-    progress: bool = True
-    overwrite: bool = False
 
-    def __post_init__(self) -> None:
-        if self.pretrain_steps < 1:
-            raise ValueError(f"pretrain_steps must be >= 1, got {self.pretrain_steps}")
-        if self.n_eval < 1:
-            raise ValueError(f"n_eval must be >= 1, got {self.n_eval}")
+    def validate(self) -> None:
+        super().validate()
+        self.positive("pretrain_steps", "encoder_width", "n_eval")
 
 
 def run(cfg: CaptionFeaturesConfig) -> dict:
@@ -56,23 +70,20 @@ def run(cfg: CaptionFeaturesConfig) -> dict:
         ``{"classifier_acc": float, "rows": {features: metrics}, "examples": ..., "steps": ...}``,
         also written to ``out/results.json``.
     """
-    import torch
-
-    from attnlab.models.caption import (
-        CaptionConfig,
-        build_captioner,
-        caption_metrics,
-        pretrain_encoder,
-    )
-
     out = Path(cfg.out)
     check_fresh(out, ["logits", "penultimate"], cfg.overwrite)
     task = CaptionTask(n_train=cfg.n_train, n_val=cfg.n_eval, n_unseen=10, seed=cfg.seed)
-    torch.manual_seed(cfg.seed)
     width = {} if cfg.encoder_width is None else {"encoder_width": cfg.encoder_width}
-    base = build_captioner(
-        CaptionConfig.preset(cfg.preset, arch="lstm", vocab_size=len(task.vocab), **width)
-    )
+
+    def captioner(**fields):
+        torch.manual_seed(cfg.seed)
+        return build_captioner(
+            CaptionConfig.preset(
+                cfg.preset, arch="lstm", vocab_size=len(task.vocab), **width, **fields
+            )
+        )
+
+    base = captioner()
     acc = pretrain_encoder(
         base.encoder,
         task.sets("train"),
@@ -83,32 +94,11 @@ def run(cfg: CaptionFeaturesConfig) -> dict:
     encoder_state = base.encoder.state_dict()
     results: dict = {"classifier_acc": acc, "rows": {}, "examples": {}, "steps": {}, "seconds": {}}
     for features in ("logits", "penultimate"):
-        torch.manual_seed(cfg.seed)
-        model = build_captioner(
-            CaptionConfig.preset(
-                cfg.preset,
-                arch="lstm",
-                vocab_size=len(task.vocab),
-                features=features,
-                freeze_encoder=True,
-                **width,
-            )
-        )
+        model = captioner(features=features, freeze_encoder=True)
         model.encoder.load_state_dict(encoder_state)
         res = train_for_experiment(model, task, cfg, out / features)
         m = caption_metrics(model, task.vocab, task.sets("val"), range(cfg.n_eval))
-        results["rows"][features] = {
-            k: m[k]
-            for k in (
-                "bleu",
-                "object_precision",
-                "colour_precision",
-                "shape_precision",
-                "chance_precision",
-                "other_colour_precision",
-                "other_shape_precision",
-            )
-        }
+        results["rows"][features] = {k: m[k] for k in ROW}
         results["examples"][features] = m["captions"][:5]
         results["steps"][features], results["seconds"][features] = res.steps, round(res.elapsed, 1)
     atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")

@@ -23,42 +23,49 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from attnlab.data.scenes import CaptionTask, SceneSet
-from attnlab.experiments.scene_runs import check_fresh, train_for_experiment
-from attnlab.runs import atomic_write_text
+from attnlab.config.base import ConfigError
+from attnlab.config.multimodal import CaptionConfig
+from attnlab.data.scenes import SceneSet
+from attnlab.experiments.scene_runs import (
+    SceneExperimentConfig,
+    check_fresh,
+    train_for_experiment,
+)
+from attnlab.fileio import atomic_write_text
+from attnlab.metrics.captions import score_captions
+from attnlab.models.multimodal.captioner import build_captioner
+from attnlab.tasks.caption import CaptionTask, caption_metrics
 
 __all__ = ["CaptionRetrievalConfig", "run", "format_table", "nearest_neighbour_captions"]
 
 METRICS = ("bleu", "retrieved", "exact_match", "object_precision", "novel_combo")
+CAPTIONERS = {"lstm": "cnn+lstm", "transformer": "patches+transformer"}
 
 
 @dataclass
-class CaptionRetrievalConfig:
-    """Settings of the experiment (each captioner gets the same budget)."""
+class CaptionRetrievalConfig(SceneExperimentConfig):
+    """Settings of the experiment (see :class:`SceneExperimentConfig`).
+
+    Attributes:
+        models: captioner architectures (``lstm``, ``transformer``).
+        n_eval: val and unseen scenes captioned.
+        beam_size: beam width of the captions (1: greedy).
+    """
 
     out: str = "runs/caption-retrieval"
-    models: list[str] = field(default_factory=lambda: ["lstm", "transformer"])
-    steps: int = 800
-    max_time: float | None = None
-    batch_size: int = 64
-    lr: float = 3e-3
-    preset: str = "tiny"
-    n_train: int = 2000
+    models: list[str] = field(default_factory=lambda: list(CAPTIONERS))
     n_eval: int = 200
     beam_size: int = 1
-    seed: int = 0
-    device: str = "auto"
-    progress: bool = True
-    overwrite: bool = False
 
-    def __post_init__(self) -> None:
-        if not self.models or any(m not in ("lstm", "transformer") for m in self.models):
-            raise ValueError(f"models {self.models} must be among ['lstm', 'transformer']")
+    def validate(self) -> None:
+        super().validate()
+        if not self.models or any(m not in CAPTIONERS for m in self.models):
+            raise ConfigError(f"models {self.models} must be among {list(CAPTIONERS)}")
         if self.beam_size < 1:
-            raise ValueError(f"beam_size (--beam) must be >= 1, got {self.beam_size}")
-        if self.n_eval < 1:
-            raise ValueError(f"n_eval must be >= 1, got {self.n_eval}")
+            raise ConfigError(f"beam_size (--beam) must be >= 1, got {self.beam_size}")
+        self.positive("n_eval")
 
 
 def nearest_neighbour_captions(train: SceneSet, query: SceneSet, indices) -> list[str]:
@@ -78,13 +85,6 @@ def run(cfg: CaptionRetrievalConfig) -> dict:
         ``{"rows": {name: {"val": metrics, "unseen": metrics}}, "examples": {...}, "steps": ...}``,
         also written to ``out/results.json``.
     """
-    from attnlab.models.caption import (
-        CaptionConfig,
-        build_captioner,
-        caption_metrics,
-        score_captions,
-    )
-
     out = Path(cfg.out)
     check_fresh(out, cfg.models, cfg.overwrite)
     task = CaptionTask(n_train=cfg.n_train, n_val=cfg.n_eval, n_unseen=cfg.n_eval, seed=cfg.seed)
@@ -93,7 +93,8 @@ def run(cfg: CaptionRetrievalConfig) -> dict:
     idx = range(cfg.n_eval)
     results: dict = {"rows": {}, "examples": {}, "steps": {}, "seconds": {}}
     for arch in cfg.models:
-        name = "cnn+lstm" if arch == "lstm" else "patches+transformer"
+        name = CAPTIONERS[arch]
+        torch.manual_seed(cfg.seed)
         model = build_captioner(
             CaptionConfig.preset(cfg.preset, arch=arch, vocab_size=len(task.vocab))
         )

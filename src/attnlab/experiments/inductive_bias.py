@@ -13,7 +13,6 @@ model). The test split is the same for every fraction (it changes with the seed)
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import time
@@ -23,10 +22,15 @@ from typing import Any
 
 import torch
 
+from attnlab.config.vision import ImageTaskConfig
 from attnlab.errors import RunDirError, UserError
-from attnlab.runs import atomic_save, atomic_write_text
+from attnlab.fileio import atomic_save, atomic_write_text
+from attnlab.models.vision.factory import build_image_classifier
+from attnlab.tasks.image import ImageClassificationTask, load_task_data
+from attnlab.train import TrainConfig, train
 
 __all__ = [
+    "DATA_FIELDS",
     "InductiveBiasSettings",
     "run_inductive_bias",
     "summarize",
@@ -35,14 +39,18 @@ __all__ = [
 ]
 
 
+#: the settings that choose the data: the same names and meaning as in :class:`ImageTaskConfig`
+DATA_FIELDS = ("data", "data_path", "image_size", "channels", "shapes_n", "shapes_label")
+
+
 @dataclass
 class InductiveBiasSettings:
     """What is compared and with which budget.
 
     Attributes:
         data: image source (``digits`` or ``shapes``; others need ``data_path``).
-        image_size, channels, shapes_n, shapes_label: as for
-            :func:`attnlab.data.images.load_image_data`.
+        data_path, image_size, channels, shapes_n, shapes_label: as for
+            :class:`~attnlab.config.vision.ImageTaskConfig`.
         fractions: shares of the training split, at least three, increasing.
         steps, batch_size, lr, warmup: the budget, identical for both models.
         seeds: one run per seed (data subset, init and batch order change with it).
@@ -80,33 +88,22 @@ class InductiveBiasSettings:
                 f"steps and batch_size must be at least 1, got {self.steps} and {self.batch_size}"
             )
 
+    def data_config(self) -> ImageTaskConfig:
+        """The data settings as the image task's config."""
+        return ImageTaskConfig(**{name: getattr(self, name) for name in DATA_FIELDS})
+
 
 def _build(kind: str, splits, overrides: dict[str, Any]):
     """The ``tiny`` (≤ 16 px) or ``small`` preset of ``kind`` sized for the data.
 
     Raises:
-        UserError: an override that is not a config field, or sizes that do not fit.
+        UserError: an override that is not a config field, or sizes that do not fit (the message
+            names the ``--vit-set`` / ``--cnn-set`` flag).
     """
-    from attnlab.models.cnn import CNNConfig, ResidualCNN
-    from attnlab.models.vit import VisionTransformer, ViTConfig
-
-    cfg_cls, model_cls = (
-        (ViTConfig, VisionTransformer) if kind == "vit" else (CNNConfig, ResidualCNN)
-    )
-    known = {f.name for f in dataclasses.fields(cfg_cls)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise UserError(
-            f"--{kind}-set: {kind} has no config field {', '.join(map(repr, unknown))}; "
-            f"its fields: {', '.join(sorted(known))}"
-        )
-    c, h, w = splits.image_shape
-    preset = "tiny" if h <= 16 else "small"
-    common = dict(image_size=h, in_channels=c, num_classes=len(splits.classes))
     try:
-        return model_cls(cfg_cls.preset(preset, **{**common, **overrides}))
-    except ValueError as err:
-        raise UserError(f"{kind} preset {preset!r} does not fit {h}×{w} images: {err}") from None
+        return build_image_classifier(kind, splits.image_shape, splits.classes, overrides=overrides)
+    except UserError as err:
+        raise UserError(f"--{kind}-set: {err}") from None
 
 
 def run_inductive_bias(
@@ -131,9 +128,6 @@ def run_inductive_bias(
         ``{"settings", "runs": [per-run dicts], "table": [per fraction: n_train, vit/cnn mean
         and std accuracy], "params": {"vit": n, "cnn": n}, "elapsed"}``.
     """
-    from attnlab.data.images import ImageClassificationTask, load_image_data
-    from attnlab.train import TrainConfig, train
-
     out = Path(out_dir)
     if (out / "results.json").exists() and not overwrite:
         raise RunDirError(
@@ -144,15 +138,7 @@ def run_inductive_bias(
     params: dict[str, int] = {}
     n_test = 0
     for seed in settings.seeds:
-        splits = load_image_data(
-            settings.data,
-            path=settings.data_path,
-            image_size=settings.image_size,
-            channels=settings.channels,
-            seed=seed,
-            shapes_n=settings.shapes_n,
-            shapes_label=settings.shapes_label,
-        )
+        splits = load_task_data(settings.data_config(), seed)
         if not runs:  # both models must build before anything is trained
             _build("cnn", splits, settings.cnn), _build("vit", splits, settings.vit)
         for frac in settings.fractions:

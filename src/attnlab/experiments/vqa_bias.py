@@ -18,73 +18,65 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnlab.data.scenes import QUESTION_TYPES, SceneConfig, VQATask
-from attnlab.experiments.scene_runs import check_fresh, train_for_experiment
-from attnlab.runs import atomic_write_text
+import torch
 
-__all__ = ["VQA_MODELS", "VQABiasConfig", "run", "format_table", "vqa_config_for"]
+from attnlab.config.base import ConfigError
+from attnlab.config.multimodal import VQA_MODELS, VQAConfig
+from attnlab.data.scenes import QUESTION_TYPES, SceneConfig, Vocab
+from attnlab.experiments.scene_runs import (
+    SceneExperimentConfig,
+    check_fresh,
+    train_for_experiment,
+)
+from attnlab.fileio import atomic_write_text
+from attnlab.models.multimodal.vqa import build_vqa
+from attnlab.tasks.vqa import VQATask
 
-# CLI model names -> (arch, fusion)
-VQA_MODELS = {
-    "blind": ("lstm", "none"),
-    "lstm-concat": ("lstm", "concat"),
-    "lstm-product": ("lstm", "product"),
-    "transformer": ("transformer", "concat"),
-}
+__all__ = ["VQABiasConfig", "run", "format_table", "vqa_config_for"]
+
+BASELINES = (("answer", "answer"), ("per type", "type"), ("per question", "question"))
 
 
-def vqa_config_for(
-    name: str,
-    vocab,
-    *,
-    preset: str = "tiny",
-    image_size: int = 32,
-    encoder: str = "cnn",
-    **overrides,
-):
-    """The :class:`~attnlab.models.vqa.VQAConfig` of a CLI model name."""
-    from attnlab.models.vqa import VQAConfig
+def vqa_config_for(name: str, vocab: Vocab, *, preset: str = "tiny", **fields) -> VQAConfig:
+    """The :class:`~attnlab.config.VQAConfig` of a ``--model`` name (:data:`VQA_MODELS`) for
+    ``vocab``, from ``preset`` with ``fields`` overridden.
 
+    Raises:
+        ConfigError: an unknown model name, preset or field.
+    """
     if name not in VQA_MODELS:
-        raise ValueError(f"unknown VQA model {name!r}; choose from {list(VQA_MODELS)}")
-    arch, fusion = VQA_MODELS[name]
+        raise ConfigError(f"unknown VQA model {name!r}; choose from {list(VQA_MODELS)}")
     return VQAConfig.preset(
         preset,
-        arch=arch,
-        fusion=fusion,
+        **VQA_MODELS[name],
         vocab_size=len(vocab),
         n_answers=len(vocab.answers),
-        image_size=image_size,
-        encoder=encoder,
-        **overrides,
+        **fields,
     )
 
 
 @dataclass
-class VQABiasConfig:
-    """Settings of the experiment (each model gets the same budget)."""
+class VQABiasConfig(SceneExperimentConfig):
+    """Settings of the experiment (see :class:`SceneExperimentConfig`).
+
+    Attributes:
+        models: ``--model`` names to compare.
+        per_type: validation questions per type the models are scored on.
+        colour_bias: the scenes' colour prior (:class:`~attnlab.data.scenes.SceneConfig`).
+    """
 
     out: str = "runs/vqa-bias"
     models: list[str] = field(default_factory=lambda: list(VQA_MODELS))
-    steps: int = 800
-    max_time: float | None = None
-    batch_size: int = 64
-    lr: float = 3e-3
-    preset: str = "tiny"
     n_train: int = 3000
     per_type: int = 150
     colour_bias: float = 0.3
-    seed: int = 0
-    device: str = "auto"
-    progress: bool = True
-    overwrite: bool = False
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
+        super().validate()
         unknown = [m for m in self.models if m not in VQA_MODELS]
         if not self.models or unknown:
-            raise ValueError(f"models {self.models} must be among {list(VQA_MODELS)}")
-        if self.per_type < 1:
-            raise ValueError(f"per_type must be >= 1, got {self.per_type}")
+            raise ConfigError(f"models {self.models} must be among {list(VQA_MODELS)}")
+        self.positive("per_type")
 
 
 def run(cfg: VQABiasConfig) -> dict:
@@ -94,8 +86,6 @@ def run(cfg: VQABiasConfig) -> dict:
         ``{"accuracy": {model: {qtype: acc, ..., "all": acc}}, "baselines": {...},
         "steps": {model: n}, "seconds": {model: s}}``; also written to ``out/results.json``.
     """
-    from attnlab.models.vqa import build_vqa
-
     out = Path(cfg.out)
     check_fresh(out, cfg.models, cfg.overwrite)
     task = VQATask(
@@ -107,13 +97,14 @@ def run(cfg: VQABiasConfig) -> dict:
     )
     results: dict = {"accuracy": {}, "steps": {}, "seconds": {}}
     for name in cfg.models:
+        torch.manual_seed(cfg.seed)
         model = build_vqa(vqa_config_for(name, task.vocab, preset=cfg.preset))
         res = train_for_experiment(model, task, cfg, out / name)
         results["accuracy"][name] = task.accuracy_by_type(model, per_type=cfg.per_type)
         results["steps"][name], results["seconds"][name] = res.steps, round(res.elapsed, 1)
     results["baselines"] = {  # on the questions the models were scored on
         f"majority {name}": task.answer_frequency_baseline(by=by, per_type=cfg.per_type)
-        for name, by in (("answer", "answer"), ("per type", "type"), ("per question", "question"))
+        for name, by in BASELINES
     }
     atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     return results

@@ -147,6 +147,7 @@ _BLOCK_DEFAULTS: dict[str, Any] = dict(
     drop_path=0.0,
     backend="auto",
     backend_options=None,
+    linformer_k=None,
 )
 
 
@@ -158,6 +159,7 @@ def build_block(
     context_dim: int | None = None,
     positions: Positions | None = None,
     drop_path: float | None = None,
+    max_seq_len: int | None = None,
     device=None,
     dtype=None,
     **options: Any,
@@ -175,13 +177,16 @@ def build_block(
         n_heads: heads (keyword form only).
         cross_attention, context_dim: add cross-attention to a context of this width.
         positions: the model's shared position module; its ``rotate``/``bias`` act in attention
-            (default: built from ``position`` when that is ``rope`` or ``alibi``).
+            (default: this block's own, built from ``position`` when that is ``rope``, ``alibi``
+            or ``t5``). The model registers it once; attention keeps a reference.
         drop_path: this block's stochastic-depth rate (default: the config's ``drop_path``).
+        max_seq_len: the longest sequence N (Linformer's ``linformer_k`` needs it; default the
+            config's ``max_seq_len`` if it has one).
         **options: keyword form: ``ffn`` (``mlp`` | ``swiglu`` | ``moe``), ``ffn_hidden``,
             ``activation``, ``n_experts``, ``top_k``, ``norm`` (``layernorm`` | ``rmsnorm``),
             ``norm_eps``, ``norm_position``, ``bias``, ``qk_norm``, ``position`` (``none`` |
-            ``rope`` | ``alibi``), ``rope_theta``, ``dropout``, ``attn_dropout``, ``backend``,
-            ``backend_options``.
+            ``rope`` | ``alibi`` | ``t5``), ``rope_theta``, ``dropout``, ``attn_dropout``,
+            ``backend``, ``backend_options``, ``linformer_k``.
 
     Raises:
         ValueError: unknown component names, a backend that cannot run with its options.
@@ -200,8 +205,11 @@ def build_block(
     backend_options = dict(c.backend_options or {})
     check_backend(c.backend, backend_options, dropout_p=c.attn_dropout)
     position = positions if positions is not None else c.position
-    if isinstance(position, str) and position not in ("rope", "alibi"):
+    if isinstance(position, str) and position not in ("rope", "alibi", "t5"):
         position = "none"  # absolute schemes are added to the embeddings by the model
+    linformer_k = getattr(c, "linformer_k", None)
+    if max_seq_len is None:
+        max_seq_len = getattr(c, "max_seq_len", None)
     attn_kw = dict(
         n_kv_heads=c.n_kv_heads,
         head_dim=c.head_dim,
@@ -213,7 +221,13 @@ def build_block(
         **kw,
     )
     attn = MultiHeadAttention(
-        c.d_model, c.n_heads, position=position, rope_theta=c.rope_theta, **attn_kw
+        c.d_model,
+        c.n_heads,
+        position=position,
+        rope_theta=c.rope_theta,
+        linformer_k=linformer_k,
+        max_seq_len=max_seq_len,
+        **attn_kw,
     )
     ffn_hidden = c.ffn_hidden
     if c.ffn == "mlp":
@@ -238,7 +252,9 @@ def build_block(
 
     cross = norm_cross = None
     if cross_attention:
-        cross = MultiHeadAttention(c.d_model, c.n_heads, cross=True, context_dim=context_dim, **attn_kw)
+        cross = MultiHeadAttention(
+            c.d_model, c.n_heads, cross=True, context_dim=context_dim, **attn_kw
+        )
         norm_cross = make()
     return TransformerBlock(
         attn,

@@ -70,14 +70,7 @@ class DecoderLM(nn.Module):
         self.config = config
         c = config
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
-        self.pos_emb = build_positions(
-            c.position,
-            d_model=c.d_model,
-            n_heads=c.n_heads,
-            head_dim=c.head_dim,
-            max_seq_len=c.max_seq_len,
-            rope_theta=c.rope_theta,
-        )
+        self.pos_emb = build_positions(c, causal=True)  # T5: buckets for earlier keys only
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(build_block(c, positions=self.pos_emb) for _ in range(c.n_layers))
         self.norm_f = (

@@ -7,12 +7,13 @@ last checkpoints, exact ``resume``, and data parallelism under ``torchrun``. A m
 provides a :class:`Task` (batches, loss, validation set).
 """
 
+from attnlab.tasks.base import Task, to_device
+from attnlab.tasks.losses import cross_entropy
+from attnlab.train.checkpoint import RunWriteError, check_run_dir
 from attnlab.train.cli_args import add_train_args, train_config_from_args
 from attnlab.train.config import TrainConfig
-from attnlab.tasks.losses import cross_entropy
 from attnlab.train.optim import LRSchedule, make_optimizer, param_groups
-from attnlab.tasks.base import Task, to_device
-from attnlab.train.trainer import TrainingDiverged, TrainResult, check_run_dir, train
+from attnlab.train.trainer import Terminated, TrainingDiverged, TrainResult, train
 
 __all__ = [
     "TrainConfig",
@@ -20,6 +21,8 @@ __all__ = [
     "check_run_dir",
     "TrainResult",
     "TrainingDiverged",
+    "Terminated",
+    "RunWriteError",
     "add_train_args",
     "train_config_from_args",
     "cross_entropy",

@@ -31,6 +31,7 @@ __all__ = [
     "all_reduce_mean",
     "all_reduce_sum",
     "broadcast_float",
+    "broadcast_ok",
     "barrier",
     "wrap_ddp",
     "resolve_device",
@@ -150,6 +151,12 @@ def broadcast_float(x: float, device: torch.device) -> float:
     return float(t.item())
 
 
+def broadcast_ok(ok: bool, device: torch.device) -> bool:
+    """Rank 0's ``ok`` on every rank, so that all ranks stop together when rank 0 cannot go on
+    (its run directory is locked by another job, say) instead of waiting for it forever."""
+    return broadcast_float(1.0 if ok else 0.0, device) > 0.5
+
+
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
@@ -157,7 +164,7 @@ def barrier() -> None:
 
 class _DDP(DistributedDataParallel):
     """DDP that still answers attribute look-ups of the wrapped model (``model.config``,
-    ``model.aux_loss``), so task code works unchanged on a wrapped model."""
+    ``model.kind``), so task code works unchanged on a wrapped model."""
 
     def __getattr__(self, name: str):
         try:

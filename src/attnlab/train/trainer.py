@@ -16,12 +16,15 @@ Every ``log_every`` steps the losses are averaged over ranks, checked (a non-fin
 :class:`TrainingDiverged`), written to ``metrics.jsonl`` and shown on the progress bar. Every
 ``eval_every`` steps, and at the end, the model is validated and a checkpoint written
 (``model.safetensors``, ``best.safetensors``, ``state.pt``, ``metrics.jsonl``, ``loss.png``).
-Only rank 0 writes, always atomically (temporary file + rename).
+Only rank 0 writes, always atomically (temporary files + renames, a checkpoint's files as one
+group: :mod:`attnlab.train.checkpoint`); a file that cannot be written (full disk, read-only)
+stops the run with one :class:`RunWriteError` line, the previous checkpoint kept. Rank 0 holds the
+run directory's lock while training, so a second start there is refused.
 
 Exact resume: a batch depends only on (task seed, split, step), and ``state.pt`` holds the
 optimizer, the schedule, the step, the elapsed time and the torch / CUDA / Python / NumPy random
 states, while validation runs with the random state saved and restored. So a run stopped at a
-checkpoint (``stop_after``, or Ctrl-C, which saves one) and resumed reproduces the uninterrupted
+checkpoint (``stop_after``, or Ctrl-C or SIGTERM, which save one) and resumed reproduces the uninterrupted
 run. ``steps=N`` followed by a resume with ``steps=2N`` equals ``steps=2N`` only for a schedule
 that does not depend on the run length (``constant``, ``inverse_sqrt``): a cosine schedule of N
 steps has already decayed to its floor at step N. To train a cosine run in pieces, give the full
@@ -34,34 +37,46 @@ import contextlib
 import json
 import logging
 import math
-import random
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from attnlab import runs
-from attnlab.errors import RunDirError, UserError
+from attnlab.errors import UserError
+from attnlab.tasks.base import Task, to_device
 from attnlab.train import distributed as dist_utils
+from attnlab.train.checkpoint import (
+    Progress,
+    RunWriteError,
+    check_run_dir,
+    clear_run_dir,
+    load_checkpoint,
+    plot_loss,
+    run_lock,
+    start_run,
+    write_checkpoint,
+    write_metrics,
+)
 from attnlab.train.config import TrainConfig
 from attnlab.train.optim import LRSchedule, make_optimizer
-from attnlab.tasks.base import Task, to_device
+from attnlab.train.rng import capture_rng, rng_preserved, seed_all
+from attnlab.train.signals import Interrupts, Terminated
 
-__all__ = ["train", "TrainResult", "TrainingDiverged", "check_run_dir"]
+__all__ = [
+    "train",
+    "TrainResult",
+    "TrainingDiverged",
+    "Terminated",
+    "RunWriteError",
+    "check_run_dir",
+]
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.json"
-LAST_FILE = "model.safetensors"
-BEST_FILE = "best.safetensors"
-STATE_FILE = "state.pt"
-METRICS_FILE = "metrics.jsonl"
-CURVE_FILE = "loss.png"
 _METRICS_FLUSH_SECONDS = 30.0  # also rewrite metrics.jsonl between checkpoints this often
 
 
@@ -86,78 +101,8 @@ class TrainResult:
     elapsed: float = 0.0
 
 
-@dataclass
-class _Progress:
-    """The part of the loop's state that goes into state.pt besides optimizer and RNG."""
-
-    step: int = 0  # optimizer steps completed
-    elapsed: float = 0.0  # wall-clock seconds of training so far (all sessions)
-    tokens: int = 0  # task.count summed over all steps and ranks
-    best_val_loss: float | None = None
-    val_loss: float | None = None
-    train_loss: float | None = None
-    last_eval_step: int = -1
-    last_ckpt_step: int = -1
-
-
 # ----------------------------------------------------------------------------------------------
-# random state
-
-
-def _capture_rng() -> dict:
-    np_state = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": {
-            "name": np_state[0],
-            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-        },
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _restore_rng(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    n = state["numpy"]
-    np.random.set_state(
-        (
-            n["name"],
-            n["keys"].numpy().astype(np.uint32),
-            n["pos"],
-            n["has_gauss"],
-            n["cached_gaussian"],
-        )
-    )
-    cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)
-
-
-def _seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-
-
-@contextlib.contextmanager
-def _rng_preserved():
-    """Run a block (validation, sampling) without disturbing the training random streams."""
-    saved = _capture_rng()
-    try:
-        yield
-    finally:
-        _restore_rng(saved)
-
-
-# ----------------------------------------------------------------------------------------------
-# run directory
+# the run
 
 
 _TASK_METHODS = ("get_batch", "loss", "eval_batches", "count", "config_dict", "save_artifacts")
@@ -176,74 +121,8 @@ def _model_identity(model: nn.Module) -> tuple[str, dict]:
     return kind, json.loads(json.dumps(cfg_dict))  # JSON-normalised (tuples -> lists)
 
 
-def check_run_dir(run_dir: str | Path, resume: bool = False, overwrite: bool = False) -> None:
-    """Refuse to clobber an existing run; check that a resume has something to resume.
-
-    :func:`train` calls it first; a command can call it earlier, before slow preparations.
-
-    Raises:
-        RunDirError: ``run_dir`` holds a run (and neither ``resume`` nor ``overwrite``), is not
-            a directory, is not an attnlab run (``overwrite``), or has no checkpoint (``resume``).
-        UserError: both ``resume`` and ``overwrite``.
-    """
-    run_dir = Path(run_dir)
-    if resume and overwrite:
-        raise UserError("choose one of resume (continue the run) and overwrite (start again)")
-    if run_dir.exists() and not run_dir.is_dir():
-        raise RunDirError(f"run directory {str(run_dir)!r} exists and is not a directory")
-    if resume:
-        missing = [f for f in (CONFIG_FILE, LAST_FILE, STATE_FILE) if not (run_dir / f).exists()]
-        if missing:
-            raise RunDirError(
-                f"cannot resume {str(run_dir)!r}: no checkpoint there (missing "
-                f"{', '.join(missing)})"
-            )
-        return
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not overwrite:
-            raise RunDirError(
-                f"run directory {str(run_dir)!r} already exists; resume it "
-                "(--resume) or start again in its place (--overwrite)"
-            )
-        if not (run_dir / CONFIG_FILE).exists():
-            raise RunDirError(
-                f"refusing to overwrite {str(run_dir)!r}: it is not an attnlab run "
-                "directory (no config.json)"
-            )
-
-
-def _save_weights(model: nn.Module, path: Path, step: int) -> None:
-    from safetensors.torch import save_model
-
-    runs.atomic_save(path, lambda tmp: save_model(model, tmp, metadata={"step": str(step)}))
-
-
-def _weights_step(path: Path) -> int | None:
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-    return int(meta["step"]) if "step" in meta else None
-
-
-def _read_history(path: Path, upto_step: int) -> list[dict]:
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            if rec.get("step", 0) <= upto_step:
-                records.append(rec)
-    return records
-
-
 def _finite_or_none(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
-
-
-# ----------------------------------------------------------------------------------------------
-# the loop
 
 
 def train(
@@ -274,8 +153,13 @@ def train(
         A :class:`TrainResult`.
 
     Raises:
-        RunDirError: ``run_dir`` holds a run and neither ``resume`` nor ``overwrite`` is set, or
-            a resume finds no (or a mismatching) checkpoint.
+        RunDirError: ``run_dir`` holds a run and neither ``resume`` nor ``overwrite`` is set,
+            another process is training in it, it cannot be written, or a resume finds no (or a
+            mismatching) checkpoint.
+        RunWriteError: a checkpoint, metrics or config file could not be written (full disk,
+            read-only...); the previous checkpoint is kept, whole.
+        Terminated: SIGTERM arrived (a checkpoint of the last completed step was saved first;
+            Ctrl-C raises KeyboardInterrupt the same way).
         TrainingDiverged: the loss became non-finite; the last good checkpoint is kept.
         UserError: the batch does not split over ranks and micro-batches, bad device, ...
     """
@@ -294,24 +178,59 @@ def train(
         )
     kind, model_cfg = _model_identity(model)
 
-    check_run_dir(run_dir, resume, overwrite)
-    dist_utils.barrier()  # every rank has checked before rank 0 deletes anything
-    if main and overwrite and run_dir.exists():
-        shutil.rmtree(run_dir)
-    dist_utils.barrier()
+    # every rank gives the same answer here; only a single process also looks at the lock (under
+    # torchrun rank 0 takes it next and tells the others)
+    check_run_dir(run_dir, resume, overwrite, check_lock=world == 1)
+    with Interrupts() as interrupts, run_lock(run_dir, main, device):
+        check_run_dir(run_dir, resume, overwrite, check_lock=False)  # again, now that it is ours
+        dist_utils.barrier()  # every rank has checked before rank 0 deletes anything
+        if main and overwrite:
+            clear_run_dir(run_dir)
+        dist_utils.barrier()
 
-    model.to(device)
-    optimizer = make_optimizer(model, cfg, device)
-    schedule = LRSchedule(cfg)
-    prog = _Progress()
-    history: list[dict] = []
-    if resume:
-        prog, history = _load_checkpoint(
-            run_dir, model, optimizer, schedule, cfg, kind, model_cfg, device, rank
+        model.to(device)
+        optimizer = make_optimizer(model, cfg, device)
+        schedule = LRSchedule(cfg)
+        prog, history = Progress(), []
+        if resume:
+            prog, history = load_checkpoint(
+                run_dir, model, optimizer, schedule, cfg, kind, model_cfg, device, rank
+            )
+        else:
+            seed_all(cfg.seed + rank)
+        if main:  # messages and files once, from rank 0
+            _warn_about_settings(run_dir, task, cfg, resume)
+            config = {"kind": kind, "model": model_cfg, "train": cfg.to_dict()}
+            start_run(
+                run_dir, task, {**config, "task": task.config_dict()}, resume, prog.last_ckpt_step
+            )
+        n_params = sum(p.numel() for p in model.parameters())
+        log.info(
+            "training %s (%.2fM parameters) on %s x%d, %s",
+            kind,
+            n_params / 1e6,
+            device,
+            world,
+            f"{cfg.max_time:.0f} s" if cfg.timed else f"{cfg.steps} steps",
         )
-    else:
-        _seed_all(cfg.seed + rank)
-    if resume and main:  # messages once, from rank 0
+        loop = _Loop(model, task, cfg, run_dir, optimizer, schedule, prog, history, info, micro_bs)
+        loop.stop_after = stop_after
+        loop.interrupts = interrupts
+        loop.run()
+    return TrainResult(
+        run_dir=run_dir,
+        steps=prog.step,
+        final_train_loss=prog.train_loss,
+        best_val_loss=prog.best_val_loss,
+        val_loss=prog.val_loss,
+        history=history,
+        elapsed=prog.elapsed,
+    )
+
+
+def _warn_about_settings(run_dir: Path, task: Task, cfg: TrainConfig, resume: bool) -> None:
+    """Warn about settings that will surprise: a changed resume, a warm-up as long as the run."""
+    if resume:
         saved = runs.read_config(run_dir)
         if saved.get("task") != json.loads(json.dumps(task.config_dict())):
             log.warning("resuming %s with a different task config: the data may differ", run_dir)
@@ -331,18 +250,7 @@ def train(
                 length,
                 getattr(cfg, length),
             )
-    if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config = {
-            "kind": kind,
-            "model": model_cfg,
-            "train": cfg.to_dict(),
-            "task": task.config_dict(),
-        }
-        runs.atomic_write_text(run_dir / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
-        if not resume:
-            task.save_artifacts(run_dir)
-    if main and not cfg.timed and cfg.schedule != "inverse_sqrt" and cfg.warmup >= cfg.steps:
+    if not cfg.timed and cfg.schedule != "inverse_sqrt" and cfg.warmup >= cfg.steps:
         log.warning(
             "the warm-up (%d steps) is not shorter than the run (%d steps): the learning rate "
             "never reaches lr=%g; lower --warmup",
@@ -350,95 +258,6 @@ def train(
             cfg.steps,
             cfg.lr,
         )
-    n_params = sum(p.numel() for p in model.parameters())
-    log.info(
-        "training %s (%.2fM parameters) on %s x%d, %s",
-        kind,
-        n_params / 1e6,
-        device,
-        world,
-        f"{cfg.max_time:.0f} s" if cfg.timed else f"{cfg.steps} steps",
-    )
-
-    loop = _Loop(model, task, cfg, run_dir, optimizer, schedule, prog, history, info, micro_bs)
-    loop.stop_after = stop_after
-    loop.run()
-    return TrainResult(
-        run_dir=run_dir,
-        steps=prog.step,
-        final_train_loss=prog.train_loss,
-        best_val_loss=prog.best_val_loss,
-        val_loss=prog.val_loss,
-        history=history,
-        elapsed=prog.elapsed,
-    )
-
-
-def _load_checkpoint(
-    run_dir: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    schedule: LRSchedule,
-    cfg: TrainConfig,
-    kind: str,
-    model_cfg: dict,
-    device: torch.device,
-    rank: int,
-) -> tuple[_Progress, list[dict]]:
-    """Restore weights, optimizer, schedule, progress and (rank 0) random state from run_dir."""
-    from safetensors.torch import load_model
-
-    saved = runs.read_config(run_dir)
-    if saved["kind"] != kind:
-        raise RunDirError(
-            f"cannot resume {str(run_dir)!r}: it holds a {saved['kind']!r} model, not {kind!r}"
-        )
-    if saved["model"] != model_cfg:
-        diff = sorted(
-            k
-            for k in set(saved["model"]) | set(model_cfg)
-            if saved["model"].get(k) != model_cfg.get(k)
-        )
-        raise RunDirError(f"cannot resume {str(run_dir)!r}: the model config differs in {diff}")
-    try:
-        state = torch.load(run_dir / STATE_FILE, map_location="cpu", weights_only=True)
-    except Exception as err:  # pickle / zip errors of a damaged file
-        # torch's own message is pages long and suggests weights_only=False: do not pass it on
-        raise RunDirError(
-            f"cannot read {run_dir / STATE_FILE}: the file is damaged or not an attnlab "
-            f"training state ({type(err).__name__})"
-        ) from None
-    step = state["progress"]["step"]
-    weights_step = _weights_step(run_dir / LAST_FILE)
-    if weights_step != step:
-        raise RunDirError(
-            f"cannot resume {str(run_dir)!r}: {LAST_FILE} is from step "
-            f"{weights_step} but {STATE_FILE} from step {step} (interrupted while "
-            "saving?)"
-        )
-    missing, unexpected = load_model(model, run_dir / LAST_FILE, strict=False, device=str(device))
-    if missing or unexpected:
-        raise RunDirError(
-            f"cannot resume: {LAST_FILE} does not match the model (missing "
-            f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
-        )
-    decay = [g["weight_decay"] for g in optimizer.param_groups]
-    try:
-        optimizer.load_state_dict(state["optimizer"])
-    except ValueError as err:
-        raise RunDirError(f"cannot resume: optimizer state does not fit the model: {err}") from None
-    for g, wd in zip(optimizer.param_groups, decay):  # this run's settings win over the saved
-        g["weight_decay"], g["betas"] = wd, tuple(cfg.betas)
-    schedule.load_state_dict(state["schedule"])
-    prog = _Progress(**state["progress"])
-    if rank == 0:
-        _restore_rng(state["rng"])
-    else:  # only rank 0's streams are saved; the others restart from a distinct, fixed seed
-        _seed_all(cfg.seed + rank + 7919 * step)
-    history = _read_history(run_dir / METRICS_FILE, step)
-    if rank == 0:
-        log.info("resuming %s from step %d", run_dir, step)
-    return prog, history
 
 
 class _Loop:
@@ -453,7 +272,7 @@ class _Loop:
         self.run_dir: Path = run_dir
         self.optimizer = optimizer
         self.schedule: LRSchedule = schedule
-        self.prog: _Progress = prog
+        self.prog: Progress = prog
         self.history: list[dict] = history
         self.device: torch.device = info.device
         self.rank, self.world, self.main = info.rank, info.world, info.is_main
@@ -465,6 +284,7 @@ class _Loop:
         self.base_elapsed = prog.elapsed
         self.bar = None
         self.stop_after: int | None = None
+        self.interrupts = Interrupts()  # train() passes the installed one
 
         self.ddp = dist_utils.wrap_ddp(model, self.device)
         self.train_model = torch.compile(self.ddp) if cfg.compile else self.ddp
@@ -487,7 +307,7 @@ class _Loop:
         try:
             self.model.train()
             while True:
-                rng_at_step_start = _capture_rng()
+                rng_at_step_start = capture_rng()
                 if cfg.timed:
                     t = dist_utils.broadcast_float(self.elapsed(), self.device) / cfg.max_time
                     if t >= 1.0:
@@ -500,12 +320,13 @@ class _Loop:
                     break
                 lr = self.schedule.apply(self.optimizer, prog.step, t)
                 loss, grad_norm, metrics, count = self._step(prog.step)
-                updating = True
-                self.optimizer.step()
-                prog.step += 1
-                updating = False
-                rng_at_step_start = None
-                self.pending.append((prog.step, loss, grad_norm, lr, metrics, count))
+                with self.interrupts.deferred():  # a signal now is raised after the update
+                    updating = True
+                    self.optimizer.step()
+                    prog.step += 1
+                    updating = False
+                    rng_at_step_start = None
+                    self.pending.append((prog.step, loss, grad_norm, lr, metrics, count))
                 self._advance_bar()
                 if prog.step % cfg.log_every == 0:
                     self._flush()
@@ -513,9 +334,9 @@ class _Loop:
                     self._validate_and_checkpoint()
             if self.pending or prog.last_eval_step != prog.step:
                 self._validate_and_checkpoint()
-        except KeyboardInterrupt:
-            if not updating:
-                self._save_on_interrupt(rng_at_step_start)
+        except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated)
+            if not updating:  # (a handler other than ours can interrupt the update itself)
+                self._save_on_interrupt(rng_at_step_start, err)
             raise
         finally:
             if self.bar is not None:
@@ -622,8 +443,7 @@ class _Loop:
 
     def _write_metrics(self) -> None:
         if self.main:
-            text = "".join(json.dumps(r) + "\n" for r in self.history)
-            runs.atomic_write_text(self.run_dir / METRICS_FILE, text)
+            write_metrics(self.run_dir, self.history, self.prog.last_ckpt_step)
         self.metrics_written_at = time.perf_counter()
 
     def _open_bar(self) -> None:
@@ -671,7 +491,7 @@ class _Loop:
         cfg, task, model = self.cfg, self.task, self.model
         rec: dict[str, Any] = {}
         model.eval()
-        with _rng_preserved():
+        with rng_preserved():
             if cfg.eval_batches > 0:
                 batches = list(task.eval_batches(self.micro_bs, cfg.eval_batches))
                 # shard the batches over ranks, unless there are too few to give each rank one
@@ -726,7 +546,7 @@ class _Loop:
                 "elapsed": round(self.elapsed(), 3),
             }
             self.history.append(rec)
-        self._checkpoint(_capture_rng(), best=improved)
+        self._checkpoint(capture_rng(), best=improved)
         self.window_start = time.perf_counter()  # validation time is not training throughput
 
     def _checkpoint(self, rng: dict, *, best: bool = False) -> None:
@@ -736,33 +556,34 @@ class _Loop:
         if not self.main:
             prog.last_ckpt_step = prog.step
             return
-        d = self.run_dir
-        # weights before state: a crash in between leaves state.pt one checkpoint behind the
-        # weights, which a resume detects through the step stored in both
-        _save_weights(self.model, d / LAST_FILE, prog.step)
-        if best:
-            _save_weights(self.model, d / BEST_FILE, prog.step)
         state = {
             "progress": {**vars(prog), "last_ckpt_step": prog.step},
             "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
             "rng": rng,
         }
-        runs.atomic_save(d / STATE_FILE, lambda tmp: torch.save(state, tmp))
+        # all files written before any is renamed: a full disk or a signal in the middle keeps
+        # the previous checkpoint whole (RunWriteError names it)
+        write_checkpoint(
+            self.run_dir, self.model, state, self.history, best=best, kept=prog.last_ckpt_step
+        )
         prog.last_ckpt_step = prog.step  # only now: Ctrl-C during the writes saves again
-        self._write_metrics()
+        self.metrics_written_at = time.perf_counter()
         if self.history:
-            from attnlab.train.curves import plot_curves
+            plot_loss(self.run_dir, prog.step)
 
-            plot_curves(d / METRICS_FILE, d / CURVE_FILE)
+    def _save_on_interrupt(self, rng: dict | None, err: KeyboardInterrupt) -> None:
+        """Ctrl-C or SIGTERM between or inside steps: checkpoint the last completed step.
 
-    def _save_on_interrupt(self, rng: dict | None) -> None:
-        """Ctrl-C between or inside steps: checkpoint the last completed step (1 process)."""
+        Only in a single process: under torchrun the ranks stop at different points, and the
+        collective a checkpoint needs would hang.
+        """
         if self.world > 1 or self.prog.step == self.prog.last_ckpt_step:
             return
         try:
             self._flush(collective=False)
         except TrainingDiverged:
             return
-        log.warning("interrupted: saving a checkpoint at step %d", self.prog.step)
-        self._checkpoint(rng if rng is not None else _capture_rng())
+        why = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
+        log.warning("%s: saving a checkpoint at step %d", why, self.prog.step)
+        self._checkpoint(rng if rng is not None else capture_rng())

@@ -19,14 +19,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnlab.runs import atomic_save
+from attnlab.fileio import atomic_save
 
 __all__ = ["cls_attention", "attention_rollout", "overlay_attention", "plot_vit_attention"]
 
 
 def _check(weights: list[Tensor]) -> None:
     if not weights:
-        raise ValueError("no attention weights: run the model with need_weights=True first")
+        raise ValueError("no attention weights: take them from model(images, need_weights=True)")
     for w in weights:
         if w is None or w.dim() != 4 or w.shape[-1] != w.shape[-2]:
             raise ValueError(
@@ -39,7 +39,7 @@ def cls_attention(weights: list[Tensor], *, n_prefix: int = 1, layer: int = -1) 
     """Class-token attention to the patches of one layer, heads averaged: ``(B, N)``.
 
     Args:
-        weights: per-layer ``(B, Hh, T, T)`` (``VisionTransformer.attn_weights``).
+        weights: per-layer ``(B, Hh, T, T)`` (``_, weights = vit(images, need_weights=True)``).
         n_prefix: tokens before the patches (1 = class token; 0 = none, then the mean query row).
         layer: which layer (default the last).
     """
@@ -124,7 +124,10 @@ def plot_vit_attention(
     normalized: Tensor | None = None,
     title: str | None = None,
 ) -> dict:
-    """Run a :class:`~attnlab.models.vit.VisionTransformer` on one image and write the overlay PNG.
+    """Run a :class:`~attnlab.models.vision.VisionTransformer` on one image and write the overlay PNG.
+
+    The weights come back from ``model(x, need_weights=True)`` (an attention capture); the model
+    keeps none.
 
     Args:
         model: the ViT.
@@ -140,14 +143,15 @@ def plot_vit_attention(
     x = x.to(next(model.parameters()).device)
     was_training = model.training
     model.eval()
-    model(x, need_weights=True)
+    _, weights = model(x, need_weights=True)
     model.train(was_training)
-    g = model.config.grid_size
+    p = model.config.patch_size
+    grid = (x.shape[-2] // p, x.shape[-1] // p)
     n_prefix = getattr(model, "n_prefix", 1)
     first = "last-layer class-token attention" if n_prefix else "last-layer mean attention"
     maps = {
-        first: cls_attention(model.attn_weights, n_prefix=n_prefix)[0].view(g, g),
-        "attention rollout": attention_rollout(model.attn_weights, n_prefix=n_prefix)[0].view(g, g),
+        first: cls_attention(weights, n_prefix=n_prefix)[0].view(grid),
+        "attention rollout": attention_rollout(weights, n_prefix=n_prefix)[0].view(grid),
     }
     overlay_attention(image, maps, path, title=title)
     return dict(zip(("cls_attention", "rollout"), maps.values(), strict=True))

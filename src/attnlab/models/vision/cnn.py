@@ -17,83 +17,15 @@ size, N = h·w grid tokens, C = feature width (last stage's channels), L classes
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from torch import Tensor, nn
 
-from attnlab.models.vit import check_images
+from attnlab.config.vision import CNNConfig
+from attnlab.layers.patch_embed import check_images
 from attnlab.models.registry import register_kind
 
-__all__ = ["CNNConfig", "ResidualCNN", "ResidualBlock", "CNN_PRESETS"]
-
-CNN_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(image_size=8, in_channels=1, num_classes=10, channels=[32, 64], blocks=[1, 1]),
-    "small": dict(
-        image_size=32, in_channels=3, num_classes=10, channels=[32, 64, 128], blocks=[2, 2, 2]
-    ),
-    "resnet-ish": dict(
-        image_size=224,
-        in_channels=3,
-        num_classes=1000,
-        channels=[64, 128, 256, 512],
-        blocks=[2, 2, 2, 2],
-    ),
-}
-
-
-@dataclass
-class CNNConfig:
-    """Hyper-parameters of a :class:`ResidualCNN`.
-
-    Attributes:
-        image_size: side of the square input image (0 = any size).
-        in_channels: image channels.
-        num_classes: classifier outputs (0 = no head).
-        channels: channels of each stage; stage k > 0 starts with a stride-2 block.
-        blocks: residual blocks per stage.
-        dropout: dropout before the classifier.
-    """
-
-    image_size: int = 8
-    in_channels: int = 1
-    num_classes: int = 10
-    channels: list[int] = field(default_factory=lambda: [32, 64])
-    blocks: list[int] = field(default_factory=lambda: [1, 1])
-    dropout: float = 0.0
-    norm_eps: float = 1e-5
-    labels: list[str] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.channels, self.blocks = list(self.channels), list(self.blocks)
-        if not self.channels or len(self.channels) != len(self.blocks):
-            raise ValueError(
-                f"channels {self.channels} and blocks {self.blocks} must be non-empty "
-                "lists of the same length"
-            )
-        if min(self.channels) < 1 or min(self.blocks) < 1:
-            raise ValueError(f"channels {self.channels} and blocks {self.blocks} must be positive")
-        if self.in_channels < 1 or self.num_classes < 0 or self.image_size < 0:
-            raise ValueError(
-                f"bad CNNConfig sizes: in_channels={self.in_channels}, "
-                f"num_classes={self.num_classes}, image_size={self.image_size}"
-            )
-        if self.labels and len(self.labels) != self.num_classes:
-            raise ValueError(f"{len(self.labels)} labels given for num_classes={self.num_classes}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CNNConfig:
-        return cls(**d)
-
-    @classmethod
-    def preset(cls, name: str, **overrides: Any) -> CNNConfig:
-        """A named configuration (``CNN_PRESETS``) with fields overridden."""
-        if name not in CNN_PRESETS:
-            raise ValueError(f"unknown CNN preset {name!r}; known: {sorted(CNN_PRESETS)}")
-        return cls(**{**CNN_PRESETS[name], **overrides})
+__all__ = ["ResidualCNN", "ResidualBlock"]
 
 
 class ResidualBlock(nn.Module):
@@ -128,7 +60,7 @@ class ResidualCNN(nn.Module):
     """Residual CNN classifier with ViT-style head and token features.
 
     Args:
-        config: a :class:`CNNConfig`.
+        config: a :class:`~attnlab.config.vision.CNNConfig`.
     """
 
     kind: ClassVar[str] = "cnn"
@@ -181,9 +113,13 @@ class ResidualCNN(nn.Module):
         """Penultimate features ``(B, C)``: normalised global average of the last feature map."""
         return self.norm(self.feature_map(images).mean(dim=(2, 3)))
 
-    def forward(self, images: Tensor, *, need_weights: bool = False) -> Tensor:
-        """Class scores ``(B, L)`` (``need_weights`` only keeps the interface uniform)."""
-        return self.head(self.drop(self.pooled_features(images)))
+    def forward(
+        self, images: Tensor, *, need_weights: bool = False
+    ) -> Tensor | tuple[Tensor, list[Tensor]]:
+        """Class scores ``(B, L)``; ``(scores, [])`` with ``need_weights`` (a CNN has no
+        attention: the empty list keeps the vision models' interface uniform)."""
+        logits = self.head(self.drop(self.pooled_features(images)))
+        return (logits, []) if need_weights else logits
 
 
 register_kind("cnn", CNNConfig, ResidualCNN, artifacts="labels")

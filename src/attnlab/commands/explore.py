@@ -1,0 +1,98 @@
+"""``attnlab explore RUN``: the interactive attention explorer, as a file or a local server.
+
+    attnlab explore runs/lm --input "The cat sat on the mat" --out lm.html
+    attnlab explore runs/vit --input digit.png --out vit.html
+    attnlab explore runs/vqa --input scene.png --question "what colour is the circle?" --out vqa.html
+    attnlab explore runs/lm --serve --port 8000
+
+The work is in :mod:`attnlab.explore`; this module parses and prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from attnlab.errors import UserError
+
+
+def register(groups) -> None:
+    """Add ``attnlab explore``."""
+    p = groups["top"].add_parser(
+        "explore",
+        help="an interactive page of every attention layer and head for one input",
+        description="Write one self-contained HTML page (no network, nothing loaded from "
+        "anywhere) showing the attention of a run for one input: head view, model view, raw "
+        "scores q·k/√d next to the weights, entropy and rollout; translation alignments; "
+        "attention over images. With --serve, a local page (127.0.0.1 only) recomputes it for "
+        "new input.",
+    )
+    p.add_argument("run_dir", help="run directory written by 'attnlab train'")
+    p.add_argument(
+        "--input",
+        metavar="TEXT|IMAGE",
+        help="the text (language models, translation) or image file (vit, swin, captioning, "
+        "VQA) to explain; required with --out",
+    )
+    p.add_argument("--question", help="VQA: the question about the image")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", metavar="PAGE.html", help="write the page to this file")
+    where.add_argument(
+        "--serve", action="store_true", help="serve the page on 127.0.0.1 and recompute it live"
+    )
+    p.add_argument("--port", type=int, default=8000, help="--serve: port (default 8000)")
+    p.add_argument(
+        "--weights",
+        choices=["last", "best"],
+        default="last",
+        help="which checkpoint of the run (default last)",
+    )
+    p.set_defaults(func=_run_explore)
+
+
+def _input(explorer, value: str | None, question: str | None):
+    from attnlab.explore import ExploreInput
+    from attnlab.explore.images import looks_like_image, read_image_file
+
+    if value is None:
+        return None if question is None else ExploreInput(question=question)
+    path = Path(value)
+    as_image = (
+        (looks_like_image(value) and (explorer.input_kind == "image" or path.is_file()))
+        if len(value) < 4096
+        else False
+    )
+    if explorer.input_kind == "image" and not as_image and path.is_file():
+        as_image = True  # an image file with an unusual name
+    if as_image:
+        return ExploreInput(image=read_image_file(path), image_name=path.name, question=question)
+    return ExploreInput(text=value, question=question)
+
+
+def _run_explore(args: argparse.Namespace) -> int:
+    from attnlab.explore import Explorer, make_server, write_page
+
+    if args.out and args.input is None:
+        raise UserError("--out needs --input (the text or image file to explain)")
+    if args.out and Path(args.out).is_dir():
+        raise UserError(f"--out {args.out!r} is a directory; give a file name such as page.html")
+    explorer = Explorer(args.run_dir, weights=args.weights)
+    first = _input(explorer, args.input, args.question)
+    if args.out:
+        payload = explorer.explain(first)
+        write_page(payload, args.out)
+        size = Path(args.out).stat().st_size
+        print(f"wrote {args.out} ({size / 1024:.0f} kB): open it in a browser")
+        return 0
+    if first is not None and first.text is None and first.image is None:
+        first = None  # only a question: wait for an image on the page
+    server = make_server(explorer, port=args.port, first=first)
+    print(f"explorer for {args.run_dir} on {server.url} (Ctrl-C stops it)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,125 @@
+"""``attnlab experiment vqa-bias | caption-retrieval | caption-features``: the scene experiments
+(registered by :mod:`attnlab.commands.multimodal`; the work is in :mod:`attnlab.experiments`)."""
+
+from __future__ import annotations
+
+import argparse
+
+PRESETS = ("tiny", "small")
+
+
+def register_experiments(experiments) -> None:
+    """Add ``vqa-bias``, ``caption-retrieval`` and ``caption-features`` to the
+    ``attnlab experiment`` sub-parsers."""
+    from attnlab.config.multimodal import VQA_MODELS
+
+    vqa_models = tuple(VQA_MODELS)
+
+    def exp_args(name, help, out, n_train, func):
+        e = experiments.add_parser(name, help=help)
+        e.add_argument("--out", default=out, help="output directory (default %(default)s)")
+        e.add_argument("--steps", type=int, default=800, help="steps per model (default 800)")
+        e.add_argument(
+            "--max-time",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="seconds of training per model (overrides --steps)",
+        )
+        e.add_argument("--batch-size", type=int, default=64, help="default %(default)s")
+        e.add_argument(
+            "--n-train", type=int, default=n_train, help="training scenes (default %(default)s)"
+        )
+        e.add_argument("--preset", choices=PRESETS, default="tiny", help="model size")
+        e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+        e.add_argument("--seed", type=int, default=0)
+        e.add_argument(
+            "--overwrite", action="store_true", help="replace the runs of an earlier --out"
+        )
+        e.add_argument("--no-progress", dest="progress", action="store_false")
+        e.set_defaults(func=func)
+        return e
+
+    e = exp_args(
+        "vqa-bias",
+        "blind (question-only) vs image-reading VQA accuracy per question type",
+        "runs/vqa-bias",
+        3000,
+        _run_vqa_bias,
+    )
+    e.add_argument("--models", nargs="+", choices=vqa_models, default=list(vqa_models))
+    e.add_argument(
+        "--colour-bias",
+        type=float,
+        default=0.3,
+        help="chance an object takes its shape's favourite colour (default 0.3)",
+    )
+    e = exp_args(
+        "caption-retrieval",
+        "do captioners compose or retrieve? verbatim training captions and unseen colour-shape "
+        "combinations, both captioners",
+        "runs/caption-retrieval",
+        2000,
+        _run_caption_retrieval,
+    )
+    e.add_argument("--beam", type=int, default=1, help="beam width (default 1: greedy)")
+    e.add_argument("--n-eval", type=int, default=200, help="val and unseen scenes captioned")
+    e = exp_args(
+        "caption-features",
+        "CNN+LSTM captioner from the classifier's logits vs its penultimate features",
+        "runs/caption-features",
+        2000,
+        _run_caption_features,
+    )
+    e.add_argument(
+        "--pretrain-steps",
+        type=int,
+        default=300,
+        help="steps training the classifier before it is frozen (default 300)",
+    )
+    e.add_argument("--n-eval", type=int, default=200, help="val scenes captioned")
+    e.add_argument(
+        "--encoder-width",
+        type=int,
+        default=64,
+        help="classifier width = penultimate feature size (default 64)",
+    )
+
+
+def _exp_common(args) -> dict:
+    keys = ("out", "steps", "max_time", "batch_size", "preset", "device", "seed", "overwrite")
+    return {k: getattr(args, k) for k in keys + ("progress", "n_train")}
+
+
+def _run_vqa_bias(args: argparse.Namespace) -> int:
+    from attnlab.experiments import vqa_bias
+
+    cfg = vqa_bias.VQABiasConfig(
+        models=args.models, colour_bias=args.colour_bias, **_exp_common(args)
+    )
+    print("VQA accuracy (%) per question type, same budget per model\n")
+    print(vqa_bias.format_table(vqa_bias.run(cfg)))
+    return 0
+
+
+def _run_caption_retrieval(args: argparse.Namespace) -> int:
+    from attnlab.experiments import caption_retrieval as cr
+
+    cfg = cr.CaptionRetrievalConfig(beam_size=args.beam, n_eval=args.n_eval, **_exp_common(args))
+    print("Captioners: composition vs retrieval\n")
+    print(cr.format_table(cr.run(cfg)))
+    return 0
+
+
+def _run_caption_features(args: argparse.Namespace) -> int:
+    from attnlab.experiments import caption_features as cf
+
+    cfg = cf.CaptionFeaturesConfig(
+        pretrain_steps=args.pretrain_steps,
+        encoder_width=args.encoder_width,
+        n_eval=args.n_eval,
+        **_exp_common(args),
+    )
+    print("CNN+LSTM captioner from a frozen classifier: logits vs penultimate features\n")
+    print(cf.format_table(cf.run(cfg)))
+    return 0

@@ -1,0 +1,123 @@
+"""Captioning in the explorer: for every generated word, where in the image it looked.
+
+The caption is generated greedily through :mod:`attnlab.decoding`
+(``model.start_decoding(images, max_len)``), then read once more with teacher forcing,
+``model(images, tokens)``, under :func:`attnlab.attention.capture_attention`: each decoder block's
+cross-attention ``(H, L, N)`` from the words to the N image tokens (a grid over the image), and
+the words' own causal self-attention. Row t is the position that produced word t.
+
+Shape legend: L caption tokens, N = Gh·Gw image tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.attention.capture import capture_attention
+from attnlab.decoding import greedy_search
+from attnlab.errors import UserError
+from attnlab.explore.images import image_payload
+from attnlab.explore.payload import group_layers, head_dim_of, make_view
+from attnlab.explore.vision import grid_spec, patch_labels, read_input_image
+from attnlab.runs import LoadedRun
+
+__all__ = ["KINDS", "INPUT", "QUESTION", "explain", "image_grid", "read_scene_input"]
+
+KINDS = ("caption_transformer",)
+INPUT = "image"
+QUESTION = False
+
+
+def image_grid(model: nn.Module, n: int) -> tuple[int, int]:
+    """The ``(Gh, Gw)`` grid of the model's N image tokens (the encoder's, or the nearest square).
+
+    Raises:
+        UserError: N tokens that do not form the grid.
+    """
+    grid = getattr(getattr(model, "encoder", None), "grid", None)
+    if grid is not None and int(grid[0]) * int(grid[1]) == n:
+        return int(grid[0]), int(grid[1])
+    g = math.isqrt(n)
+    if g * g != n:
+        raise UserError(f"{n} image tokens do not form a square grid over the image")
+    return g, g
+
+
+def read_scene_input(run: LoadedRun, inp) -> Tensor:
+    """The input image at the model's size ``(3, S, S)`` in [0, 1] (scene models take no
+    normalisation)."""
+    s = int(run.model.config.image_size)
+    return read_input_image(inp, 3, s, s)
+
+
+def _classify(stack: str, attn: str, name: str) -> str | None:
+    if "cross" in attn:
+        return "cross"
+    if "enc" in stack.lower():  # the image encoder's own attention: the ViT explorer's business
+        return None
+    return "words"
+
+
+def explain(run: LoadedRun, inp) -> dict:
+    """The payload of one image: the caption, its per-word image attention and word attention."""
+    model, vocab = run.model, run.tokenizer
+    image = read_scene_input(run, inp)
+    x = image[None]  # (1, 3, S, S)
+    max_len = int(model.config.max_len)
+    hyp = greedy_search(
+        model,
+        model.start_decoding(x, max_len),
+        torch.tensor([[vocab.START]]),
+        max_len=max_len - 1,
+        end_id=vocab.END,
+        pad_id=vocab.PAD,
+        banned=[vocab.PAD, vocab.START],
+    )[0]
+    out = list(hyp.ids)
+    if not out:
+        raise UserError("the model produced no caption for this image")
+    tokens = [vocab.START, *out[:-1]]  # what each position reads
+    with torch.no_grad(), capture_attention(model, scores=True) as maps:
+        model(x, torch.tensor([tokens]))
+    groups = group_layers(maps, _classify)
+    if "cross" not in groups:
+        raise UserError(f"the {run.kind} model recorded no attention over the image")
+    produced = [vocab.itos[i] for i in out]
+    read = [vocab.itos[i] for i in tokens]
+    n = groups["cross"][0].weights.shape[-1]
+    gh, gw = image_grid(model, n)
+    views = [
+        make_view(
+            "cross",
+            "word → image (cross-attention)",
+            groups["cross"],
+            queries=produced,
+            keys=patch_labels(gh, gw),
+            note="Choose a word: the image shows where the decoder looked while producing it.",
+            grid=grid_spec(gh, gw),
+            head_dim=head_dim_of(model, groups["cross"][0].name),
+        )
+    ]
+    if "words" in groups:
+        views.append(
+            make_view(
+                "words",
+                "word self-attention",
+                groups["words"],
+                queries=produced,
+                keys=read,
+                note="Row t: the position that produced word t; columns: the words so far.",
+                rollout=False,
+                head_dim=head_dim_of(model, groups["words"][0].name),
+            )
+        )
+    return {
+        "family": "caption",
+        "input": inp.image_name,
+        "summary": [f"caption: {vocab.decode(out)}"],
+        "image": image_payload(image),
+        "views": views,
+    }

@@ -1,0 +1,162 @@
+"""Translation in the explorer: encoder self-attention, decoder self-attention and the
+cross-attention alignment between the source words and the output words.
+
+The sentence is translated greedily through :mod:`attnlab.decoding`, then the model reads the
+source and its own output once more with teacher forcing, ``model(src, src_mask, tgt_in)``, under
+:func:`attnlab.attention.capture_attention`; with a KV cache or without, the decoder computes the
+same attention, so these are the weights the translation was made with. Row t of a decoder map is
+the position that produced output word t (its input is ``<start>`` or word t − 1).
+
+The Transformer reports every layer's ``encoder.*.attn``, ``decoder.*.attn`` and
+``decoder.*.cross_attn``; the RNN with Bahdanau attention reports one ``(S,)`` distribution per
+decoding step, stacked here into one single-head alignment.
+
+Shape legend: S source tokens, T output tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.attention.capture import capture_attention
+from attnlab.decoding import greedy_search
+from attnlab.errors import UserError
+from attnlab.explore.payload import group_layers, head_dim_of, make_view
+from attnlab.runs import LoadedRun
+
+__all__ = ["KINDS", "INPUT", "QUESTION", "MAX_SOURCE_TOKENS", "explain", "translate"]
+
+KINDS = ("transformer", "rnn-attn")
+INPUT = "text"
+QUESTION = False
+#: longest source sentence (tokens) for models without a context length of their own
+MAX_SOURCE_TOKENS = 256
+MAX_CHARS = 2000
+
+PAD, START, END = "<pad>", "<start>", "<end>"
+
+
+def _classify(stack: str, attn: str, name: str) -> str | None:
+    s = stack.lower()
+    if "cross" in attn or attn == "attention":  # Transformer cross-attention; Bahdanau's
+        return "cross"
+    if "enc" in s:
+        return "encoder"
+    if "dec" in s:
+        return "decoder"
+    return None
+
+
+def _source_limit(model) -> int:
+    limit = getattr(getattr(model, "config", None), "max_seq_len", None)
+    return min(int(limit), MAX_SOURCE_TOKENS) if limit else MAX_SOURCE_TOKENS
+
+
+def translate(run: LoadedRun, text: str) -> tuple[list[str], list[int], list[int]]:
+    """Greedy translation of ``text``.
+
+    Returns:
+        ``(source tokens, source ids, output ids)``; the output ends with ``<end>`` unless it ran
+        to the vocabulary's ``max_tgt_len``.
+
+    Raises:
+        UserError: an empty sentence, unknown source tokens, a sentence longer than the model's
+            context.
+    """
+    vocabs, model = run.tokenizer, run.model
+    if len(text) > MAX_CHARS:
+        raise UserError(f"the sentence has {len(text)} characters; the explorer reads {MAX_CHARS}")
+    ids = vocabs.encode_source(text)  # raises on an empty sentence or unknown tokens
+    limit = _source_limit(model)
+    if len(ids) > limit:
+        raise UserError(
+            f"the sentence is {len(ids)} tokens; this model's context is {limit} tokens: shorten it"
+        )
+    tokens = vocabs.src.tokenize(vocabs.normalizer(text))
+    if len(tokens) != len(ids):  # a vocabulary whose tokens are not one id each
+        tokens = [vocabs.src.itos[i] for i in ids]
+    tgt = vocabs.tgt
+    start, end, pad = tgt.stoi[START], tgt.stoi[END], tgt.stoi[PAD]
+    src = torch.tensor([ids])  # (1, S)
+    src_mask = torch.ones_like(src, dtype=torch.bool)  # (1, S)
+    # as long as the longest training target twice, plus slack, within the positions
+    max_len = 2 * int(vocabs.max_tgt_len) + 8
+    cap = getattr(getattr(model, "config", None), "max_seq_len", None)
+    max_len = min(max_len, int(cap)) if cap else max_len
+    state = model.start_decoding(src, src_mask, max_len)
+    hyp = greedy_search(
+        model,
+        state,
+        torch.tensor([[start]]),
+        max_len=max_len,
+        end_id=end,
+        pad_id=pad,
+        banned=[pad, start],
+    )[0]
+    return tokens, ids, list(hyp.ids)
+
+
+def explain(run: LoadedRun, inp) -> dict:
+    """The payload of one sentence: encoder, decoder and cross-attention views."""
+    model, tgt = run.model, run.tokenizer.tgt
+    src_tokens, src_ids, out_ids = translate(run, inp.text)
+    if not out_ids:
+        raise UserError("the model produced no output for this sentence")
+    tgt_in = [tgt.stoi[START], *out_ids[:-1]]  # (T,): what each decoder position reads
+    src = torch.tensor([src_ids])
+    with torch.no_grad(), capture_attention(model, scores=True) as maps:
+        model(src, torch.ones_like(src, dtype=torch.bool), torch.tensor([tgt_in]))
+    groups = group_layers(maps, _classify)
+    if not groups:
+        raise UserError(f"the {run.kind} model recorded no attention")
+    produced = [tgt.itos[i] for i in out_ids]
+    read = [tgt.itos[i] for i in tgt_in]
+    views = []
+    specs = {
+        "encoder": (
+            "encoder self-attention",
+            src_tokens,
+            src_tokens,
+            "Each source token attends to every source token.",
+        ),
+        "decoder": (
+            "decoder self-attention",
+            produced,
+            read,
+            "Row t: the position that produced word t; columns: the decoder's inputs so far "
+            "(causal).",
+        ),
+        "cross": (
+            "cross-attention (alignment)",
+            produced,
+            src_tokens,
+            "Row t: where in the source the decoder looked while producing word t.",
+        ),
+    }
+    for vid in ("cross", "encoder", "decoder"):
+        if vid not in groups:
+            continue
+        title, queries, keys, note = specs[vid]
+        layers = groups[vid]
+        views.append(
+            make_view(
+                vid,
+                title,
+                layers,
+                queries=queries,
+                keys=keys,
+                note=note,
+                rollout=vid == "encoder",
+                head_dim=head_dim_of(model, layers[0].name),
+                # Bahdanau scores e_j = vᵀ tanh(W_s s + W_h h_j), when the layer reports them
+                score_label="vᵀtanh(W_s s + W_h h)" if run.kind == "rnn-attn" else "q·k/√d",
+            )
+        )
+    translation = tgt.decode(out_ids) if hasattr(tgt, "decode") else " ".join(produced)
+    return {
+        "family": "translation",
+        "input": inp.text,
+        "summary": [f"translation: {translation}", f"{len(src_ids)} source tokens"],
+        "image": None,
+        "views": views,
+    }

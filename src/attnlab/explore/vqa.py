@@ -1,0 +1,97 @@
+"""Visual question answering in the explorer: which parts of the image each question word
+attended to, and the answer.
+
+One forward pass ``model(images, questions, lengths)`` under
+:func:`attnlab.attention.capture_attention` gives each block's question-to-image cross-attention
+``(H, L, N)`` (N image tokens on a grid over the image) and the question's self-attention.
+
+Shape legend: L question tokens, N = Gh·Gw image tokens, A answers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnlab.attention.capture import capture_attention
+from attnlab.errors import UserError
+from attnlab.explore.caption import image_grid, read_scene_input
+from attnlab.explore.images import image_payload
+from attnlab.explore.payload import group_layers, head_dim_of, make_view
+from attnlab.explore.vision import grid_spec, patch_labels
+from attnlab.runs import LoadedRun
+
+__all__ = ["KINDS", "INPUT", "QUESTION", "explain"]
+
+KINDS = ("vqa_transformer",)
+INPUT = "image"
+QUESTION = True
+
+
+def _classify(stack: str, attn: str, name: str) -> str | None:
+    if "cross" in attn:
+        return "cross"
+    if "enc" in stack.lower():  # the image encoder's own attention
+        return None
+    return "question"
+
+
+def explain(run: LoadedRun, inp) -> dict:
+    """The payload of one image and question."""
+    model, vocab = run.model, run.tokenizer
+    image = read_scene_input(run, inp)
+    ids, unknown = vocab.encode(inp.question)
+    if not ids:
+        raise UserError("the question is empty")
+    limit = int(model.config.max_len)
+    if len(ids) > limit:
+        raise UserError(f"the question is {len(ids)} tokens; this model reads at most {limit}")
+    with torch.no_grad(), capture_attention(model, scores=True) as maps:
+        logits = model(image[None], torch.tensor([ids]), torch.tensor([len(ids)]))  # (1, A)
+    groups = group_layers(maps, _classify)
+    if "cross" not in groups:
+        raise UserError(f"the {run.kind} model recorded no attention over the image")
+    words = [vocab.itos[i] for i in ids]
+    n = groups["cross"][0].weights.shape[-1]
+    gh, gw = image_grid(model, n)
+    views = [
+        make_view(
+            "cross",
+            "question → image (cross-attention)",
+            groups["cross"],
+            queries=words,
+            keys=patch_labels(gh, gw),
+            note="Choose a question word: the image shows where it looked.",
+            grid=grid_spec(gh, gw),
+            head_dim=head_dim_of(model, groups["cross"][0].name),
+        )
+    ]
+    if "question" in groups:
+        views.append(
+            make_view(
+                "question",
+                "question self-attention",
+                groups["question"],
+                queries=words,
+                keys=words,
+                rollout=True,
+                head_dim=head_dim_of(model, groups["question"][0].name),
+            )
+        )
+    probs = logits[0].float().softmax(-1)
+    top = probs.topk(min(3, probs.numel()))
+    answers = ", ".join(
+        f"{vocab.answers[int(i)]} {float(p):.2f}"
+        for p, i in zip(top.values, top.indices, strict=True)
+    )
+    summary = [f"answer: {answers}"]
+    if unknown:
+        summary.append(
+            f"not in the vocabulary (read as <unk>): {', '.join(dict.fromkeys(unknown))}"
+        )
+    return {
+        "family": "vqa",
+        "input": inp.image_name,
+        "summary": summary,
+        "image": image_payload(image),
+        "views": views,
+    }

@@ -1,0 +1,203 @@
+"""The captioning task (image -> caption with teacher forcing), and captioning with a model:
+greedy and beam decoding through :mod:`attnlab.decoding`, and the caption metrics.
+
+Shape legend: B batch (images), L caption length, V vocabulary, Gh/Gw image-token grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from attnlab.config.base import ConfigError
+from attnlab.data.scenes import SceneSet, Vocab, images_to_tensor
+from attnlab.decoding.search import Hypothesis, beam_search
+from attnlab.metrics.captions import score_captions
+from attnlab.tasks.losses import cross_entropy
+from attnlab.tasks.scenes import SceneTask, SceneTaskConfig, forward_with_aux, pad_ids
+
+__all__ = [
+    "CaptionTaskConfig",
+    "CaptionTask",
+    "decode_captions",
+    "caption_images",
+    "caption_metrics",
+]
+
+
+@dataclass
+class CaptionTaskConfig(SceneTaskConfig):
+    """Settings of :class:`CaptionTask`.
+
+    Attributes:
+        eval_scenes: validation scenes captioned (greedy) at each evaluation for BLEU and object
+            precision.
+        pretrain_steps: ``attnlab train caption`` first trains the encoder as a majority-shape
+            classifier for this many steps (0: no pre-training).
+    """
+
+    eval_scenes: int = 64
+    pretrain_steps: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        self.positive("eval_scenes")
+        if self.pretrain_steps < 0:
+            raise ConfigError(
+                f"pretrain_steps (--pretrain-steps) must be >= 0, got {self.pretrain_steps}"
+            )
+
+
+class CaptionTask(SceneTask):
+    """Image -> caption, teacher forcing with cross-entropy over ``<start> words <end>``.
+
+    Each training example is a scene and one of its reference captions, drawn at random. The model
+    is called as ``model(images (B, 3, H, W), tokens_in (B, L)) -> logits (B, L, V)``.
+    """
+
+    config_cls: ClassVar[type[SceneTaskConfig]] = CaptionTaskConfig
+    config: CaptionTaskConfig
+
+    def _batch(self, sset: SceneSet, idx: np.ndarray, rng: np.random.Generator) -> dict:
+        caps = [sset.captions[i][rng.integers(len(sset.captions[i]))] for i in idx]
+        tokens = pad_ids([self.vocab.encode_caption(c) for c in caps])  # (B, L)
+        return {"images": images_to_tensor(sset.images[idx]), "tokens": tokens}
+
+    def get_batch(
+        self, split: str, step: int, batch_size: int, rank: int = 0, world: int = 1
+    ) -> dict:
+        sset = self.sets(split)
+        rng = self.rng(split, step, rank)
+        idx = rng.integers(len(sset), size=self.share(batch_size, world))
+        return self._batch(sset, idx, rng)
+
+    def loss(self, model: nn.Module, batch: dict, cfg: Any) -> tuple[Tensor, dict[str, float]]:
+        tokens = batch["tokens"]
+        logits, aux = forward_with_aux(model, batch["images"], tokens[:, :-1])  # (B, L-1, V)
+        target = tokens[:, 1:].masked_fill(tokens[:, 1:] == Vocab.PAD, -100)
+        loss = cross_entropy(logits, target, label_smoothing=getattr(cfg, "label_smoothing", 0.0))
+        with torch.no_grad():
+            ok = target != -100
+            acc = ((logits.argmax(-1) == target) & ok).sum() / ok.sum().clamp(min=1)
+        metrics = {"acc": float(acc)}
+        if aux is not None:
+            loss = loss + aux
+            metrics["aux"] = float(aux.detach())
+        return loss, metrics
+
+    def eval_batches(self, batch_size: int, n_batches: int) -> Iterator[dict]:
+        sset = self.sets("val")
+        for b in range(n_batches):
+            idx = (np.arange(batch_size) + b * batch_size) % len(sset)
+            yield self._batch(sset, idx, self.rng("val", b))
+
+    def evaluate(self, model: nn.Module) -> dict[str, float]:
+        """Greedy captions of some validation scenes: BLEU and how often named objects exist."""
+        sset = self.sets("val")
+        n = min(self.config.eval_scenes, len(sset))
+        m = caption_metrics(model, self.vocab, sset, range(n), beam_size=1)
+        return {"bleu": m["bleu"], "object_precision": m["object_precision"]}
+
+
+@torch.no_grad()
+def decode_captions(
+    model: nn.Module,
+    images: Tensor,
+    *,
+    beam_size: int = 1,
+    alpha: float = 0.6,
+    max_len: int | None = None,
+    attention: bool = False,
+) -> list[Hypothesis]:
+    """Greedy (``beam_size == 1``) or beam-search captions of ``images (B, 3, H, W)``, all images
+    at once, through :func:`attnlab.decoding.search.beam_search`.
+
+    Args:
+        model: a captioner (``start_decoding(images, max_len)`` / ``decode_step``).
+        beam_size: beam width K.
+        alpha: GNMT length-penalty exponent (0: rank by log-probability; the default 0.6 keeps
+            beam search from preferring short captions merely for having fewer factors).
+        max_len: longest caption in tokens, ``<start>`` and ``<end>`` included (default: the
+            model's ``max_len``).
+        attention: keep, per generated word, the last block's head-averaged cross-attention over
+            the image grid (Transformer captioner only) as ``alignment (T, Gh, Gw)``.
+
+    Returns:
+        One :class:`~attnlab.decoding.search.Hypothesis` per image: word ids without ``<start>``
+        (ending with ``<end>`` unless cut at ``max_len``).
+
+    Raises:
+        ValueError: ``attention`` for a model without cross-attention, a bad width or length.
+    """
+    max_len = model.config.max_len if max_len is None else max_len
+    if attention and not hasattr(model, "step_attention"):
+        raise ValueError(f"{type(model).__name__} has no attention over the image")
+    was_training = model.training
+    model.eval()
+    try:
+        state = model.start_decoding(images, max_len)
+        first = torch.full((images.shape[0], 1), Vocab.START, device=images.device)
+        hyps = beam_search(
+            model,
+            state,
+            first,
+            beam=beam_size,
+            max_len=max_len - 1,  # the start token takes one of the max_len positions
+            end_id=Vocab.END,
+            pad_id=Vocab.PAD,
+            alpha=alpha,
+            banned=(Vocab.PAD, Vocab.START),
+            step_attention=model.step_attention if attention else None,
+        )
+    finally:
+        model.train(was_training)
+    if attention:
+        grid = model.encoder.grid
+        for h in hyps:
+            h.alignment = h.alignment.reshape(-1, *grid)  # (T, Gh, Gw)
+    return hyps
+
+
+def _words(ids: list[int]) -> list[int]:
+    return ids[:-1] if ids and ids[-1] == Vocab.END else ids
+
+
+def caption_images(
+    model: nn.Module, images: Tensor, vocab: Vocab, *, beam_size: int = 1
+) -> list[str]:
+    """Captions as text for ``images (B, 3, H, W)`` (greedy when ``beam_size == 1``)."""
+    return [
+        vocab.decode(_words(h.ids)) for h in decode_captions(model, images, beam_size=beam_size)
+    ]
+
+
+def caption_metrics(
+    model: nn.Module,
+    vocab: Vocab,
+    sset: SceneSet,
+    indices: Iterable[int],
+    *,
+    beam_size: int = 1,
+    train_captions: set[str] | None = None,
+    batch_size: int = 128,
+) -> dict[str, Any]:
+    """Caption scenes ``indices`` of ``sset`` and score the captions
+    (:func:`attnlab.metrics.captions.score_captions`).
+
+    Raises:
+        ValueError: no scenes.
+    """
+    indices = list(indices)
+    if not indices:
+        raise ValueError("caption_metrics needs at least one scene")
+    device = next(model.parameters()).device
+    hyps: list[str] = []
+    for b in range(0, len(indices), batch_size):
+        imgs = images_to_tensor(sset.images[indices[b : b + batch_size]]).to(device)
+        hyps += caption_images(model, imgs, vocab, beam_size=beam_size)
+    return score_captions(hyps, sset, indices, train_captions=train_captions)
