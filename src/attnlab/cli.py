@@ -24,12 +24,9 @@ COMMAND_MODULES = [
     "attnlab.commands.multimodal",
     "attnlab.commands.efficient",
     "attnlab.commands.interop",
-<<<<<<< HEAD
     "attnlab.commands.experiments",
-=======
     "attnlab.commands.explore",
     "attnlab.commands.mlm",
->>>>>>> main
 ]
 
 
