@@ -313,9 +313,23 @@ def _lm_model_args(p: argparse.ArgumentParser, *, lr: float | None, context: int
     g.add_argument("--batch-size", type=int, default=16, help="windows per step (default 16)")
     g.add_argument("--data", default="pydoc", help="corpus, read by characters (default pydoc)")
     g.add_argument("--max-chars", type=int, default=None, help="use only the first N characters")
+    g.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's, all cores; 1 is much faster on a busy machine)",
+    )
 
 
 def _lm_common(args: argparse.Namespace) -> dict:
+    if args.threads is not None:
+        from attnlab.errors import UserError
+
+        if args.threads < 1:
+            raise UserError(f"--threads must be at least 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     return {
         **_common(args),
         "preset": args.preset,

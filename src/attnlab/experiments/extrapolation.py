@@ -352,7 +352,7 @@ def plot_loss_by_position(results: dict, path: str | Path) -> None:
         if n is None:
             continue
         ys = r["lengths"][str(n)]["by_position"]
-        width = max(1, n // 64)  # average neighbouring positions: a readable curve
+        width = max(1, lengths[-1] // 64)  # average neighbouring positions: readable curves
         xs = [i + (width - 1) / 2 for i in range(0, n, width)]
         means = [statistics.fmean(ys[i : i + width]) for i in range(0, n, width)]
         ax.plot(xs, means, label=f"{r['position']} (windows of {n})")

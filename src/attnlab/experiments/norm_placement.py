@@ -145,10 +145,15 @@ def run_norm_placement(
         seed=cfg.seed,
         progress=cfg.progress,
     )
-    if cfg.steps is None:  # every run the same steps; a step costs about depth × that of one layer
-        probe = lm_model(cfg.preset, task.vocab_size, seed=cfg.seed, n_layers=depths[0], **kw)
-        per_layer = seconds_per_step(probe, task, tcfg, steps=5, warmup=2) / depths[0]
-        per_run_step = per_layer * sum(depths) * 2 * len(NORMS)  # one step of every run
+    if cfg.steps is None:  # every run the same steps; a step costs a + b·depth (two probes)
+        cost = {}
+        for d in {depths[0], depths[-1]}:
+            probe = lm_model(cfg.preset, task.vocab_size, seed=cfg.seed, n_layers=d, **kw)
+            cost[d] = seconds_per_step(probe, task, tcfg, steps=5, warmup=2)
+        lo, hi = depths[0], depths[-1]
+        slope = (cost[hi] - cost[lo]) / (hi - lo) if hi > lo else cost[lo] / lo
+        slope = max(slope, 0.0)
+        per_run_step = sum(cost[lo] + slope * (d - lo) for d in depths) * 2 * len(NORMS)
         left = budget.remaining() - cfg.reserve * cfg.max_time
         steps = steps_within(left, per_run_step, minimum=10)
         log.info("norm-placement: %d steps per run", steps)
