@@ -252,7 +252,7 @@ def plot_warmup(results: dict, path: str | Path) -> None:
             color=colour,
             marker="x",
             s=60,
-            label=f"{name}: diverged (a NaN run has no point)",
+            label=f"{name}: diverged",
         )
         means = [s for s in results["settings"] if s["warmup_steps"] == w and s["final_loss"]]
         ax0.plot([s["lr"] for s in means], [s["final_loss"] for s in means], color=colour)
