@@ -149,7 +149,7 @@ def run_norm_placement(
         cost = {}
         for d in {depths[0], depths[-1]}:
             probe = lm_model(cfg.preset, task.vocab_size, seed=cfg.seed, n_layers=d, **kw)
-            cost[d] = seconds_per_step(probe, task, tcfg, steps=5, warmup=2)
+            cost[d] = seconds_per_step(probe, task, tcfg)
         lo, hi = depths[0], depths[-1]
         slope = (cost[hi] - cost[lo]) / (hi - lo) if hi > lo else cost[lo] / lo
         slope = max(slope, 0.0)
