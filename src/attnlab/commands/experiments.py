@@ -240,7 +240,8 @@ def _register_lm(groups) -> None:
         help="post-norm vs pre-norm by depth, with and without warm-up: divergence, final "
         "loss, per-layer gradient norms at initialisation",
         description="Train DecoderLMs with post-norm and pre-norm blocks at several depths at "
-        "one learning rate, each without and with a linear warm-up (same seed, the same steps, "
+        "one learning rate (AdamW, constant after the warm-up, no gradient clipping), each "
+        "without and with a linear warm-up (same seed, the same steps, "
         "fitted into --max-time). Report whether training diverged (a non-finite loss, a loss "
         "that blew up: rose more than 1 nat above the first step's, or a loss that ended no "
         "lower than it started), the final training loss, and the gradient "
@@ -267,8 +268,9 @@ def _register_lm(groups) -> None:
         "warmup",
         help="Adam with and without linear warm-up across peak learning rates: how often early "
         "training diverges, and the loss reached",
-        description="Train a DecoderLM at each peak learning rate, with and without a linear "
-        "warm-up (constant rate afterwards), over several seeds, for the same steps (fitted "
+        description="Train a DecoderLM (AdamW, no gradient clipping) at each peak learning "
+        "rate, with and without a linear warm-up (constant rate afterwards), over several seeds "
+        "(--seed, --seed+1, ...), for the same steps (fitted "
         "into --max-time). Report how many seeds diverged (a non-finite loss, a loss that blew "
         "up: rose more than 1 nat above the first step's, or a loss that ended no lower than "
         "it started) and the final training loss.",

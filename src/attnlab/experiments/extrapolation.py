@@ -304,7 +304,7 @@ def _table(results: dict) -> Table:
         row += [c["loss"] if c["loss"] is not None else c["note"] for c in cells]
         if beyond:
             note = r["lengths"][str(lengths[-1])]["note"]
-            row += [r["within_context"] or note, r["beyond_context"] or note]
+            row += [note if v is None else v for v in (r["within_context"], r["beyond_context"])]
         table.add(*row)
     return table
 
