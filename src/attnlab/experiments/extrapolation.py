@@ -37,6 +37,7 @@ from attnlab.experiments.common import (
     warmup_within,
     write_outputs,
 )
+from attnlab.experiments.lm_runs import LMExperimentConfig
 
 __all__ = [
     "ExtrapolationConfig",
@@ -53,39 +54,23 @@ POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
 
 
 @dataclass
-class ExtrapolationConfig:
-    """Settings of the extrapolation experiment.
+class ExtrapolationConfig(LMExperimentConfig):
+    """Settings of the extrapolation experiment (and :class:`LMExperimentConfig`'s).
 
     Args:
-        max_time: seconds for the whole experiment.
-        steps: train every model for exactly this many steps instead (repeatable).
         positions: the position schemes compared.
-        context: the training window L (tokens).
+        context: the training window L (characters).
         lengths: the evaluated lengths as multiples of L.
-        preset, d_model, lr, batch_size: the model (a ``DecoderLM`` preset, its width
-            replaced unless None) and its training.
-        data, max_chars: the corpus (character-level).
+        lr: the peak learning rate (warm-up, then cosine decay).
         eval_windows: held-out windows of the longest length scored.
-        reserve: share of ``max_time`` kept for evaluation and the plot.
-        device, seed, progress: as for training.
     """
 
-    max_time: float = 240.0
-    steps: int | None = None
     positions: tuple[str, ...] = POSITIONS
     context: int = 64
     lengths: tuple[int, ...] = (1, 2, 4)
-    preset: str = "tiny"
-    d_model: int | None = None
     lr: float = 2e-3
-    batch_size: int = 16
-    data: str = "pydoc"
-    max_chars: int | None = None
     eval_windows: int = 128
     reserve: float = 0.15
-    device: str = "auto"
-    seed: int = 0
-    progress: bool = True
 
 
 def cannot_evaluate(model: nn.Module, length: int) -> str | None:

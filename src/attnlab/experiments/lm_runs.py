@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "LMExperimentConfig",
     "lm_task",
     "lm_model",
     "train_run",
@@ -41,6 +43,34 @@ DIVERGED_MEANS = (
     "if it came back down), or a final loss (mean of the last tenth of the steps) no lower than "
     "the first step's"
 )
+
+
+@dataclass
+class LMExperimentConfig:
+    """The settings every LM experiment shares (each experiment's config adds its own).
+
+    Args:
+        max_time: seconds for the whole experiment.
+        steps: train every run for exactly this many steps instead (repeatable).
+        preset, d_model: the ``DecoderLM`` preset, its width replaced unless None.
+        context, batch_size: the training windows (characters) and windows per step.
+        data, max_chars: the corpus, read by characters.
+        reserve: share of ``max_time`` kept for evaluation, tables and the plot.
+        device, seed, progress: as for training.
+    """
+
+    max_time: float = 240.0
+    steps: int | None = None
+    preset: str = "tiny"
+    d_model: int | None = None
+    context: int = 32
+    batch_size: int = 16
+    data: str = "pydoc"
+    max_chars: int | None = None
+    reserve: float = 0.1
+    device: str = "auto"
+    seed: int = 0
+    progress: bool = True
 
 
 def lm_task(data: str, seq_len: int, *, max_chars: int | None = None, seed: int = 0) -> Any:

@@ -31,6 +31,7 @@ from attnlab.experiments.common import (
     steps_within,
     write_outputs,
 )
+from attnlab.experiments.lm_runs import LMExperimentConfig
 
 __all__ = ["NormPlacementConfig", "run_norm_placement", "init_grad_norms", "NORMS"]
 
@@ -40,38 +41,19 @@ NORMS = ("post", "pre")
 
 
 @dataclass
-class NormPlacementConfig:
-    """Settings of the norm-placement experiment.
+class NormPlacementConfig(LMExperimentConfig):
+    """Settings of the norm-placement experiment (and :class:`LMExperimentConfig`'s; the
+    preset's depth is replaced by each of ``depths``).
 
     Args:
-        max_time: seconds for the whole experiment.
-        steps: train every run for exactly this many steps instead (repeatable).
         depths: the layer counts compared.
         lr: the one peak learning rate of every run (constant after the warm-up).
         warmup_frac: the warm-up of the warmed-up runs, as a fraction of the run.
-        preset, d_model, context, batch_size: the model (a ``DecoderLM`` preset, its depth
-            and, unless None, its width replaced) and
-            its training windows.
-        data, max_chars: the corpus (character-level).
-        reserve: share of ``max_time`` kept for gradients, tables and the plot.
-        device, seed, progress: as for training.
     """
 
-    max_time: float = 240.0
-    steps: int | None = None
     depths: tuple[int, ...] = (2, 6, 12)
     lr: float = 1e-2
     warmup_frac: float = 0.2
-    preset: str = "tiny"
-    d_model: int | None = None
-    context: int = 32
-    batch_size: int = 16
-    data: str = "pydoc"
-    max_chars: int | None = None
-    reserve: float = 0.1
-    device: str = "auto"
-    seed: int = 0
-    progress: bool = True
 
 
 def init_grad_norms(

@@ -30,6 +30,7 @@ from attnlab.experiments.common import (
     steps_within,
     write_outputs,
 )
+from attnlab.experiments.lm_runs import LMExperimentConfig
 
 __all__ = ["WarmupConfig", "run_warmup"]
 
@@ -37,40 +38,21 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class WarmupConfig:
-    """Settings of the warm-up experiment.
+class WarmupConfig(LMExperimentConfig):
+    """Settings of the warm-up experiment (and :class:`LMExperimentConfig`'s).
 
     Args:
-        max_time: seconds for the whole experiment.
-        steps: train every run for exactly this many steps instead (repeatable).
         lrs: the peak learning rates compared.
         seeds: seeds per setting (0, 1, … added to ``seed``).
         warmup_frac: the warm-up of the warmed-up runs, as a fraction of the run.
         n_layers, norm_position: the model's depth and norm placement.
-        preset, d_model, context, batch_size: the model (a ``DecoderLM`` preset, its width
-            replaced unless None) and its training windows.
-        data, max_chars: the corpus (character-level).
-        reserve: share of ``max_time`` kept for tables and the plot.
-        device, seed, progress: as for training.
     """
 
-    max_time: float = 240.0
-    steps: int | None = None
     lrs: tuple[float, ...] = (1e-2, 3e-2, 1e-1, 3e-1)
     seeds: int = 3
     warmup_frac: float = 0.2
     n_layers: int = 4
     norm_position: str = "post"
-    preset: str = "tiny"
-    d_model: int | None = None
-    context: int = 32
-    batch_size: int = 16
-    data: str = "pydoc"
-    max_chars: int | None = None
-    reserve: float = 0.1
-    device: str = "auto"
-    seed: int = 0
-    progress: bool = True
 
 
 def run_warmup(cfg: WarmupConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict:
