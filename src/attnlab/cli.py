@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "attnlab.commands.multimodal",
     "attnlab.commands.efficient",
     "attnlab.commands.interop",
+    "attnlab.commands.experiments",
     "attnlab.commands.explore",
     "attnlab.commands.mlm",
 ]

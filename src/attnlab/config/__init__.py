@@ -15,7 +15,12 @@ from attnlab.config.lm import (
     ModelConfig,
 )
 from attnlab.config.multimodal import VQA_MODELS, CaptionConfig, VQAConfig
-from attnlab.config.translation import RNNSeq2SeqConfig, Seq2SeqConfig, TranslationTaskConfig
+from attnlab.config.translation import (
+    RNNSeq2SeqConfig,
+    ScheduledSamplingConfig,
+    Seq2SeqConfig,
+    TranslationTaskConfig,
+)
 from attnlab.config.vision import CNNConfig, ImageTaskConfig, SwinConfig, ViTConfig
 
 __all__ = [
@@ -32,6 +37,7 @@ __all__ = [
     "Seq2SeqConfig",
     "RNNSeq2SeqConfig",
     "TranslationTaskConfig",
+    "ScheduledSamplingConfig",
     "ViTConfig",
     "SwinConfig",
     "CNNConfig",

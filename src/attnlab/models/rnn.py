@@ -59,6 +59,9 @@ class RNNSeq2Seq(nn.Module):
 
     kind: ClassVar[str] = "rnn"
     uses_attention: ClassVar[bool] = False
+    #: the decoder is a recurrence stepped explicitly, so training can feed it its own
+    #: predictions step by step (scheduled sampling, ``forward(..., gold_mask=...)``)
+    recurrent: ClassVar[bool] = True
 
     def __init__(self, config: RNNSeq2SeqConfig) -> None:
         super().__init__()
@@ -135,21 +138,37 @@ class RNNSeq2Seq(nn.Module):
         return logits, state
 
     def forward(
-        self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, *, need_weights: bool = False
+        self,
+        src: Tensor,
+        src_mask: Tensor,
+        tgt_in: Tensor,
+        *,
+        need_weights: bool = False,
+        gold_mask: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor | None]:
         """Teacher-forced logits ``(B, T, V)``: the decoder reads the true previous tokens.
 
         Args:
             need_weights: also return Bahdanau's α of every step, ``(B, T, S)`` (None for the
                 fixed-context ``rnn``), read through :func:`attnlab.attention.capture_attention`.
+            gold_mask: ``(B, T)`` bool, scheduled sampling (Bengio et al. 2015): where False,
+                step t reads the model's own greedy prediction from step t-1 (no gradient
+                through the choice) instead of ``tgt_in[:, t]``; step 0 always reads
+                ``tgt_in[:, 0]`` (``<start>``). None = teacher forcing.
         """
         if need_weights:
             with capture_attention(self) as maps:
-                logits = self(src, src_mask, tgt_in)
+                logits = self(src, src_mask, tgt_in, gold_mask=gold_mask)
             steps = maps.calls("attention")
             return logits, torch.stack(steps, 1) if steps else None  # (B, T, S)
         state = self.start_decoding(src, src_mask)
-        logits = [self._step(tgt_in[:, t], state) for t in range(tgt_in.shape[1])]
+        logits: list[Tensor] = []
+        for t in range(tgt_in.shape[1]):
+            prev = tgt_in[:, t]  # (B,)
+            if gold_mask is not None and t > 0:
+                own = logits[-1].detach().argmax(-1)  # (B,) the prediction of this input
+                prev = torch.where(gold_mask[:, t], prev, own)
+            logits.append(self._step(prev, state))
         return torch.stack(logits, dim=1)  # (B, T, V)
 
 

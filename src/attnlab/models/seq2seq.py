@@ -65,6 +65,8 @@ class Seq2SeqTransformer(nn.Module):
     """
 
     kind: ClassVar[str] = "transformer"
+    #: the decoder is not stepped during training (scheduled sampling uses two passes)
+    recurrent: ClassVar[bool] = False
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__()
