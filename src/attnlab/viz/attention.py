@@ -1,8 +1,7 @@
 """Attention heatmaps: one matrix of weights, query tokens as rows and key tokens as columns.
 
-Tick labels stay readable: horizontal for short tokens (characters, sub-words), slanted for long
-ones, at a legible size, and only every k-th one when there are more than :data:`MAX_TICKS`
-(the axis label says so). Every map has a colour bar (a grid shares one scale and one bar).
+Tick labels stay readable: horizontal when a row of them fits (slanted otherwise), at a legible
+size, and only every k-th one when there are more than :data:`MAX_TICKS` (the axis label says so). Every map has a colour bar (a grid shares one scale and one bar).
 """
 
 from __future__ import annotations
@@ -37,7 +36,8 @@ def _label_axis(ax, axis: str, tokens: Sequence[str] | None, n: int, name: str, 
         label(name)
         return
     positions, labels, k = tick_labels(tokens)
-    long = max((len(t) for t in labels), default=0) > 3
+    room = 60 if size >= 9 else 24  # characters a row of labels fits in (figure or one panel)
+    long = axis == "x" and len(labels) * max((len(t) for t in labels), default=0) > room
     if axis == "x":
         ax.set_xticks(
             positions,
