@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -323,30 +324,52 @@ def test_existing_run_dir_is_protected(tmp_path):
         train(other, ToyTask(), cfg, run, resume=True)
 
 
-def test_time_budget_stops_on_time_and_fits_schedule(tmp_path):
-    """max_time: stops once the budget is spent; cosine progress runs on elapsed/max_time, so
-    the last learning rate is near the floor whatever the step count."""
-    budget = 1.0
+@pytest.fixture
+def warm_imports():
+    """Budgets under a second: the first optimizer (torch imports its compiler then) and the
+    first plot (matplotlib) take a second or more once per process; pay it before the clock."""
+    from attnlab.train.curves import load_matplotlib
+
+    load_matplotlib()
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
+
+
+class SlowEvalTask(ToyTask):
+    """A ToyTask whose evaluation takes a second, as a real one (greedy decoding...) may."""
+
+    def evaluate(self, model):
+        time.sleep(1.0)
+        return super().evaluate(model)
+
+
+def test_time_budget_stops_on_time_and_fits_schedule(tmp_path, warm_imports):
+    """max_time: the call takes the budget, its final (one-second) validation and checkpoint
+    included: the loop stops early enough for them (attnlab.train.clock); cosine progress runs
+    on the time left for training, so the last learning rate is near the floor."""
+    budget = 6.0
     cfg = base_cfg(steps=None, max_time=budget, warmup_steps=2, eval_every=10_000, min_lr_ratio=0.1)
-    res = train(make_model(), ToyTask(delay=0.01), cfg, tmp_path / "run")
-    assert budget <= res.elapsed < budget + 0.75
-    assert res.steps >= 10
+    t0 = time.perf_counter()
+    res = train(make_model(), SlowEvalTask(delay=0.01), cfg, tmp_path / "run")
+    wall = time.perf_counter() - t0
+    assert res.elapsed <= budget  # the clock when the final validation began: inside
+    # the final validation (a 1 s sleep) fits: the whole call within the budget, up to what the
+    # last writes take on a busy machine (the schedule arithmetic: tests/test_newcomer_budget.py)
+    assert wall < budget + 2.0
     lrs = [r["lr"] for r in res.history if "loss" in r]
-    assert lrs[1] == pytest.approx(cfg.lr)  # end of the 2-step warm-up: peak
+    assert lrs[0] < lrs[1] == pytest.approx(cfg.lr)  # end of the 2-step warm-up: peak
     assert all(a >= b for a, b in zip(lrs[1:], lrs[2:]))  # then decaying
-    assert lrs[-1] < 0.25 * cfg.lr
-    assert [r["step"] for r in res.history if "val_loss" in r] == [res.steps]  # final validation
+    # validated at the start (which measures what a validation costs) and at the end
+    assert [r["step"] for r in res.history if "val_loss" in r] == [0, res.steps]
 
 
-def test_time_budget_resumes_with_elapsed_time(tmp_path):
+def test_time_budget_resumes_with_elapsed_time(tmp_path, warm_imports):
     """A timed run stopped early and resumed keeps its clock: it ends once the total is spent."""
-    cfg = base_cfg(steps=None, max_time=0.6, warmup_steps=2, eval_every=10_000)
+    cfg = base_cfg(steps=None, max_time=4.0, warmup_steps=2, eval_every=10_000)
     part = train(make_model(), ToyTask(delay=0.01), cfg, tmp_path / "run", stop_after=5)
-    assert part.steps == 5 and part.elapsed < 0.6
+    assert part.steps == 5 and part.elapsed < 4.0
     res = train(make_model(), ToyTask(delay=0.01), cfg, tmp_path / "run", resume=True)
-    assert res.steps > 5 and 0.6 <= res.elapsed < 0.6 + 0.75
+    assert res.steps > 5 and part.elapsed < res.elapsed <= 4.0
     assert [r["step"] for r in res.history if "loss" in r] == list(range(1, res.steps + 1))
-    assert [r["lr"] for r in res.history if "loss" in r][-1] < 0.25 * cfg.lr
 
 
 def test_log_records_average_the_steps_since_the_last_record(tmp_path):

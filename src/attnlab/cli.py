@@ -14,7 +14,9 @@ import importlib
 import logging
 import os
 import sys
+import time
 
+from attnlab.commands.parser import Parser
 from attnlab.errors import UserError
 
 COMMAND_MODULES = [
@@ -31,25 +33,33 @@ COMMAND_MODULES = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="attnlab",
         description="Attention and Transformers end to end: train, generate, translate, classify, "
         "caption, ask, convert, benchmark and run the lecture's experiments.",
     )
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
-    top = parser.add_subparsers(dest="command", metavar="<command>", required=True)
+    top = parser.add_subparsers(
+        dest="command", metavar="<command>", required=True, parser_class=Parser
+    )
     train = top.add_parser("train", help="train a model; see 'attnlab train <task> --help'")
     experiment = top.add_parser(
         "experiment", help="run one of the lecture's claims as a measurement"
     )
     groups = {
         "top": top,
-        "train": train.add_subparsers(dest="task", metavar="<task>", required=True),
-        "experiment": experiment.add_subparsers(dest="experiment", metavar="<name>", required=True),
+        "train": train.add_subparsers(
+            dest="task", metavar="<task>", required=True, parser_class=Parser
+        ),
+        "experiment": experiment.add_subparsers(
+            dest="experiment", metavar="<name>", required=True, parser_class=Parser
+        ),
     }
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(groups)
+    for name, sub in groups["train"].choices.items():  # (`train translate` has its own --task)
+        sub.set_defaults(train_kind=name)
     from attnlab.commands import add_eval_parser
 
     add_eval_parser(top)
@@ -57,12 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from attnlab.train import clock
+
+    started = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    clock.count_from(started)  # --max-time counts the start-up as well (train/clock.py)
     try:
         rc = args.func(args)
     except BrokenPipeError:  # `attnlab ... | head`: the reader left, which is not an error
@@ -78,9 +92,23 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:  # Ctrl-C: 130; SIGTERM while training (Terminated): 143
         status = getattr(err, "exit_status", 130)
         if os.environ.get("RANK", "0") == "0":
-            print(f"attnlab: {'terminated' if status == 143 else 'interrupted'}", file=sys.stderr)
+            print(f"attnlab: {_interrupted(args, err, status)}", file=sys.stderr)
         return status
+    finally:
+        clock.count_from(None)
     return int(rc or 0)
+
+
+def _interrupted(args: argparse.Namespace, err: KeyboardInterrupt, status: int) -> str:
+    """``interrupted (Ctrl-C) at step 9 of 24; checkpoint saved in runs/x; resume with: ...``."""
+    word = "terminated (SIGTERM)" if status == 143 else "interrupted (Ctrl-C)"
+    stopped = getattr(err, "stopped", None)  # attached by the trainer (attnlab.train.stopping)
+    training = args.command == "train"
+    if stopped is not None:
+        return f"{word} {stopped.describe(getattr(args, 'train_kind', None))}"
+    if training:
+        return f"{word} before training started; nothing new was saved"
+    return word
 
 
 def _message(err: Exception) -> str:

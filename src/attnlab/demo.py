@@ -34,7 +34,12 @@ def _display(ch: str) -> str:
     return {"\n": "↵", " ": "␣", "\t": "⇥"}.get(ch, ch)
 
 
-def _plot_val_curves(results: dict[str, Any], tokens_per_step: int, path: Path) -> None:
+def _plot_val_curves(
+    results: dict[str, Any], tokens_per_step: int, path: Path, final: dict[str, float]
+) -> None:
+    """Train and validation loss against training tokens; the validation points during training
+    read 4 batches (``eval_batches``), the star at the end is the final model on the whole
+    validation split (``final``: the number the printed table shows)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -54,7 +59,17 @@ def _plot_val_curves(results: dict[str, Any], tokens_per_step: int, path: Path) 
             for r in res.history
             if r.get("loss") is not None and "step" in r
         ]
-        line = ax.plot(*zip(*pts), marker="o", label=f"{name} (val)")[0] if pts else None
+        line = ax.plot(*zip(*pts), marker="o", label=f"{name} (val, 4 batches)")[0] if pts else None
+        if pts and name in final:
+            ax.plot(
+                [pts[-1][0]],
+                [final[name]],
+                marker="*",
+                markersize=11,
+                linestyle="none",
+                color=line.get_color(),
+                label=f"{name} (val, whole split: {final[name]:.2f})",
+            )
         if train_pts:
             ax.plot(
                 *zip(*train_pts),
@@ -62,6 +77,9 @@ def _plot_val_curves(results: dict[str, Any], tokens_per_step: int, path: Path) 
                 color=line.get_color() if line else None,
                 label=f"{name} (train)",
             )
+    from matplotlib.ticker import FuncFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
     ax.set_xlabel("training tokens")
     ax.set_ylabel("cross-entropy (nats / char)")
     ax.set_title("pydoc, character level: same tokens, same trainer")
@@ -292,7 +310,8 @@ def _run(
         title=f"Transformer, last layer: attention over {len(chars)} held-out "
         "characters (rows: queries)",
     )
-    _plot_val_curves(results, batch * seq_len, files["loss curves"])
+    final = {row["name"]: row["val_loss"] for row in rows}
+    _plot_val_curves(results, batch * seq_len, files["loss curves"], final)
 
     report = {
         "threads": threads,

@@ -6,7 +6,9 @@ The settings of a run come in three sections (``model``, ``train``, ``task``; se
     the command's defaults  <  --config FILE (or the run's config.json on --resume)
                             <  flags typed on the command line  <  --set KEY=VALUE
 
-Only flags the user actually typed override the file: :func:`track_explicit` marks them.
+Only flags the user actually typed override the file: :func:`track_explicit` marks them. The
+length of a run is one choice: a typed ``--steps`` (without ``--max-time``) replaces a file's (or a
+resumed run's) ``max_time``, which would otherwise win over it.
 """
 
 from __future__ import annotations
@@ -104,6 +106,8 @@ def resolve_sections(
         if dest not in given and getattr(args, dest, None) is not None
     }
     typed = {key: getattr(args, dest) for dest, key in flag_keys.items() if dest in given}
+    if "train.steps" in typed and "train.max_time" not in typed:
+        typed["train.max_time"] = None  # --steps N is the new length, not a budget's fallback
     sections: dict[str, Any] = {"model": {}, "train": {}, "task": {}}
     sections = apply_overrides(sections, defaults)
     if base is None and getattr(args, "config", None):

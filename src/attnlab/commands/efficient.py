@@ -16,7 +16,9 @@ def register(groups) -> None:
         bench = groups["top"].add_parser(
             "bench", help="measure speed and memory (attention backends, long context)"
         )
-        groups["bench"] = bench.add_subparsers(dest="bench", metavar="<what>", required=True)
+        groups["bench"] = bench.add_subparsers(
+            dest="bench", metavar="<what>", required=True, parser_class=type(bench)
+        )
     sub = groups["bench"]
 
     from attnlab.experiments.attention_bench import DEFAULT_BACKENDS, DEFAULT_NS

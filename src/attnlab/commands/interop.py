@@ -80,7 +80,12 @@ def _from_hf(args: argparse.Namespace) -> int:
     atomic_write_text(out / "config.json", json.dumps(config, indent=2) + "\n")
     print(
         f"converted {arch} ({_n_params(model):,} parameters) from {src} into {out}"
-        + ("" if tok is not None else " (no tokenizer.json found)")
+        + (
+            ""
+            if tok is not None
+            else f"; {src} has no tokenizer.json, so 'attnlab generate' and 'eval' refuse the "
+            "run until you copy the checkpoint's tokenizer.json into it"
+        )
     )
     return 0
 

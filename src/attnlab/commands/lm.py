@@ -51,6 +51,7 @@ def _train_lm(args: argparse.Namespace) -> int:
     from attnlab.runs import read_config
     from attnlab.tasks.lm import LMTask
     from attnlab.train import check_run_dir, train
+    from attnlab.train.stopping import completion
 
     out = Path(args.out)
     check_run_dir(out, args.resume, args.overwrite)  # before reading and tokenising the corpus
@@ -62,6 +63,10 @@ def _train_lm(args: argparse.Namespace) -> int:
             raise RunDirError(f"{str(out)!r} does not hold a language-model training run")
         settings = resolve_lm_settings(args, saved, resume=True)
         check_resume_settings(args, settings, saved)
+        done = completion(out, settings.train)
+        if done:  # before the corpus is read
+            print(done)
+            return 0
         task = LMTask.from_config(saved["task"], load_tokenizer(out))
         model = build_model(saved["kind"], saved["model"])
     else:
@@ -92,7 +97,7 @@ def _train_lm(args: argparse.Namespace) -> int:
         )
     result = train(model, task, settings.train, out, resume=args.resume, overwrite=args.overwrite)
     if main_rank:
-        _print_result(result)
+        _print_result(result, settings.train.eval_batches)
     return 0
 
 
@@ -104,14 +109,15 @@ def _check_backend(config: Any) -> None:
         check_backend(config.backend, config.backend_options, dropout_p=config.attn_dropout)
 
 
-def _print_result(result) -> None:
+def _print_result(result, eval_batches: int) -> None:
     val = result.val_loss
     ppl = f" (perplexity {math.exp(val):.2f})" if val is not None and val < 50 else ""
     val_s = "n/a" if val is None else f"{val:.4f}"
     train_s = "n/a" if result.final_train_loss is None else f"{result.final_train_loss:.4f}"
     print(
         f"{result.steps} steps in {result.elapsed:.1f} s: train loss {train_s}, "
-        f"val loss {val_s}{ppl}; run saved in {result.run_dir}"
+        f"val loss {val_s}{ppl} on {eval_batches} validation batch{'' if eval_batches == 1 else 'es'} ('attnlab eval' "
+        f"reads the whole split); run saved in {result.run_dir}"
     )
 
 
@@ -294,7 +300,11 @@ def load_lm(
         kinds=LM_KINDS,
     )
     if loaded.tokenizer is None:
-        raise RunDirError(f"{str(run_dir)!r} has no tokenizer")
+        raise RunDirError(
+            f"{str(run_dir)!r} has no tokenizer.json, so text cannot be turned into tokens (a run "
+            "converted from a Hugging Face folder without one); copy the checkpoint's "
+            "tokenizer.json into it"
+        )
     return loaded
 
 
@@ -312,7 +322,9 @@ def _eval_lm(args: argparse.Namespace) -> int:
     res = task.val_loss(loaded.model, batch_size=args.batch_size, n_batches=args.max_batches)
     print(
         f"{args.run_dir}: val loss {res['loss']:.4f}, perplexity {res['perplexity']:.3f} "
-        f"({res['tokens']:,} tokens of {task.data!r}, {args.weights} weights)"
+        f"({res['tokens']:,} tokens of {task.data!r}: "
+        f"{'the whole validation split' if args.max_batches is None else f'{args.max_batches} batches'}"
+        f", {args.weights} weights)"
     )
     return 0
 
@@ -338,7 +350,9 @@ def _demo(args: argparse.Namespace) -> int:
     )
     print()
     print(
-        f"Validation loss on held-out pydoc text ({report['tokens']:,} training tokens each, "
+        f"Validation loss of the final models on the whole held-out pydoc split (the plot's "
+        f"stars; its circles read 4 batches during training) ({report['tokens']:,} training "
+        "tokens each, "
         f"{report['tokenizer']} tokenizer):"
     )
     print(f"  {'model':<32}{'params':>10}{'val loss':>10}{'ppl':>9}{'time':>8}")

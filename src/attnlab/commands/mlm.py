@@ -96,6 +96,7 @@ def _train_mlm(args: argparse.Namespace) -> int:
     from attnlab.runs import read_config
     from attnlab.tasks.mlm import MLMTask
     from attnlab.train import check_run_dir, train
+    from attnlab.train.stopping import completion
 
     out = Path(args.out)
     check_run_dir(out, args.resume, args.overwrite)  # before reading and tokenising the corpus
@@ -106,6 +107,10 @@ def _train_mlm(args: argparse.Namespace) -> int:
         if saved["kind"] != KIND or (saved.get("task") or {}).get("type") != "mlm":
             raise RunDirError(f"{str(out)!r} does not hold a masked-LM training run")
         _, train_cfg, _ = _settings(args, saved)
+        done = completion(out, train_cfg)
+        if done:  # before the corpus is read
+            print(done)
+            return 0
         task = MLMTask.from_config(saved["task"], load_tokenizer(out))
         model = build_model(KIND, saved["model"])
     else:

@@ -248,7 +248,8 @@ def _model_config(cls, section: dict[str, Any], **derived: Any):
 
 
 def _build(args, keys, kinds, task_cls, config_cls, build, **per_task):
-    """The model, task and TrainConfig of a train sub-command.
+    """The model, task and TrainConfig of a train sub-command (None: a resumed run that is
+    complete already, which it says).
 
     Args:
         per_task: model fields the task decides besides the vocabulary and image size, as
@@ -256,7 +257,13 @@ def _build(args, keys, kinds, task_cls, config_cls, build, **per_task):
     """
     import torch
 
+    from attnlab.train.stopping import completion
+
     model_section, train_cfg, task_section = _settings(args, keys, kinds)
+    done = completion(args.out, train_cfg) if args.resume else None
+    if done:  # before the scenes are generated
+        print(done)
+        return None
     task = task_cls(task_cls.config_cls.from_dict(task_section))
     derived = {k: f(task) for k, f in per_task.items()}
     derived.update(vocab_size=len(task.vocab), image_size=task.config.scene.image_size)
@@ -272,9 +279,10 @@ def _run_train_caption(args: argparse.Namespace) -> int:
     from attnlab.tasks.caption import CaptionTask
     from attnlab.train import check_run_dir, train
 
-    model, task, cfg = _build(
-        args, _CAPTION_KEYS, CAPTION_KINDS, CaptionTask, CaptionConfig, build_captioner
-    )
+    built = _build(args, _CAPTION_KEYS, CAPTION_KINDS, CaptionTask, CaptionConfig, build_captioner)
+    if built is None:
+        return 0
+    model, task, cfg = built
     check_run_dir(args.out, args.resume, args.overwrite)
     steps = task.config.pretrain_steps
     if steps > 0 and not args.resume:
@@ -303,9 +311,12 @@ def _run_train_vqa(args: argparse.Namespace) -> int:
     from attnlab.tasks.vqa import VQATask
     from attnlab.train import train
 
-    model, task, cfg = _build(
+    built = _build(
         args, {}, VQA_KINDS, VQATask, VQAConfig, build_vqa, n_answers=lambda t: len(t.vocab.answers)
     )
+    if built is None:
+        return 0
+    model, task, cfg = built
     result = train(model, task, cfg, args.out, resume=args.resume, overwrite=args.overwrite)
     acc = task.accuracy_by_type(model, per_type=50)
 

@@ -245,6 +245,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from attnlab.runs import read_config
     from attnlab.tasks.translation import TranslationTask, train_defaults
     from attnlab.train import TrainConfig, check_run_dir, train
+    from attnlab.train.stopping import completion
 
     check_run_dir(args.out, args.resume, args.overwrite)  # before generating the data
     flag_keys = _flag_keys(args)
@@ -267,6 +268,10 @@ def _run_train(args: argparse.Namespace) -> int:
         task.setdefault("seed", sections["train"].get("seed", 0))
         task_cfg = TranslationTaskConfig.from_dict(task)
     train_cfg = TrainConfig.from_dict({**train_defaults(kind), **sections["train"]})
+    done = completion(args.out, train_cfg) if args.resume else None
+    if done:  # before the data is generated
+        print(done)
+        return 0
     data = build_data(task_cfg)
     if not args.resume:
         model_options = dict(sections["model"])
@@ -382,6 +387,7 @@ def _read_inputs(args: argparse.Namespace) -> list[str]:
 
 
 def _run_translate(args: argparse.Namespace) -> int:
+    from attnlab.data.translation.vocab import UnknownTokens
     from attnlab.metrics.translation import translate_texts
 
     if args.beam < 1:
@@ -401,16 +407,19 @@ def _run_translate(args: argparse.Namespace) -> int:
         L = getattr(model.config, "n_dec_layers", 1)
         if not -L <= args.layer < L:
             raise UserError(f"--layer {args.layer} out of range for {L} decoder layer(s)")
-    res = translate_texts(
-        model,
-        vocabs,
-        texts,
-        beam=args.beam,
-        alpha=args.alpha,
-        batch_size=args.batch_size,
-        need_weights=bool(args.attention),
-        strict=not args.allow_unk,
-    )
+    try:
+        res = translate_texts(
+            model,
+            vocabs,
+            texts,
+            beam=args.beam,
+            alpha=args.alpha,
+            batch_size=args.batch_size,
+            need_weights=bool(args.attention),
+            strict=not args.allow_unk,
+        )
+    except UnknownTokens as err:
+        raise UserError(_unknown_hint(err, vocabs.src)) from None
     for r in res:
         print(f"{r.text}\t{r.score:.3f}" if args.scores else r.text)
     if args.attention:
@@ -420,6 +429,19 @@ def _run_translate(args: argparse.Namespace) -> int:
         more = f" (+ {len(written) - 1} per-layer head grids next to it)" if written[1:] else ""
         print(f"alignment written to {args.attention}{more}")
     return 0
+
+
+def _unknown_hint(err, vocab) -> str:
+    """The unknown-token message, plus what to do: digits for a model of number words, and
+    ``--allow-unk``."""
+    text = str(err)
+    digits = [t for t in err.tokens if any(c.isdigit() for c in t)]
+    if digits and not any(any(c.isdigit() for c in t) for t in vocab.itos):
+        text += (
+            "; this model reads numbers written as words ('twenty one', not '21'): it never "
+            "saw a digit"
+        )
+    return text + "; to translate anyway, reading them as <unk>, add --allow-unk"
 
 
 def _run_eval(args: argparse.Namespace) -> int:

@@ -9,9 +9,11 @@ The CLI parses and prints; the work is in :mod:`attnlab.data.images`, :mod:`attn
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
+from attnlab.commands.image_samples import add_samples_parser
 from attnlab.errors import RunDirError, UserError
 
 VISION_KINDS = ("vit", "swin", "cnn")
@@ -93,10 +95,15 @@ def _train_image(args: argparse.Namespace) -> int:
     from attnlab.models.vision.factory import build_image_classifier
     from attnlab.tasks.image import ImageClassificationTask
     from attnlab.train import check_run_dir, train
+    from attnlab.train.stopping import completion
 
     check_run_dir(args.out, args.resume, args.overwrite)  # before the data is read
     kind, sections = _resolve(args)
     cfg = TrainConfig.from_dict(sections["train"])
+    done = completion(args.out, cfg) if args.resume else None
+    if done:  # before the data is read
+        print(done)
+        return 0
     task = ImageClassificationTask.from_config(
         ImageTaskConfig.from_dict(sections["task"]), cfg.seed
     )
@@ -187,6 +194,15 @@ def _classify(args: argparse.Namespace) -> int:
             f"{args.image}: image is {image.shape[2]}×{image.shape[1]}, the model "
             f"expects {w}×{h} (drop --no-resize to resize it)"
         )
+    if args.invert:
+        image = 1.0 - image
+    notice = settings.polarity_notice(image)
+    if notice is not None:
+        fix = "drop --invert" if args.invert else "add --invert to classify its negative"
+        notice = (
+            notice.replace("this image", "its negative (--invert)", 1) if args.invert else notice
+        )
+        print(f"notice: {notice}; {fix}", file=sys.stderr)
     x = settings.prepare(image[None])
     with torch.no_grad():
         probs = model(x).softmax(-1)[0]
@@ -366,7 +382,10 @@ def _add_classify(groups) -> None:
         "classify",
         help="top-k classes of an image with a trained image classifier",
         description="Classify one image file with a run from 'attnlab train image'. The image is "
-        "converted to the run's channels and resized to its size (unless --no-resize).",
+        "converted to the run's channels and resized to its size (unless --no-resize). A model "
+        "reads images like those it was trained on (digits: white on black, 8×8); an image of "
+        "the opposite brightness gets a notice (--invert classifies its negative). "
+        "'attnlab samples RUN' writes test images the run never trained on.",
     )
     c.add_argument("run_dir", help="run directory written by 'attnlab train image'")
     c.add_argument("image", help="image file (PNG, JPEG, ...)")
@@ -374,6 +393,12 @@ def _add_classify(groups) -> None:
     c.add_argument("--weights", choices=("best", "last"), default="best")
     c.add_argument(
         "--no-resize", action="store_true", help="refuse images whose size differs from the model's"
+    )
+    c.add_argument(
+        "--invert",
+        action="store_true",
+        help="classify the negative (1 - pixel): a dark drawing on white for a model of white "
+        "strokes on black, such as digits",
     )
     c.add_argument(
         "--attention",
@@ -421,6 +446,7 @@ def register(groups) -> None:
 
     _add_train_image(groups)
     _add_classify(groups)
+    add_samples_parser(groups)
     _add_inductive_bias(groups)
     for kind in VISION_KINDS:
         register_evaluator(kind, _eval_image)

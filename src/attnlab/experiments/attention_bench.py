@@ -356,6 +356,7 @@ def plot_results(rows: list[dict], path: str | Path, cfg: BenchConfig) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     modes = list(cfg.modes)
     fig, axes = plt.subplots(2, len(modes), figsize=(5.5 * len(modes), 8), squeeze=False)
@@ -375,6 +376,9 @@ def plot_results(rows: list[dict], path: str | Path, cfg: BenchConfig) -> Path:
                     ax.plot(*zip(*pts), marker="o", label=b)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
+            ns = sorted({r["n"] for r in rows if r["mode"] == mode})
+            ax.set_xticks(ns, [f"{n:,}" for n in ns])  # 512, 1,024 ... rather than 2⁹, 2¹⁰
+            ax.xaxis.set_minor_formatter(NullFormatter())
             ax.set_xlabel("sequence length N")
             ax.set_ylabel("ms" if key == "time_s" else "MiB")
             ax.set_title(f"{'forward' if mode == 'fwd' else 'forward+backward'} {label}")

@@ -168,7 +168,9 @@ def translate_texts(
         try:
             ids.append(vocabs.encode_source(t, strict=strict))
         except UserError as err:
-            raise UserError(f"input {i + 1}: {err}" if len(texts) > 1 else str(err)) from None
+            if len(texts) > 1:
+                err.args = (f"input {i + 1}: {err}",)  # (the same class: UnknownTokens stays)
+            raise
     cap = getattr(getattr(model, "config", None), "max_seq_len", None)  # transformer positions
     for i, x in enumerate(ids):
         if cap is not None and len(x) > cap:

@@ -105,6 +105,7 @@ class Progress:
     train_loss: float | None = None
     last_eval_step: int = -1
     last_ckpt_step: int = -1
+    finished: bool = False  # the run reached its length or budget (train/stopping.py)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -165,18 +165,20 @@ def warn_about_settings(run_dir: Path, task, cfg: TrainConfig, resume: bool) -> 
         saved_train = saved.get("train") or {}
         if saved_train != json.loads(json.dumps(cfg.to_dict())):
             log.info("resuming %s with changed training settings", run_dir)
-        length = "max_time" if cfg.timed else "steps"
-        old_length = saved_train.get(length)
-        if cfg.schedule == "cosine" and old_length not in (None, getattr(cfg, length)):
+        old = "max_time" if saved_train.get("max_time") is not None else "steps"
+        new = "max_time" if cfg.timed else "steps"
+        old_length = saved_train.get(old)
+        changed = old_length is not None and (old, old_length) != (new, getattr(cfg, new))
+        if cfg.schedule == "cosine" and changed:  # (a typed --steps may replace a budget)
             log.warning(
                 "resuming a cosine schedule fitted to %s=%s with %s=%s: the learning rate "
                 "jumps back up from where the shorter schedule left it, so this is not the "
                 "same as one run of the new length (constant and inverse_sqrt schedules are; "
                 "or give the full length from the start and stop early with Ctrl-C)",
-                length,
+                old,
                 old_length,
-                length,
-                getattr(cfg, length),
+                new,
+                getattr(cfg, new),
             )
     if not cfg.timed and cfg.schedule != "inverse_sqrt" and cfg.warmup >= cfg.steps:
         log.warning(

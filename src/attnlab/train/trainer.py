@@ -65,6 +65,7 @@ from attnlab.train.checkpoint import (
     write_checkpoint,
     write_metrics,
 )
+from attnlab.train.clock import Budget, after_step, schedule_point, session_start
 from attnlab.train.config import TrainConfig
 from attnlab.train.optim import LRSchedule, make_optimizer
 from attnlab.train.progress import open_bar
@@ -72,6 +73,7 @@ from attnlab.train.resume import load_checkpoint, warn_about_settings
 from attnlab.train.rng import capture_rng, restore_rng, rng_preserved, seed_all
 from attnlab.train.sharded import remove_sharded, save_sharded, write_consolidated
 from attnlab.train.signals import Interrupts, Terminated
+from attnlab.train.stopping import StopInfo
 
 __all__ = [
     "train",
@@ -173,6 +175,7 @@ def train(
         TrainingDiverged: the loss became non-finite; the last good checkpoint is kept.
         UserError: the batch does not split over ranks and micro-batches, bad device, ...
     """
+    started = session_start()  # the clock of a timed run (clock.py)
     run_dir = Path(run_dir)
     _check_task(task)
     if stop_after is not None and stop_after < 0:
@@ -229,6 +232,7 @@ def train(
         )
         loop = _Loop(model, task, cfg, run_dir, optimizer, schedule, prog, history, info, micro_bs)
         loop.stop_after = stop_after
+        loop.start = started
         loop.interrupts = interrupts
         loop.run()
     return TrainResult(
@@ -265,6 +269,7 @@ class _Loop:
         self.window_start = time.perf_counter()
         self.start = time.perf_counter()
         self.base_elapsed = prog.elapsed
+        self.budget = Budget.of(cfg, self.device, warn=info.is_main)  # None: counted in steps
         self.bar = None
         self.stop_after: int | None = None
         self.interrupts = Interrupts()  # train() passes the installed one
@@ -292,18 +297,16 @@ class _Loop:
         updating = False
         try:
             self.model.train()
+            if self.budget is not None and prog.last_eval_step != prog.step:
+                self._validate_and_checkpoint()  # measures what the final one will cost (clock.py)
             while True:
                 rng_at_step_start = capture_rng()
-                if cfg.timed:
-                    t = dist_utils.broadcast_float(self.elapsed(), self.device) / cfg.max_time
-                    if t >= 1.0:
-                        break
-                else:
-                    t = None
-                    if prog.step >= cfg.steps:
-                        break
+                t, prog.finished = schedule_point(self.budget, cfg, prog.step, self.elapsed())
+                if prog.finished:
+                    break
                 if self.stop_after is not None and prog.step >= self.stop_after:
                     break
+                step_start = time.perf_counter()
                 lr = self.schedule.apply(self.optimizer, prog.step, t)
                 loss, grad_norm, metrics, count = self._step(prog.step)
                 with self.interrupts.deferred():  # a signal now is raised after the update
@@ -313,6 +316,7 @@ class _Loop:
                     updating = False
                     rng_at_step_start = None
                     self.pending.append((prog.step, loss, grad_norm, lr, metrics, count))
+                prog.finished = after_step(self.budget, cfg, prog.step, step_start)
                 if not self.memory:  # after a whole step: gradients and moments exist
                     self.memory = fsdp.log_memory(self.model, self.optimizer, self.rank, self.world)
                 self._advance_bar()
@@ -322,10 +326,13 @@ class _Loop:
                     self._validate_and_checkpoint()
             if self.pending or prog.last_eval_step != prog.step:
                 self._validate_and_checkpoint()
+            elif prog.finished:  # say so in state.pt (stopping.py)
+                self._checkpoint(capture_rng())
             self._consolidate()
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated)
             if not updating:  # (a handler other than ours can interrupt the update itself)
                 self._save_on_interrupt(rng_at_step_start, err)
+            err.stopped = StopInfo.of(self)  # where it stopped, for the message (stopping.py)
             raise
         finally:
             if self.bar is not None:
@@ -509,6 +516,7 @@ class _Loop:
             return
         if self.bar is not None:
             self.bar.set_description("validate", refresh=self.bar.mininterval < 1)
+        started = time.perf_counter()
         val = self._validate()
         if self.bar is not None:
             self.bar.set_description("train", refresh=False)
@@ -531,6 +539,8 @@ class _Loop:
             self.history.append(rec)
         self._checkpoint(capture_rng(), best=improved)
         self.window_start = time.perf_counter()  # validation time is not training throughput
+        if self.budget is not None:
+            self.budget.record_final(self.window_start - started)
 
     def _checkpoint(self, rng: dict, *, best: bool = False) -> None:
         """Write last (and best) weights, state.pt, metrics.jsonl and loss.png (rank 0); under

@@ -1,4 +1,8 @@
-"""Attention heatmaps: one matrix of weights, query tokens as rows and key tokens as columns."""
+"""Attention heatmaps: one matrix of weights, query tokens as rows and key tokens as columns.
+
+Tick labels stay readable: horizontal when a row of them fits (slanted otherwise), at a legible
+size, and only every k-th one when there are more than :data:`MAX_TICKS` (the axis label says so). Every map has a colour bar (a grid shares one scale and one bar).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,42 @@ import torch
 
 from attnlab.runs import atomic_save
 
-__all__ = ["plot_attention", "plot_attention_grid"]
+__all__ = ["plot_attention", "plot_attention_grid", "MAX_TICKS", "tick_labels"]
+
+#: at most this many tick labels on an axis; longer inputs show every k-th token
+MAX_TICKS = 40
+
+
+def tick_labels(tokens: Sequence[str], limit: int = MAX_TICKS) -> tuple[list[int], list[str], int]:
+    """``(positions, labels, k)``: every k-th token, k the smallest step that shows at most
+    ``limit`` of them (k = 1: all)."""
+    k = max(1, -(-len(tokens) // limit))
+    positions = list(range(0, len(tokens), k))
+    return positions, [str(tokens[i]) for i in positions], k
+
+
+def _label_axis(ax, axis: str, tokens: Sequence[str] | None, n: int, name: str, size: int) -> None:
+    """Ticks of one axis (``x`` or ``y``) from ``tokens`` (or none), and its label."""
+    setter = ax.set_xticks if axis == "x" else ax.set_yticks
+    label = ax.set_xlabel if axis == "x" else ax.set_ylabel
+    if tokens is None or len(tokens) != n:
+        setter([])
+        label(name)
+        return
+    positions, labels, k = tick_labels(tokens)
+    room = 60 if size >= 9 else 24  # characters a row of labels fits in (figure or one panel)
+    long = axis == "x" and len(labels) * max((len(t) for t in labels), default=0) > room
+    if axis == "x":
+        ax.set_xticks(
+            positions,
+            labels,
+            fontsize=size,
+            rotation=45 if long else 0,
+            ha="right" if long else "center",
+        )
+    else:
+        ax.set_yticks(positions, labels, fontsize=size)
+    label(name if k == 1 else f"{name} (1 in {k} of {n} labelled)")
 
 
 def _plt():
@@ -41,15 +80,13 @@ def plot_attention(
         raise ValueError(f"plot_attention needs a 2-D (rows, cols) matrix, got {tuple(w.shape)}")
     plt = _plt()
     h, wd = w.shape
-    fig, ax = plt.subplots(figsize=(min(2 + 0.35 * wd, 16), min(1.5 + 0.35 * h, 16)))
+    fig, ax = plt.subplots(
+        figsize=(min(3 + 0.3 * min(wd, MAX_TICKS), 16), min(2 + 0.3 * min(h, MAX_TICKS), 16))
+    )
     im = ax.imshow(w.numpy(), cmap="viridis", aspect="auto", vmin=0.0)
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    if cols is not None and len(cols) == wd and wd <= 80:
-        ax.set_xticks(range(wd), [str(c) for c in cols], rotation=90, fontsize=8)
-    if rows is not None and len(rows) == h and h <= 80:
-        ax.set_yticks(range(h), [str(r) for r in rows], fontsize=8)
-    ax.set_xlabel("keys (attended to)")
-    ax.set_ylabel("queries")
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
+    _label_axis(ax, "x", cols, wd, "keys (attended to)", 9)
+    _label_axis(ax, "y", rows, h, "queries", 9)
     if title:
         ax.set_title(title, wrap=True)
     fig.tight_layout()
@@ -71,22 +108,20 @@ def plot_attention_grid(
         raise ValueError(f"plot_attention_grid needs (heads, rows, cols), got {tuple(w.shape)}")
     plt = _plt()
     panels = [*w, w.mean(0)]
-    names = [f"head {i}" for i in range(w.shape[0])] + ["mean"]
+    names = [f"head {i}" for i in range(w.shape[0])] + ["mean of the heads"]
     n = len(panels)
-    fig, axes = plt.subplots(1, n, figsize=(min(3 * n, 24), 3.2), squeeze=False)
+    fig, axes = plt.subplots(
+        1, n, figsize=(min(3.2 * n + 1, 26), 3.6), squeeze=False, layout="constrained"
+    )
+    top = float(w.max()) if w.numel() else 1.0
     for ax, p, name in zip(axes[0], panels, names):
-        ax.imshow(p.numpy(), cmap="viridis", aspect="auto", vmin=0.0)
+        im = ax.imshow(p.numpy(), cmap="viridis", aspect="auto", vmin=0.0, vmax=top)
         ax.set_title(name, fontsize=9)
-        if cols is not None and len(cols) == p.shape[1] and p.shape[1] <= 40:
-            ax.set_xticks(range(p.shape[1]), [str(c) for c in cols], rotation=90, fontsize=6)
-        else:
-            ax.set_xticks([])
-        if rows is not None and len(rows) == p.shape[0] and p.shape[0] <= 40 and ax is axes[0][0]:
-            ax.set_yticks(range(p.shape[0]), [str(r) for r in rows], fontsize=6)
-        else:
-            ax.set_yticks([])
+        _label_axis(ax, "x", cols, p.shape[1], "keys", 7)
+        first = ax is axes[0][0]
+        _label_axis(ax, "y", rows if first else None, p.shape[0], "queries" if first else "", 7)
+    fig.colorbar(im, ax=list(axes[0]), fraction=0.02, pad=0.01, label="attention weight")
     if title:
         fig.suptitle(title, wrap=True)
-    fig.tight_layout()
     atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)

@@ -39,23 +39,33 @@ def plot_word_attention(
     n = len(words) + 1
     cols = min(n, 6)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(2 * cols, 2.1 * rows), squeeze=False)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(2 * cols + 0.8, 2.2 * rows), squeeze=False, layout="constrained"
+    )
     for ax in axes.flat:
         ax.axis("off")
     axes.flat[0].imshow(image)
     axes.flat[0].set_title("image", fontsize=9)
     h, w = image.shape[:2]
+    top = float(maps.max()) if maps.numel() else 1.0
+    im = None
     for i, label in enumerate(words):
         ax = axes.flat[i + 1]
         ax.imshow(image)
-        ax.imshow(
+        im = ax.imshow(
             maps[i].float().cpu().numpy(),
             cmap="magma",
             alpha=0.6,
             extent=(0, w, h, 0),
-            interpolation="nearest",
+            interpolation="nearest",  # one block per image token: not smoothed
+            vmin=0.0,
+            vmax=top,
         )
-        ax.set_title(label, fontsize=9)
-    fig.tight_layout()
+        ax.set_title(f"query: {label!r} (word {i + 1})", fontsize=8)
+    if im is not None:
+        fig.colorbar(im, ax=list(axes.flat), fraction=0.02, pad=0.01, label="attention weight")
+    fig.suptitle(
+        "where the decoder looked while writing each word (one block per patch)", fontsize=9
+    )
     atomic_save(path, lambda tmp: fig.savefig(tmp, format="png", dpi=80))
     plt.close(fig)

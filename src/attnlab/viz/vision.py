@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.fileio import atomic_save
@@ -76,7 +75,8 @@ def attention_rollout(weights: list[Tensor], *, n_prefix: int = 1, residual: flo
 def overlay_attention(
     image: Tensor, maps: dict[str, Tensor], path: str | os.PathLike, *, title: str | None = None
 ) -> None:
-    """Write a PNG: the image, then each ``(Gh, Gw)`` map upsampled and overlaid on it.
+    """Write a PNG: the image, then each ``(Gh, Gw)`` map overlaid on it, one block per patch
+    (not smoothed), on one colour scale (each map divided by its maximum) with a colour bar.
 
     Args:
         image: ``(C, H, W)`` in [0, 1] (1 or 3 channels).
@@ -95,22 +95,32 @@ def overlay_attention(
     H, W = img.shape[1:]
     shown = img[0].numpy() if img.shape[0] == 1 else img.permute(1, 2, 0).numpy()
     n = 1 + len(maps)
-    fig, axes = plt.subplots(1, n, figsize=(3 * n, 3.3), squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(3 * n + 0.8, 3.4), squeeze=False, layout="constrained")
     axes[0][0].imshow(shown, cmap="gray" if img.shape[0] == 1 else None, interpolation="nearest")
     axes[0][0].set_title("image", fontsize=9)
     for ax, (name, m) in zip(axes[0][1:], maps.items()):
         m = m.detach().float().cpu()
         m = (m - m.min()) / (m.max() - m.min() + 1e-12)
-        up = F.interpolate(m[None, None], size=(H, W), mode="bilinear", align_corners=False)[0, 0]
         ax.imshow(shown, cmap="gray" if img.shape[0] == 1 else None, interpolation="nearest")
-        ax.imshow(up.numpy(), cmap="jet", alpha=0.5, interpolation="bilinear")
-        ax.set_title(name, fontsize=9)
+        im = ax.imshow(  # one block per patch, not smoothed
+            m.numpy(),
+            cmap="jet",
+            alpha=0.5,
+            interpolation="nearest",
+            extent=(-0.5, W - 0.5, H - 0.5, -0.5),
+            vmin=0.0,
+            vmax=1.0,
+        )
+        ax.set_title(f"{name} (per patch)", fontsize=9)
     for ax in axes[0]:
         ax.set_xticks([])
         ax.set_yticks([])
+    if len(maps):
+        fig.colorbar(
+            im, ax=list(axes[0]), fraction=0.02, pad=0.01, label="scaled to 0 (min) … 1 (max)"
+        )
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
 

@@ -17,7 +17,15 @@ from torch import Tensor
 from attnlab.data.images.transforms import normalize
 from attnlab.errors import RunDirError
 
-__all__ = ["ImageSettings", "LABELS_FILE"]
+__all__ = ["ImageSettings", "LABELS_FILE", "DATA_DESCRIPTIONS"]
+
+#: what the images of each bundled or generated source look like (what a model of it expects)
+DATA_DESCRIPTIONS = {
+    "digits": "white strokes on a black background, as scikit-learn's digits",
+    "mnist": "white strokes on a black background, as MNIST",
+    "shapes": "a coloured shape on a noisy background (attnlab's generated shapes)",
+    "cifar10": "small colour photographs, as CIFAR-10",
+}
 
 LABELS_FILE = "labels.json"
 
@@ -42,6 +50,32 @@ class ImageSettings:
     def prepare(self, images: Tensor) -> Tensor:
         """Raw ``(B, C, H, W)`` images in [0, 1] normalised the way the model was trained."""
         return normalize(images, self.mean, self.std)
+
+    def describe(self) -> str:
+        """What the model reads: ``8×8 grey images: white strokes on a black background, ...``."""
+        c, h, w = self.image_shape
+        text = f"{w}×{h} {'grey' if c == 1 else 'colour'} images"
+        what = DATA_DESCRIPTIONS.get(self.data or "")
+        return f"{text} ({what})" if what else text
+
+    def polarity_notice(self, image: Tensor) -> str | None:
+        """A note when ``image`` (``(C, H, W)`` in [0, 1]) is light where the training images
+        were dark, or the other way round (a black-on-white drawing for a white-on-black
+        model): None when its mean brightness is on the training side of 0.5.
+
+        The rule: the training images' mean brightness and the image's lie on opposite sides of
+        0.5, each at least 0.15 away from it.
+        """
+        trained = sum(self.mean) / len(self.mean)
+        seen = float(image.mean())
+        if abs(trained - 0.5) < 0.15 or abs(seen - 0.5) < 0.15 or (trained < 0.5) == (seen < 0.5):
+            return None
+        light, dark = "mostly light", "mostly dark"
+        return (
+            f"this image is {light if seen > 0.5 else dark} (mean brightness {seen:.2f}) but the "
+            f"model was trained on {dark if trained < 0.5 else light} images (mean "
+            f"{trained:.2f}): it expects {self.describe()}"
+        )
 
     def to_dict(self) -> dict:
         """The ``labels.json`` content."""

@@ -20,6 +20,7 @@ from attnlab.errors import UserError
 from attnlab.fileio import atomic_write_text
 
 __all__ = [
+    "UnknownTokens",
     "PAD",
     "START",
     "END",
@@ -174,8 +175,8 @@ class Vocab:
         """Ids of ``text`` (no ``<start>``/``<end>``).
 
         Raises:
-            UserError: ``strict`` and some tokens are not in the vocabulary (listed in the
-                message).
+            UnknownTokens: ``strict`` and some tokens are not in the vocabulary (listed in the
+                message and in its ``tokens``).
         """
         toks = self.tokenize(text)
         ids = [self.stoi.get(t, UNK_ID) for t in toks]
@@ -196,9 +197,10 @@ class Vocab:
                 )
             if unknown:
                 shown = ", ".join(repr(u) for u in list(dict.fromkeys(unknown))[:10])
-                raise UserError(
+                raise UnknownTokens(
                     f"unknown {self.level} token(s) in {text!r}: {shown} "
-                    f"(not in the {len(self)}-token training vocabulary)"
+                    f"(not in the {len(self)}-token training vocabulary)",
+                    list(dict.fromkeys(unknown)),
                 )
         return ids
 
@@ -242,6 +244,14 @@ def split_tokens(text: str, level: str) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------
 # the vocabularies of a run
+
+
+class UnknownTokens(UserError):
+    """Tokens of an input sentence that are not in the training vocabulary (``.tokens``)."""
+
+    def __init__(self, message: str, tokens: list[str]) -> None:
+        super().__init__(message)
+        self.tokens = tokens
 
 
 @dataclass
