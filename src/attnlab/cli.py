@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
+        _check_paths(args)
         rc = args.func(args)
     except BrokenPipeError:  # `attnlab ... | head`: the reader left, which is not an error
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -80,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"attnlab: {'terminated' if status == 143 else 'interrupted'}", file=sys.stderr)
         return status
     return int(rc or 0)
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """An empty ``--out`` would mean the working directory itself: refuse it, never write there."""
+    if getattr(args, "out", None) is not None and not str(args.out).strip():
+        raise UserError("--out is empty: give the directory (or file) to write")
 
 
 def _message(err: Exception) -> str:
