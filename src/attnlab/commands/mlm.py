@@ -96,6 +96,7 @@ def _train_mlm(args: argparse.Namespace) -> int:
     from attnlab.runs import read_config
     from attnlab.tasks.mlm import MLMTask
     from attnlab.train import check_run_dir, train
+    from attnlab.train.distributed import resolve_device
 
     out = Path(args.out)
     check_run_dir(out, args.resume, args.overwrite)  # before reading and tokenising the corpus
@@ -106,6 +107,7 @@ def _train_mlm(args: argparse.Namespace) -> int:
         if saved["kind"] != KIND or (saved.get("task") or {}).get("type") != "mlm":
             raise RunDirError(f"{str(out)!r} does not hold a masked-LM training run")
         _, train_cfg, _ = _settings(args, saved)
+        resolve_device(train_cfg.device)  # a bad --device: one line, before the corpus
         task = MLMTask.from_config(saved["task"], load_tokenizer(out))
         model = build_model(KIND, saved["model"])
     else:
@@ -113,6 +115,7 @@ def _train_mlm(args: argparse.Namespace) -> int:
             args, load_config_file(args.config) if args.config else None
         )
         EncoderConfig.from_dict({**model_fields, "vocab_size": 256})  # fail before the corpus
+        resolve_device(train_cfg.device)
         task = MLMTask.build(task_cfg)
         torch.manual_seed(train_cfg.seed)
         model = build_model(KIND, {**model_fields, "vocab_size": task.vocab_size})
