@@ -83,10 +83,28 @@ def main(argv: list[str] | None = None) -> int:
     return int(rc or 0)
 
 
+# arguments that name a file or folder (dest -> how the message names it)
+_PATH_ARGS = {
+    "out": "--out",
+    "data": "--data",
+    "data_path": "--data-path",
+    "config": "--config",
+    "file": "--file",
+    "run_dir": "the run directory",
+    "image": "the image",
+    "from_hf": "--from-hf",
+    "to_hf": "--to-hf",
+}
+
+
 def _check_paths(args: argparse.Namespace) -> None:
-    """An empty ``--out`` would mean the working directory itself: refuse it, never write there."""
-    if getattr(args, "out", None) is not None and not str(args.out).strip():
-        raise UserError("--out is empty: give the directory (or file) to write")
+    """An empty path would mean the working directory itself (``--data ""`` trained on whatever
+    lay there, ``--out ""`` wrote into it): refuse it."""
+    for dest, name in _PATH_ARGS.items():
+        value = getattr(args, dest, None)
+        values = value if isinstance(value, list) else [value]
+        if any(v is not None and not str(v).strip() for v in values):
+            raise UserError(f"{name} is empty: give a path")
 
 
 def _message(err: Exception) -> str:
