@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 CHROMIUM ?= /usr/bin/chromium
 export ATTNLAB_CHROMIUM := $(CHROMIUM)
 
-.PHONY: demo test test-fast test-browser bench lint format clean
+.PHONY: demo test test-fast test-browser bench bench-lm lint format clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ bench: $(STAMP)
 	$(PY) benchmarks/attention.py
 	$(PY) benchmarks/train_throughput.py
 	$(PY) benchmarks/generate.py
+
+# the budget rule's sweep (resumable, ~1.5 h on 2 idle cores) and attnlab against nanoGPT at
+# equal wall-clock; NANOGPT=DIR is a nanoGPT checkout (its model.py is imported, never copied)
+bench-lm: $(STAMP)
+	@test -n "$(NANOGPT)" || { echo "usage: make bench-lm NANOGPT=DIR (a nanoGPT checkout)"; exit 2; }
+	$(PY) benchmarks/budget_sweep.py
+	$(PY) benchmarks/lm_vs_nanogpt.py --nanogpt $(NANOGPT) --budgets 150 300
 
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports

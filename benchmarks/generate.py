@@ -1,18 +1,35 @@
-"""Decoding speed: milliseconds per new token at several context lengths, with and without the KV
-cache, against Hugging Face ``generate`` on the same weights (GPT-2 style, greedy).
+"""Decoding speed near the memory limit: ms per new token for fp32, bf16 and int8 weights, eager
+and compiled, against Hugging Face ``generate`` on the same weights (GPT-2 style, greedy).
 
-Per-token cost is the decode cost only: (time for n new tokens − time for 1) / (n − 1), so the
-prompt's prefill is not counted. With the cache a step attends over the cached keys (flat in the
-context up to the attention term); without it every step re-encodes the whole context (growing).
+Batch-1 decoding reads every weight once per token, so its floor is
 
-Usage (short settings for a shared CPU):
+    roofline = weight bytes / matrix-vector bandwidth
 
-    python benchmarks/generate.py --contexts 64 512 2048 --new-tokens 8
+with the bandwidth measured in this run on the largest matrix (the output projection, V x d) in
+each precision. The table gives each setting's ms per token, its speed-up over HF fp32 and the
+fraction of its roofline reached. Per-token cost is the decode cost only: the median interval
+between consecutive new tokens (timestamps from ``generate``'s callback and HF's streamer), so the
+prompt's prefill is not counted and a busy machine's spikes are left out. Then batched
+throughput (``--batch``, tokens/s) against HF, and with ``--agreement RUN`` how often bf16 and
+int8 greedy continuations of a trained run equal fp32's.
+
+Settings: ``fp32`` / ``bf16`` (``from_hf(..., dtype=torch.bfloat16)``, ``attnlab.load(run,
+dtype="bfloat16")``), ``int8`` (weight-only int8 with bf16 activations, ``quantize="int8"``);
+``+compile``: a static KV cache and a torch.compile'd step (``generate(..., compile=True)``, CUDA
+graphs on a GPU; compiled once per setting before timing).
+
+Usage (short settings for a shared CPU; the lead's full run is in docs/performance.md):
+
+    python benchmarks/generate.py --contexts 64 512 --new-tokens 8 --reps 2 --no-compile
+    python benchmarks/generate.py                         # 64/512/2048, compile, batch 16
+    python benchmarks/generate.py --device cuda --new-tokens 64
+    python benchmarks/generate.py --agreement runs/demo/transformer --prompts 50
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -22,12 +39,14 @@ import torch
 
 from attnlab.config import ModelConfig
 from attnlab.decoding import generate
+from attnlab.layers.quant import Int8Linear, quantize_int8
 from attnlab.models.lm import DecoderLM
 
 sys.path.insert(0, str(Path(__file__).parent))
 from train_throughput import hf_gpt2_from  # noqa: E402  (the same weight copy as that benchmark)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch._dynamo.config.recompile_limit = 64  # one graph per (setting, capacity)
 
 
 def _sync(device: str) -> None:
@@ -36,6 +55,7 @@ def _sync(device: str) -> None:
 
 
 def timed(fn, device: str, reps: int) -> float:
+    """Best wall-clock seconds of ``reps`` calls."""
     best = float("inf")
     for _ in range(reps):
         _sync(device)
@@ -47,67 +67,245 @@ def timed(fn, device: str, reps: int) -> float:
 
 
 def per_token_ms(run, n: int, device: str, reps: int) -> float:
-    """Decode ms per token: (t(n) − t(1)) / (n − 1)."""
-    t1 = timed(lambda: run(1), device, reps)
-    tn = timed(lambda: run(n), device, reps)
-    return 1000 * (tn - t1) / (n - 1)
+    """Median ms between consecutive new tokens of ``run(n, stamp)`` over ``reps`` runs;
+    ``run`` calls ``stamp()`` as each token arrives."""
+    gaps: list[float] = []
+    for _ in range(reps):
+        stamps: list[float] = []
+
+        def stamp(stamps: list[float] = stamps) -> None:
+            _sync(device)
+            stamps.append(time.perf_counter())
+
+        run(n, stamp)
+        gaps += [b - a for a, b in zip(stamps[1:], stamps[2:])]  # decode steps only
+    gaps.sort()
+    return 1000 * gaps[len(gaps) // 2]
+
+
+# ----------------------------------------------------------------------------------------------
+# the memory floor
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the matrices read per token: every linear layer (the output head included) and
+    its scales; the token embedding is a lookup (one row) and is not counted."""
+    total = 0
+    for mod in model.modules():
+        if isinstance(mod, Int8Linear):
+            total += mod.weight.numel() + mod.scale.numel() * mod.scale.element_size()
+        elif isinstance(mod, torch.nn.Linear):
+            total += mod.weight.numel() * mod.weight.element_size()
+    return total
+
+
+def matvec_bandwidth(
+    layer: torch.nn.Module, d_in: int, dtype: torch.dtype, device: str, reps: int = 20
+) -> float:
+    """Bytes per second of ``layer`` on one vector (the weights dominate the traffic)."""
+    x = torch.randn(1, d_in, device=device, dtype=dtype)
+    with torch.no_grad():
+        layer(x)
+        secs = timed(lambda: layer(x), device, reps)
+    return weight_bytes(layer) / secs
+
+
+def make_settings(base: DecoderLM, device: str) -> dict[str, DecoderLM]:
+    """fp32, bf16 and int8 (bf16 activations) copies of ``base``."""
+    bf16 = copy.deepcopy(base).to(torch.bfloat16)
+    return {
+        "fp32": base,
+        "bf16": bf16,
+        "int8": quantize_int8(copy.deepcopy(bf16)).to(device),
+    }
+
+
+def bandwidths(models: dict[str, DecoderLM], device: str) -> dict[str, float]:
+    """Matrix-vector bandwidth of each setting's output head (V x d)."""
+    d = models["fp32"].config.d_model
+    out = {}
+    for name, m in models.items():
+        dtype = torch.float32 if name == "fp32" else torch.bfloat16
+        out[name] = matvec_bandwidth(m.lm_head, d, dtype, device)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# the runs
+
+
+def attnlab_run(model: DecoderLM, idx: torch.Tensor, compile: bool):
+    def run(k: int, stamp=None) -> torch.Tensor:
+        callback = None if stamp is None else (lambda nxt: stamp())
+        return generate(model, idx, k, temperature=0, compile=compile, callback=callback)
+
+    return run
+
+
+class _Stamps:
+    """An HF streamer that only records when each token arrives."""
+
+    def __init__(self, stamp) -> None:
+        self.stamp, self.prompt_seen = stamp, False
+
+    def put(self, value) -> None:
+        if self.prompt_seen:  # the first call carries the prompt
+            self.stamp()
+        self.prompt_seen = True
+
+    def end(self) -> None:
+        pass
+
+
+def hf_run(hf, idx: torch.Tensor):
+    mask = torch.ones_like(idx)
+
+    def run(k: int, stamp=None) -> torch.Tensor:
+        with torch.no_grad():
+            return hf.generate(
+                idx,
+                attention_mask=mask,
+                max_new_tokens=k,
+                min_new_tokens=k,
+                do_sample=False,
+                use_cache=True,
+                pad_token_id=0,
+                streamer=None if stamp is None else _Stamps(stamp),
+            )
+
+    return run
+
+
+def latency_table(args, models, hfs, bw, device: str) -> None:
+    n, reps = args.new_tokens, args.reps
+    variants = [(name, False) for name in models]
+    if not args.no_compile:
+        variants += [(name, True) for name in models]
+    floors = {name: 1000 * weight_bytes(m) / bw[name] for name, m in models.items()}
+    print(
+        "\nbatch 1, greedy: ms per new token (speed-up over HF fp32; fraction of the roofline "
+        "= weight bytes / matvec bandwidth)"
+    )
+    print(
+        "roofline: "
+        + ", ".join(
+            f"{k} {weight_bytes(models[k]) / 1e6:.0f} MB / {bw[k] / 1e9:.1f} GB/s = "
+            f"{floors[k]:.2f} ms"
+            for k in models
+        )
+    )
+    head = f"{'context':>8}{'HF fp32':>10}{'HF bf16':>10}"
+    head += "".join(f"{name + (' +compile' if c else ''):>22}" for name, c in variants)
+    print(head)
+    for ctx in args.contexts:
+        idx = torch.randint(0, models["fp32"].config.vocab_size, (1, ctx), device=device)
+        hf_ms = {k: per_token_ms(hf_run(hf, idx), n, device, reps) for k, hf in hfs.items()}
+        row = f"{ctx:>8}{hf_ms['fp32']:>8.2f}ms{hf_ms['bf16']:>8.2f}ms"
+        same = []
+        for name, comp in variants:
+            run = attnlab_run(models[name], idx, comp)
+            if comp:
+                run(n)  # compile before timing (once per setting and capacity)
+            ms = per_token_ms(run, n, device, reps)
+            speedup = hf_ms["fp32"] / ms if ms > 0 else float("inf")
+            row += f"{ms:>8.2f}ms {speedup:>4.1f}x {floors[name] / ms:>5.0%}"
+            if name == "fp32" and not comp:
+                same.append(torch.equal(run(n)[0, ctx:], hf_run(hfs["fp32"], idx)(n)[0, ctx:]))
+        print(row + ("" if not same else f"   fp32 tokens = HF's: {same[0]}"))
+
+
+def throughput_table(args, models, hfs, device: str) -> None:
+    """Tokens per second of ``--batch`` prompts decoded together (context 64)."""
+    B, n, ctx = args.batch, args.new_tokens, min(64, min(args.contexts))
+    print(f"\nbatch {B}, context {ctx}, greedy: new tokens per second")
+    idx = torch.randint(0, models["fp32"].config.vocab_size, (B, ctx), device=device)
+
+    def tokens_per_s(run) -> float:  # (t(n) - t(1)) / (n - 1): no streamer for batches in HF
+        t1 = timed(lambda: run(1), device, args.reps)
+        tn = timed(lambda: run(n), device, args.reps)
+        return B * (n - 1) / max(tn - t1, 1e-9)
+
+    cells = [(f"HF {k}", tokens_per_s(hf_run(hf, idx))) for k, hf in hfs.items()]
+    cells += [(f"attnlab {k}", tokens_per_s(attnlab_run(m, idx, False))) for k, m in models.items()]
+    ref = cells[0][1]
+    for label, tps in cells:
+        print(f"  {label:<16}{tps:>10.0f} tokens/s  ({tps / ref:.2f}x HF fp32)")
+
+
+def agreement(args, device: str) -> None:
+    """How often bf16 and int8 greedy continuations equal fp32's, on a trained run."""
+    import attnlab
+    from attnlab.tasks.lm import LMTask
+
+    fp32 = attnlab.load(args.agreement, map_location=device)
+    task = LMTask.from_config(fp32.task, fp32.tokenizer)
+    T, k, P = 64, 64, args.prompts
+    val = torch.as_tensor(task.splits["val"][: (T + 1) * P].astype("int64"))
+    prompts = val[: T * P].view(P, T).to(device)  # (P, 64) held-out prompts
+    ref = generate(fp32.model, prompts, k, temperature=0)[:, T:]
+    print(f"\n{args.agreement}: {P} held-out {T}-token prompts, {k} greedy tokens")
+    for name, kw in (("bf16", {"dtype": "bfloat16"}), ("int8", {"quantize": "int8"})):
+        model = attnlab.load(args.agreement, map_location=device, **kw).model
+        out = generate(model, prompts, k, temperature=0)[:, T:]
+        equal = (out == ref).all(-1).float().mean().item()
+        first_diff = torch.where(out != ref, torch.arange(k, device=device), k).amin(-1)
+        print(
+            f"  {name}: {equal:.0%} of continuations identical to fp32; "
+            f"mean identical prefix {first_diff.float().mean():.1f} of {k} tokens"
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--contexts", type=int, nargs="+", default=[64, 512, 2048])
-    ap.add_argument("--new-tokens", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=16)
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--d-model", type=int, default=384)
     ap.add_argument("--heads", type=int, default=6)
     ap.add_argument("--vocab", type=int, default=50257)
-    ap.add_argument("--reps", type=int, default=2, help="best of this many timings")
+    ap.add_argument("--batch", type=int, default=16, help="batched throughput (0: skip)")
+    ap.add_argument(
+        "--reps",
+        type=int,
+        default=3,
+        help="repetitions (latency: median token gap over all; throughput: best)",
+    )
+    ap.add_argument("--no-compile", action="store_true", help="skip the compiled settings")
+    ap.add_argument("--agreement", metavar="RUN", default=None, help="a trained LM run directory")
+    ap.add_argument("--prompts", type=int, default=50, help="prompts for --agreement")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    dev, n = args.device, args.new_tokens
+    dev = args.device
+    if args.agreement:
+        agreement(args, dev)
+        return
     torch.manual_seed(0)
     cfg = ModelConfig.preset(
         "gpt2-small",
         vocab_size=args.vocab,
-        max_seq_len=max(args.contexts) + n,
+        max_seq_len=max(args.contexts) + args.new_tokens,
         d_model=args.d_model,
         n_layers=args.layers,
         n_heads=args.heads,
     )
-    ours = DecoderLM(cfg).eval().to(dev)
-    hf = hf_gpt2_from(ours).eval().to(dev)
+    base = DecoderLM(cfg).eval()
+    hf32 = hf_gpt2_from(base).eval()
+    hfs = {"fp32": hf32.to(dev), "bf16": copy.deepcopy(hf32).to(dev, torch.bfloat16)}
+    models = make_settings(base.to(dev), dev)
+    bw = bandwidths(models, dev)
     print(
-        f"device {dev} ({torch.get_num_threads()} threads); {args.layers} layers, d={args.d_model}, "
-        f"vocab={args.vocab}; batch 1, greedy, {n} new tokens, best of {args.reps}"
+        f"device {dev} ({torch.get_num_threads()} threads), torch {torch.__version__}; GPT-2 "
+        f"{args.layers} layers x {args.d_model}, vocab {args.vocab}, "
+        f"{base.num_parameters() / 1e6:.1f}M parameters; {args.new_tokens} new tokens, repetitions "
+        f"{args.reps}"
     )
-    print(f"{'context':>8}{'attnlab cache':>15}{'attnlab no cache':>18}{'HF generate':>13}  same")
-    for ctx in args.contexts:
-        idx = torch.randint(0, args.vocab, (1, ctx), device=dev)
-        mask = torch.ones_like(idx)
-
-        def ours_run(k, cache=True, idx=idx):
-            return generate(ours, idx, k, temperature=0, use_cache=cache)
-
-        def hf_run(k, idx=idx, mask=mask):
-            with torch.no_grad():
-                return hf.generate(
-                    idx,
-                    attention_mask=mask,
-                    max_new_tokens=k,
-                    min_new_tokens=k,
-                    do_sample=False,
-                    use_cache=True,
-                    pad_token_id=0,
-                )
-
-        same = torch.equal(ours_run(n)[0, ctx:], hf_run(n)[0, ctx:])
-        c = per_token_ms(ours_run, n, dev, args.reps)
-        nc = per_token_ms(lambda k: ours_run(k, cache=False), n, dev, 1)
-        h = per_token_ms(hf_run, n, dev, args.reps)
-        print(f"{ctx:>8}{c:>13.1f}ms{nc:>16.1f}ms{h:>11.1f}ms  {same}")
+    with torch.no_grad():
+        latency_table(args, models, hfs, bw, dev)
+        if args.batch:
+            throughput_table(args, models, hfs, dev)
 
 
 if __name__ == "__main__":

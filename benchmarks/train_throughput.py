@@ -1,15 +1,23 @@
-"""Training throughput: attnlab DecoderLM vs Hugging Face GPT2LMHeadModel, same config and weights.
+"""Training throughput: attnlab DecoderLM (eager and torch.compile'd) vs Hugging Face
+GPT2LMHeadModel, same config and weights.
 
-Measures tokens/s of full training steps (forward, cross-entropy, backward, AdamW) for a 6-layer,
-d=384, T=256 GPT-2-style model in fp32 and with bf16 autocast, and the model FLOPs utilisation
-(MFU) against this machine's matmul rate measured in the same run:
+Measures tokens/s of full training steps (forward, cross-entropy, backward, fused AdamW - the
+optimizer of attnlab's trainer and of HF's Trainer with torch >= 2.8) for a 6-layer, d=384,
+T=256 GPT-2-style model in fp32 and with bf16 autocast, and the model FLOPs utilisation (MFU)
+against this machine's matmul rate measured in the same run:
 
     model FLOPs per token = 6·N_matmul + 12·L·T·d      (PaLM appendix B: weights + attention)
     MFU = tokens/s · FLOPs per token / measured peak matmul FLOP/s
 
+``attnlab+compile`` is what ``attnlab train lm --compile`` runs (``TrainConfig(compile=True)``:
+torch.compile with inductor); it is compiled during the warm-up steps, which are not timed.
+``--optimizers`` times one AdamW step of the same model with torch's three implementations
+(one tensor at a time, ``foreach``, ``fused``): why attnlab uses the fused one on CPUs too.
+
 Usage (short settings for a shared CPU):
 
-    python benchmarks/train_throughput.py --steps 3 --batch-size 4
+    python benchmarks/train_throughput.py --steps 3 --batch-size 4 --no-compile
+    python benchmarks/train_throughput.py --steps 10 --batch-size 8 --optimizers
     python benchmarks/train_throughput.py --device cuda --steps 20 --batch-size 32
 """
 
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import os
 import time
 
@@ -29,7 +38,7 @@ from attnlab.models.lm import DecoderLM
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def matmul_rate(device: str, dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
+def matmul_rate(device: str, dtype: torch.dtype, n: int = 1024, reps: int = 3) -> float:
     """Measured FLOP/s of an n×n×n matmul (best of ``reps``)."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
@@ -109,7 +118,11 @@ def flops_per_token(model: DecoderLM, seq_len: int) -> float:
 def bench(models: dict, idx, targets, steps: int, warmup: int, amp: bool, device: str) -> dict:
     """Tokens/s of each model (median step), stepping the models in turn so that a busy machine
     slows them alike. ``models``: name -> (module, forward)."""
-    opts = {n: torch.optim.AdamW(m.parameters(), lr=1e-4) for n, (m, _) in models.items()}
+    fused = device.split(":")[0] in ("cpu", "cuda")
+    opts = {
+        n: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=fused or None)
+        for n, (m, _) in models.items()
+    }
     ctx = (
         torch.autocast(device.split(":")[0], dtype=torch.bfloat16)
         if amp
@@ -133,6 +146,27 @@ def bench(models: dict, idx, targets, steps: int, warmup: int, amp: bool, device
     return {n: idx.numel() / sorted(ts)[len(ts) // 2] for n, ts in times.items()}
 
 
+def optimizer_steps(model: torch.nn.Module, device: str, reps: int = 10) -> dict[str, float]:
+    """Median seconds of one AdamW step over ``model``'s parameters, per implementation."""
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    kinds = {"one tensor at a time": dict(foreach=False), "foreach": dict(foreach=True)}
+    if device.split(":")[0] in ("cpu", "cuda"):
+        kinds["fused"] = dict(fused=True)
+    opts = {k: torch.optim.AdamW(model.parameters(), lr=1e-4, **kw) for k, kw in kinds.items()}
+    times: dict[str, list[float]] = {k: [] for k in opts}
+    for i in range(reps + 1):
+        for k, opt in opts.items():  # in turn, so that a busy machine slows them alike
+            _sync(device)
+            t = time.perf_counter()
+            opt.step()
+            _sync(device)
+            if i:
+                times[k].append(time.perf_counter() - t)
+    model.zero_grad(set_to_none=True)
+    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--layers", type=int, default=6)
@@ -146,6 +180,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--no-compile", action="store_true", help="skip attnlab+compile")
+    ap.add_argument("--optimizers", action="store_true", help="also time the AdamW variants")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -165,6 +201,7 @@ def main() -> None:
     )
     ours = DecoderLM(cfg)
     hf = hf_gpt2_from(ours)
+    compiled_copy = copy.deepcopy(ours).to(dev)
     ours.to(dev)
     hf.to(dev)
     idx = torch.randint(0, args.vocab, (args.batch_size, args.seq_len), device=dev)
@@ -187,12 +224,22 @@ def main() -> None:
     print(
         "measured matmul peak: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peaks.items())
     )
-    print(f"{'model':<10}{'precision':<11}{'tokens/s':>10}{'MFU':>8}")
     models = {"attnlab": (ours, lambda x: ours(x)), "HF GPT2": (hf, lambda x: hf(x).logits)}
+    if not args.no_compile:
+        compiled = torch.compile(compiled_copy)
+        models["attnlab+compile"] = (compiled_copy, lambda x: compiled(x))
+    print(f"{'model':<17}{'precision':<11}{'tokens/s':>10}{'MFU':>8}{'vs HF':>8}")
     for mode in modes:
-        tps = bench(models, idx, targets, args.steps, args.warmup, mode == "bf16", dev)
+        # the compiled model compiles (again, under autocast) in its warm-up steps
+        warmup = max(args.warmup, 2 if "attnlab+compile" in models else 0)
+        tps = bench(models, idx, targets, args.steps, warmup, mode == "bf16", dev)
         for name, v in tps.items():
-            print(f"{name:<10}{mode:<11}{v:>10.0f}{v * fpt / peaks[mode]:>8.1%}")
+            vs = v / tps["HF GPT2"]
+            print(f"{name:<17}{mode:<11}{v:>10.0f}{v * fpt / peaks[mode]:>8.1%}{vs:>7.2f}x")
+    if args.optimizers:
+        print("\nAdamW step over the same parameters (median):")
+        for kind, secs in optimizer_steps(copy.deepcopy(ours), dev).items():
+            print(f"  {kind:<22}{secs * 1000:>8.1f} ms")
 
 
 if __name__ == "__main__":

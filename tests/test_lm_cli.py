@@ -245,7 +245,8 @@ def test_demo_runs_and_can_run_again(tmp_path, capsys):
     ):
         assert (out / name).exists(), name
     report = json.loads((out / "report.json").read_text())
-    assert report["tokens"] == 2 * 32 * 128 and len(report["models"]) == 3
+    assert report["tokens"] == 2 * report["batch_size"] * report["seq_len"]
+    assert len(report["models"]) == 3 and report["budget_row"] == "xs"  # the rule at 2 steps
     assert main(argv) == 0  # re-running overwrites its own demo directory
     capsys.readouterr()
 

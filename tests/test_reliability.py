@@ -108,6 +108,18 @@ def test_a_directory_holding_only_a_stale_lock_counts_as_empty(tmp_path):
     assert res.steps == 2 and _hidden(run) == []
 
 
+def test_another_ranks_writability_probe_does_not_make_a_directory_taken(tmp_path):
+    """Under torchrun every rank checks the run directory at once; the empty file one rank's
+    check creates for a moment must not read as an existing run to another rank."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".attnlab-probe-abcd1234").touch()
+    check_run_dir(run)  # not "already exists"
+    (run / "notes.txt").touch()
+    with pytest.raises(RunDirError, match="already exists"):
+        check_run_dir(run)
+
+
 def test_two_concurrent_starts_one_trains_one_is_refused(tmp_path):
     """Two processes released at the same moment on one directory: exactly one trains, the
     other is refused as 'in use' and writes nothing."""

@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "attnlab.commands.multimodal",
     "attnlab.commands.efficient",
     "attnlab.commands.interop",
+    "attnlab.commands.experiments",
     "attnlab.commands.explore",
     "attnlab.commands.mlm",
 ]

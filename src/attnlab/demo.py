@@ -1,8 +1,9 @@
 """``attnlab demo``: a small GPT-style LM on pydoc against an LSTM and a bigram baseline.
 
-1. Train a character-level Transformer (preset ``gpt2-mini`` with RoPE instead of learned
-   positions: relative positions are learned from far fewer tokens) on CPython's pydoc topics for a
-   wall-clock budget.
+1. Train a character-level GPT-style Transformer with RoPE on CPython's pydoc topics for a
+   wall-clock budget, its size, batch, window, learning rate and warm-up chosen for the budget and
+   this machine's measured speed by the rule of ``attnlab train lm``
+   (:func:`attnlab.train.budget.choose_lm_settings`).
 2. Train an LSTM LM and a bigram model with the same trainer on the same number of tokens
    (same batches, same number of steps).
 3. Measure all three on the whole held-out split, sample from the Transformer, and write a loss
@@ -27,10 +28,7 @@ from attnlab.errors import UserError
 
 __all__ = ["run_demo"]
 
-SEQ_LEN = 128
-BATCH = 32
-NAME = "Transformer (gpt2-mini, RoPE)"
-LR = 5e-3
+PROBE_SEQ_LEN = 64  # the window of the first tokenisation; the rule then picks the real one
 
 
 def _display(ch: str) -> str:
@@ -75,35 +73,6 @@ def _plot_val_curves(results: dict[str, Any], tokens_per_step: int, path: Path) 
     plt.close(fig)
 
 
-def _fastest_threads(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
-    """Time a training step with torch's thread count and with one thread; keep the faster.
-
-    On a machine whose cores are busy with other work, splitting each matmul over threads that
-    must wait for each other can be several times slower than using one.
-    """
-    import torch.nn.functional as F
-
-    n = torch.get_num_threads()
-    if n == 1:
-        return 1
-    x, y = batch
-
-    def step_time(k: int) -> float:
-        torch.set_num_threads(k)
-        best = float("inf")
-        for _ in range(2):
-            t = time.perf_counter()
-            F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
-            best = min(best, time.perf_counter() - t)
-        return best
-
-    t_n, t_1 = step_time(n), step_time(1)
-    model.zero_grad(set_to_none=True)
-    choice = 1 if t_1 < t_n else n
-    torch.set_num_threads(choice)
-    return choice
-
-
 #: what a demo directory holds; re-running the demo overwrites exactly these
 DEMO_FILES = ("transformer", "lstm", "bigram", "loss.png", "attention.png", "report.json")
 
@@ -145,6 +114,11 @@ def run_demo(
     from attnlab.config import LMTaskConfig, ModelConfig
     from attnlab.models.lm import DecoderLM
     from attnlab.tasks.lm import LMTask
+    from attnlab.train.budget import (
+        choose_lm_settings,
+        fastest_ref_steps_per_s,
+        measure_ref_steps_per_s,
+    )
 
     say = log or (lambda s: None)
     for flag, value in (("--steps", steps), ("--val-batches", val_batches), ("--threads", threads)):
@@ -163,30 +137,56 @@ def run_demo(
             f"({', '.join(foreign[:5])}); choose another --out"
         )
     out.mkdir(parents=True, exist_ok=True)
-    task = LMTask.build(LMTaskConfig(data="pydoc", tokenizer="char", seq_len=SEQ_LEN, seed=seed))
+    task = LMTask.build(
+        LMTaskConfig(data="pydoc", tokenizer="char", seq_len=PROBE_SEQ_LEN, seed=seed)
+    )
     V = task.vocab_size
-    torch.manual_seed(seed)
-    # RoPE rather than GPT-2's learned positions: with ~1M training tokens a learned position
-    # table is still mostly noise (validation 2.34 vs 1.84 nats after 150 steps here)
-    config = ModelConfig.preset("gpt2-mini", vocab_size=V, max_seq_len=SEQ_LEN, position="rope")
-    transformer = DecoderLM(config)
     threads_before = torch.get_num_threads()
     try:
+        speed = None
+        if device == "cpu" and threads:
+            torch.set_num_threads(threads)
+        elif device == "cpu" or steps is None:
+            # this machine's speed on the rule's reference row; on a CPU with torch's threads
+            # and with one, keeping the faster (several times faster on a busy machine)
+            speed = fastest_ref_steps_per_s(vocab_size=V, device=device)
+            threads = torch.get_num_threads()
         if device == "cpu":
-            if threads:
-                torch.set_num_threads(threads)
-            else:
-                threads = _fastest_threads(transformer, task.get_batch("train", 0, BATCH))
             say(f"using {threads} CPU thread(s) for the Transformer")
+        if steps is None and speed is None:
+            speed = measure_ref_steps_per_s(vocab_size=V, device=device)
+        # the same rule as `attnlab train lm` without a model: size, batch, window, lr, warm-up
+        choice = choose_lm_settings(
+            budget_s=None if steps is not None else budget,
+            steps=steps,
+            corpus_tokens=task.n_tokens["train"],
+            ref_steps_per_s=speed,
+            vocab_size=V,
+        )
+        say(f"budget rule: {choice.describe()}")
+        task = LMTask(task.ids, task.tokenizer, task.config.replace(seq_len=choice.seq_len))
+        torch.manual_seed(seed)
+        transformer = DecoderLM(ModelConfig.from_dict({**choice.model, "vocab_size": V}))
         return _run(
-            out, task, transformer, budget, steps, seed, device, progress, val_batches, threads, say
+            out,
+            task,
+            transformer,
+            choice,
+            budget,
+            steps,
+            seed,
+            device,
+            progress,
+            val_batches,
+            threads,
+            say,
         )
     finally:
         torch.set_num_threads(threads_before)
 
 
 def _run(
-    out, task, transformer, budget, steps, seed, device, progress, val_batches, threads, say
+    out, task, transformer, choice, budget, steps, seed, device, progress, val_batches, threads, say
 ) -> dict[str, Any]:
     """The three trainings, the measurements and the figures (see :func:`run_demo`)."""
     from attnlab.decoding import generate
@@ -195,43 +195,47 @@ def _run(
     from attnlab.train import TrainConfig, train
     from attnlab.viz.attention import plot_attention_grid
 
-    V = task.vocab_size
+    V, seq_len, batch = task.vocab_size, choice.seq_len, choice.batch_size
+    name_t = f"Transformer ({choice.row.n_layers}x{choice.row.d_model}, RoPE)"
     common = dict(
-        batch_size=BATCH, seed=seed, device=device, progress=progress, log_every=10, eval_batches=4
+        batch_size=batch, seed=seed, device=device, progress=progress, log_every=10, eval_batches=4
     )
+    lr, warmup = choice.lr, choice.warmup_steps
     if steps is None:
-        t_cfg = TrainConfig(max_time=budget, lr=LR, warmup_steps=20, eval_every=50, **common)
-        say(f"[1/3] {NAME} for {budget:.0f} s ...")
-    else:
         t_cfg = TrainConfig(
-            steps=steps,
-            lr=LR,
-            warmup_steps=max(1, steps // 10),
-            eval_every=max(1, steps // 4),
+            max_time=budget,
+            lr=lr,
+            warmup_steps=warmup,
+            eval_every=max(50, choice.steps // 8),
             **common,
         )
-        say(f"[1/3] {NAME} for {steps} steps ...")
+        say(f"[1/3] {name_t} for {budget:.0f} s ...")
+    else:
+        t_cfg = TrainConfig(
+            steps=steps, lr=lr, warmup_steps=warmup, eval_every=max(1, steps // 4), **common
+        )
+        say(f"[1/3] {name_t} for {steps} steps ...")
     t0 = time.time()
-    results = {NAME: train(transformer, task, t_cfg, out / "transformer", overwrite=True)}
+    results = {name_t: train(transformer, task, t_cfg, out / "transformer", overwrite=True)}
     times = [time.time() - t0]
-    n_steps = results[NAME].steps
-    tokens = n_steps * BATCH * SEQ_LEN
+    n_steps = results[name_t].steps
+    tokens = n_steps * batch * seq_len
 
     baselines = [
         (
             "LSTM (1 layer, 256)",
             "lstm",
-            lambda: LSTMLM(LSTMConfig.preset("small", vocab_size=V, max_seq_len=SEQ_LEN)),
+            lambda: LSTMLM(LSTMConfig.preset("small", vocab_size=V, max_seq_len=seq_len)),
             1e-2,
         ),
         (
             "bigram",
             "bigram",
-            lambda: BigramLM(BigramConfig(vocab_size=V, max_seq_len=SEQ_LEN)),
+            lambda: BigramLM(BigramConfig(vocab_size=V, max_seq_len=seq_len)),
             1e-1,
         ),
     ]
-    models = {NAME: transformer}
+    models = {name_t: transformer}
     for i, (name, sub, make, lr) in enumerate(baselines, start=2):
         say(f"[{i}/3] {name}: {n_steps} steps = {tokens:,} tokens ...")
         torch.manual_seed(seed)
@@ -297,15 +301,18 @@ def _run(
         title=f"Transformer, last layer: attention over {len(chars)} held-out "
         "characters (rows: queries)",
     )
-    _plot_val_curves(results, BATCH * SEQ_LEN, files["loss curves"])
+    _plot_val_curves(results, batch * seq_len, files["loss curves"])
 
     report = {
         "threads": threads,
         "models": rows,
         "tokens": tokens,
         "tokenizer": "char",
-        "seq_len": SEQ_LEN,
-        "batch_size": BATCH,
+        "budget_row": choice.row.name,
+        "seq_len": seq_len,
+        "batch_size": batch,
+        "lr": lr,
+        "warmup_steps": warmup,
         "temperature": 0.8,
         "sample": sample,
         "files": {k: str(v) for k, v in files.items()},

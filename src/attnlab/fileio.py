@@ -40,6 +40,7 @@ __all__ = [
     "atomic_save",
     "AtomicFiles",
     "check_writable",
+    "PROBE_PREFIX",
     "remove_temporaries",
     "DirectoryLock",
     "LockHeld",
@@ -191,6 +192,9 @@ def atomic_save(path: str | os.PathLike, writer: Callable[[str], None]) -> None:
         files.save(path, writer)
 
 
+PROBE_PREFIX = ".attnlab-probe-"  # check_writable's empty file, there for a moment
+
+
 def remove_temporaries(directory: str | os.PathLike, names: Iterable[str]) -> list[str]:
     """Delete the temporary files of ``names`` that a killed writer left in ``directory``.
 
@@ -204,7 +208,7 @@ def remove_temporaries(directory: str | os.PathLike, names: Iterable[str]) -> li
         suffixes = {".tmp", Path(name).suffix or ".tmp"}
         ends = "|".join(re.escape(s) for s in sorted(suffixes))
         patterns.append(re.compile(re.escape(f".{name}.") + rf"[a-z0-9_]{{8}}(?:{ends})\Z"))
-    patterns.append(re.compile(r"\.attnlab-probe-[a-z0-9_]{8}\Z"))
+    patterns.append(re.compile(re.escape(PROBE_PREFIX) + r"[a-z0-9_]{8}\Z"))
     removed = []
     try:
         entries = os.listdir(directory)
@@ -232,7 +236,7 @@ def check_writable(directory: str | os.PathLike) -> None:
     while not existing.exists() and existing.parent != existing:
         existing = existing.parent
     try:
-        fd, probe = tempfile.mkstemp(dir=existing, prefix=".attnlab-probe-", suffix="")
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=PROBE_PREFIX, suffix="")
     except OSError as err:
         raise OSError(err.errno, err.strerror, str(directory)) from None
     os.close(fd)

@@ -8,8 +8,16 @@ A run directory holds::
     tokenizer.json       the tokenizer (LMs), vocab.json (translation, captioning, VQA) or
                          labels.json (image classifiers: class names, image shape, normalisation)
     state.pt             optimizer / scheduler / RNG / step, for --resume
+    checkpoints/step-N/  instead of state.pt, in a run trained with ``--strategy fsdp``: the
+                         sharded checkpoint of step N (torch.distributed.checkpoint: one file
+                         per rank, ``.metadata``, ``state.pt`` without the optimizer,
+                         ``checkpoint.json`` naming the model); the last one is kept
     metrics.jsonl        one JSON object per logged step
     loss.png             the loss curve
+
+A sharded run ends with a consolidated ``model.safetensors``; when its newest checkpoint is a
+sharded one (a run stopped before the end), ``load`` reads the weights from it, in one process
+(``attnlab convert --consolidate RUN`` writes ``model.safetensors`` from it).
 
 ``load`` rebuilds the model from the kind's registered config and class
 (:mod:`attnlab.models.registry`) and reads back what the kind needs to turn inputs into tensors
@@ -19,8 +27,11 @@ and outputs into words: one loader for every family, used by every command. Writ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,10 +54,26 @@ __all__ = [
     "atomic_write_text",
     "atomic_save",
     "WEIGHT_FILES",
+    "QUANTIZE",
+    "resolve_dtype",
+    "SHARDED_DIR",
+    "sharded_checkpoints",
+    "last_sharded",
+    "weights_step",
+    "read_sharded_weights",
+    "newest_weights",
+    "sharded_mismatch",
+    "check_sharded_identity",
+    "first_failure",
+    "single_process_dcp",
 ]
 
 #: ``weights=`` names accepted by :func:`load` besides a file name
 WEIGHT_FILES = {"last": "model.safetensors", "best": "best.safetensors"}
+#: the folder of a run's sharded checkpoints (``checkpoints/step-00000200/``)
+SHARDED_DIR = "checkpoints"
+SHARDED_META = "checkpoint.json"
+_STEP_DIR = re.compile(r"step-(\d+)\Z")
 
 
 def read_config(run_dir: str | os.PathLike) -> dict:
@@ -76,10 +103,14 @@ def save_model(model: nn.Module, path: str | os.PathLike) -> None:
 
 
 def _weights_path(run_dir: Path, weights: str) -> Path:
+    """The weights file of ``weights`` (last, best or a file name), or a sharded checkpoint's
+    folder when that holds the newest weights."""
     name = WEIGHT_FILES.get(weights, weights)
     path = run_dir / name
     if name == WEIGHT_FILES["best"] and not path.exists():
-        path = run_dir / WEIGHT_FILES["last"]  # no validation ran: the last weights are the best
+        name = WEIGHT_FILES["last"]  # no validation ran: the last weights are the best
+    if name == WEIGHT_FILES["last"]:
+        path = newest_weights(run_dir)
     if not path.exists():
         raise RunDirError(f"{str(run_dir)!r} has no weights file {name}")
     return path
@@ -100,12 +131,193 @@ def _build(run_dir: Path, cfg: dict) -> tuple[ModelKind, nn.Module]:
     return kind, model
 
 
+#: ``quantize=`` choices of :func:`load`
+QUANTIZE = ("int8",)
+#: ``dtype=`` names accepted as strings
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(
+    dtype: torch.dtype | str | None, quantize: str | None = None
+) -> torch.dtype | None:
+    """The parameter dtype for ``dtype`` (a ``torch.dtype`` or its name) and ``quantize``.
+
+    Weight-only int8 runs with 16-bit activations unless told otherwise (``bfloat16`` when
+    ``dtype`` is None): the CPU's int8 kernel is several times faster with them.
+
+    Raises:
+        UserError: an unknown dtype or quantisation.
+    """
+    if quantize is not None and quantize not in QUANTIZE:
+        raise UserError(f"unknown quantization {quantize!r}; choose from {list(QUANTIZE)}")
+    if dtype is None:
+        return torch.bfloat16 if quantize == "int8" else None
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r}; choose from {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+# ----------------------------------------------------------------------------------------------
+# sharded checkpoints (torch.distributed.checkpoint), read in one process
+
+
+def weights_step(path: str | os.PathLike) -> int | None:
+    """The training step in a safetensors file's metadata (``None``: none recorded)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata() or {}
+    return int(meta["step"]) if "step" in meta else None
+
+
+def sharded_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """The complete sharded checkpoints of a run, ``(step, folder)``, oldest first.
+
+    Complete: renamed to ``step-N`` (a write in progress has another name) and holding DCP's
+    ``.metadata`` (written last, by rank 0, once every rank's file is done) and
+    ``checkpoint.json``.
+    """
+    root = Path(run_dir) / SHARDED_DIR
+    if not root.is_dir():
+        return []
+    found = []
+    for entry in root.iterdir():
+        m = _STEP_DIR.match(entry.name)
+        if m and (entry / ".metadata").is_file() and (entry / SHARDED_META).is_file():
+            found.append((int(m.group(1)), entry))
+    return sorted(found)
+
+
+def last_sharded(run_dir: str | os.PathLike) -> tuple[int, Path] | None:
+    """The newest complete sharded checkpoint ``(step, folder)``, or ``None``."""
+    found = sharded_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def newest_weights(run_dir: str | os.PathLike) -> Path:
+    """The run's last weights: ``model.safetensors``, or the newer sharded checkpoint's folder.
+
+    A run trained with ``--strategy fsdp`` writes ``model.safetensors`` at its end; one that
+    stopped before has only its sharded checkpoints (or an older ``model.safetensors``).
+    """
+    run_dir = Path(run_dir)
+    last = run_dir / WEIGHT_FILES["last"]
+    sharded = last_sharded(run_dir)
+    if sharded is None:
+        return last
+    if last.exists():
+        try:
+            step = weights_step(last)
+        except Exception:  # a damaged file: the sharded checkpoint is the readable one
+            step = None
+        if step is not None and step >= sharded[0]:
+            return last
+    return sharded[1]
+
+
+def sharded_mismatch(folder: Path, shapes: dict[str, tuple[int, ...]], prefix: str) -> str | None:
+    """How a sharded checkpoint's tensors ``prefix + name`` differ from ``shapes`` (None: fit)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        meta = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    except Exception as err:  # a damaged .metadata
+        return f"its .metadata cannot be read ({type(err).__name__}: {err})"
+    saved = {
+        k[len(prefix) :]: tuple(v.size)
+        for k, v in meta.items()
+        if k.startswith(prefix) and hasattr(v, "size")
+    }
+    missing = sorted(set(shapes) - set(saved))
+    unexpected = sorted(set(saved) - set(shapes))
+    if missing or unexpected:
+        return f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+    for name, shape in shapes.items():
+        if tuple(shape) != saved[name]:
+            return f"{name} has shape {saved[name]} there, {tuple(shape)} in the model"
+    return None
+
+
+@contextlib.contextmanager
+def single_process_dcp() -> Iterator[None]:
+    """Silence DCP's warning that a load or save without a process group is a local one: that
+    is what is meant here (one process reads a checkpoint that several ranks wrote)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def first_failure(err: BaseException) -> BaseException:
+    """The first rank's exception inside DCP's ``CheckpointException`` (else ``err``)."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        return first[0] if isinstance(first, tuple) else first
+    return err
+
+
+def check_sharded_identity(folder: Path, kind: str, model_cfg: dict, what: str) -> None:
+    """Refuse a sharded checkpoint written for another kind of model or another model config.
+
+    Raises:
+        RunDirError: naming the differing config keys.
+    """
+    try:
+        meta = json.loads((folder / SHARDED_META).read_text())
+    except (OSError, ValueError) as err:
+        raise RunDirError(f"{what}: cannot read {folder / SHARDED_META}: {err}") from None
+    if meta.get("kind") != kind:
+        raise RunDirError(
+            f"{what}: the sharded checkpoint {folder} holds a {meta.get('kind')!r} model, not "
+            f"{kind!r}"
+        )
+    saved = meta.get("model") or {}
+    cfg = json.loads(json.dumps(model_cfg))
+    diff = sorted(k for k in set(saved) | set(cfg) if saved.get(k) != cfg.get(k))
+    if diff:
+        raise RunDirError(
+            f"{what}: the sharded checkpoint {folder} is from another model (its config differs "
+            f"in {diff[:8]})"
+        )
+
+
+def read_sharded_weights(model: nn.Module, folder: Path, what: str) -> None:
+    """Load the model part of a sharded checkpoint into a whole (unsharded) ``model``, here.
+
+    DCP reassembles each tensor from the shards every rank wrote, whatever their number.
+
+    Raises:
+        RunDirError: the checkpoint's tensors do not fit the model (named).
+    """
+    import torch.distributed.checkpoint as dcp
+
+    state = model.state_dict()
+    problem = sharded_mismatch(folder, {k: tuple(v.shape) for k, v in state.items()}, "model.")
+    if problem:
+        raise RunDirError(
+            f"{what}: the sharded checkpoint {folder} does not fit the model: {problem}"
+        )
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        with single_process_dcp():
+            dcp.load({"model": state}, checkpoint_id=str(folder), no_dist=True)
+    except (Exception, CheckpointException) as err:  # (a BaseException) the readers' failures
+        raise RunDirError(
+            f"{what}: cannot read the sharded checkpoint {folder}: {first_failure(err)}"
+        ) from None
+    model.load_state_dict(state)
+
+
 def load_model(
     run_dir: str | os.PathLike,
     *,
     weights: str = "last",
     map_location: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
+    quantize: str | None = None,
 ) -> nn.Module:
     """Rebuild the model of a run directory from its config and weights (eval mode).
 
@@ -113,12 +325,17 @@ def load_model(
         weights: ``last`` (model.safetensors), ``best`` (best.safetensors, or the last weights
             when no validation ran) or a file name in the run directory.
         map_location: device for the weights.
-        dtype: convert floating-point parameters to this dtype (e.g. ``torch.bfloat16``).
+        dtype: convert floating-point parameters to this dtype (``torch.bfloat16`` or
+            ``"bfloat16"``...).
+        quantize: ``"int8"``: weight-only int8 linear layers (:func:`attnlab.layers.quant.
+            quantize_int8`), with bf16 activations unless ``dtype`` says otherwise.
 
     Raises:
         RunDirError: a missing or damaged run directory or weights file, or weights that do not
             fit the config.
+        UserError: an unknown dtype or quantisation.
     """
+    dtype = resolve_dtype(dtype, quantize)
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -126,6 +343,11 @@ def load_model(
     cfg = read_config(run_dir)
     kind, model = _build(run_dir, cfg)
     wpath = _weights_path(run_dir, weights)
+    if wpath.is_dir():  # the newest weights are a sharded checkpoint's
+        check_sharded_identity(wpath, cfg["kind"], cfg["model"], f"cannot load {str(run_dir)!r}")
+        model.to(map_location)
+        read_sharded_weights(model, wpath, f"cannot load {str(run_dir)!r}")
+        return _cast(model, dtype, quantize).eval()
     try:
         state = load_file(wpath, device=str(map_location))
     except (SafetensorError, OSError, ValueError) as err:
@@ -134,11 +356,20 @@ def load_model(
         state = kind.upgrade(state)
     model.to(map_location)
     _load_state(model, state, wpath)
+    return _cast(model, dtype, quantize).eval()
+
+
+def _cast(model: nn.Module, dtype: torch.dtype | None, quantize: str | None = None) -> nn.Module:
+    """Convert floating-point parameters to ``dtype``, then quantise (``"int8"``)."""
     if dtype is not None:
         for p in model.parameters():
             if p.is_floating_point():
                 p.data = p.data.to(dtype)
-    return model.eval()
+    if quantize == "int8":
+        from attnlab.layers.quant import quantize_int8
+
+        quantize_int8(model)
+    return model
 
 
 def _load_state(model: nn.Module, state: dict, wpath: Path) -> None:
@@ -250,7 +481,8 @@ def load(
     *,
     weights: str = "last",
     map_location: str | torch.device = "cpu",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
+    quantize: str | None = None,
     kinds: tuple[str, ...] | None = None,
 ) -> LoadedRun:
     """Load any run directory: ``model, tokenizer = attnlab.load(run)``.
@@ -259,7 +491,10 @@ def load(
         run_dir: a directory written by ``attnlab train ...`` or ``attnlab convert``.
         weights: ``last``, ``best`` or a weights file name in the run directory.
         map_location: device for the model.
-        dtype: convert floating-point parameters (``torch.bfloat16`` for fast CPU decoding).
+        dtype: convert floating-point parameters (``torch.bfloat16`` or ``"bfloat16"`` for
+            fast decoding: half the bytes to read per token).
+        quantize: ``"int8"``: weight-only int8 linear layers, the output head included
+            (a quarter of fp32's bytes), with bf16 activations unless ``dtype`` is given.
         kinds: accept only these model kinds (a command's check), refusing others by name.
 
     Returns:
@@ -267,6 +502,7 @@ def load(
 
     Raises:
         RunDirError: a missing, damaged or foreign run directory, or a kind not in ``kinds``.
+        UserError: an unknown dtype or quantisation.
     """
     run_dir = Path(run_dir)
     cfg = read_config(run_dir)
@@ -274,7 +510,9 @@ def load(
         raise RunDirError(
             f"{str(run_dir)!r} holds a {cfg['kind']!r} model; this needs one of {list(kinds)}"
         )
-    model = load_model(run_dir, weights=weights, map_location=map_location, dtype=dtype)
+    model = load_model(
+        run_dir, weights=weights, map_location=map_location, dtype=dtype, quantize=quantize
+    )
     kind = get_kind(cfg["kind"])
     tokenizer = _ARTIFACT_READERS[kind.artifacts](run_dir, cfg)
     return LoadedRun(model, tokenizer, cfg["kind"], run_dir, cfg)

@@ -4,7 +4,16 @@ At step t the decoder needs K and V for positions 0..t; they never change once c
 attention layer keeps them in static buffers and appends the new step's keys/values. Decoding a
 token then costs O(t) instead of recomputing the whole prefix.
 
-Shapes: B batch (or beams), Hkv key/value heads, T_max capacity, D head width.
+Two ways to read the buffers back:
+
+- dynamic (default): :meth:`KVCache.update` returns views of the ``length`` slots written so
+  far, so the attention's key length grows by one per step (simple; every step has new shapes);
+- static (``static=True``): the write position is a tensor (``cursor``), :meth:`KVCache.update`
+  writes at it with ``index_copy_`` and returns the whole ``T_max`` buffers, and the model masks
+  the slots not written yet. Every decoding step then has the same shapes and touches no Python
+  state, so ``torch.compile`` compiles it once (and CUDA graphs can replay it).
+
+Shapes: B batch (or beams), Hkv key/value heads, T_max capacity, D head width, T new tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +35,9 @@ class KVCache(nn.Module):
         n_kv_heads: Hkv.
         max_seq_len: capacity T_max.
         head_dim: D (keys and values share it).
+        v_dim: value width (default ``head_dim``).
+        static: fixed shapes: write at the tensor ``cursor`` and return all ``T_max`` slots (see
+            the module docstring); the caller masks the slots at or after the cursor.
     """
 
     def __init__(
@@ -38,9 +50,11 @@ class KVCache(nn.Module):
         device=None,
         dtype=torch.float32,
         v_dim: int | None = None,
+        static: bool = False,
     ) -> None:
         super().__init__()
         self.max_seq_len = max_seq_len
+        self.static = static
         v_dim = head_dim if v_dim is None else v_dim
         self.register_buffer(
             "k",
@@ -52,10 +66,34 @@ class KVCache(nn.Module):
             torch.zeros(batch_size, n_kv_heads, max_seq_len, v_dim, device=device, dtype=dtype),
             persistent=False,
         )
-        self.length = 0
+        # the next slot to write, as a tensor so that a compiled step reads it without a guard
+        self.register_buffer(
+            "cursor", torch.zeros((), dtype=torch.long, device=device), persistent=False
+        )
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        """Slots written so far (a static cache reads its cursor: a device sync, eager code only)."""
+        return int(self.cursor) if self.static else self._length
 
     def update(self, k_new: Tensor, v_new: Tensor) -> tuple[Tensor, Tensor]:
-        """Append ``(B, Hkv, t, D)`` keys/values; return views of everything cached so far."""
+        """Write ``(B, Hkv, T, D)`` keys/values after those cached.
+
+        Returns:
+            dynamic: views of the ``length`` slots written so far ``(B, Hkv, length, D)``;
+            static: the whole buffers ``(B, Hkv, T_max, D)`` (unwritten slots hold stale values).
+
+        Raises:
+            ValueError: a dynamic cache would overflow (a static one cannot check without a sync:
+                its caller keeps count).
+        """
+        if self.static:
+            slots = self.cursor + torch.arange(k_new.shape[-2], device=self.k.device)  # (T,)
+            self.k.index_copy_(2, slots, k_new.to(self.k.dtype))
+            self.v.index_copy_(2, slots, v_new.to(self.v.dtype))
+            self.cursor += k_new.shape[-2]
+            return self.k, self.v
         t = k_new.shape[-2]
         end = self.length + t
         if end > self.max_seq_len:
@@ -65,11 +103,17 @@ class KVCache(nn.Module):
             )
         self.k[:, :, self.length : end] = k_new.to(self.k.dtype)
         self.v[:, :, self.length : end] = v_new.to(self.v.dtype)
-        self.length = end
+        self._length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 
+    def newest_slot(self) -> int | Tensor:
+        """The slot of the last key written: where the newest query sits (relative positions)."""
+        return self.cursor - 1 if self.static else self._length - 1
+
     def get(self) -> tuple[Tensor, Tensor]:
-        """Views of the cached keys and values."""
+        """Views of the cached keys and values (a static cache: all ``T_max`` slots)."""
+        if self.static:
+            return self.k, self.v
         return self.k[:, :, : self.length], self.v[:, :, : self.length]
 
     def reorder(self, index: Tensor) -> None:
@@ -78,7 +122,9 @@ class KVCache(nn.Module):
         self.v = self.v.index_select(0, index)
 
     def reset(self) -> None:
-        self.length = 0
+        """Forget the cached tokens (the buffers are kept and overwritten)."""
+        self._length = 0
+        self.cursor.zero_()
 
 
 @dataclasses.dataclass

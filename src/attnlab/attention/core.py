@@ -54,6 +54,8 @@ _COMMON_ARGS = {"q", "k", "v", "mask", "bias", "is_causal", "scale", "dropout_p"
 _BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {}
 # backends that can return attention weights
 _WEIGHT_BACKENDS: set[str] = set()
+# backends that implement dropout on the attention weights
+_DROPOUT_BACKENDS: set[str] = set()
 # backend name -> the option names its function takes (None: it takes any **options)
 _BACKEND_OPTIONS: dict[str, frozenset[str] | None] = {}
 # backend name -> check(options, dropout_p) used by check_backend instead of a probe run
@@ -65,18 +67,24 @@ def register_backend(
     fn: Callable[..., tuple[Tensor, Tensor | None]],
     *,
     returns_weights: bool = False,
+    dropout: bool = True,
     check: Callable[[dict[str, Any], float], None] | None = None,
 ) -> None:
     """Make ``fn`` selectable as ``backend=name``.
 
     ``fn(q, k, v, *, mask, bias, is_causal, scale, dropout_p, return_weights, **options)`` must return
     ``(out, weights or None)``. k/v may carry fewer heads than q (grouped-query attention).
-    ``check(options, dropout_p)``, if given, validates options without running (for options that
-    depend on the sequence, such as token indices, which a tiny probe input cannot satisfy).
+    A backend registered without ``returns_weights`` (or without ``dropout``) is never called
+    with ``return_weights=True`` (or ``dropout_p > 0``): the request is refused before, with one
+    message naming the backend. ``check(options, dropout_p)``, if given, validates options without
+    running (for options that depend on the sequence, such as token indices, which a tiny probe
+    input cannot satisfy).
     """
     _BACKENDS[name] = fn
     if returns_weights:
         _WEIGHT_BACKENDS.add(name)
+    if dropout:
+        _DROPOUT_BACKENDS.add(name)
     if check is not None:
         _BACKEND_CHECKS[name] = check
     params = inspect.signature(fn).parameters
@@ -263,11 +271,6 @@ def _sdpa_attention(
     dropout_p: float,
     return_weights: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    if return_weights:
-        raise ValueError(
-            "backend 'sdpa' (fused kernel) cannot return attention weights; "
-            "use backend='math' or 'auto'"
-        )
     n_q, n_k = q.shape[-2], k.shape[-2]
     gqa = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
     if gqa and q.dim() != 4:
@@ -362,8 +365,7 @@ def scaled_dot_product_attention(
             f"backend {backend!r} cannot return attention weights "
             f"(return_weights=True); use backend='math'"
         )
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    _check_dropout(backend, dropout_p)
     if options:
         _check_options(backend, options)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
@@ -403,6 +405,16 @@ def backend_for_weights(backend: str) -> str:
     )
 
 
+def _check_dropout(backend: str, dropout_p: float) -> None:
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    if dropout_p > 0 and backend not in _DROPOUT_BACKENDS:
+        raise ValueError(
+            f"backend {backend!r} does not implement attention dropout (dropout_p={dropout_p}); "
+            "use dropout_p=0 (attn_dropout=0) or backend='math'/'sdpa'"
+        )
+
+
 def _check_options(backend: str, options: dict[str, Any]) -> None:
     accepted = _BACKEND_OPTIONS[backend]
     if accepted is None:
@@ -430,8 +442,7 @@ def check_backend(
     if backend in _BACKEND_CHECKS:
         if options:
             _check_options(backend, options)
-        if not 0.0 <= dropout_p < 1.0:
-            raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+        _check_dropout(backend, dropout_p)
         _BACKEND_CHECKS[backend](dict(options or {}), dropout_p)
         return
     x = torch.zeros(1, 1, 2, 8)

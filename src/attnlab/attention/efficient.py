@@ -298,8 +298,8 @@ def linear_attention(
         ``(out (..., H, Tq, Dv), None)``.
 
     Raises:
-        ValueError: an unknown feature map, bad ``n_features``/``chunk``, a bias, a mask that
-            depends on the query, or dropout.
+        ValueError: an unknown feature map, bad ``n_features``/``chunk``, a bias, or a mask that
+            depends on the query.
     """
     if feature_map not in ("elu", "favor"):
         raise ValueError(
@@ -312,12 +312,6 @@ def linear_attention(
             "backend 'linear' cannot add a score bias (bias=...): it never forms the "
             "scores; use backend='math', 'sdpa' or 'tiled'"
         )
-    if dropout_p > 0:
-        raise ValueError(
-            f"backend 'linear' does not implement attention dropout (dropout_p={dropout_p})"
-        )
-    if return_weights:
-        raise ValueError("backend 'linear' cannot return attention weights (return_weights=True)")
     q5, k4, v4, lead, H = _canonical(q, k, v)
     B, Hkv, g, Tq, D = q5.shape
     Tk = k4.shape[-2]
@@ -378,4 +372,4 @@ def _causal_sums(fq: Tensor, fk: Tensor, v: Tensor, Tq: int, Tk: int, chunk: int
 
 
 register_backend("window", window_attention, returns_weights=True)
-register_backend("linear", linear_attention)
+register_backend("linear", linear_attention, dropout=False)

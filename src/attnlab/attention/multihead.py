@@ -203,8 +203,10 @@ class MultiHeadAttention(nn.Module):
                 )
             self.linformer = LinformerProjection(linformer_k, max_seq_len, **kw)
 
-    def make_cache(self, batch_size: int, max_seq_len: int, *, device=None, dtype=None) -> KVCache:
-        """An empty KV cache sized for this layer."""
+    def make_cache(
+        self, batch_size: int, max_seq_len: int, *, device=None, dtype=None, static: bool = False
+    ) -> KVCache:
+        """An empty KV cache sized for this layer (``static``: fixed shapes, see KVCache)."""
         w = self.out_proj.weight
         return KVCache(
             batch_size,
@@ -213,6 +215,7 @@ class MultiHeadAttention(nn.Module):
             self.head_dim,
             device=device or w.device,
             dtype=dtype or w.dtype,
+            static=static,
         )
 
     def forward(
@@ -250,7 +253,6 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"x must be (B, T, d_model={self.d_model}), got {tuple(x.shape)}")
         B, T, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        past = 0 if cache is None else cache.length
         if self.cross:
             q = self.q_proj(x)
             if cache is not None and cache.length > 0:
@@ -283,6 +285,7 @@ class MultiHeadAttention(nn.Module):
             v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
             relative = self.positions.relative
             if relative and positions is None:
+                past = 0 if cache is None else cache.length
                 positions = torch.arange(past, past + T, device=x.device)
             if relative:
                 q, k = self.positions.rotate(q, k, positions, positions)
@@ -294,9 +297,10 @@ class MultiHeadAttention(nn.Module):
             if relative:
                 S = k.shape[-2]
                 # the newest key is this step's last query, so key j sits at position
-                # last_query_pos - (S - 1 - j); left padding shifts keys and queries alike
+                # last_query_pos - (newest - j); left padding shifts keys and queries alike
+                newest = S - 1 if cache is None else cache.newest_slot()  # static: the cursor
                 last = positions[..., -1:]  # (1,) or (B, 1)
-                k_pos = torch.arange(S, device=x.device) - (S - 1) + last  # (S,) or (B, S)
+                k_pos = torch.arange(S, device=x.device) - newest + last  # (S,) or (B, S)
                 pos_bias = self.positions.bias(positions, k_pos)  # (H, T, S) | (B, H, T, S)
                 if pos_bias is not None:
                     bias = pos_bias if bias is None else bias + pos_bias

@@ -274,10 +274,11 @@ def _as_block_mask(block_mask: Any, nq: int, nk: int, b: int) -> Tensor:
 
 
 def check_block_sparse_options(options: dict[str, Any], dropout_p: float = 0.0) -> None:
-    """Validate the ``block_sparse`` options that do not depend on the sequence (config time).
+    """Validate the ``block_sparse`` options that do not depend on the sequence (config time;
+    :func:`~attnlab.attention.core.check_backend` has refused dropout before).
 
     Raises:
-        ValueError: an unknown pattern, a missing or bad option, dropout.
+        ValueError: an unknown pattern, a missing or bad option.
     """
     opts = dict(options)
     positive_int_option("block_sparse", "block_size", opts.pop("block_size", DEFAULT_BLOCK_SIZE))
@@ -296,11 +297,6 @@ def check_block_sparse_options(options: dict[str, Any], dropout_p: float = 0.0) 
         raise ValueError(
             f"backend 'block_sparse': options {sorted(opts)} belong to a pattern; "
             f"set pattern to one of {sorted(PATTERNS)}"
-        )
-    if dropout_p > 0:
-        raise ValueError(
-            f"backend 'block_sparse' does not implement attention dropout (dropout_p={dropout_p}); "
-            "use attn_dropout=0"
         )
 
 
@@ -350,12 +346,9 @@ def block_sparse_attention(
         ``(out (..., H, Tq, Dv), weights or None)``.
 
     Raises:
-        ValueError: an unknown pattern, a global token index outside the sequence, bad sizes,
-            dropout.
+        ValueError: an unknown pattern, a global token index outside the sequence, bad sizes.
     """
     b = positive_int_option("block_sparse", "block_size", block_size)
-    if dropout_p > 0:
-        check_block_sparse_options({}, dropout_p)
     Tq, Tk = q.shape[-2], k.shape[-2]
     pat = None
     if pattern is not None:
@@ -414,5 +407,6 @@ register_backend(
     "block_sparse",
     block_sparse_attention,
     returns_weights=True,
+    dropout=False,
     check=check_block_sparse_options,
 )

@@ -344,20 +344,12 @@ def tiled_attention(
         ``(out (..., H, Tq, Dv), None)``.
 
     Raises:
-        ValueError: a bad block size, dropout, or a request for the weights.
+        ValueError: a bad block size (dropout and a request for the weights are refused by
+            :func:`~attnlab.attention.scaled_dot_product_attention`, which knows the backend's
+            registration).
     """
     block_q = positive_int_option("tiled", "block_q", block_q)
     block_k = positive_int_option("tiled", "block_k", block_k)
-    if return_weights:
-        raise ValueError(
-            "backend 'tiled' cannot return attention weights (return_weights=True): "
-            "it never forms them; use backend='math'"
-        )
-    if dropout_p > 0:
-        raise ValueError(
-            f"backend 'tiled' does not implement attention dropout "
-            f"(dropout_p={dropout_p}); use dropout_p=0 or backend='math'/'sdpa'"
-        )
     return tiled_forward(q, k, v, mask, bias, is_causal, scale, block_q, block_k), None
 
 
@@ -404,4 +396,4 @@ def _flatten_lead(t: Tensor | None, lead: torch.Size | tuple) -> Tensor | None:
     return t.expand(*lead, *t.shape[len(lead) :]).reshape(-1, *t.shape[len(lead) :])
 
 
-register_backend("tiled", tiled_attention)
+register_backend("tiled", tiled_attention, dropout=False)

@@ -1,4 +1,5 @@
-"""Command-line sub-commands, one module per family (lm, translate, vision, ...).
+"""Command-line sub-commands, one module per family (lm, translate, vision, ...), and
+``experiments`` for the lecture's claims measured across families.
 
 Each module exposes ``register(groups)`` where ``groups`` holds the argparse sub-parser
 collections ``"top"`` (``attnlab <verb>``), ``"train"`` (``attnlab train <task>``) and

@@ -2,6 +2,8 @@
 
     attnlab convert --from-hf DIR --out runs/NAME     # then attnlab generate / eval runs/NAME
     attnlab convert --to-hf runs/NAME --out DIR       # transformers' from_pretrained(DIR) loads it
+    attnlab convert --consolidate runs/NAME           # an FSDP run's sharded checkpoint ->
+                                                      # runs/NAME/model.safetensors
 
 (``attnlab generate --from-hf DIR`` lives with the other LM commands and calls
 :func:`attnlab.interop.load_hf_lm`.)
@@ -118,7 +120,42 @@ def _to_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _consolidate(args: argparse.Namespace) -> int:
+    """Gather the newest sharded checkpoint of a run into its model.safetensors (one process)."""
+    from attnlab.runs import last_sharded, load_model, newest_weights, read_config, weights_step
+    from attnlab.train.checkpoint import LAST_FILE, lock_run_dir, save_weights
+
+    run = Path(args.consolidate)
+    read_config(run)
+    if args.out is not None:
+        raise UserError("--consolidate writes model.safetensors into the run itself; drop --out")
+    lock = lock_run_dir(run)  # not while a training writes there
+    try:
+        source = newest_weights(run)
+        if not source.is_dir():
+            if not source.exists():
+                raise RunDirError(f"{str(run)!r} has neither weights nor a sharded checkpoint")
+            print(
+                f"{run}: {LAST_FILE} already holds the newest weights (step {weights_step(source)})"
+            )
+            return 0
+        step = last_sharded(run)[0]
+        model = load_model(run)  # reads the sharded checkpoint: DCP reassembles every tensor
+        save_weights(model, run / LAST_FILE, step)
+    finally:
+        lock.release()
+    print(
+        f"consolidated {source} ({_n_params(model):,} parameters, step {step}) into "
+        f"{run / LAST_FILE}"
+    )
+    return 0
+
+
 def _convert(args: argparse.Namespace) -> int:
+    if args.consolidate:
+        return _consolidate(args)
+    if args.out is None:
+        raise UserError("--out is required with --from-hf and --to-hf")
     return _from_hf(args) if args.from_hf else _to_hf(args)
 
 
@@ -126,15 +163,23 @@ def register(groups) -> None:
     """Add ``attnlab convert``."""
     p = groups["top"].add_parser(
         "convert",
-        help="convert Hugging Face checkpoint folders to attnlab runs and back",
+        help="convert Hugging Face checkpoint folders to attnlab runs and back; consolidate "
+        "an FSDP run's sharded checkpoint",
         description="Convert between Hugging Face checkpoint folders (config.json + safetensors, "
-        "sharded or not; GPT-2, Llama, Mixtral, ViT, Swin, BERT) and attnlab run directories. "
-        "Only local files are read.",
+        "sharded or not; GPT-2, Llama, Mixtral, ViT, Swin, BERT) and attnlab run directories, "
+        "or gather the sharded checkpoint of a run trained with --strategy fsdp into its "
+        "model.safetensors. Only local files are read.",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-hf", metavar="DIR", help="Hugging Face checkpoint folder to import")
     src.add_argument("--to-hf", metavar="RUN_DIR", help="attnlab run directory to export")
-    p.add_argument("--out", required=True, help="run directory (--from-hf) or folder (--to-hf)")
+    src.add_argument(
+        "--consolidate",
+        metavar="RUN_DIR",
+        help="write RUN_DIR/model.safetensors from its newest sharded checkpoint (a run trained "
+        "with --strategy fsdp that stopped before its end), in one process",
+    )
+    p.add_argument("--out", help="run directory (--from-hf) or folder (--to-hf)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
     p.add_argument(
         "--dtype",

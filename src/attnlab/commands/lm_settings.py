@@ -4,9 +4,14 @@ the :class:`~attnlab.config.LMTaskConfig` of a run.
 
 Priorities (:mod:`attnlab.commands.config_args`): defaults < ``--config FILE`` (or the run's own
 config.json on ``--resume``) < typed flags < ``--set``. The model section starts from a preset
-(``--preset`` / ``model.preset``; ``tiny`` when none is named) and the other model keys apply on
-top: the file's, then the command line's. The vocabulary size comes from the tokenizer and the
-context ``max_seq_len`` is the training window ``task.seq_len``.
+(``--preset`` / ``model.preset``) and the other model keys apply on top: the file's, then the
+command line's. The vocabulary size comes from the tokenizer and the context ``max_seq_len`` is
+the training window ``task.seq_len``.
+
+A Transformer run given no model (no preset, no model key but the backend and checkpointing)
+gets its model, and whichever of batch size, window, learning rate and warm-up were not given,
+from the budget rule :func:`attnlab.train.budget.choose_lm_settings` (:func:`apply_budget_rule`,
+once the corpus is read).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ __all__ = [
     "LMSettings",
     "resolve_lm_settings",
     "check_resume_settings",
+    "apply_budget_rule",
+    "describe_choice",
     "check_prepared_settings",
 ]
 
@@ -45,6 +52,10 @@ MODEL_FLAGS = {
     "checkpointing": "model.activation_checkpointing",
 }
 _DEFAULT_PRESET = "tiny"
+#: model keys that leave the choice of the model to the budget rule
+_NOT_SIZE = {"model.backend", "model.backend_options", "model.activation_checkpointing"}
+#: settings the budget rule fills in when not given
+_RULE_KEYS = ("train.batch_size", "task.seq_len", "train.lr", "train.warmup_steps")
 #: fields a run's config.json records although they follow from others
 _DERIVED = ("n_kv_heads", "head_dim", "ffn_hidden")
 _DERIVED_FROM = ("d_model", "n_heads", "ffn", "activation")
@@ -59,12 +70,15 @@ class LMSettings:
         model: the model config's fields, every key but ``vocab_size`` (the tokenizer's).
         train: the :class:`~attnlab.config.TrainConfig`.
         task: the :class:`~attnlab.config.LMTaskConfig` (``seed`` filled in).
+        auto: what the budget rule still has to choose (``"model"`` and the ``section.key`` of
+            each setting not given); empty when the run names its model.
     """
 
     kind: str
     model: dict[str, Any]
     train: Any
     task: Any
+    auto: frozenset[str] = frozenset()
 
     def model_config(self, vocab_size: int) -> Any:
         """The model config for a tokenizer of ``vocab_size`` tokens."""
@@ -155,13 +169,25 @@ def resolve_lm_settings(
     cli_model = dict(sections["model"])
     cli_preset = cli_model.pop("preset", None)
     file_preset = file_model.pop("preset", None)
-    if file_preset is None and cli_preset is None:
-        file_preset = _DEFAULT_PRESET  # (a run's config.json names every field anyway)
     if "vocab_size" in {**file_model, **cli_model}:
         raise UserError(
             "the vocabulary size comes from the tokenizer: use --vocab-size (BPE), "
             "not --set vocab_size"
         )
+    explicit = _explicit_keys(args, base, keys)
+    auto: frozenset[str] = frozenset()
+    if (
+        not resume
+        and kind == "decoder_lm"
+        and file_preset is None
+        and cli_preset is None
+        and not {k for k in explicit if k.startswith("model.")} - _NOT_SIZE
+    ):
+        auto = frozenset({"model", *(k for k in _RULE_KEYS if k not in explicit)})
+        if "train.warmup_frac" in explicit:
+            auto -= {"train.warmup_steps"}
+    elif file_preset is None and cli_preset is None:
+        file_preset = _DEFAULT_PRESET  # (a run's config.json names every field anyway)
     model = {
         **_preset_fields(cls, file_preset),
         **file_model,
@@ -183,7 +209,102 @@ def resolve_lm_settings(
         "seed" in given and not resume and not _set_keys(args, "task.seed")
     ):
         task["seed"] = train.seed
-    return LMSettings(kind, model, train, LMTaskConfig.from_dict(task))
+    return LMSettings(kind, model, train, LMTaskConfig.from_dict(task), auto)
+
+
+def _explicit_keys(
+    args: argparse.Namespace, base: dict[str, Any], flag_keys: dict[str, str]
+) -> set[str]:
+    """``section.key`` of every setting given by the file, a typed flag or ``--set``."""
+    from attnlab.commands.config_args import explicit_dests
+    from attnlab.config.overrides import parse_overrides
+
+    keys = {
+        f"{name}.{key}"
+        for name, section in base.items()
+        if isinstance(section, dict)
+        for key in section
+    }
+    keys |= {flag_keys[d] for d in explicit_dests(args) if d in flag_keys}
+    return keys | set(parse_overrides(getattr(args, "set", None) or []))
+
+
+def apply_budget_rule(settings: LMSettings, task: Any, *, ref_steps_per_s: float | None = None):
+    """Fill in what ``settings.auto`` leaves open from the budget rule.
+
+    Args:
+        settings: from :func:`resolve_lm_settings`, with ``auto`` not empty.
+        task: the built :class:`~attnlab.tasks.lm.LMTask` (its corpus size and vocabulary).
+        ref_steps_per_s: this machine's speed on the rule's reference row (default: measured
+            now, in about a second; under ``torchrun`` the speed of issue 12's machine, so that
+            every rank chooses alike).
+
+    Returns:
+        ``(settings, task, choice)``: the completed settings, the task with the chosen window
+        and the :class:`~attnlab.train.budget.LMBudgetChoice` (to print).
+    """
+    import os
+
+    from attnlab.tasks.lm import LMTask
+    from attnlab.train.budget import choose_lm_settings
+    from attnlab.train.distributed import resolve_device
+
+    train = settings.train
+    if ref_steps_per_s is None and train.timed and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        ref_steps_per_s = _measure_speed(resolve_device(train.device), task.vocab_size)
+    choice = choose_lm_settings(
+        budget_s=train.max_time,
+        steps=None if train.timed else train.steps,
+        corpus_tokens=task.n_tokens["train"],
+        ref_steps_per_s=ref_steps_per_s,
+        vocab_size=task.vocab_size,
+    )
+    auto = settings.auto
+    seq_len = choice.seq_len if "task.seq_len" in auto else settings.task.seq_len
+    model = {**choice.model, **settings.model, "max_seq_len": seq_len}
+    updates = {
+        key: value
+        for key, value in (
+            ("batch_size", choice.batch_size),
+            ("lr", choice.lr),
+            ("warmup_steps", choice.warmup_steps),
+        )
+        if f"train.{key}" in auto
+    }
+    task_config = settings.task.replace(seq_len=seq_len)
+    if seq_len != task.seq_len:
+        prepared = task.prepared
+        task = LMTask(task.ids, task.tokenizer, task.config.replace(seq_len=seq_len))
+        task.prepared = prepared
+    new = LMSettings(settings.kind, model, train.replace(**updates), task_config, frozenset())
+    return new, task, choice
+
+
+def _measure_speed(device: Any, vocab_size: int) -> float:
+    """The reference row's steps/s, leaving torch on the faster of its threads and one."""
+    from attnlab.train.budget import fastest_ref_steps_per_s
+
+    return fastest_ref_steps_per_s(vocab_size=vocab_size, device=device)
+
+
+def describe_choice(settings: LMSettings, choice: Any) -> str:
+    """The line ``attnlab train lm`` prints when the budget rule chose: the budget, the row and
+    the settings the run will use (explicit flags included)."""
+    train, row = settings.train, choice.row
+    import torch
+
+    budget = (
+        f"{train.max_time:g} s = {choice.reference_steps:,.0f} reference steps, "
+        f"{torch.get_num_threads()} thread(s)"
+        if train.timed
+        else f"{train.steps} steps"
+    )
+    return (
+        f"budget rule ({budget}): row {row.name}, {row.n_layers} layers x {row.d_model} "
+        f"(RoPE, dropout {choice.dropout:g}); seq {settings.task.seq_len}, batch "
+        f"{train.batch_size}, lr {train.lr:g}, warm-up {train.warmup_steps}; about "
+        f"{choice.steps:,} steps, {choice.epochs:.1f} passes over the corpus"
+    )
 
 
 def _set_keys(args: argparse.Namespace, key: str) -> bool:

@@ -4,17 +4,31 @@
 """
 
 from attnlab.config.base import Config, ConfigError
-from attnlab.config.block import BlockConfig, swiglu_hidden
+from attnlab.config.block import BlockConfig, TextStackConfig, swiglu_hidden
 from attnlab.config.encoder import EncoderConfig, MLMTaskConfig
-from attnlab.config.lm import PRESETS, BigramConfig, LMTaskConfig, LSTMConfig, ModelConfig
+from attnlab.config.lm import (
+    PRESETS,
+    BigramConfig,
+    CorpusTaskConfig,
+    LMTaskConfig,
+    LSTMConfig,
+    ModelConfig,
+)
 from attnlab.config.multimodal import VQA_MODELS, CaptionConfig, VQAConfig
-from attnlab.config.translation import RNNSeq2SeqConfig, Seq2SeqConfig, TranslationTaskConfig
+from attnlab.config.translation import (
+    RNNSeq2SeqConfig,
+    ScheduledSamplingConfig,
+    Seq2SeqConfig,
+    TranslationTaskConfig,
+)
 from attnlab.config.vision import CNNConfig, ImageTaskConfig, SwinConfig, ViTConfig
 
 __all__ = [
     "Config",
     "ConfigError",
     "BlockConfig",
+    "TextStackConfig",
+    "CorpusTaskConfig",
     "ModelConfig",
     "LSTMConfig",
     "BigramConfig",
@@ -23,6 +37,7 @@ __all__ = [
     "Seq2SeqConfig",
     "RNNSeq2SeqConfig",
     "TranslationTaskConfig",
+    "ScheduledSamplingConfig",
     "ViTConfig",
     "SwinConfig",
     "CNNConfig",

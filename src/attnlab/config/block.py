@@ -17,6 +17,7 @@ from attnlab.config.base import Config, ConfigError
 
 __all__ = [
     "BlockConfig",
+    "TextStackConfig",
     "swiglu_hidden",
     "FFNKind",
     "NormKind",
@@ -154,3 +155,28 @@ class BlockConfig(Config):
     def block_fields(self) -> dict[str, Any]:
         """The block fields as a dict (what ``build_block`` reads)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(BlockConfig)}
+
+
+@dataclass
+class TextStackConfig(BlockConfig):
+    """The block fields plus what a stack of blocks over token ids adds: the decoder-only LM's
+    :class:`~attnlab.config.ModelConfig` and the encoder's
+    :class:`~attnlab.config.EncoderConfig` inherit it.
+
+    Attributes:
+        vocab_size: V.
+        max_seq_len: the context length; learned position tables have this many rows.
+        n_layers: L blocks.
+        tie_embeddings: the output projection shares the token embedding matrix.
+        init_std: standard deviation of the normal initialisation.
+    """
+
+    vocab_size: int = 256
+    max_seq_len: int = 128
+    n_layers: int = 2
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+
+    def validate(self) -> None:
+        super().validate()
+        self.positive("vocab_size", "max_seq_len", "n_layers", "init_std")

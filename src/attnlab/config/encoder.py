@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from attnlab.config.base import Config, ConfigError
-from attnlab.config.block import Activation, BlockConfig, NormPosition
+from attnlab.config.base import ConfigError
+from attnlab.config.block import Activation, NormPosition, TextStackConfig
+from attnlab.config.lm import CorpusTaskConfig
 
 __all__ = ["EncoderConfig", "MLMTaskConfig", "ENCODER_PRESETS"]
 
@@ -52,8 +53,9 @@ ENCODER_PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
-class EncoderConfig(BlockConfig):
-    """A bidirectional Transformer encoder with a masked-LM head: the block fields plus its own.
+class EncoderConfig(TextStackConfig):
+    """A bidirectional Transformer encoder with a masked-LM head: the block and stack fields
+    (:class:`~attnlab.config.block.TextStackConfig`) plus its own.
 
     Defaults are BERT's choices (post-norm, exact GELU, LayerNorm ε = 1e-12, learned positions,
     a LayerNorm over the summed embeddings, the MLM decoder tied to the token embeddings) at a
@@ -62,13 +64,10 @@ class EncoderConfig(BlockConfig):
 
     Attributes:
         vocab_size: V, the special tokens included.
-        max_seq_len: the longest input; learned position tables have this many rows.
-        n_layers: L blocks.
         type_vocab_size: rows of the token-type (segment) embedding (BERT: 2).
         embed_norm: a LayerNorm over token + position + token-type embeddings (BERT; a pre-norm
             encoder may leave it out).
         tie_embeddings: the MLM decoder's weight is the token embedding matrix.
-        init_std: standard deviation of the normal initialisation (BERT: 0.02).
     """
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = ENCODER_PRESETS
@@ -76,21 +75,16 @@ class EncoderConfig(BlockConfig):
     activation: Activation = "gelu"
     norm_eps: float = 1e-12
     norm_position: NormPosition = "post"
-    vocab_size: int = 256
-    max_seq_len: int = 128
-    n_layers: int = 2
     type_vocab_size: int = 2
     embed_norm: bool = True
-    tie_embeddings: bool = True
-    init_std: float = 0.02
 
     def validate(self) -> None:
         super().validate()
-        self.positive("vocab_size", "max_seq_len", "n_layers", "type_vocab_size", "init_std")
+        self.positive("type_vocab_size")
 
 
 @dataclass
-class MLMTaskConfig(Config):
+class MLMTaskConfig(CorpusTaskConfig):
     """Masked-LM training on one corpus: what ``attnlab train mlm`` reads, tokenises and masks.
 
     A training example is ``[CLS] w₁ … w_{T−2} [SEP]`` (T = ``seq_len``, the model's context).
@@ -99,48 +93,32 @@ class MLMTaskConfig(Config):
     probability ``random_token`` and stays itself otherwise (BERT: 15 %, 80 / 10 / 10). The loss is
     the cross-entropy at the chosen positions only.
 
-    Its ``to_dict()`` is config.json's ``"task"``; the derived token counts ``n_tokens`` are
-    accepted and dropped on input.
+    The corpus fields are :class:`~attnlab.config.lm.CorpusTaskConfig`'s.
 
     Attributes:
         type: always ``"mlm"``.
-        data: ``pydoc``, ``stdlib``, or a path to a text file or folder (stored absolute).
         tokenizer: ``char`` or ``bpe``; the specials ``[PAD] [CLS] [SEP] [MASK]`` are added.
         vocab_size: the BPE vocabulary size before the specials (at least 256); a run records
             the plain tokenizer's actual size (for ``char``: the number of distinct characters).
         seq_len: tokens per example, ``[CLS]`` and ``[SEP]`` included (the model's context).
         seed: seeds window positions and masks (None: the training seed).
         val_fraction: the last fraction of the token ids held out for validation.
-        max_chars: use only the first this many characters of the corpus.
         mask_prob: the fraction of text positions chosen for prediction.
         mask_token, random_token: of the chosen positions, the fractions replaced by ``[MASK]``
             and by a random token (the rest keep their token).
     """
 
-    IGNORED: ClassVar[frozenset[str]] = frozenset({"n_tokens"})
-
     type: Literal["mlm"] = "mlm"
-    data: str = "pydoc"
-    tokenizer: Literal["char", "bpe"] = "char"
-    vocab_size: int = 512
-    seq_len: int = 128
-    seed: int | None = None
-    val_fraction: float = 0.1
-    max_chars: int | None = None
     mask_prob: float = 0.15
     mask_token: float = 0.8
     random_token: float = 0.1
 
     def validate(self) -> None:
         super().validate()
-        self.positive("vocab_size", "max_chars")
-        self.positive("seed", allow_zero=True)
         if self.seq_len < 3:
             raise ConfigError(
                 f"seq_len must be at least 3 ([CLS], one token, [SEP]), got {self.seq_len}"
             )
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
         if not 0.0 < self.mask_prob <= 1.0:
             raise ConfigError(f"mask_prob must be in (0, 1], got {self.mask_prob!r}")
         for name in ("mask_token", "random_token"):

@@ -13,106 +13,68 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from attnlab.config.base import Config, ConfigError
-from attnlab.config.block import BlockConfig
+from attnlab.config.block import TextStackConfig
 
-__all__ = ["ModelConfig", "LSTMConfig", "BigramConfig", "LMTaskConfig", "PRESETS"]
+__all__ = [
+    "ModelConfig",
+    "LSTMConfig",
+    "BigramConfig",
+    "CorpusTaskConfig",
+    "LMTaskConfig",
+    "PRESETS",
+]
 
+# Presets are data: a family's choices, a context, then the sizes (one preset a line)
 _GPT2 = dict(
-    ffn="mlp",
-    activation="gelu_tanh",
-    norm="layernorm",
-    norm_eps=1e-5,
-    position="learned",
-    bias=True,
-    tie_embeddings=True,
-)
+    ffn="mlp", activation="gelu_tanh", norm="layernorm", norm_eps=1e-5, position="learned",
+    bias=True, tie_embeddings=True,
+)  # fmt: skip
 _LLAMA = dict(
-    ffn="swiglu",
-    activation="silu",
-    norm="rmsnorm",
-    norm_eps=1e-6,
-    position="rope",
-    bias=False,
-    tie_embeddings=False,
-    rope_theta=10000.0,
-)
+    ffn="swiglu", activation="silu", norm="rmsnorm", norm_eps=1e-6, position="rope", bias=False,
+    tie_embeddings=False, rope_theta=10000.0,
+)  # fmt: skip
 _MIXTRAL = dict(_LLAMA, ffn="moe", norm_eps=1e-5, rope_theta=1e6, moe_aux_coef=0.01)
 _SMALL_CTX = dict(vocab_size=256, max_seq_len=128)
+_GPT2_CTX = dict(vocab_size=50257, max_seq_len=1024)
+_LLAMA_CTX = dict(vocab_size=32000, max_seq_len=1024)
 
 #: Named presets. ``tiny`` runs in CPU seconds; ``*-small`` are GPT-2-small sized (124M for gpt2).
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(_GPT2, **_SMALL_CTX, d_model=64, n_layers=2, n_heads=4),
     "gpt2-tiny": dict(_GPT2, **_SMALL_CTX, d_model=64, n_layers=2, n_heads=4),
     "gpt2-mini": dict(_GPT2, **_SMALL_CTX, d_model=128, n_layers=4, n_heads=4),
-    "gpt2-small": dict(
-        _GPT2, vocab_size=50257, max_seq_len=1024, d_model=768, n_layers=12, n_heads=12
-    ),
-    "gpt2": dict(_GPT2, vocab_size=50257, max_seq_len=1024, d_model=768, n_layers=12, n_heads=12),
+    "gpt2-small": dict(_GPT2, **_GPT2_CTX, d_model=768, n_layers=12, n_heads=12),
+    "gpt2": dict(_GPT2, **_GPT2_CTX, d_model=768, n_layers=12, n_heads=12),
     "llama-tiny": dict(_LLAMA, **_SMALL_CTX, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2),
     "llama-mini": dict(_LLAMA, **_SMALL_CTX, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2),
-    "llama-small": dict(
-        _LLAMA,
-        vocab_size=32000,
-        max_seq_len=1024,
-        d_model=768,
-        n_layers=12,
-        n_heads=12,
-        n_kv_heads=4,
-    ),
+    "llama-small": dict(_LLAMA, **_LLAMA_CTX, d_model=768, n_layers=12, n_heads=12, n_kv_heads=4),
     "mixtral-tiny": dict(
-        _MIXTRAL,
-        **_SMALL_CTX,
-        d_model=64,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=2,
-        n_experts=4,
-        top_k=2,
-        ffn_hidden=96,
+        _MIXTRAL, **_SMALL_CTX, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4,
+        top_k=2, ffn_hidden=96,
     ),
     "mixtral-small": dict(
-        _MIXTRAL,
-        vocab_size=32000,
-        max_seq_len=1024,
-        d_model=512,
-        n_layers=8,
-        n_heads=8,
-        n_kv_heads=2,
-        n_experts=8,
-        top_k=2,
-        ffn_hidden=1024,
+        _MIXTRAL, **_LLAMA_CTX, d_model=512, n_layers=8, n_heads=8, n_kv_heads=2, n_experts=8,
+        top_k=2, ffn_hidden=1024,
     ),
-}
+}  # fmt: skip
 
 
 @dataclass
-class ModelConfig(BlockConfig):
-    """A decoder-only Transformer language model: the block fields plus the LM's own.
+class ModelConfig(TextStackConfig):
+    """A decoder-only Transformer language model: the block and stack fields
+    (:class:`~attnlab.config.block.TextStackConfig`: ``vocab_size``, ``max_seq_len``,
+    ``n_layers``, ``tie_embeddings``, ``init_std``) plus the LM's own.
 
     Defaults are GPT-2's choices (learned positions, pre-LayerNorm, tanh-GELU MLP, biases, tied
     embeddings) at a CPU-friendly size.
 
     Attributes:
-        vocab_size: V.
-        max_seq_len: the context length; learned position tables have this many rows.
-        n_layers: L blocks.
-        tie_embeddings: the output projection shares the token embedding matrix.
         activation_checkpointing: recompute each block in backward (saves memory).
-        init_std: standard deviation of the normal initialisation.
     """
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
 
-    vocab_size: int = 256
-    max_seq_len: int = 128
-    n_layers: int = 2
-    tie_embeddings: bool = True
     activation_checkpointing: bool = False
-    init_std: float = 0.02
-
-    def validate(self) -> None:
-        super().validate()
-        self.positive("vocab_size", "max_seq_len", "n_layers", "init_std")
 
 
 @dataclass
@@ -158,40 +120,60 @@ class BigramConfig(Config):
 
 
 @dataclass
-class LMTaskConfig(Config):
-    """Next-token prediction on one corpus: what ``attnlab train lm`` reads and tokenises.
-
-    Its ``to_dict()`` is config.json's ``"task"`` (the task adds the derived token counts
-    ``n_tokens``, which are accepted and dropped on input, as in first-release run directories).
+class CorpusTaskConfig(Config):
+    """The settings of a task on one text corpus (language modelling, masked-LM training): which
+    corpus, how it is tokenised, cut and split. Its ``to_dict()`` is config.json's ``"task"`` (the
+    task adds the derived token counts ``n_tokens``, which are accepted and dropped on input).
 
     Attributes:
-        type: always ``"lm"`` (tells an LM task from other families' tasks in config.json).
+        type: the task (tells it from other families' tasks in config.json).
         data: ``pydoc``, ``stdlib``, or a path to a text file or folder (a run stores it absolute).
         tokenizer: ``char`` (the corpus's characters) or ``bpe`` (byte-level BPE trained on it).
         vocab_size: the BPE vocabulary size (at least 256); a run records the tokenizer's actual
             size (for ``char``: the number of distinct characters).
-        seq_len: training window T, which is also the model's context ``max_seq_len``.
+        seq_len: tokens per training example, which is also the model's context ``max_seq_len``.
         seed: seeds the window positions (None: the training seed).
-        val_fraction: the fraction of the token ids held out for validation: the last
-            ``val_fraction`` of every block of ``val_block`` tokens.
-        val_block: tokens per held-out block (default 2^20). A corpus of at most one block, or
-            ``None``, is one block: its last ``val_fraction`` is validation. A run's config.json
-            from before this field (it has ``n_tokens`` but no ``val_block``) reads as ``None``:
-            such runs held out the tail, and still evaluate on it.
+        val_fraction: the fraction of the token ids held out for validation.
         max_chars: use only the first this many characters of the corpus.
     """
 
     IGNORED: ClassVar[frozenset[str]] = frozenset({"n_tokens"})
 
-    type: Literal["lm"] = "lm"
+    type: str = ""
     data: str = "pydoc"
     tokenizer: Literal["char", "bpe"] = "char"
     vocab_size: int = 512
     seq_len: int = 128
     seed: int | None = None
     val_fraction: float = 0.1
-    val_block: int | None = 1 << 20
     max_chars: int | None = None
+
+    def validate(self) -> None:
+        super().validate()
+        self.positive("vocab_size", "max_chars")
+        self.positive("seed", allow_zero=True)
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+
+
+@dataclass
+class LMTaskConfig(CorpusTaskConfig):
+    """Next-token prediction on one corpus: what ``attnlab train lm`` reads and tokenises (the
+    fields of :class:`CorpusTaskConfig`, and ``val_block``).
+
+    Attributes:
+        type: always ``"lm"``.
+        seq_len: training window T, which is also the model's context ``max_seq_len``.
+        val_fraction: the last ``val_fraction`` of every block of ``val_block`` tokens is held
+            out for validation.
+        val_block: tokens per held-out block (default 2^20). A corpus of at most one block, or
+            ``None``, is one block: its last ``val_fraction`` is validation. A run's config.json
+            from before this field (it has ``n_tokens`` but no ``val_block``) reads as ``None``:
+            such runs held out the tail, and still evaluate on it.
+    """
+
+    type: Literal["lm"] = "lm"
+    val_block: int | None = 1 << 20
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> LMTaskConfig:
@@ -201,7 +183,4 @@ class LMTaskConfig(Config):
 
     def validate(self) -> None:
         super().validate()
-        self.positive("vocab_size", "seq_len", "max_chars", "val_block")
-        self.positive("seed", allow_zero=True)
-        if not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+        self.positive("seq_len", "val_block")

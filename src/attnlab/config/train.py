@@ -12,10 +12,12 @@ from typing import Literal
 
 from attnlab.config.base import Config, ConfigError
 
-__all__ = ["TrainConfig", "SCHEDULES", "AMP_MODES"]
+__all__ = ["TrainConfig", "SCHEDULES", "AMP_MODES", "STRATEGIES", "FSDP_DTYPES"]
 
 SCHEDULES = ("cosine", "inverse_sqrt", "constant")
 AMP_MODES = ("none", "bf16")
+STRATEGIES = ("ddp", "fsdp")
+FSDP_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass
@@ -29,6 +31,11 @@ class TrainConfig(Config):
     ``batch_size`` is the *global* batch of one optimizer step: it is split into ``grad_accum``
     micro-batches, and each micro-batch is split over the ``world`` data-parallel ranks, so it must
     be divisible by ``grad_accum * world``.
+
+    Under ``torchrun`` the ranks either each hold the whole model (``strategy="ddp"``) or shard
+    parameters, gradients and optimizer state over themselves (``strategy="fsdp"``, FSDP2: see
+    :mod:`attnlab.train.fsdp`; checkpoints are then sharded, :mod:`attnlab.train.sharded`).
+    The ``fsdp_*`` fields only matter with ``fsdp``.
     """
 
     steps: int | None = None  # optimizer steps (ignored when max_time is set)
@@ -39,7 +46,9 @@ class TrainConfig(Config):
     min_lr_ratio: float = 0.1  # cosine floor = lr * min_lr_ratio
     warmup_steps: int = 100  # linear warm-up length in optimizer steps
     warmup_frac: float | None = None  # warm-up as a fraction of the run; overrides warmup_steps
-    schedule: Literal["cosine", "inverse_sqrt", "constant"] = "cosine"  # "cosine" | "inverse_sqrt" | "constant" (after warm-up)
+    schedule: Literal["cosine", "inverse_sqrt", "constant"] = (
+        "cosine"  # "cosine" | "inverse_sqrt" | "constant" (after warm-up)
+    )
     weight_decay: float = 0.1  # AdamW decoupled decay; never on norms, biases, embeddings
     betas: tuple[float, float] = (0.9, 0.95)  # 0.95 rather than 0.999: steadier with large batches
     grad_clip: float | None = 1.0  # clip the global gradient norm to this (None: no clipping)
@@ -52,6 +61,13 @@ class TrainConfig(Config):
     seed: int = 0
     device: str = "auto"  # "auto" -> cuda if available else cpu; or "cpu", "cuda", "cuda:1"
     progress: bool = True  # tqdm progress bar on stderr (rank 0 only)
+    strategy: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (DDP) or shard (FSDP2)
+    # FSDP compute dtype of the gathered parameters; "auto": bfloat16 with amp="bf16", else float32
+    fsdp_param_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    fsdp_reduce_dtype: Literal["float32", "bfloat16"] = "float32"  # gradient reduce-scatter dtype
+    # free each unit's gathered parameters after its forward (ZeRO-3); False keeps them for the
+    # backward (more memory, one all-gather less per unit and step)
+    fsdp_reshard_after_forward: bool = True
 
     def validate(self) -> None:
         super().validate()

@@ -4,11 +4,13 @@ and the translation task's data settings, with their presets.
     Seq2SeqConfig.preset("tiny", src_vocab_size=32, tgt_vocab_size=181)
     RNNSeq2SeqConfig.preset("small", cell="lstm")
     TranslationTaskConfig(task="numbers", lang="de", high=999)
+    TranslationTaskConfig(scheduled_sampling={"decay": "inverse_sigmoid", "k": 300})
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from attnlab.config.base import Config, ConfigError
@@ -18,6 +20,7 @@ __all__ = [
     "Seq2SeqConfig",
     "RNNSeq2SeqConfig",
     "TranslationTaskConfig",
+    "ScheduledSamplingConfig",
     "SEQ2SEQ_PRESETS",
     "RNN_PRESETS",
     "TRANSLATION_TASKS",
@@ -26,45 +29,21 @@ __all__ = [
     "check_number_language",
 ]
 
+
+def _stacks(n_layers: int, **sizes: Any) -> dict[str, Any]:
+    """A preset with ``n_layers`` blocks in each stack (the paper's models are symmetric)."""
+    return dict(n_enc_layers=n_layers, n_dec_layers=n_layers, **sizes)
+
+
 #: Seq2SeqConfig presets: ``vaswani`` / ``vaswani-big`` are the paper's base and big models (its
 #: post-norm, sinusoidal, ReLU defaults), ``small`` trains in CPU minutes, ``tiny`` in seconds.
 SEQ2SEQ_PRESETS: dict[str, dict[str, Any]] = {
-    "vaswani": dict(
-        d_model=512,
-        n_heads=8,
-        n_enc_layers=6,
-        n_dec_layers=6,
-        ffn_hidden=2048,
-        dropout=0.1,
-        max_seq_len=256,
+    "vaswani": _stacks(6, d_model=512, n_heads=8, ffn_hidden=2048, dropout=0.1, max_seq_len=256),
+    "vaswani-big": _stacks(
+        6, d_model=1024, n_heads=16, ffn_hidden=4096, dropout=0.3, max_seq_len=256
     ),
-    "vaswani-big": dict(
-        d_model=1024,
-        n_heads=16,
-        n_enc_layers=6,
-        n_dec_layers=6,
-        ffn_hidden=4096,
-        dropout=0.3,
-        max_seq_len=256,
-    ),
-    "small": dict(
-        d_model=128,
-        n_heads=4,
-        n_enc_layers=3,
-        n_dec_layers=3,
-        ffn_hidden=512,
-        dropout=0.1,
-        max_seq_len=128,
-    ),
-    "tiny": dict(
-        d_model=64,
-        n_heads=4,
-        n_enc_layers=2,
-        n_dec_layers=2,
-        ffn_hidden=128,
-        dropout=0.0,
-        max_seq_len=64,
-    ),
+    "small": _stacks(3, d_model=128, n_heads=4, ffn_hidden=512, dropout=0.1, max_seq_len=128),
+    "tiny": _stacks(2, d_model=64, n_heads=4, ffn_hidden=128, dropout=0.0, max_seq_len=64),
 }
 
 #: RNNSeq2SeqConfig presets (both ``rnn`` and ``rnn-attn``)
@@ -171,6 +150,83 @@ class RNNSeq2SeqConfig(Config):
         return self.hidden * (2 if self.bidirectional else 1)
 
 
+#: default ``k`` of each decay (Bengio et al. 2015 give the forms, not the values): the gold
+#: probability is one half after 500 steps (linear, with c = 1e-3), 693 (exponential) and 1711
+#: (inverse sigmoid)
+_DEFAULT_K = {"none": 1.0, "linear": 1.0, "exponential": 0.999, "inverse_sigmoid": 300.0}
+
+
+@dataclass
+class ScheduledSamplingConfig(Config):
+    """Scheduled sampling (Bengio et al. 2015): how often training feeds the gold token.
+
+    At training step i the decoder reads the gold previous token with probability ε_i and its own
+    greedy prediction otherwise (teacher forcing is ε_i = 1 throughout). The forms of the paper:
+
+        linear:           ε_i = max(min_gold, k - c·i)
+        exponential:      ε_i = max(min_gold, k^i)               (k < 1)
+        inverse_sigmoid:  ε_i = max(min_gold, k / (k + exp(i/k)))  (k >= 1)
+
+    The schedule counts optimizer steps and nothing else: it does not stretch with the run's
+    length (``--steps``/``--max-time``), so a run of the same steps sees the same ε_i. Validation
+    loss stays teacher-forced.
+
+    Attributes:
+        decay: ``none`` (teacher forcing) | ``linear`` | ``exponential`` | ``inverse_sigmoid``.
+        k: the decay's constant (see above; default per decay: 1, 0.999, 300).
+        c: linear only: the slope per step.
+        min_gold: floor ε of the gold-token probability.
+        scheme: how a model is fed its own predictions: ``stepwise`` (each step reads the
+            prediction made one step earlier in the same pass; what RNNs do), ``two_pass``
+            (predictions of a teacher-forced pass without gradient, then a second pass on the
+            mixed input; Mihaylova & Martins 2019, the Transformer's way) or ``auto`` (stepwise for
+            recurrent decoders, two passes otherwise).
+    """
+
+    decay: Literal["none", "linear", "exponential", "inverse_sigmoid"] = "none"
+    k: float | None = None
+    c: float = 1e-3
+    min_gold: float = 0.0
+    scheme: Literal["auto", "stepwise", "two_pass"] = "auto"
+
+    def validate(self) -> None:
+        super().validate()
+        k = self.decay_constant
+        if self.decay == "exponential" and not 0 < k < 1:
+            raise ConfigError(f"exponential decay needs 0 < k < 1, got k={k}")
+        if self.decay == "inverse_sigmoid" and k < 1:
+            raise ConfigError(f"inverse_sigmoid decay needs k >= 1, got k={k}")
+        if self.decay == "linear" and not (k > 0 and self.c > 0):
+            raise ConfigError(f"linear decay needs k > 0 and c > 0, got k={k}, c={self.c}")
+        if not 0.0 <= self.min_gold <= 1.0:
+            raise ConfigError(f"min_gold must be in [0, 1], got {self.min_gold}")
+
+    @property
+    def decay_constant(self) -> float:
+        """``k``, or the decay's default when it is not set (kept unset in config.json, so that
+        changing ``decay`` alone never inherits another decay's constant)."""
+        return _DEFAULT_K[self.decay] if self.k is None else float(self.k)
+
+    @property
+    def active(self) -> bool:
+        """True when training ever feeds the model its own predictions."""
+        return self.decay != "none" and self.min_gold < 1.0
+
+    def gold_probability(self, step: int) -> float:
+        """ε_i: the probability of feeding the gold token at optimizer step ``step``."""
+        k = self.decay_constant
+        if self.decay == "none":
+            return 1.0
+        if self.decay == "linear":
+            eps = k - self.c * step
+        elif self.decay == "exponential":
+            eps = k**step
+        else:  # inverse sigmoid; exp overflows past ~709·k steps, where ε is 0 anyway
+            z = step / k
+            eps = k / (k + math.exp(z)) if z < 700 else 0.0
+        return min(1.0, max(self.min_gold, eps))
+
+
 TRANSLATION_TASKS = ("numbers", "dates", "tsv")
 VOCAB_LEVELS = ("word", "char", "bpe")
 Level = Literal["word", "char", "bpe"]
@@ -216,6 +272,9 @@ class TranslationTaskConfig(Config):
         seed: generation and split seed.
         eval_examples: validation sentences greedily decoded at each validation (exact match,
             BLEU, chrF; 0 = loss only).
+        scheduled_sampling: feed the decoder its own predictions during training
+            (:class:`ScheduledSamplingConfig`; default: teacher forcing). Set from the command
+            line with ``--set task.scheduled_sampling.decay=inverse_sigmoid``.
 
     config.json's ``task`` also records ``name`` and the data's ``stats``; they are read back and
     dropped (``IGNORED``).
@@ -242,6 +301,7 @@ class TranslationTaskConfig(Config):
     test_frac: float = 0.05
     seed: int = 0
     eval_examples: int = 200
+    scheduled_sampling: ScheduledSamplingConfig = field(default_factory=ScheduledSamplingConfig)
 
     def validate(self) -> None:
         super().validate()

@@ -4,9 +4,11 @@
   implemented by the LM, the seq2seq models and the captioners;
 - :mod:`~attnlab.decoding.search`: greedy decoding and batched beam search (GNMT length penalty);
 - :mod:`~attnlab.decoding.sampling`: sampling from LMs (temperature, top-k, top-p, stop ids,
-  streaming, left-padded batches) and LM beam search.
+  streaming, left-padded batches) and LM beam search;
+- :mod:`~attnlab.decoding.compiled`: a compiled single-token step over static KV caches.
 """
 
+from attnlab.decoding.compiled import compiled_forward, start_static
 from attnlab.decoding.interface import DecodeState, IncrementalDecoder, supports_decoding
 from attnlab.decoding.sampling import (
     beam_generate,
@@ -30,4 +32,6 @@ __all__ = [
     "beam_search",
     "greedy_search",
     "length_penalty",
+    "compiled_forward",
+    "start_static",
 ]

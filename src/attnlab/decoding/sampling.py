@@ -14,6 +14,7 @@ table) recompute the window at every step.
 Prompts of different lengths go in one batch left-padded with ``attention_mask`` (True = real
 token); a padded prompt yields the same tokens as the prompt alone. Once the context
 (``max_seq_len``) is full, the oldest tokens are dropped and the window is encoded again.
+``compile=True`` decodes over static caches with a compiled step (:mod:`attnlab.decoding.compiled`).
 
 Shape legend: B batch, T prompt length, V vocab.
 """
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch import Tensor, nn
 
+from attnlab.decoding.compiled import capacity_bucket, start_static
 from attnlab.decoding.interface import supports_decoding
 from attnlab.decoding.search import Hypothesis, beam_search
 from attnlab.errors import UserError
@@ -129,9 +131,12 @@ def stream_generate(
     attention_mask: Tensor | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    compile: bool = False,
 ) -> Iterator[Tensor]:
     """Yield the next token of every row, ``(B,)``, one step at a time (see :func:`generate`)."""
     ctx = _check(model, idx, max_new_tokens, temperature, top_k, top_p, attention_mask)
+    if compile and not use_cache:
+        raise UserError("compiled decoding runs over the KV cache: drop use_cache=False")
     device = next(model.parameters()).device
     stop_list = [] if stop is None else [stop] if isinstance(stop, int) else list(stop)
     stop_ids = torch.as_tensor(stop_list, dtype=torch.long, device=device)
@@ -163,7 +168,11 @@ def stream_generate(
                     # room for this window plus the tokens still to come, never the whole
                     # max_seq_len (imported Llama checkpoints have 32k-131k positions)
                     capacity = min(ctx, L - start + max_new_tokens - step)
-                    state = model.start_decoding(tokens.shape[0], capacity)
+                    if compile:
+                        capacity = capacity_bucket(capacity, ctx)
+                        state = start_static(model, tokens.shape[0], capacity, compile=True)
+                    else:
+                        state = model.start_decoding(tokens.shape[0], capacity)
                     cached = start
                 new_mask = mask[:, cached:] if has_padding else None
                 logits, state = model.decode_step(
@@ -203,6 +212,7 @@ def generate(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     callback: Callable[[Tensor], None] | None = None,
+    compile: bool = False,
 ) -> Tensor:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
@@ -220,6 +230,9 @@ def generate(
         use_cache: use a KV cache (default); False recomputes the whole window every step.
         generator: torch generator for reproducible sampling.
         callback: called with each step's new tokens ``(B,)`` (streaming).
+        compile: decode over static KV caches with a ``torch.compile``d step (CUDA graphs on a
+            GPU); the first call compiles (tens of seconds on a CPU, cached on disk after), so it
+            pays for long generations. A :class:`attnlab.DecoderLM` only.
 
     Returns:
         ``(B, T + n)`` token ids: the prompts (as given, padding included) and the new tokens.
@@ -239,6 +252,7 @@ def generate(
         attention_mask=attention_mask,
         use_cache=use_cache,
         generator=generator,
+        compile=compile,
     ):
         if callback is not None:
             callback(nxt)

@@ -20,11 +20,11 @@ from attnlab.attention.capture import capture_attention
 from attnlab.decoding import greedy_search
 from attnlab.errors import UserError
 from attnlab.explore.images import image_payload
-from attnlab.explore.payload import group_layers, head_dim_of, make_view
+from attnlab.explore.payload import LayerAttention, group_layers, head_dim_of, make_view
 from attnlab.explore.vision import grid_spec, patch_labels, read_input_image
 from attnlab.runs import LoadedRun
 
-__all__ = ["KINDS", "INPUT", "QUESTION", "explain", "image_grid", "read_scene_input"]
+__all__ = ["KINDS", "INPUT", "QUESTION", "explain", "image_grid", "image_view", "read_scene_input"]
 
 KINDS = ("caption_transformer",)
 INPUT = "image"
@@ -44,6 +44,39 @@ def image_grid(model: nn.Module, n: int) -> tuple[int, int]:
     if g * g != n:
         raise UserError(f"{n} image tokens do not form a square grid over the image")
     return g, g
+
+
+def image_view(
+    run: LoadedRun,
+    groups: dict[str, list[LayerAttention]],
+    queries: list[str],
+    *,
+    title: str,
+    note: str,
+) -> dict:
+    """The view of the text's cross-attention over the image grid (captioner and VQA).
+
+    Args:
+        groups: the layers grouped by :func:`group_layers`; the view reads ``groups["cross"]``.
+        queries: the text tokens.
+
+    Raises:
+        UserError: the model recorded no cross-attention.
+    """
+    if "cross" not in groups:
+        raise UserError(f"the {run.kind} model recorded no attention over the image")
+    layers = groups["cross"]
+    gh, gw = image_grid(run.model, layers[0].weights.shape[-1])
+    return make_view(
+        "cross",
+        title,
+        layers,
+        queries=queries,
+        keys=patch_labels(gh, gw),
+        note=note,
+        grid=grid_spec(gh, gw),
+        head_dim=head_dim_of(run.model, layers[0].name),
+    )
 
 
 def read_scene_input(run: LoadedRun, inp) -> Tensor:
@@ -83,22 +116,15 @@ def explain(run: LoadedRun, inp) -> dict:
     with torch.no_grad(), capture_attention(model, scores=True) as maps:
         model(x, torch.tensor([tokens]))
     groups = group_layers(maps, _classify)
-    if "cross" not in groups:
-        raise UserError(f"the {run.kind} model recorded no attention over the image")
     produced = [vocab.itos[i] for i in out]
     read = [vocab.itos[i] for i in tokens]
-    n = groups["cross"][0].weights.shape[-1]
-    gh, gw = image_grid(model, n)
     views = [
-        make_view(
-            "cross",
-            "word → image (cross-attention)",
-            groups["cross"],
-            queries=produced,
-            keys=patch_labels(gh, gw),
+        image_view(
+            run,
+            groups,
+            produced,
+            title="word → image (cross-attention)",
             note="Choose a word: the image shows where the decoder looked while producing it.",
-            grid=grid_spec(gh, gw),
-            head_dim=head_dim_of(model, groups["cross"][0].name),
         )
     ]
     if "words" in groups:

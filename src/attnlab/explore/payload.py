@@ -39,6 +39,7 @@ from attnlab.errors import UserError
 __all__ = [
     "MAX_ENTRIES",
     "LayerAttention",
+    "top_guesses",
     "encode_array",
     "entropy_bits",
     "rollout_matrix",
@@ -153,6 +154,15 @@ def head_dim_of(model: nn.Module, name: str) -> int | None:
         return getattr(model.get_submodule(name), "head_dim", None)
     except AttributeError:
         return None
+
+
+def top_guesses(logits: Tensor, k: int, label: Callable[[int], str]) -> str:
+    """The ``k`` most probable outputs of ``logits (V,)`` as ``"label p, label p, ..."``."""
+    probs = logits.float().softmax(-1)
+    top = probs.topk(min(k, probs.numel()))
+    return ", ".join(
+        f"{label(int(i))} {float(p):.2f}" for p, i in zip(top.values, top.indices, strict=True)
+    )
 
 
 def make_view(

@@ -14,7 +14,7 @@ import torch
 
 from attnlab.attention.capture import capture_attention
 from attnlab.errors import UserError
-from attnlab.explore.payload import group_layers, head_dim_of, make_view
+from attnlab.explore.payload import group_layers, head_dim_of, make_view, top_guesses
 from attnlab.runs import LoadedRun
 
 __all__ = ["KINDS", "INPUT", "QUESTION", "MAX_CHARS", "explain", "token_labels"]
@@ -95,12 +95,7 @@ def explain(run: LoadedRun, inp) -> dict:
         scores_have_bias=getattr(config, "position", None) == "alibi",
         query=len(ids) - 1,
     )
-    probs = logits[0, -1].float().softmax(-1)
-    top = probs.topk(min(5, probs.numel()))
-    guesses = ", ".join(
-        f"{run.tokenizer.decode([int(i)])!r} {float(p):.2f}"
-        for p, i in zip(top.values, top.indices, strict=True)
-    )
+    guesses = top_guesses(logits[0, -1], 5, lambda i: repr(run.tokenizer.decode([i])))
     return {
         "family": "text",
         "input": inp.text,

@@ -20,7 +20,13 @@ from torch import Tensor, nn
 from attnlab.attention.capture import capture_attention
 from attnlab.errors import UserError
 from attnlab.explore.images import decode_image, image_payload
-from attnlab.explore.payload import LayerAttention, group_layers, head_dim_of, make_view
+from attnlab.explore.payload import (
+    LayerAttention,
+    group_layers,
+    head_dim_of,
+    make_view,
+    top_guesses,
+)
 from attnlab.runs import LoadedRun
 
 __all__ = ["KINDS", "INPUT", "QUESTION", "explain", "patch_labels", "grid_spec", "window_tokens"]
@@ -165,13 +171,8 @@ def explain(run: LoadedRun, inp) -> dict:
         views = [_vit_view(model, maps, h // patch, w // patch)]
     if not views:
         raise UserError(f"the {run.kind} model recorded no attention")
-    probs = logits[0].float().softmax(-1)
-    top = probs.topk(min(3, probs.numel()))
     classes = list(settings.classes)
-    guesses = ", ".join(
-        f"{classes[int(i)] if int(i) < len(classes) else int(i)} {float(p):.2f}"
-        for p, i in zip(top.values, top.indices, strict=True)
-    )
+    guesses = top_guesses(logits[0], 3, lambda i: classes[i] if i < len(classes) else str(i))
     return {
         "family": "image",
         "input": inp.image_name,

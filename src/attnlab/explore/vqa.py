@@ -14,10 +14,9 @@ import torch
 
 from attnlab.attention.capture import capture_attention
 from attnlab.errors import UserError
-from attnlab.explore.caption import image_grid, read_scene_input
+from attnlab.explore.caption import image_view, read_scene_input
 from attnlab.explore.images import image_payload
-from attnlab.explore.payload import group_layers, head_dim_of, make_view
-from attnlab.explore.vision import grid_spec, patch_labels
+from attnlab.explore.payload import group_layers, head_dim_of, make_view, top_guesses
 from attnlab.runs import LoadedRun
 
 __all__ = ["KINDS", "INPUT", "QUESTION", "explain"]
@@ -48,21 +47,14 @@ def explain(run: LoadedRun, inp) -> dict:
     with torch.no_grad(), capture_attention(model, scores=True) as maps:
         logits = model(image[None], torch.tensor([ids]), torch.tensor([len(ids)]))  # (1, A)
     groups = group_layers(maps, _classify)
-    if "cross" not in groups:
-        raise UserError(f"the {run.kind} model recorded no attention over the image")
     words = [vocab.itos[i] for i in ids]
-    n = groups["cross"][0].weights.shape[-1]
-    gh, gw = image_grid(model, n)
     views = [
-        make_view(
-            "cross",
-            "question → image (cross-attention)",
-            groups["cross"],
-            queries=words,
-            keys=patch_labels(gh, gw),
+        image_view(
+            run,
+            groups,
+            words,
+            title="question → image (cross-attention)",
             note="Choose a question word: the image shows where it looked.",
-            grid=grid_spec(gh, gw),
-            head_dim=head_dim_of(model, groups["cross"][0].name),
         )
     ]
     if "question" in groups:
@@ -77,13 +69,7 @@ def explain(run: LoadedRun, inp) -> dict:
                 head_dim=head_dim_of(model, groups["question"][0].name),
             )
         )
-    probs = logits[0].float().softmax(-1)
-    top = probs.topk(min(3, probs.numel()))
-    answers = ", ".join(
-        f"{vocab.answers[int(i)]} {float(p):.2f}"
-        for p, i in zip(top.values, top.indices, strict=True)
-    )
-    summary = [f"answer: {answers}"]
+    summary = [f"answer: {top_guesses(logits[0], 3, lambda i: vocab.answers[i])}"]
     if unknown:
         summary.append(
             f"not in the vocabulary (read as <unk>): {', '.join(dict.fromkeys(unknown))}"

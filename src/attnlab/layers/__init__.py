@@ -1,5 +1,5 @@
 """Transformer building blocks: positions, norms, FFNs, mixture of experts, drop-path, patch
-embedding and the block."""
+embedding, the block, and the RNN baselines' recurrent stacks."""
 
 from attnlab.layers.drop_path import DropPath, drop_path
 from attnlab.layers.ffn import MLP, SwiGLU
@@ -23,6 +23,7 @@ from attnlab.layers.position import (
     sinusoidal_table,
 )
 from attnlab.layers.position.grid import interpolate_positions
+from attnlab.layers.rnn import stacked_rnn
 
 __all__ = [
     "ALiBi",
@@ -45,6 +46,7 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "build_block",
+    "build_final_norm",
     "build_positions",
     "check_images",
     "drop_path",
@@ -53,13 +55,14 @@ __all__ = [
     "make_norm",
     "sincos_2d",
     "sinusoidal_table",
+    "stacked_rnn",
 ]
 
 
 def __getattr__(name: str):
     # block.py needs attnlab.attention, whose multi-head layer needs layers.norm/position:
     # importing it here eagerly would make the two package inits import each other
-    if name in ("TransformerBlock", "build_block"):
+    if name in ("TransformerBlock", "build_block", "build_final_norm"):
         from attnlab.layers import block
 
         return getattr(block, name)

@@ -30,7 +30,7 @@ from attnlab.layers.moe import MoE
 from attnlab.layers.norm import make_norm
 from attnlab.layers.position import Positions
 
-__all__ = ["TransformerBlock", "build_block", "NormPosition"]
+__all__ = ["TransformerBlock", "build_block", "build_final_norm", "NormPosition"]
 
 NormPosition = Literal["pre", "post"]
 
@@ -267,3 +267,24 @@ def build_block(
         dropout=c.dropout,
         drop_path=c.drop_path if drop_path is None else drop_path,
     )
+
+
+def build_final_norm(config: Any, enabled: bool | None = None) -> nn.Module:
+    """The norm after the last block of a stack, from a config's ``norm`` fields.
+
+    A pre-norm stack needs one: its residual stream is never normalised otherwise. Post-norm
+    blocks end normalised, so by default they get none.
+
+    Args:
+        config: a :class:`attnlab.config.BlockConfig` (or anything with its norm fields).
+        enabled: whether the stack has a final norm (default: ``norm_position == "pre"``).
+
+    Returns:
+        ``make_norm(config.norm, d_model, ...)``, or ``nn.Identity()`` when not ``enabled``.
+    """
+    c = config
+    if enabled is None:
+        enabled = c.norm_position == "pre"
+    if not enabled:
+        return nn.Identity()
+    return make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)

@@ -13,14 +13,21 @@ Shape legend: B sentences, S source length, T output steps, L decoder layers, H 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.attention.capture import AttentionMaps
-from attnlab.data.translation import END_ID, PAD_ID, START_ID, TranslationVocabs, collate
+from attnlab.data.translation import (
+    END_ID,
+    PAD_ID,
+    START_ID,
+    Batch,
+    TranslationVocabs,
+    collate,
+)
 from attnlab.decoding.search import Hypothesis, beam_search
 from attnlab.errors import UserError
 
@@ -35,6 +42,8 @@ __all__ = [
     "chrf",
     "token_bleu",
     "evaluate_pairs",
+    "pair_batches",
+    "teacher_forced_tokens",
 ]
 
 
@@ -288,3 +297,45 @@ def evaluate_pairs(
         "references": refs,
         "correct": correct,
     }
+
+
+def pair_batches(
+    vocabs: TranslationVocabs,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    batch_size: int = 128,
+    device: torch.device | str = "cpu",
+) -> Iterator[Batch]:
+    """Teacher-forcing batches of ``(source, reference)`` pairs, in order (unknown source
+    tokens become ``<unk>``)."""
+    for start in range(0, len(pairs), batch_size):
+        chunk = pairs[start : start + batch_size]
+        yield collate(
+            [vocabs.src.encode(vocabs.normalizer(s)) for s, _ in chunk],
+            [vocabs.tgt.encode(vocabs.normalizer(t)) for _, t in chunk],
+        ).to(device)
+
+
+@torch.no_grad()
+def teacher_forced_tokens(
+    model: nn.Module,
+    vocabs: TranslationVocabs,
+    pairs: Sequence[tuple[str, str]],
+    *,
+    batch_size: int = 128,
+) -> tuple[Tensor, Tensor]:
+    """Logits and targets of every reference token (``<end>`` included) under teacher forcing.
+
+    Returns:
+        ``(logits (N, V) float32 on the CPU, targets (N,))`` over the N non-padding positions.
+    """
+    was_training = model.training
+    model.eval()
+    logits, targets = [], []
+    for batch in pair_batches(vocabs, pairs, batch_size=batch_size, device=_device(model)):
+        out = model(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
+        real = batch.tgt_out != PAD_ID  # (B, T)
+        logits.append(out[real].float().cpu())
+        targets.append(batch.tgt_out[real].cpu())
+    model.train(was_training)
+    return torch.cat(logits), torch.cat(targets)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from attnlab.attention.capture import capture_attention
 from attnlab.config.encoder import EncoderConfig
-from attnlab.layers.block import build_block
+from attnlab.layers.block import build_block, build_final_norm
 from attnlab.layers.ffn import ACTIVATIONS
 from attnlab.layers.norm import make_norm
 from attnlab.layers.position import build_positions
@@ -103,11 +103,7 @@ class EncoderMLM(nn.Module):
         self.blocks = nn.ModuleList(
             build_block(c, positions=self.pos_emb) for _ in range(c.n_layers)
         )
-        self.norm_f = (
-            make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
-            if c.norm_position == "pre"
-            else nn.Identity()
-        )
+        self.norm_f = build_final_norm(c)
         self.head = MLMHead(
             c.d_model,
             c.vocab_size,

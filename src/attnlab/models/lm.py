@@ -10,7 +10,10 @@ adds absolute positions and whose ``rotate``/``bias`` (RoPE, ALiBi) every block'
 applies. Left-padded batches are supported through ``attention_mask`` (True = real token): padded
 keys are masked out and each row's positions count only its real tokens, so a padded prompt
 behaves exactly like the prompt alone. Incremental decoding (:meth:`DecoderLM.start_decoding`,
-:meth:`DecoderLM.decode_step`) keeps one KV cache per block.
+:meth:`DecoderLM.decode_step`) keeps one KV cache per block, dynamic (the keys grow by one per
+step) or static (``static=True``: preallocated buffers written at a cursor, every key slot read
+with a mask that hides the slots not written yet, so every step has the same shapes and compiles
+once; see :mod:`attnlab.attention.cache`).
 
 Shape legend: B batch, T new tokens, S = past + T keys, C d_model, V vocab_size, H heads.
 """
@@ -18,6 +21,7 @@ Shape legend: B batch, T new tokens, S = past + T keys, C d_model, V vocab_size,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -28,8 +32,7 @@ from torch.utils.checkpoint import checkpoint
 from attnlab.attention.cache import DecodeState, KVCache
 from attnlab.attention.capture import capture_attention
 from attnlab.config.lm import ModelConfig
-from attnlab.layers.block import build_block
-from attnlab.layers.norm import make_norm
+from attnlab.layers.block import build_block, build_final_norm
 from attnlab.layers.position import build_positions
 from attnlab.models.registry import register_kind
 
@@ -39,11 +42,22 @@ __all__ = ["DecoderLM", "LMDecodeState"]
 @dataclass
 class LMDecodeState(DecodeState):
     """Incremental decoding of a :class:`DecoderLM`: one KV cache per block, and which of the
-    tokens fed so far are real (left padding)."""
+    tokens fed so far are real (left padding).
+
+    With static caches ``mask`` is a ``(B, max_len)`` buffer written in place at each step's
+    slots; ``step_forward`` (when set, e.g. a ``torch.compile`` of the model by
+    :mod:`attnlab.decoding.compiled`) runs the single-token steps instead of the eager forward.
+    """
 
     caches: list[KVCache]
-    mask: Tensor  # (B, S) bool: True = real token, for the S tokens fed so far
+    mask: Tensor  # (B, S) bool: True = real token, for the S tokens fed so far (static: S=max_len)
     padded: bool = field(default=False)  # some row has padding: pass the mask to the model
+    step_forward: Callable[..., Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def static(self) -> bool:
+        """True when the caches are static (fixed shapes)."""
+        return bool(self.caches) and self.caches[0].static
 
 
 class DecoderLM(nn.Module):
@@ -72,12 +86,10 @@ class DecoderLM(nn.Module):
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.pos_emb = build_positions(c, causal=True)  # T5: buckets for earlier keys only
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(build_block(c, positions=self.pos_emb) for _ in range(c.n_layers))
-        self.norm_f = (
-            make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
-            if c.norm_position == "pre"
-            else nn.Identity()
+        self.blocks = nn.ModuleList(
+            build_block(c, positions=self.pos_emb) for _ in range(c.n_layers)
         )
+        self.norm_f = build_final_norm(c)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.reset_parameters()
         if c.tie_embeddings:
@@ -99,12 +111,31 @@ class DecoderLM(nn.Module):
                 nn.init.normal_(p, std=std)
 
     def make_caches(
-        self, batch_size: int, max_len: int | None = None, *, device=None, dtype=None
+        self,
+        batch_size: int,
+        max_len: int | None = None,
+        *,
+        device=None,
+        dtype=None,
+        static: bool = False,
     ) -> list[KVCache]:
-        """One empty KV cache per block, for ``batch_size`` rows and up to ``max_len`` tokens."""
+        """One empty KV cache per block, for ``batch_size`` rows and up to ``max_len`` tokens.
+
+        Args:
+            dtype: the caches' dtype (default: the embeddings', which stay floating point when
+                the linear layers are quantised).
+            static: fixed-shape caches (see :mod:`attnlab.attention.cache`).
+
+        Raises:
+            ValueError: ``max_len`` beyond the context ``max_seq_len``.
+        """
         max_len = self.config.max_seq_len if max_len is None else max_len
+        if max_len > self.config.max_seq_len:
+            raise ValueError(f"max_len={max_len} exceeds max_seq_len={self.config.max_seq_len}")
+        device = device or self.tok_emb.weight.device
+        dtype = dtype or self.tok_emb.weight.dtype
         return [
-            blk.attn.make_cache(batch_size, max_len, device=device, dtype=dtype)
+            blk.attn.make_cache(batch_size, max_len, device=device, dtype=dtype, static=static)
             for blk in self.blocks
         ]
 
@@ -124,7 +155,8 @@ class DecoderLM(nn.Module):
             idx: token ids ``(B, T)``.
             attention_mask: ``(B, S)`` bool, True = real token, covering the cached tokens and
                 these ``T``; left padding is how batches of unequal prompts are formed.
-            caches: KV caches from :meth:`make_caches`; this call appends its T tokens.
+            caches: KV caches from :meth:`make_caches`; this call appends its T tokens. With
+                static caches ``attention_mask`` is ``(B, max_len)`` over every cache slot.
             positions: absolute positions ``(T,)`` or ``(B, T)``; default: the count of earlier
                 real tokens in the row (``past + arange(T)`` without a mask).
             need_weights: also return each block's attention weights (the math attention path).
@@ -148,15 +180,34 @@ class DecoderLM(nn.Module):
                     logits_to_keep=logits_to_keep,
                 )
             return logits, maps.select("attn")
-        c = self.config
         if idx.dim() != 2:
             raise ValueError(f"idx must be (B, T) token ids, got shape {tuple(idx.shape)}")
+        if caches is not None and len(caches) != len(self.blocks):
+            raise ValueError(f"expected {len(self.blocks)} caches, got {len(caches)}")
+        if caches and caches[0].static:
+            mask, positions, attn_positions = self._static_masks(
+                idx, caches, attention_mask, positions
+            )
+            is_causal = False  # the mask holds the causal constraint, by cache slot
+        else:
+            mask, positions, attn_positions, is_causal = self._dynamic_masks(
+                idx, caches, attention_mask, positions
+            )
+        x = self._blocks(idx, positions, mask, is_causal, attn_positions, caches)
+        return self._head(x, logits_to_keep)
+
+    def _dynamic_masks(
+        self,
+        idx: Tensor,
+        caches: list[KVCache] | None,
+        attention_mask: Tensor | None,
+        positions: Tensor | None,
+    ) -> tuple[Tensor | None, Tensor, Tensor | None, bool]:
+        """Key mask ``(B, 1, 1, S)`` or None, positions, attention positions and ``is_causal`` of
+        a forward without a cache or over dynamic caches (``S`` = cached + new tokens)."""
+        c = self.config
         B, T = idx.shape
-        past = 0
-        if caches is not None:
-            if len(caches) != len(self.blocks):
-                raise ValueError(f"expected {len(self.blocks)} caches, got {len(caches)}")
-            past = caches[0].length
+        past = 0 if caches is None else caches[0].length
         S = past + T
         if S > c.max_seq_len:
             raise ValueError(
@@ -177,13 +228,57 @@ class DecoderLM(nn.Module):
             mask = attention_mask[:, None, None, :]  # (B, 1, 1, S): broadcast over heads, queries
         elif positions is None:
             positions = torch.arange(past, S, device=idx.device)  # (T,)
-
-        x = self.drop(self.pos_emb.embed(self.tok_emb(idx), positions))  # (B, T, C)
         # ALiBi's bias depends only on the distance i − j, which padding does not change, and the
         # attention layer measures it in cache slots; give it slot positions unless told otherwise
         attn_positions = None if (c.position == "alibi" and derived_positions) else positions
         # the causal constraint is vacuous for a single new token (it may see every cached key)
         is_causal = T > 1 or caches is None
+        return mask, positions, attn_positions, is_causal
+
+    def _static_masks(
+        self,
+        idx: Tensor,
+        caches: list[KVCache],
+        attention_mask: Tensor | None,
+        positions: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Mask ``(B or 1, 1, T, max_len)``, positions and attention positions of a step over
+        static caches: query t sits in slot ``cursor + t`` and sees the slots up to its own
+        (every later slot is unwritten or stale) that hold real tokens."""
+        B, T = idx.shape
+        capacity = caches[0].max_seq_len
+        slots = caches[0].cursor + torch.arange(T, device=idx.device)  # (T,)
+        allowed = torch.arange(capacity, device=idx.device) <= slots[:, None]  # (T, max_len)
+        derived = positions is None
+        if attention_mask is None:
+            mask = allowed[None, None]  # (1, 1, T, max_len)
+            if derived:
+                positions = slots
+        else:
+            if attention_mask.shape != (B, capacity):
+                raise ValueError(
+                    f"with static caches attention_mask must cover every slot, (B, max_len) = "
+                    f"{(B, capacity)}, got {tuple(attention_mask.shape)}"
+                )
+            real = attention_mask.to(device=idx.device, dtype=torch.bool)
+            mask = allowed[None, None] & real[:, None, None, :]  # (B, 1, T, max_len)
+            if derived:  # real-token positions, as in the dynamic path
+                positions = (real.long().cumsum(-1) - 1).clamp(min=0).index_select(1, slots)
+        alibi_slots = self.config.position == "alibi" and derived
+        return mask, positions, (slots if alibi_slots else positions)
+
+    def _blocks(
+        self,
+        idx: Tensor,
+        positions: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        attn_positions: Tensor | None,
+        caches: list[KVCache] | None,
+    ) -> Tensor:
+        """Embeddings and the blocks: ``(B, T)`` ids -> ``(B, T, C)``."""
+        c = self.config
+        x = self.drop(self.pos_emb.embed(self.tok_emb(idx), positions))  # (B, T, C)
         for i, block in enumerate(self.blocks):
             kwargs = dict(
                 mask=mask,
@@ -195,6 +290,9 @@ class DecoderLM(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False, **kwargs)
             else:
                 x = block(x, **kwargs)
+        return x
+
+    def _head(self, x: Tensor, logits_to_keep: int | None) -> Tensor:
         if logits_to_keep is not None:
             x = x[:, -logits_to_keep:]  # (B, logits_to_keep, C)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
@@ -202,13 +300,18 @@ class DecoderLM(nn.Module):
     # -- incremental decoding (the interface of attnlab.decoding) -------------------------------
 
     def start_decoding(
-        self, batch_size: int, max_len: int | None = None, *, device=None
+        self, batch_size: int, max_len: int | None = None, *, device=None, static: bool = False
     ) -> LMDecodeState:
-        """An empty state for ``batch_size`` rows and up to ``max_len`` tokens (prompt included)."""
+        """An empty state for ``batch_size`` rows and up to ``max_len`` tokens (prompt included).
+
+        Args:
+            static: preallocated fixed-shape caches and mask (what a compiled step needs).
+        """
         device = device or self.tok_emb.weight.device
+        caches = self.make_caches(batch_size, max_len, device=device, static=static)
+        width = caches[0].max_seq_len if static and caches else 0
         return LMDecodeState(
-            caches=self.make_caches(batch_size, max_len, device=device),
-            mask=torch.zeros(batch_size, 0, dtype=torch.bool, device=device),
+            caches=caches, mask=torch.zeros(batch_size, width, dtype=torch.bool, device=device)
         )
 
     def decode_step(
@@ -227,9 +330,17 @@ class DecoderLM(nn.Module):
             if attention_mask is None
             else attention_mask.to(device=tokens.device, dtype=torch.bool)
         )
-        state.mask = torch.cat([state.mask, new], dim=1)
-        state.padded = state.padded or not bool(new.all())
-        logits = self(
+        if attention_mask is not None:  # (a token fed without a mask is real)
+            state.padded = state.padded or not bool(new.all())
+        forward = self
+        if state.static:
+            slots = state.caches[0].cursor + torch.arange(tokens.shape[1], device=tokens.device)
+            state.mask.index_copy_(1, slots, new)  # in place: the buffer keeps its address
+            if tokens.shape[1] == 1 and state.step_forward is not None:
+                forward = state.step_forward
+        else:
+            state.mask = torch.cat([state.mask, new], dim=1)
+        logits = forward(
             tokens,
             caches=state.caches,
             attention_mask=state.mask if state.padded else None,

@@ -33,6 +33,7 @@ from attnlab.attention.additive import AdditiveAttention
 from attnlab.attention.cache import DecodeState
 from attnlab.attention.capture import capture_attention
 from attnlab.config.translation import RNNSeq2SeqConfig
+from attnlab.layers.rnn import stacked_rnn
 from attnlab.models.registry import register_kind
 
 __all__ = ["RNNSeq2SeqConfig", "RNNSeq2Seq", "AttnRNNSeq2Seq", "RNNDecodeState"]
@@ -58,22 +59,24 @@ class RNNSeq2Seq(nn.Module):
 
     kind: ClassVar[str] = "rnn"
     uses_attention: ClassVar[bool] = False
+    #: the decoder is a recurrence stepped explicitly, so training can feed it its own
+    #: predictions step by step (scheduled sampling, ``forward(..., gold_mask=...)``)
+    recurrent: ClassVar[bool] = True
 
     def __init__(self, config: RNNSeq2SeqConfig) -> None:
         super().__init__()
         self.config = c = config
-        rnn_cls = nn.GRU if c.cell == "gru" else nn.LSTM
         cell_cls = nn.GRUCell if c.cell == "gru" else nn.LSTMCell
         self.src_emb = nn.Embedding(c.src_vocab_size, c.emb_dim, padding_idx=c.pad_id)
         self.tgt_emb = nn.Embedding(c.tgt_vocab_size, c.emb_dim, padding_idx=c.pad_id)
         self.drop = nn.Dropout(c.dropout)
-        self.encoder = rnn_cls(
+        self.encoder = stacked_rnn(
+            c.cell,
             c.emb_dim,
             c.hidden,
-            num_layers=c.n_layers,
-            batch_first=True,
+            c.n_layers,
+            dropout=c.dropout,
             bidirectional=c.bidirectional,
-            dropout=c.dropout if c.n_layers > 1 else 0.0,
         )
         self.bridge = nn.Linear(c.enc_dim, c.hidden)  # s_0 = tanh(W_b h_fin)
         self.cell = cell_cls(c.emb_dim + c.enc_dim, c.hidden)
@@ -135,21 +138,37 @@ class RNNSeq2Seq(nn.Module):
         return logits, state
 
     def forward(
-        self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, *, need_weights: bool = False
+        self,
+        src: Tensor,
+        src_mask: Tensor,
+        tgt_in: Tensor,
+        *,
+        need_weights: bool = False,
+        gold_mask: Tensor | None = None,
     ) -> Tensor | tuple[Tensor, Tensor | None]:
         """Teacher-forced logits ``(B, T, V)``: the decoder reads the true previous tokens.
 
         Args:
             need_weights: also return Bahdanau's α of every step, ``(B, T, S)`` (None for the
                 fixed-context ``rnn``), read through :func:`attnlab.attention.capture_attention`.
+            gold_mask: ``(B, T)`` bool, scheduled sampling (Bengio et al. 2015): where False,
+                step t reads the model's own greedy prediction from step t-1 (no gradient
+                through the choice) instead of ``tgt_in[:, t]``; step 0 always reads
+                ``tgt_in[:, 0]`` (``<start>``). None = teacher forcing.
         """
         if need_weights:
             with capture_attention(self) as maps:
-                logits = self(src, src_mask, tgt_in)
+                logits = self(src, src_mask, tgt_in, gold_mask=gold_mask)
             steps = maps.calls("attention")
             return logits, torch.stack(steps, 1) if steps else None  # (B, T, S)
         state = self.start_decoding(src, src_mask)
-        logits = [self._step(tgt_in[:, t], state) for t in range(tgt_in.shape[1])]
+        logits: list[Tensor] = []
+        for t in range(tgt_in.shape[1]):
+            prev = tgt_in[:, t]  # (B,)
+            if gold_mask is not None and t > 0:
+                own = logits[-1].detach().argmax(-1)  # (B,) the prediction of this input
+                prev = torch.where(gold_mask[:, t], prev, own)
+            logits.append(self._step(prev, state))
         return torch.stack(logits, dim=1)  # (B, T, V)
 
 

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from attnlab.attention.cache import DecodeState
 from attnlab.config.lm import BigramConfig, LSTMConfig
+from attnlab.layers.rnn import stacked_rnn
 from attnlab.models.registry import register_kind
 
 __all__ = ["LSTMConfig", "LSTMLM", "LSTMDecodeState", "BigramConfig", "BigramLM"]
@@ -56,13 +57,7 @@ class LSTMLM(nn.Module):
         self.config = c = config
         self.tok_emb = nn.Embedding(c.vocab_size, c.emb_dim)
         self.drop = nn.Dropout(c.dropout)
-        self.lstm = nn.LSTM(
-            c.emb_dim,
-            c.hidden,
-            num_layers=c.n_layers,
-            batch_first=True,
-            dropout=c.dropout if c.n_layers > 1 else 0.0,
-        )
+        self.lstm = stacked_rnn("lstm", c.emb_dim, c.hidden, c.n_layers, dropout=c.dropout)
         self.lm_head = nn.Linear(c.hidden, c.vocab_size, bias=True)
         nn.init.normal_(self.tok_emb.weight, std=0.1)
         if c.tie_embeddings:

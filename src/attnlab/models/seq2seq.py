@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from attnlab.attention.cache import DecodeState, KVCache
 from attnlab.attention.capture import capture_attention
 from attnlab.config.translation import Seq2SeqConfig
-from attnlab.layers import build_block, make_norm
+from attnlab.layers.block import build_block, build_final_norm
 from attnlab.layers.drop_path import drop_path_rates
 from attnlab.layers.position import build_positions
 from attnlab.models.registry import register_kind
@@ -65,6 +65,8 @@ class Seq2SeqTransformer(nn.Module):
     """
 
     kind: ClassVar[str] = "transformer"
+    #: the decoder is not stepped during training (scheduled sampling uses two passes)
+    recurrent: ClassVar[bool] = False
 
     def __init__(self, config: Seq2SeqConfig) -> None:
         super().__init__()
@@ -82,13 +84,8 @@ class Seq2SeqTransformer(nn.Module):
             build_block(c, cross_attention=True, positions=self.pos_emb, drop_path=p)
             for p in dec_rates
         )
-
-        def final() -> nn.Module:
-            if not c.final_norm:
-                return nn.Identity()
-            return make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
-
-        self.enc_norm, self.dec_norm = final(), final()
+        self.enc_norm = build_final_norm(c, c.final_norm)
+        self.dec_norm = build_final_norm(c, c.final_norm)
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         self.apply(self._init_weights)
         if c.tie_embeddings:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from attnlab.attention.capture import collect_aux_losses
+from attnlab.config.base import Config
 from attnlab.config.lm import LMTaskConfig
 from attnlab.data.prepare import Prepared, prepare_cached
 from attnlab.data.shards import MANIFEST, BlockSplit
@@ -33,7 +34,7 @@ from attnlab.data.textstream import BUILTIN_CORPORA
 from attnlab.errors import UserError
 from attnlab.tasks.losses import cross_entropy
 
-__all__ = ["LMTask"]
+__all__ = ["LMTask", "CorpusTask"]
 
 _SPLITS = {"train": 0, "val": 1}
 
@@ -49,7 +50,76 @@ def _prepare_once(data: str, **kwargs: Any) -> Prepared:
     return prepare_cached(data, **kwargs)
 
 
-class LMTask:
+class CorpusTask:
+    """What the tasks on one text corpus share (:class:`LMTask`, and the masked-LM task): the
+    settings commands read, rebuilding from a run directory, and the MoE auxiliary loss.
+
+    A subclass sets ``TYPE`` (config.json's ``task["type"]``), ``CONFIG`` (its settings class),
+    ``DESCRIPTION`` (for the error naming a wrong task) and ``build(config, *, tokenizer)``.
+    """
+
+    TYPE: ClassVar[str]
+    CONFIG: ClassVar[type[Config]]
+    DESCRIPTION: ClassVar[str]
+    config: Any
+    tokenizer: Any
+
+    @classmethod
+    def from_config(cls, task: dict[str, Any], tokenizer: Any, **overrides: Any) -> CorpusTask:
+        """Rebuild the task of a run directory (``config.json["task"]``) with its tokenizer.
+
+        Raises:
+            UserError: ``task`` is not this kind of task, or does not load.
+        """
+        if not isinstance(task, dict) or task.get("type") != cls.TYPE:
+            raise UserError(f"the run's task is not {cls.DESCRIPTION}: {task!r}")
+        return cls.build(cls.CONFIG.from_dict({**task, **overrides}), tokenizer=tokenizer)
+
+    # -- properties read by commands ------------------------------------------------------------
+
+    @property
+    def seq_len(self) -> int:
+        return self.config.seq_len
+
+    @property
+    def seed(self) -> int:
+        return self.config.seed
+
+    @property
+    def data(self) -> str:
+        return self.config.data
+
+    @property
+    def vocab_size(self) -> int:
+        """V of the model."""
+        return self.tokenizer.vocab_size
+
+    # -- the trainer protocol -------------------------------------------------------------------
+
+    @staticmethod
+    def with_moe_aux(
+        model: nn.Module, ce: Tensor, aux: Any, metrics: dict[str, float]
+    ) -> tuple[Tensor, dict[str, float]]:
+        """``ce`` plus ``moe_aux_coef`` × the MoE load-balancing losses ``aux`` collected
+        (:func:`attnlab.attention.collect_aux_losses`); ``metrics`` gains ``ce`` and ``aux``
+        when there are any."""
+        inner = getattr(model, "module", model)  # DDP wraps the model
+        coef = getattr(getattr(inner, "config", None), "moe_aux_coef", 0.0)
+        if not aux.losses or not coef:
+            return ce, metrics
+        aux_loss = aux.total().to(ce.device)
+        metrics = {**metrics, "ce": float(ce.detach()), "aux": float(aux_loss.detach())}
+        return ce + coef * aux_loss, metrics
+
+    def count(self, batch: Any) -> int:
+        return int(batch[0].numel())
+
+    def config_dict(self) -> dict[str, Any]:
+        """config.json's ``"task"``: the settings and the token count of each split."""
+        return {**self.config.to_dict(), "n_tokens": self.n_tokens}
+
+
+class LMTask(CorpusTask):
     """Next-token prediction on one corpus: the trainer's :class:`~attnlab.tasks.Task`.
 
     A batch is ``(idx, targets)``, both ``(B, T)`` long tensors, ``targets`` shifted by one.
@@ -64,6 +134,10 @@ class LMTask:
     Raises:
         UserError: a corpus too short for two windows of ``seq_len + 1`` tokens.
     """
+
+    TYPE = "lm"
+    CONFIG = LMTaskConfig
+    DESCRIPTION = "a language-modelling task"
 
     def __init__(self, ids: np.ndarray, tokenizer: Any, config: LMTaskConfig) -> None:
         if config.seed is None:
@@ -124,35 +198,6 @@ class LMTask:
         task.prepared = prepared
         return task
 
-    @classmethod
-    def from_config(cls, task: dict[str, Any], tokenizer: Any, **overrides: Any) -> LMTask:
-        """Rebuild the task of a run directory (``config.json["task"]``) with its tokenizer.
-
-        Raises:
-            UserError: ``task`` is not a language-modelling task, or does not load.
-        """
-        if not isinstance(task, dict) or task.get("type") != "lm":
-            raise UserError(f"the run's task is not a language-modelling task: {task!r}")
-        return cls.build(LMTaskConfig.from_dict({**task, **overrides}), tokenizer=tokenizer)
-
-    # -- properties read by commands ------------------------------------------------------------
-
-    @property
-    def seq_len(self) -> int:
-        return self.config.seq_len
-
-    @property
-    def seed(self) -> int:
-        return self.config.seed
-
-    @property
-    def data(self) -> str:
-        return self.config.data
-
-    @property
-    def vocab_size(self) -> int:
-        return self.tokenizer.vocab_size
-
     @property
     def n_tokens(self) -> dict[str, int]:
         """Tokens in each split."""
@@ -192,13 +237,7 @@ class LMTask:
             logits = model(idx)  # (B, T, V)
         smoothing = getattr(cfg, "label_smoothing", 0.0) or 0.0
         ce = cross_entropy(logits, targets, label_smoothing=smoothing)
-        inner = getattr(model, "module", model)  # DDP wraps the model
-        coef = getattr(getattr(inner, "config", None), "moe_aux_coef", 0.0)
-        if not aux.losses or not coef:
-            return ce, {}
-        aux_loss = aux.total().to(ce.device)
-        metrics = {"ce": float(ce.detach()), "aux": float(aux_loss.detach())}
-        return ce + coef * aux_loss, metrics
+        return self.with_moe_aux(model, ce, aux, {})
 
     def eval_batches(
         self, batch_size: int, n_batches: int | None
@@ -210,13 +249,6 @@ class LMTask:
             starts = starts[: batch_size * n_batches]
         for i in range(0, len(starts), batch_size):
             yield self._windows("val", starts[i : i + batch_size])
-
-    def count(self, batch: Any) -> int:
-        return int(batch[0].numel())
-
-    def config_dict(self) -> dict[str, Any]:
-        """config.json's ``"task"``: the settings and the token count of each split."""
-        return {**self.config.to_dict(), "n_tokens": self.n_tokens}
 
     def save_artifacts(self, run_dir: str | Path) -> None:
         self.tokenizer.save(run_dir)

@@ -32,7 +32,7 @@ from attnlab.config.encoder import MLMTaskConfig
 from attnlab.config.lm import LMTaskConfig
 from attnlab.data.tokenizers import TokenizerWithSpecials
 from attnlab.errors import UserError
-from attnlab.tasks.lm import LMTask
+from attnlab.tasks.lm import CorpusTask, LMTask
 from attnlab.tasks.losses import cross_entropy
 
 __all__ = ["MLMTask", "mask_tokens", "fill_mask", "check_masked_text", "MaskPrediction", "IGNORE"]
@@ -89,7 +89,7 @@ def mask_tokens(
     return inputs, targets
 
 
-class MLMTask:
+class MLMTask(CorpusTask):
     """Masked-LM training on one corpus: the trainer's :class:`~attnlab.tasks.Task`.
 
     A batch is ``(inputs, targets)``, both ``(B, T)`` long tensors (``targets`` is
@@ -101,6 +101,10 @@ class MLMTask:
         tokenizer: the tokenizer with specials (ids as the corpus's, specials after them).
         config: the settings; ``seed`` None means 0.
     """
+
+    TYPE = "mlm"
+    CONFIG = MLMTaskConfig
+    DESCRIPTION = "a masked-LM task"
 
     def __init__(
         self, corpus: LMTask, tokenizer: TokenizerWithSpecials, config: MLMTaskConfig
@@ -143,35 +147,7 @@ class MLMTask:
         config = config.replace(data=c.data, tokenizer=c.tokenizer, vocab_size=c.vocab_size)
         return cls(corpus, TokenizerWithSpecials(corpus.tokenizer), config)
 
-    @classmethod
-    def from_config(cls, task: dict[str, Any], tokenizer: Any, **overrides: Any) -> MLMTask:
-        """Rebuild the task of a run directory (``config.json["task"]``) with its tokenizer.
-
-        Raises:
-            UserError: ``task`` is not a masked-LM task, or does not load.
-        """
-        if not isinstance(task, dict) or task.get("type") != "mlm":
-            raise UserError(f"the run's task is not a masked-LM task: {task!r}")
-        return cls.build(MLMTaskConfig.from_dict({**task, **overrides}), tokenizer=tokenizer)
-
-    # -- properties read by commands ------------------------------------------------------------
-
-    @property
-    def seq_len(self) -> int:
-        return self.config.seq_len
-
-    @property
-    def seed(self) -> int:
-        return self.config.seed
-
-    @property
-    def data(self) -> str:
-        return self.config.data
-
-    @property
-    def vocab_size(self) -> int:
-        """V of the model: the plain tokens and the specials."""
-        return self.tokenizer.vocab_size
+    # -- properties read by commands (and CorpusTask's: ``vocab_size`` counts the specials) --
 
     @property
     def splits(self) -> dict[str, Any]:
@@ -259,16 +235,7 @@ class MLMTask:
         chosen = targets != IGNORE
         hits = (logits.detach().argmax(-1) == targets) & chosen
         metrics = {"acc": float(hits.sum()) / max(int(chosen.sum()), 1)}
-        inner = getattr(model, "module", model)  # DDP wraps the model
-        coef = getattr(getattr(inner, "config", None), "moe_aux_coef", 0.0)
-        if not aux.losses or not coef:
-            return ce, metrics
-        aux_loss = aux.total().to(ce.device)
-        metrics.update(ce=float(ce.detach()), aux=float(aux_loss.detach()))
-        return ce + coef * aux_loss, metrics
-
-    def count(self, batch: Any) -> int:
-        return int(batch[0].numel())
+        return self.with_moe_aux(model, ce, aux, metrics)
 
     @torch.no_grad()
     def val_metrics(
@@ -294,10 +261,6 @@ class MLMTask:
         finally:
             model.train(was_training)
         return {"loss": total / max(count, 1), "acc": hits / max(count, 1), "predicted": count}
-
-    def config_dict(self) -> dict[str, Any]:
-        """config.json's ``"task"``: the settings and the token count of each split."""
-        return {**self.config.to_dict(), "n_tokens": self.n_tokens}
 
     def save_artifacts(self, run_dir: str | Path) -> None:
         self.tokenizer.save(run_dir)

@@ -1,7 +1,9 @@
 """The translation task of the shared trainer: batches of sentence pairs and the teacher-forced loss.
 
 The decoder reads ``<start> y_1 … y_n`` and is trained to predict ``y_1 … y_n <end>`` with token
-cross-entropy (label smoothing from the training config); padding is ignored. Every model kind
+cross-entropy (label smoothing from the training config); padding is ignored. With the task's
+``scheduled_sampling`` set, training batches feed the decoder its own greedy predictions instead of
+some gold tokens (:mod:`attnlab.tasks.scheduled_sampling`); validation stays teacher-forced. Every model kind
 (``rnn``, ``rnn-attn``, ``transformer``) takes ``model(src (B,S), src_mask (B,S), tgt_in (B,T))
 -> logits (B,T,V)``. At each validation, :meth:`TranslationTask.evaluate` also decodes some
 validation sentences greedily and scores them (exact match, BLEU, chrF).
@@ -19,10 +21,12 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.capture import collect_aux_losses
+from attnlab.config.translation import ScheduledSamplingConfig
 from attnlab.data.translation import PAD_ID, Batch, TranslationData, collate, write_tsv
 from attnlab.errors import UserError
 from attnlab.metrics.translation import evaluate_pairs
 from attnlab.tasks.losses import cross_entropy
+from attnlab.tasks.scheduled_sampling import decoder_inputs, draw_gold_mask
 
 __all__ = ["TranslationTask", "train_defaults", "HELDOUT_FILE"]
 
@@ -67,9 +71,10 @@ class TranslationTask:
     def get_batch(
         self, split: str, step: int, batch_size: int, rank: int = 0, world: int = 1
     ) -> Batch:
-        """``batch_size // world`` random examples of ``split``.
+        """This rank's share of global batch ``step``: ``batch_size // world`` random examples
+        of ``split``, the ``rank``-th slice of the ``batch_size`` drawn for the step.
 
-        Deterministic in (seed, split, step, rank).
+        Deterministic in (seed, split, step): any number of ranks sees the same global batch.
         """
         src, tgt = self._enc[split]
         if not src:
@@ -77,18 +82,45 @@ class TranslationTask:
         n = max(1, batch_size // world)
         split_code = {"train": 0, "val": 1, "test": 2}.get(split, 3)
         g = torch.Generator().manual_seed(
-            ((self.data.config.seed * 4 + split_code) * 1_000_003 + step) * 64 + rank
+            ((self.data.config.seed * 4 + split_code) * 1_000_003 + step) * 64
         )
-        idx = torch.randint(len(src), (n,), generator=g).tolist()
-        return collate([src[i] for i in idx], [tgt[i] for i in idx])
+        idx = torch.randint(len(src), (max(batch_size, n * world),), generator=g).tolist()
+        idx = idx[rank * n : (rank + 1) * n]
+        batch = collate([src[i] for i in idx], [tgt[i] for i in idx])
+        batch.step = step if split == "train" else None
+        return batch
+
+    def gold_probability(self, batch: Batch, cfg: Any) -> float:
+        """ε of scheduled sampling for a training ``batch`` (1.0: teacher forcing).
+
+        The schedule counts optimizer steps: batch number // ``cfg.grad_accum``.
+        """
+        ss = self.data.config.scheduled_sampling
+        if not ss.active or batch.step is None:
+            return 1.0
+        return ss.gold_probability(batch.step // max(1, int(getattr(cfg, "grad_accum", 1))))
 
     def loss(self, model: nn.Module, batch: Batch, cfg: Any) -> tuple[Tensor, dict[str, float]]:
         """Token cross-entropy with label smoothing ``cfg.label_smoothing``; padding ignored.
 
-        A mixture-of-experts Transformer adds ``moe_aux_coef`` times its load-balancing losses.
+        In training mode with scheduled sampling, the decoder reads its own greedy predictions
+        where a coin with the schedule's gold probability says so (metric ``gold_prob``). A
+        mixture-of-experts Transformer adds ``moe_aux_coef`` times its load-balancing losses.
         """
+        tgt_in, kwargs, extra = batch.tgt_in, {}, {}
+        gold = self.gold_probability(batch, cfg) if model.training else 1.0
+        if gold < 1.0:
+            seed = self.data.config.seed * 1_000_003 + batch.step
+            mask = draw_gold_mask(tuple(tgt_in.shape), gold, seed=seed).to(tgt_in.device)
+            ss = self.data.config.scheduled_sampling
+            core = _unwrap(model)
+            tgt_in, kwargs = decoder_inputs(
+                model, core, batch.src, batch.src_mask, tgt_in, mask, ss
+            )
+        if self.data.config.scheduled_sampling.active and batch.step is not None:
+            extra["gold_prob"] = gold
         with collect_aux_losses() as aux:
-            logits = model(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
+            logits = model(batch.src, batch.src_mask, tgt_in, **kwargs)  # (B, T, V)
         target = batch.tgt_out.masked_fill(batch.tgt_out == PAD_ID, -100)  # (B, T)
         loss = cross_entropy(
             logits, target, label_smoothing=float(getattr(cfg, "label_smoothing", 0.0))
@@ -99,7 +131,7 @@ class TranslationTask:
         with torch.no_grad():
             real = target != -100
             acc = ((logits.argmax(-1) == target) & real).sum() / real.sum().clamp(min=1)
-        return loss, {"acc": float(acc)}
+        return loss, {"acc": float(acc), **extra}
 
     def eval_batches(self, batch_size: int, n_batches: int) -> Iterable[Batch]:
         """The validation split in order (at most ``n_batches`` batches)."""
@@ -112,8 +144,15 @@ class TranslationTask:
         return int((batch.tgt_out != PAD_ID).sum())
 
     def config_dict(self) -> dict:
-        """config.json's ``task``: the task config, its ``name`` and the data's ``stats``."""
-        return {"name": "translate", **self.data.config.to_dict(), "stats": self.data.stats}
+        """config.json's ``task``: the task config, its ``name`` and the data's ``stats``.
+
+        ``scheduled_sampling`` is left out when it is the default (teacher forcing), so a
+        teacher-forced run writes the same ``task`` as runs made before the setting existed.
+        """
+        task = self.data.config.to_dict()
+        if self.data.config.scheduled_sampling == ScheduledSamplingConfig():
+            del task["scheduled_sampling"]
+        return {"name": "translate", **task, "stats": self.data.stats}
 
     def save_artifacts(self, run_dir: str | Path) -> None:
         """Write ``vocab.json`` (vocabularies, normalisation) and ``heldout.tsv`` (test split)."""

@@ -34,6 +34,7 @@ from torch import nn
 from attnlab import runs
 from attnlab.errors import RunDirError, UserError
 from attnlab.fileio import (
+    PROBE_PREFIX,
     AtomicFiles,
     DirectoryLock,
     LockHeld,
@@ -43,9 +44,6 @@ from attnlab.fileio import (
     remove_temporaries,
 )
 from attnlab.train import distributed as dist_utils
-from attnlab.train.config import TrainConfig
-from attnlab.train.optim import LRSchedule
-from attnlab.train.rng import restore_rng, seed_all
 
 __all__ = [
     "CONFIG_FILE",
@@ -67,7 +65,7 @@ __all__ = [
     "write_checkpoint",
     "write_metrics",
     "plot_loss",
-    "load_checkpoint",
+    "read_state",
 ]
 
 log = logging.getLogger(__name__)
@@ -156,7 +154,11 @@ def _in_use(run_dir: Path, holder: dict | None) -> RunDirError:
 
 
 def _holds_files(run_dir: Path) -> bool:
-    return any(p.name != LOCK_FILE for p in run_dir.iterdir())
+    """Anything but the lock file and a writability probe (under torchrun the ranks check the
+    same directory at once: one rank's probe must not make it look taken to another)."""
+    return any(
+        p.name != LOCK_FILE and not p.name.startswith(PROBE_PREFIX) for p in run_dir.iterdir()
+    )
 
 
 def check_run_dir(
@@ -197,6 +199,8 @@ def check_run_dir(
         raise _not_writable(run_dir, err) from None
     if resume:
         missing = [f for f in (CONFIG_FILE, LAST_FILE, STATE_FILE) if not (run_dir / f).exists()]
+        if runs.last_sharded(run_dir) is not None:  # an FSDP run's checkpoint
+            missing = [f for f in missing if f == CONFIG_FILE]
         if missing:
             raise RunDirError(
                 f"cannot resume {str(run_dir)!r}: no checkpoint there (missing "
@@ -243,7 +247,19 @@ def lock_run_dir(run_dir: Path) -> DirectoryLock:
             describe_holder(lock.previous),
         )
     remove_temporaries(run_dir, _RUN_FILES)
+    _remove_partial_sharded(run_dir)
     return lock
+
+
+def _remove_partial_sharded(run_dir: Path) -> None:
+    """Delete the folders of sharded checkpoints whose writing a killed run left unfinished."""
+    root = run_dir / runs.SHARDED_DIR
+    if not root.is_dir():
+        return
+    for entry in root.iterdir():
+        if entry.name.startswith(".step-"):  # .step-N.tmp (being written), .step-N.old (replaced)
+            log.info("%s: removing the unfinished checkpoint %s", run_dir, entry.name)
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -387,27 +403,7 @@ def start_run(run_dir: Path, task: Any, config: dict, resume: bool, kept: int) -
 
 
 # ----------------------------------------------------------------------------------------------
-# reading
-
-
-def _weights_step(path: Path) -> int | None:
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as f:
-        meta = f.metadata() or {}
-    return int(meta["step"]) if "step" in meta else None
-
-
-def _read_history(path: Path, upto_step: int) -> list[dict]:
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            rec = json.loads(line)
-            if rec.get("step", 0) <= upto_step:
-                records.append(rec)
-    return records
+# reading (the resume itself: attnlab.train.resume)
 
 
 # torch.load(weights_only=True) runs no code from the file only from these versions on
@@ -420,48 +416,12 @@ def _torch_version() -> tuple[int, int]:
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
-def load_checkpoint(
-    run_dir: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    schedule: LRSchedule,
-    cfg: TrainConfig,
-    kind: str,
-    model_cfg: dict,
-    device: torch.device,
-    rank: int,
-) -> tuple[Progress, list[dict]]:
-    """Restore weights, optimizer, schedule, progress and (rank 0) random state from run_dir.
-
-    Returns:
-        The progress and the metrics history up to the checkpoint's step.
+def read_state(path: Path) -> dict:
+    """Read a ``state.pt`` with ``torch.load(weights_only=True)`` (no code from the file runs).
 
     Raises:
-        RunDirError: another kind of model or config, a damaged state.pt, weights from another
-            step than the state, weights or optimizer state that do not fit the model.
+        RunDirError: the file is damaged or not a training state.
     """
-    from safetensors.torch import load_model
-
-    saved = runs.read_config(run_dir)
-    if saved["kind"] != kind:
-        raise RunDirError(
-            f"cannot resume {str(run_dir)!r}: it holds a {saved['kind']!r} model, not {kind!r}"
-        )
-    saved_model = saved["model"]
-    config_cls = type(getattr(model, "config", None))
-    if hasattr(config_cls, "from_dict") and isinstance(saved_model, dict):
-        # a run of an earlier release lacks fields added since: compare the configs as built
-        try:
-            saved_model = json.loads(json.dumps(config_cls.from_dict(saved_model).to_dict()))
-        except ValueError:
-            pass  # reported below as a difference
-    if saved_model != model_cfg:
-        diff = sorted(
-            k
-            for k in set(saved_model) | set(model_cfg)
-            if saved_model.get(k) != model_cfg.get(k)
-        )
-        raise RunDirError(f"cannot resume {str(run_dir)!r}: the model config differs in {diff}")
     if _torch_version() < _SAFE_LOADER:
         log.warning(
             "torch %s: its weights_only loader has known code-execution flaws (fixed in 2.6 and "
@@ -469,41 +429,10 @@ def load_checkpoint(
             torch.__version__,
         )
     try:
-        state = torch.load(run_dir / STATE_FILE, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # pickle / zip errors of a damaged file
         # torch's own message is pages long and suggests weights_only=False: do not pass it on
         raise RunDirError(
-            f"cannot read {run_dir / STATE_FILE}: the file is damaged or not an attnlab "
-            f"training state ({type(err).__name__})"
+            f"cannot read {path}: the file is damaged or not an attnlab training state "
+            f"({type(err).__name__})"
         ) from None
-    step = state["progress"]["step"]
-    weights_step = _weights_step(run_dir / LAST_FILE)
-    if weights_step != step:
-        raise RunDirError(
-            f"cannot resume {str(run_dir)!r}: {LAST_FILE} is from step "
-            f"{weights_step} but {STATE_FILE} from step {step} (interrupted while "
-            "saving?)"
-        )
-    missing, unexpected = load_model(model, run_dir / LAST_FILE, strict=False, device=str(device))
-    if missing or unexpected:
-        raise RunDirError(
-            f"cannot resume: {LAST_FILE} does not match the model (missing "
-            f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
-        )
-    decay = [g["weight_decay"] for g in optimizer.param_groups]
-    try:
-        optimizer.load_state_dict(state["optimizer"])
-    except ValueError as err:
-        raise RunDirError(f"cannot resume: optimizer state does not fit the model: {err}") from None
-    for g, wd in zip(optimizer.param_groups, decay):  # this run's settings win over the saved
-        g["weight_decay"], g["betas"] = wd, tuple(cfg.betas)
-    schedule.load_state_dict(state["schedule"])
-    prog = Progress(**state["progress"])
-    if rank == 0:
-        restore_rng(state["rng"])
-    else:  # only rank 0's streams are saved; the others restart from a distinct, fixed seed
-        seed_all(cfg.seed + rank + 7919 * step)
-    history = _read_history(run_dir / METRICS_FILE, step)
-    if rank == 0:
-        log.info("resuming %s from step %d", run_dir, step)
-    return prog, history

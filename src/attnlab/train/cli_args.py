@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from attnlab.train.config import AMP_MODES, SCHEDULES, TrainConfig
+from attnlab.train.config import AMP_MODES, FSDP_DTYPES, SCHEDULES, STRATEGIES, TrainConfig
 
 __all__ = ["add_train_args", "train_config_from_args"]
 
@@ -181,7 +181,42 @@ def add_train_args(parser: argparse.ArgumentParser, **defaults) -> argparse.Argu
         default=d["progress"],
         help="no progress bar",
     )
+    _add_parallel_args(parser, d)
     return parser
+
+
+def _add_parallel_args(parser: argparse.ArgumentParser, d: dict) -> None:
+    g = parser.add_argument_group(
+        "several processes (under torchrun --nproc_per_node=N ...; --batch-size stays global)"
+    )
+    g.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default=d["strategy"],
+        help="ddp: each process holds the whole model, gradients are averaged; fsdp: "
+        "parameters, gradients and optimizer state are sharded over the processes (FSDP2), "
+        "checkpoints too (default: %(default)s)",
+    )
+    g.add_argument(
+        "--fsdp-param-dtype",
+        choices=("auto", *FSDP_DTYPES),
+        default=d["fsdp_param_dtype"],
+        help="fsdp: dtype the gathered parameters compute in (auto: bfloat16 with --amp bf16, "
+        "else float32; the sharded master weights stay float32; default: %(default)s)",
+    )
+    g.add_argument(
+        "--fsdp-reduce-dtype",
+        choices=FSDP_DTYPES,
+        default=d["fsdp_reduce_dtype"],
+        help="fsdp: dtype of the gradient reduce-scatter (default: %(default)s)",
+    )
+    g.add_argument(
+        "--fsdp-reshard-after-forward",
+        action=argparse.BooleanOptionalAction,
+        default=d["fsdp_reshard_after_forward"],
+        help="fsdp: free each block's gathered parameters after its forward and gather them "
+        "again for the backward (ZeRO-3; --no-...: keep them, more memory, less traffic)",
+    )
 
 
 def train_config_from_args(args: argparse.Namespace, **overrides) -> TrainConfig:

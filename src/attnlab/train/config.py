@@ -1,5 +1,5 @@
 """``TrainConfig`` lives in :mod:`attnlab.config.train` (one config system); kept importable here."""
 
-from attnlab.config.train import AMP_MODES, SCHEDULES, TrainConfig
+from attnlab.config.train import AMP_MODES, FSDP_DTYPES, SCHEDULES, STRATEGIES, TrainConfig
 
-__all__ = ["TrainConfig", "SCHEDULES", "AMP_MODES"]
+__all__ = ["TrainConfig", "SCHEDULES", "AMP_MODES", "STRATEGIES", "FSDP_DTYPES"]

@@ -32,6 +32,8 @@ __all__ = [
     "all_reduce_sum",
     "broadcast_float",
     "broadcast_ok",
+    "broadcast_object",
+    "share_of",
     "barrier",
     "wrap_ddp",
     "resolve_device",
@@ -80,16 +82,20 @@ def _env_world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def setup(device: str = "auto") -> DistInfo:
+def setup(device: str = "auto", *, group: bool = False) -> DistInfo:
     """Join the process group when launched by torchrun (``WORLD_SIZE`` > 1); idempotent.
 
     The group stays open for the life of the process (several trainings may run in one
     process, e.g. a model and its baselines) and is destroyed at exit.
+
+    Args:
+        device: ``auto``, ``cpu``, ``cuda`` or ``cuda:N``.
+        group: join even when torchrun started a single process (FSDP needs a group).
     """
     world = _env_world()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dev = resolve_device(device, local_rank)
-    if world <= 1:
+    if world <= 1 and not (group and "MASTER_ADDR" in os.environ):
         return DistInfo(0, 1, 0, dev)
     if not dist.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
@@ -155,6 +161,29 @@ def broadcast_ok(ok: bool, device: torch.device) -> bool:
     """Rank 0's ``ok`` on every rank, so that all ranks stop together when rank 0 cannot go on
     (its run directory is locked by another job, say) instead of waiting for it forever."""
     return broadcast_float(1.0 if ok else 0.0, device) > 0.5
+
+
+def share_of(n: float, device: torch.device) -> torch.Tensor | float:
+    """This rank's share of a global batch's units (tokens, examples) against an equal split.
+
+    ``n · world / Σ n``: a rank's mean loss weighted by it averages, over the ranks, to the mean
+    over the whole global batch, however the units fall (padding makes the token counts of the
+    ranks differ). 1.0 in one process; a collective under torchrun.
+    """
+    if not is_distributed():
+        return 1.0
+    total = torch.tensor(float(n), device=device)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return float(n) * dist.get_world_size() / total.clamp(min=1.0)
+
+
+def broadcast_object(obj):
+    """Rank 0's ``obj`` (any picklable value) on every rank."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def barrier() -> None:

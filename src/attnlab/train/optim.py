@@ -99,19 +99,29 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [g for g in groups if g["params"]]
 
 
+#: devices with a fused AdamW kernel (one kernel for every parameter tensor)
+FUSED_DEVICES = ("cpu", "cuda")
+
+
 def make_optimizer(
     model: nn.Module, cfg: TrainConfig, device: torch.device | None = None
 ) -> torch.optim.AdamW:
     """AdamW over :func:`param_groups` with ``cfg.lr``, ``cfg.betas``, ``cfg.weight_decay``.
 
-    The fused CUDA kernel is used when the parameters live on a GPU.
+    The fused kernel is used on CPUs and GPUs: on a CPU torch otherwise updates one tensor at a
+    time (its default) or in ``foreach`` batches, and for small models the optimizer step is then
+    a large share of a training step. Measured on 2 CPU cores (1 thread, gpt2-mini, 0.8M
+    parameters in 50 tensors; ``benchmarks/train_throughput.py --optimizers``): one tensor at a
+    time 33 ms, foreach 15 ms, fused 2 ms per step.
     """
     groups = param_groups(model, cfg.weight_decay)
     if not groups:
         raise ValueError("the model has no trainable parameters")
-    fused = device is not None and device.type == "cuda"
-    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), fused=fused or None)
-    return opt
+    dev = device if device is not None else next(p.device for g in groups for p in g["params"])
+    fused = dev.type in FUSED_DEVICES and all(
+        p.is_floating_point() for g in groups for p in g["params"]
+    )
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), fused=fused or None)
 
 
 class LRSchedule:

@@ -8,7 +8,8 @@ One optimizer step, written out (nanoGPT's loop is the model)::
                                rank, world)              # this rank's share, from (seed, step)
         with autocast(bf16?):
             loss, metrics = task.loss(model, batch, cfg)
-        (loss / grad_accum).backward()                   # DDP all-reduces grads on the last one
+        (loss * share / grad_accum).backward()           # DDP all-reduces grads on the last one
+                                                         # (share: this rank's part of task.count)
     clip_grad_norm_(params, grad_clip)                   # global-norm clipping
     optimizer.step(); optimizer.zero_grad()              # AdamW, decoupled weight decay
 
@@ -17,9 +18,11 @@ Every ``log_every`` steps the losses are averaged over ranks, checked (a non-fin
 ``eval_every`` steps, and at the end, the model is validated and a checkpoint written
 (``model.safetensors``, ``best.safetensors``, ``state.pt``, ``metrics.jsonl``, ``loss.png``).
 Only rank 0 writes, always atomically (temporary files + renames, a checkpoint's files as one
-group: :mod:`attnlab.train.checkpoint`); a file that cannot be written (full disk, read-only)
-stops the run with one :class:`RunWriteError` line, the previous checkpoint kept. Rank 0 holds the
-run directory's lock while training, so a second start there is refused.
+group: :mod:`attnlab.train.checkpoint`); under ``strategy="fsdp"`` (:mod:`attnlab.train.fsdp`)
+every rank writes its shards of a sharded checkpoint (:mod:`attnlab.train.sharded`). A file that
+cannot be written (full disk, read-only) stops the run with one :class:`RunWriteError` line, the
+previous checkpoint kept. Rank 0 holds the run directory's lock while training, so a second start
+there is refused.
 
 Exact resume: a batch depends only on (task seed, split, step), and ``state.pt`` holds the
 optimizer, the schedule, the step, the elapsed time and the torch / CUDA / Python / NumPy random
@@ -49,12 +52,13 @@ from attnlab import runs
 from attnlab.errors import UserError
 from attnlab.tasks.base import Task, to_device
 from attnlab.train import distributed as dist_utils
+from attnlab.train import fsdp
 from attnlab.train.checkpoint import (
+    LAST_FILE,
     Progress,
     RunWriteError,
     check_run_dir,
     clear_run_dir,
-    load_checkpoint,
     plot_loss,
     run_lock,
     start_run,
@@ -63,7 +67,10 @@ from attnlab.train.checkpoint import (
 )
 from attnlab.train.config import TrainConfig
 from attnlab.train.optim import LRSchedule, make_optimizer
-from attnlab.train.rng import capture_rng, rng_preserved, seed_all
+from attnlab.train.progress import open_bar
+from attnlab.train.resume import load_checkpoint, warn_about_settings
+from attnlab.train.rng import capture_rng, restore_rng, rng_preserved, seed_all
+from attnlab.train.sharded import remove_sharded, save_sharded, write_consolidated
 from attnlab.train.signals import Interrupts, Terminated
 
 __all__ = [
@@ -89,7 +96,9 @@ class TrainResult:
     """What :func:`train` returns.
 
     ``history`` holds every metrics.jsonl record of the run (resumed runs include the earlier
-    ones): training records have ``loss``, validation records ``val_loss``.
+    ones): training records have ``loss``, validation records ``val_loss``. ``memory`` is this
+    rank's :func:`attnlab.train.fsdp.memory_report` after the session's first step (bytes of
+    parameters, gradients, optimizer state; RSS).
     """
 
     run_dir: Path
@@ -99,6 +108,7 @@ class TrainResult:
     val_loss: float | None
     history: list[dict] = field(default_factory=list)
     elapsed: float = 0.0
+    memory: dict = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -167,7 +177,8 @@ def train(
     _check_task(task)
     if stop_after is not None and stop_after < 0:
         raise ValueError(f"stop_after must be >= 0, got {stop_after}")
-    info = dist_utils.setup(cfg.device)
+    sharded = fsdp.check_strategy(cfg, resume)  # fsdp outside torchrun: a clear refusal
+    info = dist_utils.setup(cfg.device, group=sharded)
     device, rank, world, main = info.device, info.rank, info.world, info.is_main
     micro_bs = cfg.batch_size // cfg.grad_accum
     if micro_bs % world:
@@ -189,6 +200,8 @@ def train(
         dist_utils.barrier()
 
         model.to(device)
+        if sharded:  # before the optimizer: it must hold the sharded parameters
+            fsdp.shard_model(model, cfg, device)
         optimizer = make_optimizer(model, cfg, device)
         schedule = LRSchedule(cfg)
         prog, history = Progress(), []
@@ -199,18 +212,19 @@ def train(
         else:
             seed_all(cfg.seed + rank)
         if main:  # messages and files once, from rank 0
-            _warn_about_settings(run_dir, task, cfg, resume)
+            warn_about_settings(run_dir, task, cfg, resume)
             config = {"kind": kind, "model": model_cfg, "train": cfg.to_dict()}
             start_run(
                 run_dir, task, {**config, "task": task.config_dict()}, resume, prog.last_ckpt_step
             )
         n_params = sum(p.numel() for p in model.parameters())
         log.info(
-            "training %s (%.2fM parameters) on %s x%d, %s",
+            "training %s (%.2fM parameters) on %s x%d%s, %s",
             kind,
             n_params / 1e6,
             device,
             world,
+            " (FSDP)" if sharded else "",
             f"{cfg.max_time:.0f} s" if cfg.timed else f"{cfg.steps} steps",
         )
         loop = _Loop(model, task, cfg, run_dir, optimizer, schedule, prog, history, info, micro_bs)
@@ -225,39 +239,8 @@ def train(
         val_loss=prog.val_loss,
         history=history,
         elapsed=prog.elapsed,
+        memory=loop.memory,
     )
-
-
-def _warn_about_settings(run_dir: Path, task: Task, cfg: TrainConfig, resume: bool) -> None:
-    """Warn about settings that will surprise: a changed resume, a warm-up as long as the run."""
-    if resume:
-        saved = runs.read_config(run_dir)
-        if saved.get("task") != json.loads(json.dumps(task.config_dict())):
-            log.warning("resuming %s with a different task config: the data may differ", run_dir)
-        saved_train = saved.get("train") or {}
-        if saved_train != json.loads(json.dumps(cfg.to_dict())):
-            log.info("resuming %s with changed training settings", run_dir)
-        length = "max_time" if cfg.timed else "steps"
-        old_length = saved_train.get(length)
-        if cfg.schedule == "cosine" and old_length not in (None, getattr(cfg, length)):
-            log.warning(
-                "resuming a cosine schedule fitted to %s=%s with %s=%s: the learning rate "
-                "jumps back up from where the shorter schedule left it, so this is not the "
-                "same as one run of the new length (constant and inverse_sqrt schedules are; "
-                "or give the full length from the start and stop early with Ctrl-C)",
-                length,
-                old_length,
-                length,
-                getattr(cfg, length),
-            )
-    if not cfg.timed and cfg.schedule != "inverse_sqrt" and cfg.warmup >= cfg.steps:
-        log.warning(
-            "the warm-up (%d steps) is not shorter than the run (%d steps): the learning rate "
-            "never reaches lr=%g; lower --warmup",
-            cfg.warmup,
-            cfg.steps,
-            cfg.lr,
-        )
 
 
 class _Loop:
@@ -286,7 +269,10 @@ class _Loop:
         self.stop_after: int | None = None
         self.interrupts = Interrupts()  # train() passes the installed one
 
-        self.ddp = dist_utils.wrap_ddp(model, self.device)
+        self.identity: tuple[str, dict] = _model_identity(model)
+        self.sharded = fsdp.is_sharded(model)  # FSDP: every rank checkpoints, validates, evaluates
+        self.memory: dict = {}  # this rank's bytes after the first step (TrainResult.memory)
+        self.ddp = model if self.sharded else dist_utils.wrap_ddp(model, self.device)
         self.train_model = torch.compile(self.ddp) if cfg.compile else self.ddp
         self.autocast = (
             (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16))
@@ -327,6 +313,8 @@ class _Loop:
                     updating = False
                     rng_at_step_start = None
                     self.pending.append((prog.step, loss, grad_norm, lr, metrics, count))
+                if not self.memory:  # after a whole step: gradients and moments exist
+                    self.memory = fsdp.log_memory(self.model, self.optimizer, self.rank, self.world)
                 self._advance_bar()
                 if prog.step % cfg.log_every == 0:
                     self._flush()
@@ -334,6 +322,7 @@ class _Loop:
                     self._validate_and_checkpoint()
             if self.pending or prog.last_eval_step != prog.step:
                 self._validate_and_checkpoint()
+            self._consolidate()
         except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM (Terminated)
             if not updating:  # (a handler other than ours can interrupt the update itself)
                 self._save_on_interrupt(rng_at_step_start, err)
@@ -354,24 +343,32 @@ class _Loop:
             batch = self.task.get_batch(
                 "train", step * cfg.grad_accum + micro, self.micro_bs, self.rank, self.world
             )
-            count += int(self.task.count(batch))
+            n = int(self.task.count(batch))
+            count += n
+            # under torchrun: weigh this rank's means by its share of the units (task.count) so
+            # the step's loss is the mean over the global batch, as in one process
+            share = dist_utils.share_of(n, self.device)
             batch = to_device(batch, self.device)
             last = micro == cfg.grad_accum - 1
             # DDP all-reduces gradients on every backward unless told not to: only the last
             # micro-batch of a step needs it
             accumulate = not last and self.ddp is not self.model
             sync = self.ddp.no_sync() if accumulate else contextlib.nullcontext()
+            if self.sharded:  # FSDP's no_sync: reduce-scatter in the last backward only
+                fsdp.gradient_sync(self.model, last)
             with sync:
                 with self.autocast():
                     loss, metrics = self.task.loss(self.train_model, batch, cfg)
-                (loss / cfg.grad_accum).backward()
-            loss_sum += loss.detach().float()
+                (loss * share / cfg.grad_accum).backward()
+            loss_sum += loss.detach().float() * share
             for k, v in metrics.items():
                 v = v.detach().float() if isinstance(v, Tensor) else float(v)
-                metric_sums[k] = metric_sums.get(k, 0.0) + v
+                metric_sums[k] = metric_sums.get(k, 0.0) + v * share
         grad_norm = None
         if cfg.grad_clip is not None:
+            # under FSDP the norm of the sharded gradients is computed across ranks (a DTensor)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            grad_norm = fsdp.full_value(grad_norm)
         metrics = {k: v / cfg.grad_accum for k, v in metric_sums.items()}
         return loss_sum / cfg.grad_accum, grad_norm, metrics, count
 
@@ -447,33 +444,8 @@ class _Loop:
         self.metrics_written_at = time.perf_counter()
 
     def _open_bar(self) -> None:
-        if not (self.cfg.progress and self.main):
-            return
-        import sys
-
-        from tqdm.auto import tqdm
-
-        # redirected to a file or CI log: a line every 30 s instead of a redraw per step
-        quiet = {} if sys.stderr.isatty() else {"mininterval": 30.0}
-        if self.cfg.timed:
-            self.bar = tqdm(
-                **quiet,
-                total=round(self.cfg.max_time),
-                initial=min(round(self.prog.elapsed), round(self.cfg.max_time)),
-                unit="s",
-                desc="train",
-                dynamic_ncols=True,
-                bar_format="{l_bar}{bar}| {n:.0f}/{total_fmt}s [{elapsed}<{remaining}{postfix}]",
-            )
-        else:
-            self.bar = tqdm(
-                **quiet,
-                total=self.cfg.steps,
-                initial=self.prog.step,
-                unit="step",
-                desc="train",
-                dynamic_ncols=True,
-            )
+        if self.cfg.progress and self.main:
+            self.bar = open_bar(self.cfg, self.prog)
 
     def _advance_bar(self) -> None:
         if self.bar is None:
@@ -497,10 +469,16 @@ class _Loop:
                 # shard the batches over ranks, unless there are too few to give each rank one
                 shard = self.world > 1 and len(batches) >= self.world
                 mine = batches[self.rank :: self.world] if shard else batches
+                # under FSDP each forward is a collective: a rank with fewer batches runs its
+                # last one again (not counted), so that all run as many forwards
+                runs_needed = -(-len(batches) // self.world) if shard and self.sharded else 0
                 sums: dict[str, Tensor] = {}
-                for batch in mine:
+                for i in range(max(len(mine), runs_needed)):
+                    batch = mine[min(i, len(mine) - 1)]
                     with self.autocast():
                         loss, metrics = task.loss(model, to_device(batch, self.device), cfg)
+                    if i >= len(mine):
+                        continue
                     for k, v in {"loss": loss, **metrics}.items():
                         v = torch.as_tensor(v, device=self.device).detach().float().reshape(())
                         sums[k] = sums[k] + v if k in sums else v
@@ -514,8 +492,13 @@ class _Loop:
                         dist_utils.all_reduce_sum(vec)
                     vec = vec.cpu()
                     rec.update({f"val_{k}": float(vec[j] / vec[-1]) for j, k in enumerate(keys)})
-            if self.main and hasattr(task, "evaluate"):
-                rec.update({k: float(v) for k, v in task.evaluate(model).items()})
+            if hasattr(task, "evaluate") and (self.main or self.sharded):
+                if self.sharded:  # all ranks run it (collectives), with rank 0's random state
+                    restore_rng(dist_utils.broadcast_object(capture_rng()))
+                with fsdp.whole_root(model):
+                    results = task.evaluate(model)
+                if self.main:
+                    rec.update({k: float(v) for k, v in results.items()})
         model.train()
         return rec
 
@@ -550,27 +533,44 @@ class _Loop:
         self.window_start = time.perf_counter()  # validation time is not training throughput
 
     def _checkpoint(self, rng: dict, *, best: bool = False) -> None:
-        """Write last (and best) weights, state.pt, metrics.jsonl and loss.png (rank 0)."""
-        prog = self.prog
+        """Write last (and best) weights, state.pt, metrics.jsonl and loss.png (rank 0); under
+        FSDP every rank writes its shards of a sharded checkpoint instead."""
+        prog, kept = self.prog, self.prog.last_ckpt_step
         prog.elapsed = self.elapsed()
-        if not self.main:
+        if not (self.main or self.sharded):
             prog.last_ckpt_step = prog.step
             return
         state = {
             "progress": {**vars(prog), "last_ckpt_step": prog.step},
-            "optimizer": self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict(),
             "rng": rng,
         }
-        # all files written before any is renamed: a full disk or a signal in the middle keeps
-        # the previous checkpoint whole (RunWriteError names it)
-        write_checkpoint(
-            self.run_dir, self.model, state, self.history, best=best, kept=prog.last_ckpt_step
-        )
+        # all files written before any is renamed (a folder renamed last for a sharded one): a
+        # full disk or a signal in the middle keeps the previous checkpoint whole
+        if self.sharded:
+            kind, model_cfg = self.identity
+            meta = {"step": prog.step, "kind": kind, "model": model_cfg, "world": self.world}
+            where = dict(best=best, kept=kept, main=self.main, device=self.device)
+            save_sharded(
+                self.run_dir, self.model, self.optimizer, state, meta, self.history, **where
+            )
+        else:
+            state["optimizer"] = self.optimizer.state_dict()
+            write_checkpoint(self.run_dir, self.model, state, self.history, best=best, kept=kept)
+            if runs.last_sharded(self.run_dir) is not None:  # an earlier FSDP phase's, older
+                remove_sharded(self.run_dir)
         prog.last_ckpt_step = prog.step  # only now: Ctrl-C during the writes saves again
         self.metrics_written_at = time.perf_counter()
-        if self.history:
+        if self.main and self.history:
             plot_loss(self.run_dir, prog.step)
+
+    def _consolidate(self) -> None:
+        """FSDP, at the end of a session: the last weights as one model.safetensors, so the run
+        loads in one process like any other (every rank takes part)."""
+        step = self.prog.step
+        if self.sharded and self.prog.last_ckpt_step == step:
+            where = dict(main=self.main, device=self.device, kept=step)
+            write_consolidated(self.run_dir / LAST_FILE, self.model, step, **where)
 
     def _save_on_interrupt(self, rng: dict | None, err: KeyboardInterrupt) -> None:
         """Ctrl-C or SIGTERM between or inside steps: checkpoint the last completed step.
@@ -587,3 +587,4 @@ class _Loop:
         why = "terminated (SIGTERM)" if isinstance(err, Terminated) else "interrupted"
         log.warning("%s: saving a checkpoint at step %d", why, self.prog.step)
         self._checkpoint(rng if rng is not None else capture_rng())
+        self._consolidate()

@@ -41,6 +41,13 @@ class QA:
     answer: str
 
 
+#: the position questions: (coordinate, how the question puts it, answer below / above the centre)
+_SIDES = (
+    ("x", "on the left or the right", "left", "right"),
+    ("y", "at the top or the bottom", "top", "bottom"),
+)
+
+
 def _unique(scene: Scene, key) -> dict[Any, SceneObject]:
     counts = Counter(key(o) for o in scene.objects)
     return {key(o): o for o in scene.objects if counts[key(o)] == 1}
@@ -73,22 +80,10 @@ def scene_questions(scene: Scene, margin: float = 1.5) -> list[QA]:
     for colour, o in by_colour.items():
         qs.append(QA("shape", f"what shape is the {colour} object ?", o.shape))
     for o in named:
-        if abs(o.x - centre) >= margin:
-            qs.append(
-                QA(
-                    "position",
-                    f"is the {o.name} on the left or the right ?",
-                    "left" if o.x < centre else "right",
-                )
-            )
-        if abs(o.y - centre) >= margin:
-            qs.append(
-                QA(
-                    "position",
-                    f"is the {o.name} at the top or the bottom ?",
-                    "top" if o.y < centre else "bottom",
-                )
-            )
+        for coord, where, low, high in _SIDES:
+            offset = getattr(o, coord) - centre
+            if abs(offset) >= margin:
+                qs.append(QA("position", f"is the {o.name} {where} ?", low if offset < 0 else high))
 
     for o in named:
         others = sorted((x for x in objs if x is not o), key=lambda x: _dist(o, x))

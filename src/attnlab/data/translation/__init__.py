@@ -13,67 +13,14 @@ first-release name). The trainer's task is :class:`attnlab.tasks.translation.Tra
 """
 
 from attnlab.config.translation import TranslationTaskConfig
-from attnlab.data.translation.dataset import Batch, TranslationData, build_data, collate
-from attnlab.data.translation.pairs import (
-    make_dates,
-    make_numbers,
-    number_languages,
-    read_tsv,
-    write_tsv,
-)
-from attnlab.data.translation.vocab import (
-    END,
-    END_ID,
-    LEVELS,
-    PAD,
-    PAD_ID,
-    SPECIALS,
-    START,
-    START_ID,
-    UNK,
-    UNK_ID,
-    VOCAB_FILE,
-    Normalizer,
-    TranslationVocabs,
-    Vocab,
-    load_vocabs,
-    normalizer_for,
-    split_tokens,
-)
+from attnlab.data.translation import dataset, pairs, vocab
+
+# the package's names are its modules' (each lists them in its __all__)
+from attnlab.data.translation.dataset import *  # noqa: F403
+from attnlab.data.translation.pairs import *  # noqa: F403
+from attnlab.data.translation.vocab import *  # noqa: F403
 
 #: the first release's name of :class:`TranslationTaskConfig`
 DataConfig = TranslationTaskConfig
 
-__all__ = [
-    "TranslationTaskConfig",
-    "DataConfig",
-    # vocab
-    "PAD",
-    "START",
-    "END",
-    "UNK",
-    "SPECIALS",
-    "PAD_ID",
-    "START_ID",
-    "END_ID",
-    "UNK_ID",
-    "LEVELS",
-    "VOCAB_FILE",
-    "Normalizer",
-    "normalizer_for",
-    "Vocab",
-    "split_tokens",
-    "TranslationVocabs",
-    "load_vocabs",
-    # pairs
-    "number_languages",
-    "make_numbers",
-    "make_dates",
-    "read_tsv",
-    "write_tsv",
-    # dataset
-    "TranslationData",
-    "build_data",
-    "Batch",
-    "collate",
-]
+__all__ = ["TranslationTaskConfig", "DataConfig", *vocab.__all__, *pairs.__all__, *dataset.__all__]

@@ -149,15 +149,21 @@ def build_data(config: TranslationTaskConfig) -> TranslationData:
 
 @dataclass
 class Batch:
-    """A padded batch. ``tgt_in = <start> y``, ``tgt_out = y <end>`` (teacher forcing)."""
+    """A padded batch. ``tgt_in = <start> y``, ``tgt_out = y <end>`` (teacher forcing).
+
+    ``step`` is the training batch's number (what the task's ``get_batch`` was asked for; None
+    for validation batches): scheduled sampling reads its schedule from it.
+    """
 
     src: Tensor  # (B, S) long, <pad>-padded on the right
     src_mask: Tensor  # (B, S) bool, True = real token
     tgt_in: Tensor  # (B, T) long
     tgt_out: Tensor  # (B, T) long, <pad> where there is no target
+    step: int | None = None
 
     def to(self, device) -> Batch:
-        return Batch(*(t.to(device) for t in (self.src, self.src_mask, self.tgt_in, self.tgt_out)))
+        tensors = (self.src, self.src_mask, self.tgt_in, self.tgt_out)
+        return Batch(*(t.to(device) for t in tensors), step=self.step)
 
 
 def collate(

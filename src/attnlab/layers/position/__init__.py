@@ -73,7 +73,8 @@ def build_positions(
 
     Args:
         kind: a config, or ``none`` | ``learned`` | ``sinusoidal`` | ``rope`` | ``alibi`` | ``t5``.
-        d_model, n_heads, head_dim, max_seq_len, rope_theta: the model's sizes.
+        d_model, n_heads, head_dim, max_seq_len, rope_theta: the model's sizes (with a config,
+            ``max_seq_len`` may still be given, for a config that names its length otherwise).
         causal: the model's self-attention is causal: T5's table then has buckets only for
             earlier keys (T5's decoder); otherwise for both sides (T5's encoder).
         num_buckets, max_distance: T5's bucketing (32 and 128 in T5).
@@ -88,7 +89,7 @@ def build_positions(
             d_model=c.d_model,
             n_heads=c.n_heads,
             head_dim=c.head_dim,
-            max_seq_len=c.max_seq_len,
+            max_seq_len=c.max_seq_len if max_seq_len is None else max_seq_len,
             rope_theta=c.rope_theta,
             causal=causal,
             num_buckets=num_buckets,

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from attnlab.attention.cache import DecodeState, KVCache
 from attnlab.attention.capture import AttentionMaps, capture_attention
 from attnlab.config.multimodal import CaptionConfig
+from attnlab.layers.rnn import stacked_rnn
 from attnlab.models.multimodal.encoders import ImageEncoder, upgrade_weights
 from attnlab.models.multimodal.trunk import ImageTextTransformer
 from attnlab.models.registry import register_kind
@@ -106,13 +107,7 @@ class LSTMCaptioner(nn.Module):
         self.init_h = nn.Linear(f, c.n_layers * c.d_model)
         self.init_c = nn.Linear(f, c.n_layers * c.d_model)
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
-        self.lstm = nn.LSTM(
-            c.d_model,
-            c.d_model,
-            num_layers=c.n_layers,
-            batch_first=True,
-            dropout=c.dropout if c.n_layers > 1 else 0.0,
-        )
+        self.lstm = stacked_rnn("lstm", c.d_model, c.d_model, c.n_layers, dropout=c.dropout)
         self.drop = nn.Dropout(c.dropout)
         self.head = nn.Linear(c.d_model, c.vocab_size)
 

@@ -24,8 +24,7 @@ from torch import Tensor, nn
 
 from attnlab.attention.cache import KVCache
 from attnlab.config.multimodal import SceneModelConfig
-from attnlab.layers.block import build_block
-from attnlab.layers.norm import make_norm
+from attnlab.layers.block import build_block, build_final_norm
 from attnlab.layers.position import build_positions
 from attnlab.layers.position.grid import sincos_2d
 from attnlab.models.multimodal.encoders import ImageEncoder
@@ -53,24 +52,13 @@ class ImageTextTransformer(nn.Module):
         self.img_proj = nn.Linear(encoder.feature_dim, c.d_model)
         self.register_buffer("img_pos", sincos_2d(*encoder.grid, c.d_model), persistent=False)
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
-        self.pos_emb = build_positions(
-            c.position,
-            d_model=c.d_model,
-            n_heads=c.n_heads,
-            head_dim=c.head_dim,
-            max_seq_len=c.max_len,
-            rope_theta=c.rope_theta,
-        )
+        self.pos_emb = build_positions(c, max_seq_len=c.max_len)
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
             build_block(c, cross_attention=True, context_dim=c.d_model, positions=self.pos_emb)
             for _ in range(c.n_layers)
         )
-        self.norm_f = (
-            make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
-            if c.norm_position == "pre"
-            else nn.Identity()  # post-norm blocks end normalised
-        )
+        self.norm_f = build_final_norm(c)
 
     def image_tokens(self, images: Tensor) -> Tensor:
         """Projected image tokens with their 2-D positions, ``(B, N, D)``."""

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from attnlab.attention.capture import capture_attention
 from attnlab.config.multimodal import VQAConfig
 from attnlab.errors import UserError
+from attnlab.layers.rnn import stacked_rnn
 from attnlab.models.multimodal.encoders import ImageEncoder, check_images, upgrade_weights
 from attnlab.models.multimodal.trunk import ImageTextTransformer
 from attnlab.models.registry import register_kind
@@ -71,7 +72,7 @@ class LSTMVQA(nn.Module):
         super().__init__()
         self.config = c = config
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model, padding_idx=0)
-        self.lstm = nn.LSTM(c.d_model, c.d_model, num_layers=c.n_layers, batch_first=True)
+        self.lstm = stacked_rnn("lstm", c.d_model, c.d_model, c.n_layers)
         if c.fusion != "none":  # the blind model has no image encoder at all
             self.encoder = ImageEncoder(c, reads="tokens")
             n_tokens = self.encoder.grid[0] * self.encoder.grid[1]

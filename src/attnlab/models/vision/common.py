@@ -1,4 +1,5 @@
-"""What ViT and Swin build the same way: blocks with their own Q/K/V bias, and initialisation.
+"""What ViT and Swin do the same way: blocks with their own Q/K/V bias, initialisation, and the
+check of an image batch.
 
 Shape legend: C width.
 """
@@ -6,14 +7,16 @@ Shape legend: C width.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from attnlab.config.block import BlockConfig
 from attnlab.layers.block import TransformerBlock, build_block
+from attnlab.layers.patch_embed import check_images
 from attnlab.layers.position import PatchGridPositions, RelativePositionBias
 
-__all__ = ["build_vision_block", "init_vision_weights"]
+__all__ = ["build_vision_block", "init_vision_weights", "check_patch_images"]
 
 
 def build_vision_block(
@@ -51,3 +54,15 @@ def init_vision_weights(model: nn.Module, std: float, tokens: Sequence[nn.Parame
             grids.append(m.weight)
     for p in [*tokens, *grids]:
         nn.init.trunc_normal_(p, std=std)
+
+
+def check_patch_images(images: Tensor, config: Any, what: str, *, any_size: bool = False) -> None:
+    """:func:`~attnlab.layers.check_images` for a patch model's config: ``in_channels`` channels,
+    ``image_size`` square (with ``any_size``: any multiple of ``patch_size``).
+
+    Raises:
+        UserError: wrong rank, channel count or size (the message names the values).
+    """
+    c = config
+    size = None if any_size else c.image_size
+    check_images(images, c.in_channels, size, multiple_of=c.patch_size, what=what)

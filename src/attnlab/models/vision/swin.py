@@ -38,12 +38,16 @@ from attnlab.config.vision import SwinConfig
 from attnlab.layers.block import TransformerBlock
 from attnlab.layers.drop_path import DropPath, drop_path_rates
 from attnlab.layers.norm import make_norm
-from attnlab.layers.patch_embed import PatchEmbedding, check_images
+from attnlab.layers.patch_embed import PatchEmbedding
 from attnlab.layers.position import NoPositions, Positions
 from attnlab.layers.position.grid import PatchGridPositions
 from attnlab.layers.position.relative import RelativePositionBias
 from attnlab.models.registry import register_kind
-from attnlab.models.vision.common import build_vision_block, init_vision_weights
+from attnlab.models.vision.common import (
+    build_vision_block,
+    check_patch_images,
+    init_vision_weights,
+)
 
 __all__ = [
     "SwinTransformer",
@@ -276,13 +280,7 @@ class SwinTransformer(nn.Module):
             UserError: wrong rank, channel count or size (the message names the values).
         """
         c = self.config
-        check_images(
-            images,
-            c.in_channels,
-            c.image_size,
-            multiple_of=c.patch_size,
-            what=f"Swin (patch size {c.patch_size}, window {c.window_size})",
-        )
+        check_patch_images(images, c, f"Swin (patch size {c.patch_size}, window {c.window_size})")
         x = self.embed_norm(self.patch_embed(images))  # (B, N, C)
         x = self.drop(self.pos_embed.embed(x, None))
         for stage in self.stages:

@@ -30,10 +30,14 @@ from attnlab.attention.capture import capture_attention
 from attnlab.config.vision import ViTConfig
 from attnlab.layers.drop_path import drop_path_rates
 from attnlab.layers.norm import make_norm
-from attnlab.layers.patch_embed import PatchEmbedding, check_images
+from attnlab.layers.patch_embed import PatchEmbedding
 from attnlab.layers.position.grid import PatchGridPositions
 from attnlab.models.registry import register_kind
-from attnlab.models.vision.common import build_vision_block, init_vision_weights
+from attnlab.models.vision.common import (
+    build_vision_block,
+    check_patch_images,
+    init_vision_weights,
+)
 
 __all__ = ["VisionTransformer", "upgrade_vit_weights"]
 
@@ -99,13 +103,8 @@ class VisionTransformer(nn.Module):
             UserError: wrong rank, channel count or size (the message names the values).
         """
         c = self.config
-        check_images(
-            images,
-            c.in_channels,
-            None if interpolate_pos_encoding else c.image_size,
-            multiple_of=c.patch_size,
-            what=f"ViT (patch size {c.patch_size})",
-        )
+        what = f"ViT (patch size {c.patch_size})"
+        check_patch_images(images, c, what, any_size=interpolate_pos_encoding)
         B, _, H, W = images.shape
         x = self.patch_embed(images)  # (B, N, C)
         if self.n_prefix:

@@ -1,0 +1,395 @@
+"""Exposure bias, measured: teacher forcing against scheduled sampling for rnn-attn and transformer.
+
+The lecture's claim: teacher forcing trains the decoder only on gold prefixes, but at test time it
+reads its own outputs, so it never learned to continue from its own mistakes (exposure bias).
+Scheduled sampling (Bengio et al. 2015) feeds the model its own greedy predictions with a
+probability that grows over training: the gold-token probability ε_i decays linearly,
+exponentially or by inverse sigmoid (:class:`attnlab.config.ScheduledSamplingConfig`).
+
+Every model kind is trained once with teacher forcing and once per decay, from the same initial
+weights, on the ``numbers`` task: for ``steps`` steps each, or for an equal share of the
+``max_time`` budget each (a wall-clock limit that holds on a loaded machine; the table says how
+many steps every run reached). Each decay is fitted to the run's (planned) length: ε = 1/2 at
+``half_at`` of the steps. On held-out pairs the experiment measures
+
+- the teacher-forced NLL of the references and their NLL when the decoder reads its own greedy
+  predictions (:func:`attnlab.metrics.exposure.prefix_losses`), and the gap between them;
+- greedy exact match, overall and by reference length (target tokens).
+
+Outputs in the experiment directory: ``table.md``, ``results.json``, ``exposure_bias.png`` (the
+schedules, the two losses per run, exact match by output length) and ``runs/<model>-<training>``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from attnlab.config.translation import ScheduledSamplingConfig, TranslationTaskConfig
+from attnlab.experiments.common import (
+    Budget,
+    Table,
+    prepare_out_dir,
+    seconds_per_step,
+    steps_within,
+    warmup_within,
+    write_outputs,
+)
+
+__all__ = ["ExposureBiasConfig", "run_exposure_bias", "schedule_for", "DECAYS", "length_buckets"]
+
+log = logging.getLogger(__name__)
+
+DECAYS = ("linear", "exponential", "inverse_sigmoid")
+TEACHER_FORCING = "teacher forcing"
+
+
+@dataclass
+class ExposureBiasConfig:
+    """Settings of the exposure-bias experiment.
+
+    Args:
+        max_time: seconds for the whole experiment (data, timing probes, training, evaluation).
+        steps: train every run for exactly this many steps instead (no timing; repeatable).
+        models: translation kinds to compare (``rnn-attn``, ``transformer``, ``rnn``).
+        decays: scheduled-sampling decays to run next to teacher forcing.
+        half_at: fraction of the run at which the gold-token probability reaches 1/2.
+        min_gold: floor of the gold-token probability.
+        lang, high, n_examples: the numbers data (``high`` sets the lengths).
+        rnn_preset, transformer_preset, rnn_lr, transformer_lr, batch_size: training.
+        max_test: held-out pairs scored.
+        n_length_buckets: output-length buckets of the exact-match columns.
+        reserve: share of ``max_time`` kept for data, evaluation and plots.
+        device, seed, progress: as for training.
+    """
+
+    max_time: float = 300.0
+    steps: int | None = None
+    models: tuple[str, ...] = ("rnn-attn", "transformer")
+    decays: tuple[str, ...] = DECAYS
+    half_at: float = 0.5
+    min_gold: float = 0.0
+    lang: str = "it"
+    high: int = 10**6 - 1
+    n_examples: int = 20_000
+    rnn_preset: str = "tiny"
+    transformer_preset: str = "tiny"
+    rnn_lr: float = 2e-3
+    transformer_lr: float = 1e-3
+    batch_size: int = 64
+    max_test: int = 1000
+    n_length_buckets: int = 4
+    reserve: float = 0.15
+    device: str = "auto"
+    seed: int = 0
+    progress: bool = True
+
+
+def schedule_for(
+    decay: str, steps: int, *, half_at: float = 0.5, min_gold: float = 0.0
+) -> ScheduledSamplingConfig:
+    """A decay of the gold-token probability fitted to a run of ``steps`` steps: ε = 1/2 at step
+    ``half_at · steps``.
+
+    linear: ε_i = 1 − c·i with c = 1/(2m); exponential: ε_i = k^i with k = 2^(−1/m); inverse
+    sigmoid: ε_i = k/(k + e^(i/k)) with k·ln k = m (m = ``half_at · steps``).
+
+    Raises:
+        ValueError: unknown ``decay``.
+    """
+    m = max(1.0, half_at * steps)
+    if decay == "linear":
+        return ScheduledSamplingConfig(decay="linear", k=1.0, c=1 / (2 * m), min_gold=min_gold)
+    if decay == "exponential":
+        return ScheduledSamplingConfig(decay="exponential", k=0.5 ** (1 / m), min_gold=min_gold)
+    if decay == "inverse_sigmoid":
+        lo, hi = 1.0, max(2.0, m)  # k ln k is increasing on k >= 1: bisect k ln k = m
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if mid * math.log(mid) < m else (lo, mid)
+        return ScheduledSamplingConfig(decay="inverse_sigmoid", k=(lo + hi) / 2, min_gold=min_gold)
+    raise ValueError(f"unknown decay {decay!r}; choose from {DECAYS}")
+
+
+def length_buckets(lengths: list[int], n: int) -> list[tuple[int, int]]:
+    """About ``n`` contiguous ``(lo, hi)`` length ranges holding similar numbers of sentences."""
+    values = sorted(lengths)
+    edges: list[tuple[int, int]] = []
+    lo = values[0]
+    for q in range(1, n + 1):
+        hi = values[min(len(values) - 1, math.ceil(q * len(values) / n) - 1)]
+        if hi >= lo:
+            edges.append((lo, hi))
+            lo = hi + 1
+    return edges
+
+
+def _label(lo: int, hi: int) -> str:
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def run_exposure_bias(
+    cfg: ExposureBiasConfig, out_dir: str | Path, *, overwrite: bool = False
+) -> dict:
+    """Train and measure every (model, training) pair; write the table and the plot.
+
+    Returns:
+        ``{"config", "data", "buckets", "runs": [{"model", "training", "schedule", "steps",
+        "seconds", "teacher_forced_nll", "free_running_nll", "gap", "exact_match",
+        "exact_by_length"}], "elapsed", "summary"}``.
+
+    Raises:
+        RunDirError: ``out_dir`` holds files and ``overwrite`` is not set.
+        UserError: a bad setting (unknown model or decay, a budget too small...).
+    """
+    from attnlab.data.translation import build_data
+    from attnlab.errors import UserError
+    from attnlab.metrics.exposure import prefix_losses
+    from attnlab.metrics.translation import evaluate_pairs
+    from attnlab.models.translation import TRANSLATION_KINDS, build_translation_model
+    from attnlab.tasks.translation import TranslationTask, train_defaults
+    from attnlab.train import TrainConfig, train
+
+    for kind in cfg.models:
+        if kind not in TRANSLATION_KINDS:
+            raise UserError(f"unknown model {kind!r}; choose from {list(TRANSLATION_KINDS)}")
+    for decay in cfg.decays:
+        if decay not in DECAYS:
+            raise UserError(f"unknown decay {decay!r}; choose from {list(DECAYS)}")
+    budget = Budget(cfg.max_time)
+    out = prepare_out_dir(out_dir, overwrite=overwrite)
+    data_cfg = TranslationTaskConfig(
+        task="numbers", lang=cfg.lang, high=cfg.high, n_examples=cfg.n_examples, seed=cfg.seed
+    )
+    data = build_data(data_cfg)
+    vocabs = data.vocabs()
+    test = data.splits["test"][: cfg.max_test]
+    lengths = [len(vocabs.tgt.tokenize(t)) for _, t in test]
+    buckets = length_buckets(lengths, cfg.n_length_buckets)
+    max_seq = 2 * max(data.stats["max_src_len"], data.stats["max_tgt_len"]) + 16
+    reserve = cfg.reserve * cfg.max_time
+    variants = (TEACHER_FORCING, *cfg.decays)
+    n_runs = len(cfg.models) * len(variants)
+    runs: list[dict] = []
+
+    def task_with(ss: ScheduledSamplingConfig) -> TranslationTask:
+        d = dataclasses.replace(data, config=data.config.replace(scheduled_sampling=ss.to_dict()))
+        return TranslationTask(d, eval_examples=0)
+
+    for kind in cfg.models:
+        is_tf = kind == "transformer"
+        torch.manual_seed(cfg.seed)
+        init = build_translation_model(
+            kind,
+            len(data.src_vocab),
+            len(data.tgt_vocab),
+            preset=cfg.transformer_preset if is_tf else cfg.rnn_preset,
+            max_seq_len=max_seq,
+        )
+        usual_warmup = 100 if is_tf else 20
+        tcfg = TrainConfig(
+            steps=cfg.steps or 1,
+            batch_size=cfg.batch_size,
+            lr=cfg.transformer_lr if is_tf else cfg.rnn_lr,
+            warmup_steps=usual_warmup,
+            eval_every=10**9,
+            eval_batches=5,
+            device=cfg.device,
+            seed=cfg.seed,
+            progress=cfg.progress,
+            **train_defaults(kind),
+        )
+        if cfg.steps is None:  # seconds per step, to fit each decay to the run's length
+            t_tf = seconds_per_step(init, task_with(ScheduledSamplingConfig()), tcfg)
+            probe = ScheduledSamplingConfig(decay="linear", k=0.5, c=1e-9)  # always sampling
+            t_ss = seconds_per_step(init, task_with(probe), tcfg) if cfg.decays else t_tf
+        for variant in variants:
+            if cfg.steps is None:  # an equal share of what is left, as wall-clock seconds
+                left = n_runs - len(runs)
+                seconds = max(1.0, budget.share(left, reserve=reserve * left / n_runs))
+                per_step = t_tf if variant == TEACHER_FORCING else t_ss
+                steps = steps_within(seconds, per_step)
+                run_cfg = tcfg.replace(steps=None, max_time=seconds)
+                log.info("exposure-bias: %s %s: %.0f s, ~%d steps", kind, variant, seconds, steps)
+            else:
+                steps = cfg.steps
+                run_cfg = tcfg.replace(steps=steps)
+            run_cfg = run_cfg.replace(warmup_steps=warmup_within(steps, usual_warmup))
+            ss = (
+                ScheduledSamplingConfig()
+                if variant == TEACHER_FORCING
+                else schedule_for(variant, steps, half_at=cfg.half_at, min_gold=cfg.min_gold)
+            )
+            model = copy.deepcopy(init)
+            name = f"{kind}-{variant.replace(' ', '-')}"
+            res = train(model, task_with(ss), run_cfg, out / "runs" / name)
+            losses = prefix_losses(model, vocabs, test, batch_size=256)
+            ev = evaluate_pairs(model, vocabs, test, batch_size=256)
+            by_length = {}
+            for lo, hi in buckets:
+                idx = [j for j, n in enumerate(lengths) if lo <= n <= hi]
+                by_length[_label(lo, hi)] = sum(ev["correct"][j] for j in idx) / len(idx)
+            tf = statistics.fmean(losses["teacher_forced"])
+            free = statistics.fmean(losses["free_running"])
+            runs.append(
+                {
+                    "model": kind,
+                    "training": variant,
+                    "schedule": ss.to_dict(),
+                    "final_gold_prob": ss.gold_probability(res.steps),
+                    "planned_steps": steps,
+                    "steps": res.steps,
+                    "seconds": res.elapsed,
+                    "teacher_forced_nll": tf,
+                    "free_running_nll": free,
+                    "gap": free - tf,
+                    "exact_match": ev["exact_match"],
+                    "exact_by_length": by_length,
+                }
+            )
+    bucket_labels = [_label(lo, hi) for lo, hi in buckets]
+    results = {
+        "config": asdict(cfg),
+        "data": data.stats,
+        "buckets": bucket_labels,
+        "bucket_sizes": [sum(lo <= n <= hi for n in lengths) for lo, hi in buckets],
+        "runs": runs,
+    }
+    results["summary"] = summarise(results)
+    results["elapsed"] = budget.elapsed()
+    table = results_table(results)
+    budget_note = (
+        f"every run trained for {cfg.steps} steps"
+        if cfg.steps is not None
+        else f"every run trained for an equal share of --max-time {cfg.max_time:g} s"
+    )
+    notes = (
+        f"NLL in nats per reference token on {len(test)} held-out pairs; gap = free-running − "
+        f"teacher-forced. Exact match (greedy) by reference length in target tokens "
+        f"(pairs per bucket: {', '.join(map(str, results['bucket_sizes']))}). Schedules reach "
+        f"ε = 1/2 at {cfg.half_at:.2f} of the run's (planned) steps; {budget_note}, from the "
+        f"same initial weights per model; whole experiment "
+        f"{results['elapsed']:.0f} s.\n\n{results['summary']}"
+    )
+    write_outputs(
+        out,
+        title="Exposure bias: teacher forcing vs scheduled sampling",
+        tables=[table],
+        results=results,
+        notes=notes,
+        plot=lambda p: plot_exposure_bias(results, p),
+        plot_name="exposure_bias.png",
+    )
+    return results
+
+
+def results_table(results: dict) -> Table:
+    """One row per run: steps, the two NLLs, the gap, exact match overall and by length."""
+    buckets = results["buckets"]
+    table = Table(
+        ["model", "training", "steps", "train s", "teacher-forced NLL", "free-running NLL", "gap"]
+        + ["EM %"]
+        + [f"EM % len {b}" for b in buckets],
+        formats=["", "", "d", ".0f", ".3f", ".3f", ".3f", ".1f"] + [".1f"] * len(buckets),
+    )
+    for r in results["runs"]:
+        table.add(
+            r["model"],
+            r["training"],
+            r["steps"],
+            r["seconds"],
+            r["teacher_forced_nll"],
+            r["free_running_nll"],
+            r["gap"],
+            100 * r["exact_match"],
+            *(100 * r["exact_by_length"][b] for b in buckets),
+        )
+    return table
+
+
+def summarise(results: dict) -> str:
+    """Per model: the teacher-forcing gap against the scheduled-sampling gaps."""
+    parts = []
+    for kind in dict.fromkeys(r["model"] for r in results["runs"]):
+        rows = [r for r in results["runs"] if r["model"] == kind]
+        tf = next((r for r in rows if r["training"] == TEACHER_FORCING), None)
+        ss = [r for r in rows if r["training"] != TEACHER_FORCING]
+        if tf is None or not ss:
+            continue
+        smaller = sum(r["gap"] < tf["gap"] for r in ss)
+        gaps = ", ".join(f"{r['training']} {r['gap']:.3f}" for r in ss)
+        best = max(ss, key=lambda r: r["exact_match"])
+        parts.append(
+            f"{kind}: gap {tf['gap']:.3f} with teacher forcing, {gaps} with scheduled sampling "
+            f"({smaller} of {len(ss)} smaller); exact match {100 * tf['exact_match']:.1f}% "
+            f"(teacher forcing) vs {100 * best['exact_match']:.1f}% (best schedule, "
+            f"{best['training']})."
+        )
+    return " ".join(parts)
+
+
+def plot_exposure_bias(results: dict, path: str | Path) -> None:
+    """Three panels: ε over training, the two NLLs per run, exact match by output length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from attnlab.fileio import atomic_save
+
+    runs = results["runs"]
+    fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(15, 4.2))
+    shown = set()
+    for r in runs:
+        if r["training"] in shown:
+            continue
+        shown.add(r["training"])
+        ss = ScheduledSamplingConfig.from_dict(r["schedule"])
+        xs = list(range(0, r["steps"] + 1, max(1, r["steps"] // 200)))
+        ax0.plot(
+            [x / max(1, r["steps"]) for x in xs],
+            [ss.gold_probability(x) for x in xs],
+            label=r["training"],
+        )
+    ax0.set_xlabel("fraction of training")
+    ax0.set_ylabel("P(feed the gold token)")
+    ax0.set_title("schedules")
+    ax0.legend(fontsize=8)
+    labels = [f"{r['model']}\n{r['training']}" for r in runs]
+    xs = range(len(runs))
+    ax1.bar(
+        [x - 0.2 for x in xs], [r["teacher_forced_nll"] for r in runs], 0.4, label="teacher-forced"
+    )
+    ax1.bar(
+        [x + 0.2 for x in xs], [r["free_running_nll"] for r in runs], 0.4, label="own predictions"
+    )
+    ax1.set_xticks(list(xs), labels, fontsize=6, rotation=60, ha="right")
+    ax1.set_ylabel("held-out NLL (nats/token)")
+    ax1.set_title("reference loss: gold prefix vs own prefix")
+    ax1.legend(fontsize=8)
+    buckets = results["buckets"]
+    styles = ["-", "--", ":", "-."]
+    kinds = list(dict.fromkeys(r["model"] for r in runs))
+    for r in runs:
+        ax2.plot(
+            range(len(buckets)),
+            [100 * r["exact_by_length"][b] for b in buckets],
+            styles[kinds.index(r["model"]) % len(styles)],
+            marker="o",
+            label=f"{r['model']} {r['training']}",
+        )
+    ax2.set_xticks(range(len(buckets)), buckets)
+    ax2.set_xlabel("reference length (target tokens)")
+    ax2.set_ylabel("exact match (%)")
+    ax2.set_title("greedy exact match by output length")
+    ax2.legend(fontsize=6)
+    fig.tight_layout()
+    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)

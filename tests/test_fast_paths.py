@@ -1,0 +1,269 @@
+"""The fast paths of decoding and training give the same numbers as the plain ones.
+
+- a static (preallocated, fixed-shape) KV cache gives the logits of the dynamic cache and of a
+  full recomputation (1e-5, fp32), for every position scheme, grouped-query heads and left padding;
+- a compiled decoding step gives the eager step's tokens;
+- weight-only int8 layers stay within the quantisation error bound of fp32;
+- bf16 decoding runs;
+- ``torch.compile`` (inductor, no mocking) trains like eager.
+"""
+
+import pytest
+import torch
+
+from attnlab.config import ModelConfig
+from attnlab.decoding import generate
+from attnlab.models.lm import DecoderLM
+
+POSITIONS = ["learned", "rope", "alibi", "sinusoidal", "none"]
+
+
+def _model(position="learned", **kw):
+    cfg = ModelConfig.preset("tiny", position=position, max_seq_len=32, n_kv_heads=2, **kw)
+    return DecoderLM(cfg).eval()
+
+
+def _prompts(B=3, T=7, vocab=256):
+    idx = torch.randint(0, vocab, (B, T))
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, :3] = False  # left padding of different lengths
+    mask[1, :1] = False
+    return idx, mask
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+@torch.no_grad()
+def test_static_cache_equals_dynamic_cache_equals_recomputation(position):
+    model = _model(position)
+    idx, mask = _prompts()
+    steps = torch.randint(0, 256, (idx.shape[0], 6))
+    full_ids = torch.cat([idx, steps], 1)
+    full_mask = torch.cat([mask, torch.ones_like(steps, dtype=torch.bool)], 1)
+    full = model(full_ids, attention_mask=full_mask)  # (B, T + 6, V)
+    T = idx.shape[1]
+    for static in (False, True):
+        state = model.start_decoding(idx.shape[0], 20, static=static)
+        logits, state = model.decode_step(idx, state, attention_mask=mask)
+        torch.testing.assert_close(logits, full[:, T - 1], atol=1e-5, rtol=1e-5)
+        for t in range(steps.shape[1]):
+            logits, state = model.decode_step(steps[:, t : t + 1], state)
+            torch.testing.assert_close(logits, full[:, T + t], atol=1e-5, rtol=1e-5)
+        assert state.caches[0].length == T + steps.shape[1]
+
+
+@torch.no_grad()
+def test_static_cache_step_has_fixed_shapes_and_touches_no_python_counter():
+    model = _model("rope")
+    state = model.start_decoding(2, 16, static=True)
+    model.decode_step(torch.randint(0, 256, (2, 5)), state)
+    k_before = state.caches[0].k
+    shapes = set()
+    for _ in range(3):
+        model.decode_step(torch.randint(0, 256, (2, 1)), state)
+        shapes.add(tuple(state.caches[0].get()[0].shape))
+    assert shapes == {(2, 2, 16, 16)}  # all slots every step: one shape to compile
+    assert state.caches[0].k is k_before  # written in place: CUDA graphs can replay it
+    assert state.caches[0]._length == 0 and state.caches[0].length == 8
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_compiled_decoding_gives_the_eager_tokens_and_compiles_one_step_graph():
+    """torch.compile (inductor, C++ kernels on a CPU) of the single-token step: same greedy tokens
+    as eager decoding, with padding, and one graph for every step."""
+    from torch._dynamo.utils import counters
+
+    model = _model("rope", n_layers=1)
+    idx, mask = _prompts()
+    eager = generate(model, idx, 8, temperature=0, attention_mask=mask)
+    counters.clear()
+    compiled = generate(model, idx, 8, temperature=0, attention_mask=mask, compile=True)
+    assert torch.equal(eager, compiled)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert not counters["graph_break"]
+
+
+# -- weight-only int8 --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [64, 17])  # 17: not a multiple of 8, the portable path
+def test_int8_linear_is_within_the_rounding_bound_of_the_float_layer(dtype, k):
+    from attnlab.layers.quant import Int8Linear, int8_error_bound
+
+    linear = torch.nn.Linear(k, 48).to(dtype)
+    q = Int8Linear.from_linear(linear)
+    x = torch.randn(5, 3, k, dtype=dtype)
+    exact = torch.nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float())
+    got = q(x)
+    assert got.dtype == dtype and got.shape == (5, 3, 48)
+    # |y - ŷ| <= (s_n/2)·‖x‖₁, plus the rounding of the product in the activations' dtype
+    eps = torch.finfo(dtype).eps
+    slack = 4 * eps * (x.float().abs() @ linear.weight.float().abs().T + linear.bias.float().abs())
+    assert ((got.float() - exact).abs() <= int8_error_bound(q, x) + slack).all()
+    # and the layer computes exactly with its dequantised weights (fp32)
+    if dtype == torch.float32:
+        ref = torch.nn.functional.linear(x, q.dequantized(), linear.bias)
+        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_quantize_int8_swaps_every_linear_including_the_tied_head():
+    from attnlab.layers.quant import Int8Linear, quantize_int8
+
+    model = _model("rope")
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
+    quantize_int8(model)
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
+    assert sum(isinstance(m, Int8Linear) for m in model.modules()) == n_linear
+    assert isinstance(model.lm_head, Int8Linear)
+    assert model.tok_emb.weight.dtype == torch.float32  # the embedding is a lookup: kept
+
+
+#: the documented tolerance of int8 logits, relative L2 error ‖Δ‖/‖logits‖ (layers/quant.py):
+#: rounding moves each weight uniformly within ±s/2 (RMS s/√12), and with s = absmax/127 and
+#: Gaussian rows (absmax ≈ σ·√(2 ln K)) that is ≈ 0.8 % of the weights' RMS, so each matmul's
+#: output moves by ≈ 0.8 %. The 2-layer model chains 4·L + 1 = 9 matmuls: ≈ 0.8 % · √9 ≈ 2.4 %
+#: expected; the tolerance is twice that.
+INT8_RELATIVE_TOLERANCE = 0.05
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@torch.no_grad()
+def test_int8_model_logits_are_within_the_documented_tolerance_of_fp32(dtype):
+    from attnlab.layers.quant import quantize_int8
+
+    model = _model("rope", n_layers=2)
+    for p in model.parameters():  # trained-like weights: larger than the N(0, 0.02) init
+        p.add_(torch.randn_like(p) * 0.1)
+    idx = torch.randint(0, 256, (4, 24))
+    ref = model(idx)
+    quant = quantize_int8(_copy(model)).to(dtype)
+    got = quant(idx).float()
+    rel = (got - ref).norm() / ref.norm()
+    assert rel < INT8_RELATIVE_TOLERANCE, rel
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_a_bf16_int8_layer_compiles_with_inductor_and_computes_like_eager():
+    """The int8 kernel takes its scales in the activations' dtype; they are stored so (a
+    conversion inside the compiled graph did not lower), so ``--quantize int8 --compile`` runs."""
+    from attnlab.layers.quant import Int8Linear
+
+    lin = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    q = Int8Linear.from_linear(lin)
+    assert q.scale.dtype == torch.bfloat16
+    norm = torch.nn.LayerNorm(64).to(torch.bfloat16)
+    x = torch.randn(2, 1, 64, dtype=torch.bfloat16)
+    compiled = torch.compile(lambda x: q(norm(x)), backend="inductor", fullgraph=True)
+    torch.testing.assert_close(compiled(x), q(norm(x)))
+
+
+def _copy(model):
+    import copy
+
+    return copy.deepcopy(model)
+
+
+@torch.no_grad()
+def test_bf16_and_int8_decoding_run_and_mostly_agree_with_fp32():
+    from attnlab.layers.quant import quantize_int8
+
+    model = _model("learned")
+    idx, mask = _prompts()
+    ref = generate(model, idx, 12, temperature=0, attention_mask=mask)
+    for m in (_copy(model).to(torch.bfloat16), quantize_int8(_copy(model).to(torch.bfloat16))):
+        out = generate(m, idx, 12, temperature=0, attention_mask=mask)
+        assert out.shape == ref.shape and torch.equal(out[:, :7], idx)
+        state = m.start_decoding(3, 32)
+        assert state.caches[0].k.dtype == torch.bfloat16  # caches follow the activations
+
+
+# -- compiled training ---------------------------------------------------------------------------
+
+
+def _toy_lm_task():
+    import numpy as np
+
+    from attnlab.config import LMTaskConfig
+    from attnlab.data.tokenizers import CharTokenizer
+    from attnlab.tasks.lm import LMTask
+
+    text = "the quick brown fox jumps over the lazy dog; " * 60
+    tok = CharTokenizer.train(text)
+    ids = np.asarray(tok.encode(text), dtype=np.int64)
+    return LMTask(ids, tok, LMTaskConfig(data="toy", seq_len=16, seed=0, vocab_size=tok.vocab_size))
+
+
+@pytest.mark.slow
+def test_compiled_training_with_inductor_matches_eager(tmp_path):
+    """``TrainConfig(compile=True)``: the trainer's torch.compile (inductor: generated C++ on a
+    CPU, no mocking) gives eager's losses within float tolerance, step after step."""
+    from attnlab.train import TrainConfig, train
+
+    task = _toy_lm_task()
+    cfg = ModelConfig.preset(
+        "tiny", vocab_size=task.vocab_size, max_seq_len=16, d_model=32, n_heads=2, n_layers=1
+    )
+    losses = {}
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = DecoderLM(cfg)
+        train_cfg = TrainConfig(
+            steps=4,
+            batch_size=4,
+            lr=3e-3,
+            warmup_steps=1,
+            eval_every=4,
+            eval_batches=1,
+            log_every=1,
+            compile=compiled,
+            progress=False,
+            device="cpu",
+        )
+        result = train(model, task, train_cfg, tmp_path / str(compiled))
+        losses[compiled] = [r["loss"] for r in result.history if r.get("loss") is not None]
+    assert len(losses[True]) == 4
+    # same arithmetic up to the order of floating-point operations in the fused kernels
+    torch.testing.assert_close(losses[True], losses[False], rtol=1e-4, atol=1e-4)
+
+
+# -- loading and the command line ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_load_and_generate_with_dtype_and_int8(tmp_path, capsys, monkeypatch):
+    import attnlab
+    from attnlab.cli import main
+    from attnlab.layers.quant import Int8Linear
+
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    args = ["--preset", "tiny", "--set", "d_model=32", "--set", "n_layers=1", "--seq-len", "32"]
+    args += ["--batch-size", "4", "--max-chars", "20000", "--no-progress", "--warmup", "1"]
+    assert main(["train", "lm", *args, "--steps", "2", "--out", str(run)]) == 0
+    fp32 = attnlab.load(run)
+    bf16 = attnlab.load(run, dtype="bfloat16")
+    int8 = attnlab.load(run, quantize="int8")
+    assert bf16.model.tok_emb.weight.dtype == torch.bfloat16
+    assert isinstance(int8.model.lm_head, Int8Linear)
+    assert int8.model.tok_emb.weight.dtype == torch.bfloat16  # int8 runs with bf16 activations
+    assert attnlab.load(run, dtype="float32", quantize="int8").model.tok_emb.weight.dtype == (
+        torch.float32
+    )
+    idx = torch.tensor([fp32.tokenizer.encode("def ")])
+    with torch.no_grad():
+        ref = fp32.model(idx)
+        for loaded in (bf16, int8):
+            rel = (loaded.model(idx).float() - ref).norm() / ref.norm()
+            assert rel < INT8_RELATIVE_TOLERANCE
+    capsys.readouterr()
+    gen = ["generate", str(run), "--prompt", "def ", "-n", "5", "--temperature", "0"]
+    for extra in (["--dtype", "bfloat16"], ["--quantize", "int8"]):
+        assert main([*gen, *extra]) == 0
+        assert capsys.readouterr().out.startswith("def ")
+    assert main([*gen, "--compile", "--no-cache"]) == 2
+    assert "drop --no-cache" in capsys.readouterr().err
+    with pytest.raises(attnlab.errors.UserError, match="unknown quantization"):
+        attnlab.load(run, quantize="int4")
