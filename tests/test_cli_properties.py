@@ -196,6 +196,24 @@ CASES: dict[tuple, tuple[list[str], list]] = {
         + ["--d-model", "16", "--n-heads", "2", "--n-layers", "1", *CPU, "--out", OUT],
         ["--data"],
     ),
+    ("experiment", "exposure-bias"): (
+        ["--n-examples", "100", "--high", "99", "--max-test", "8", "--batch-size", "4"]
+        + ["--steps", "2", "--no-progress", *CPU, "--out", OUT],
+        [],
+    ),
+    ("experiment", "label-smoothing"): (
+        ["--n-examples", "100", "--high", "99", "--max-test", "8", "--batch-size", "4"]
+        + ["--steps", "2", "--no-progress", *CPU, "--out", OUT],
+        [],
+    ),
+    **{
+        ("experiment", name): (
+            ["--data", "inputs/small.txt", "--batch-size", "4", "--steps", "2", "--no-progress"]
+            + [*CPU, "--out", OUT],
+            ["--data"],
+        )
+        for name in ("extrapolation", "norm-placement", "warmup")
+    },
     ("prepare",): (["--data", "inputs/small.txt", "--workers", "1", "--out", OUT], ["--data"]),
     ("generate",): (
         ["runs/lm_gpt2", "--prompt", "The ", "-n", "5", "--temperature", "0"],
