@@ -1,4 +1,5 @@
-"""The README's inductive-bias claim, pinned: with few training images the CNN beats the ViT.
+"""The README's inductive-bias claim, pinned: with few training images the CNN beats the ViT;
+and the image task's loss applies the run's label smoothing.
 
 The models, data and budget are those of ``attnlab experiment inductive-bias`` (the ``tiny``
 presets sized for 8×8 digits, ~70-80k parameters each; AdamW, lr 1e-3, batch 64, warm-up 10 %),
@@ -7,6 +8,8 @@ cut to 100 steps on 5 % of the training split (63 images); both are scored on th
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -54,3 +57,19 @@ def test_cnn_beats_vit_with_few_training_images(tmp_path):
     assert cnn_test - vit_test >= 0.10, (cnn_test, vit_test)
     # the ViT learned its training images; it fails to generalise from them
     assert vit_train >= 0.8 and vit_train - vit_test >= 0.25, (vit_train, vit_test)
+
+
+def test_image_task_loss_is_the_label_smoothing_formula():
+    # the run's label_smoothing reaches the image task's loss: (1 − ε)·NLL + ε·mean_v(−log p_v)
+    splits = load_task_data(ImageTaskConfig(data="digits"), 0)
+    task = ImageClassificationTask(splits, seed=0)
+    torch.manual_seed(0)
+    model = build_image_classifier("cnn", splits.image_shape, splits.classes).eval()
+    images, labels = task.get_batch("train", 0, 16)
+    with torch.no_grad():
+        log_p = model(images).float().log_softmax(-1)  # (B, L)
+        for eps in (0.0, 0.1, 0.3):
+            loss, _ = task.loss(model, (images, labels), SimpleNamespace(label_smoothing=eps))
+            nll = -log_p.gather(1, labels[:, None]).mean()
+            expected = (1 - eps) * nll + eps * (-log_p.mean(-1)).mean()
+            torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
