@@ -14,6 +14,7 @@ resumed run's) ``max_time``, which would otherwise win over it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "track_explicit",
     "explicit_dests",
     "resolve_sections",
+    "from_args",
 ]
 
 _GIVEN = "_explicit_dests"
@@ -120,3 +122,17 @@ def resolve_sections(
                 sections[name] = section
     sections = apply_overrides(sections, typed)
     return apply_overrides(sections, parse_overrides(getattr(args, "set", None) or []))
+
+
+def from_args(cls: type, args: argparse.Namespace, /, **extra: Any) -> Any:
+    """Build the dataclass ``cls`` from the parsed flags whose ``dest`` names one of its fields.
+
+    Fields without a flag keep their defaults; ``extra`` (flags named otherwise, derived
+    values) wins over the flags.
+    """
+    values = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(cls)
+        if f.init and hasattr(args, f.name)
+    }
+    return cls(**{**values, **extra})

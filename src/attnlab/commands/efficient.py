@@ -174,6 +174,7 @@ def run_attention_bench(args: argparse.Namespace) -> int:
     """``attnlab bench attention``: run, print the tables, write the files."""
     from attnlab.attention import available_backends
     from attnlab.attention.core import check_backend
+    from attnlab.commands.config_args import from_args
     from attnlab.experiments.attention_bench import BenchConfig, run_benchmark, save_results
     from attnlab.experiments.sparse_bench import BENCH_ONLY_BACKENDS
 
@@ -218,19 +219,13 @@ def run_attention_bench(args: argparse.Namespace) -> int:
     linear = {"feature_map": args.feature_map}
     if args.feature_map == "favor":
         linear["n_features"] = args.n_features
-    cfg = BenchConfig(
+    cfg = from_args(
+        BenchConfig,
+        args,
         ns=tuple(args.n),
         backends=tuple(args.backends),
-        batch=args.batch,
-        heads=args.heads,
-        head_dim=args.head_dim,
         causal=not args.non_causal,
         modes=tuple(args.modes),
-        max_gb=args.max_gb,
-        threads=args.threads,
-        device=args.device,
-        dtype=args.dtype,
-        min_time=args.min_time,
         options={
             "window": {"window": args.window},
             "linear": linear,

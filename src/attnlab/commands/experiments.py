@@ -139,63 +139,37 @@ def _ints(text: str) -> tuple[int, ...]:
         ) from None
 
 
-def _common(args: argparse.Namespace) -> dict:
+def _experiment(run, config_cls: type, args: argparse.Namespace, **extra) -> int:
+    """Check the shared flags, build ``config_cls`` from the flags, run it and print its table."""
+    from attnlab.commands.config_args import from_args
     from attnlab.errors import UserError
-
-    if args.steps is not None and args.steps < 1:
-        raise UserError(f"--steps must be at least 1, got {args.steps}")
-    return {
-        "max_time": args.max_time,
-        "steps": args.steps,
-        "device": args.device,
-        "seed": args.seed,
-        "progress": args.progress,
-    }
-
-
-def _report(result: dict, out: str) -> int:
     from attnlab.experiments.common import TABLE_FILE
 
-    print((Path(out) / TABLE_FILE).read_text(encoding="utf-8").rstrip())
-    print(f"\ntable.md, results.json and the plot are in {out}")
+    threads = getattr(args, "threads", None)
+    if threads is not None:
+        if threads < 1:
+            raise UserError(f"--threads must be at least 1, got {threads}")
+        import torch
+
+        torch.set_num_threads(threads)
+    if args.steps is not None and args.steps < 1:
+        raise UserError(f"--steps must be at least 1, got {args.steps}")
+    run(from_args(config_cls, args, **extra), args.out, overwrite=args.overwrite)
+    print((Path(args.out) / TABLE_FILE).read_text(encoding="utf-8").rstrip())
+    print(f"\ntable.md, results.json and the plot are in {args.out}")
     return 0
 
 
 def _run_exposure_bias(args: argparse.Namespace) -> int:
     from attnlab.experiments.exposure_bias import ExposureBiasConfig, run_exposure_bias
 
-    cfg = ExposureBiasConfig(
-        **_common(args),
-        models=args.models,
-        decays=args.decays,
-        half_at=args.half_at,
-        lang=args.lang,
-        high=args.high,
-        n_examples=args.n_examples,
-        batch_size=args.batch_size,
-        max_test=args.max_test,
-    )
-    return _report(run_exposure_bias(cfg, args.out, overwrite=args.overwrite), args.out)
+    return _experiment(run_exposure_bias, ExposureBiasConfig, args)
 
 
 def _run_label_smoothing(args: argparse.Namespace) -> int:
     from attnlab.experiments.label_smoothing import LabelSmoothingConfig, run_label_smoothing
 
-    cfg = LabelSmoothingConfig(
-        **_common(args),
-        epsilons=args.epsilons,
-        model=args.model,
-        preset=args.preset,
-        lr=args.lr,
-        lang=args.lang,
-        high=args.high,
-        n_examples=args.n_examples,
-        held_out=args.held_out,
-        batch_size=args.batch_size,
-        n_bins=args.n_bins,
-        max_test=args.max_test,
-    )
-    return _report(run_label_smoothing(cfg, args.out, overwrite=args.overwrite), args.out)
+    return _experiment(run_label_smoothing, LabelSmoothingConfig, args)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -323,57 +297,19 @@ def _lm_model_args(p: argparse.ArgumentParser, *, lr: float | None, context: int
     )
 
 
-def _lm_common(args: argparse.Namespace) -> dict:
-    if args.threads is not None:
-        from attnlab.errors import UserError
-
-        if args.threads < 1:
-            raise UserError(f"--threads must be at least 1, got {args.threads}")
-        import torch
-
-        torch.set_num_threads(args.threads)
-    return {
-        **_common(args),
-        "preset": args.preset,
-        "d_model": args.d_model,
-        "batch_size": args.batch_size,
-        "data": args.data,
-        "max_chars": args.max_chars,
-        "context": args.context,
-    }
-
-
 def _run_extrapolation(args: argparse.Namespace) -> int:
     from attnlab.experiments.extrapolation import ExtrapolationConfig, run_extrapolation
 
-    cfg = ExtrapolationConfig(
-        **_lm_common(args),
-        positions=args.positions,
-        lengths=args.lengths,
-        lr=args.lr,
-        eval_windows=args.eval_windows,
-    )
-    return _report(run_extrapolation(cfg, args.out, overwrite=args.overwrite), args.out)
+    return _experiment(run_extrapolation, ExtrapolationConfig, args)
 
 
 def _run_norm_placement(args: argparse.Namespace) -> int:
     from attnlab.experiments.norm_placement import NormPlacementConfig, run_norm_placement
 
-    cfg = NormPlacementConfig(
-        **_lm_common(args), depths=args.depths, lr=args.lr, warmup_frac=args.warmup_frac
-    )
-    return _report(run_norm_placement(cfg, args.out, overwrite=args.overwrite), args.out)
+    return _experiment(run_norm_placement, NormPlacementConfig, args)
 
 
 def _run_warmup(args: argparse.Namespace) -> int:
     from attnlab.experiments.warmup import WarmupConfig, run_warmup
 
-    cfg = WarmupConfig(
-        **_lm_common(args),
-        lrs=args.lrs,
-        seeds=args.seeds,
-        warmup_frac=args.warmup_frac,
-        n_layers=args.n_layers,
-        norm_position=args.norm,
-    )
-    return _report(run_warmup(cfg, args.out, overwrite=args.overwrite), args.out)
+    return _experiment(run_warmup, WarmupConfig, args, norm_position=args.norm)

@@ -179,25 +179,10 @@ def _eval_mlm(args: argparse.Namespace) -> int:
 
 
 def _bidirectional(args: argparse.Namespace) -> int:
+    from attnlab.commands.config_args import from_args
     from attnlab.experiments.bidirectional import BidirectionalConfig, run_bidirectional
 
-    cfg = BidirectionalConfig(
-        max_time=args.max_time,
-        steps=args.steps,
-        data=args.data,
-        max_chars=args.max_chars,
-        seq_len=args.seq_len,
-        d_model=args.d_model,
-        n_layers=args.n_layers,
-        n_heads=args.n_heads,
-        batch_size=args.batch_size,
-        mask_prob=args.mask_prob,
-        n_eval=args.n_eval,
-        device=args.device,
-        seed=args.seed,
-        threads=args.threads,
-        progress=not args.no_progress,
-    )
+    cfg = from_args(BidirectionalConfig, args, progress=not args.no_progress)
     report = run_bidirectional(cfg, args.out, overwrite=args.overwrite)
     print(report["table"])
     for name, path in report["files"].items():

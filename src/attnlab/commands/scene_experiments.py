@@ -86,40 +86,31 @@ def register_experiments(experiments) -> None:
     )
 
 
-def _exp_common(args) -> dict:
-    keys = ("out", "steps", "max_time", "batch_size", "preset", "device", "seed", "overwrite")
-    return {k: getattr(args, k) for k in keys + ("progress", "n_train")}
-
-
 def _run_vqa_bias(args: argparse.Namespace) -> int:
+    from attnlab.commands.config_args import from_args
     from attnlab.experiments import vqa_bias
 
-    cfg = vqa_bias.VQABiasConfig(
-        models=args.models, colour_bias=args.colour_bias, **_exp_common(args)
-    )
+    cfg = from_args(vqa_bias.VQABiasConfig, args)
     print("VQA accuracy (%) per question type, same budget per model\n")
     print(vqa_bias.format_table(vqa_bias.run(cfg)))
     return 0
 
 
 def _run_caption_retrieval(args: argparse.Namespace) -> int:
+    from attnlab.commands.config_args import from_args
     from attnlab.experiments import caption_retrieval as cr
 
-    cfg = cr.CaptionRetrievalConfig(beam_size=args.beam, n_eval=args.n_eval, **_exp_common(args))
+    cfg = from_args(cr.CaptionRetrievalConfig, args, beam_size=args.beam)
     print("Captioners: composition vs retrieval\n")
     print(cr.format_table(cr.run(cfg)))
     return 0
 
 
 def _run_caption_features(args: argparse.Namespace) -> int:
+    from attnlab.commands.config_args import from_args
     from attnlab.experiments import caption_features as cf
 
-    cfg = cf.CaptionFeaturesConfig(
-        pretrain_steps=args.pretrain_steps,
-        encoder_width=args.encoder_width,
-        n_eval=args.n_eval,
-        **_exp_common(args),
-    )
+    cfg = from_args(cf.CaptionFeaturesConfig, args)
     print("CNN+LSTM captioner from a frozen classifier: logits vs penultimate features\n")
     print(cf.format_table(cf.run(cfg)))
     return 0

@@ -468,22 +468,10 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_bottleneck(args: argparse.Namespace) -> int:
+    from attnlab.commands.config_args import from_args
     from attnlab.experiments.bottleneck import BottleneckConfig, format_table, run_bottleneck
 
-    cfg = BottleneckConfig(
-        lang=args.lang,
-        high=args.high,
-        n_examples=args.n_examples,
-        rnn_preset=args.rnn_preset,
-        transformer_preset=args.transformer_preset,
-        steps=args.steps,
-        max_time=args.max_time,
-        batch_size=args.batch_size,
-        device=args.device,
-        seed=args.seed,
-        progress=args.progress,
-    )
-    result = run_bottleneck(cfg, args.out, overwrite=args.overwrite)
+    result = run_bottleneck(from_args(BottleneckConfig, args), args.out, overwrite=args.overwrite)
     print(format_table(result))
     print(f"\n{result['summary']}")
     print(f"table, plot and results.json in {args.out}")
