@@ -1,0 +1,55 @@
+"""Flag tables: a command's options as rows of data, registered in one loop.
+
+A row is ``(flag, kind, default, help)`` with an optional fifth item, a dict of further
+``add_argument`` keywords (``metavar``, ``nargs``, ``dest``...). ``kind`` says what the flag
+reads:
+
+- ``None``: a string;
+- a list or tuple: one of these choices;
+- ``"store_true"`` / ``"store_false"`` (or an ``argparse.Action`` class): a switch;
+- anything else: the ``type`` callable (``int``, ``float``, a parser of comma lists...).
+
+    add_flags(parser, [
+        ("--beam", int, 1, "beam width (1 = greedy)"),
+        ("--weights", ["best", "last"], "best", WEIGHTS_HELP),
+        ("--overwrite", "store_true", None, "replace what --out already holds"),
+    ])
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["add_flags", "pick"]
+
+_SWITCHES = ("store_true", "store_false")
+
+
+def add_flags(parser, rows: Iterable[tuple]) -> None:
+    """Register every row of a flag table on ``parser`` (a parser or an argument group).
+
+    Args:
+        parser: where the flags go.
+        rows: ``(flag, kind, default, help[, keywords])`` rows, in the order ``--help`` lists
+            them. A switch's ``None`` default is argparse's own (False for ``store_true``).
+    """
+    for flag, kind, default, text, *more in rows:
+        kw: dict[str, Any] = {"help": text}
+        if isinstance(kind, (list, tuple)):
+            kw["choices"] = kind
+        elif kind in _SWITCHES or (isinstance(kind, type) and issubclass(kind, argparse.Action)):
+            kw["action"] = kind
+        elif kind is not None:
+            kw["type"] = kind
+        if default is not None or "action" not in kw:
+            kw["default"] = default
+        if more:
+            kw.update(more[0])
+        parser.add_argument(flag, **kw)
+
+
+def pick(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """``{name: args.name}`` for the given flag destinations (keyword arguments of a call)."""
+    return {name: getattr(args, name) for name in names}
