@@ -6,7 +6,8 @@ reads:
 
 - ``None``: a string;
 - a list or tuple: one of these choices;
-- ``"store_true"`` / ``"store_false"`` (or an ``argparse.Action`` class): a switch;
+- an action's name (``"store_true"``, ``"store_false"``, ``"append"``...) or an
+  ``argparse.Action`` class;
 - anything else: the ``type`` callable (``int``, ``float``, a parser of comma lists...).
 
     add_flags(parser, [
@@ -24,8 +25,6 @@ from typing import Any
 
 __all__ = ["add_flags", "pick"]
 
-_SWITCHES = ("store_true", "store_false")
-
 
 def add_flags(parser, rows: Iterable[tuple]) -> None:
     """Register every row of a flag table on ``parser`` (a parser or an argument group).
@@ -33,18 +32,21 @@ def add_flags(parser, rows: Iterable[tuple]) -> None:
     Args:
         parser: where the flags go.
         rows: ``(flag, kind, default, help[, keywords])`` rows, in the order ``--help`` lists
-            them. A switch's ``None`` default is argparse's own (False for ``store_true``).
+            them. A ``None`` default of an action or a positional is argparse's own (False for
+            ``store_true``).
     """
     for flag, kind, default, text, *more in rows:
         kw: dict[str, Any] = {"help": text}
         if isinstance(kind, (list, tuple)):
             kw["choices"] = kind
-        elif kind in _SWITCHES or (isinstance(kind, type) and issubclass(kind, argparse.Action)):
+        elif isinstance(kind, str) or (
+            isinstance(kind, type) and issubclass(kind, argparse.Action)
+        ):
             kw["action"] = kind
         elif kind is not None:
             kw["type"] = kind
-        if default is not None or "action" not in kw:
-            kw["default"] = default
+        if default is not None or ("action" not in kw and flag.startswith("-")):
+            kw["default"] = default  # (argparse marks a '*' positional given one not required)
         if more:
             kw.update(more[0])
         parser.add_argument(flag, **kw)

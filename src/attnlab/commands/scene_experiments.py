@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.commands.flags import add_flags
+
 PRESETS = ("tiny", "small")
 
 
@@ -17,26 +19,21 @@ def register_experiments(experiments) -> None:
 
     def exp_args(name, help, out, n_train, func):
         e = experiments.add_parser(name, help=help)
-        e.add_argument("--out", default=out, help="output directory (default %(default)s)")
-        e.add_argument("--steps", type=int, default=800, help="steps per model (default 800)")
-        e.add_argument(
-            "--max-time",
-            type=float,
-            default=None,
-            metavar="SECONDS",
-            help="seconds of training per model (overrides --steps)",
-        )
-        e.add_argument("--batch-size", type=int, default=64, help="default %(default)s")
-        e.add_argument(
-            "--n-train", type=int, default=n_train, help="training scenes (default %(default)s)"
-        )
-        e.add_argument("--preset", choices=PRESETS, default="tiny", help="model size")
-        e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-        e.add_argument("--seed", type=int, default=0)
-        e.add_argument(
-            "--overwrite", action="store_true", help="replace the runs of an earlier --out"
-        )
-        e.add_argument("--no-progress", dest="progress", action="store_false")
+        # fmt: off
+        add_flags(e, [
+            ("--out", None, out, "output directory (default %(default)s)"),
+            ("--steps", int, 800, "steps per model (default 800)"),
+            ("--max-time", float, None,
+             "seconds of training per model (overrides --steps)", {"metavar": "SECONDS"}),
+            ("--batch-size", int, 64, "default %(default)s"),
+            ("--n-train", int, n_train, "training scenes (default %(default)s)"),
+            ("--preset", PRESETS, "tiny", "model size"),
+            ("--device", None, "auto", "auto, cpu, cuda or cuda:N"),
+            ("--seed", int, 0, None),
+            ("--overwrite", "store_true", None, "replace the runs of an earlier --out"),
+            ("--no-progress", "store_false", None, None, {"dest": "progress"}),
+        ])
+        # fmt: on
         e.set_defaults(func=func)
         return e
 
@@ -71,19 +68,14 @@ def register_experiments(experiments) -> None:
         2000,
         _run_caption_features,
     )
-    e.add_argument(
-        "--pretrain-steps",
-        type=int,
-        default=300,
-        help="steps training the classifier before it is frozen (default 300)",
-    )
-    e.add_argument("--n-eval", type=int, default=200, help="val scenes captioned")
-    e.add_argument(
-        "--encoder-width",
-        type=int,
-        default=64,
-        help="classifier width = penultimate feature size (default 64)",
-    )
+    # fmt: off
+    add_flags(e, [
+        ("--pretrain-steps", int, 300,
+         "steps training the classifier before it is frozen (default 300)"),
+        ("--n-eval", int, 200, "val scenes captioned"),
+        ("--encoder-width", int, 64, "classifier width = penultimate feature size (default 64)"),
+    ])
+    # fmt: on
 
 
 def _run_vqa_bias(args: argparse.Namespace) -> int:
