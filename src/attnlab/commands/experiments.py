@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnlab.commands.flags import add_flags
+from attnlab.commands.flags import add_flags, at_least_one
 
 __all__ = ["register", "add_experiment_args"]
 
@@ -233,18 +233,16 @@ _ints = _list_of(int, "whole numbers")
 def _experiment(run, config_cls: type, args: argparse.Namespace, **extra) -> int:
     """Check the shared flags, build ``config_cls`` from the flags, run it and print its table."""
     from attnlab.commands.config_args import from_args
-    from attnlab.errors import UserError
     from attnlab.experiments.common import TABLE_FILE
 
-    threads = getattr(args, "threads", None)
+    threads = getattr(args, "threads", None)  # (the language-model experiments have it)
     if threads is not None:
-        if threads < 1:
-            raise UserError(f"--threads must be at least 1, got {threads}")
+        at_least_one(args, "threads")
+    at_least_one(args, "steps")
+    if threads is not None:
         import torch
 
         torch.set_num_threads(threads)
-    if args.steps is not None and args.steps < 1:
-        raise UserError(f"--steps must be at least 1, got {args.steps}")
     run(from_args(config_cls, args, **extra), args.out, overwrite=args.overwrite)
     print((Path(args.out) / TABLE_FILE).read_text(encoding="utf-8").rstrip())
     print(f"\ntable.md, results.json and the plot are in {args.out}")

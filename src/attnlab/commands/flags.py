@@ -23,7 +23,9 @@ import argparse
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["add_flags", "pick"]
+from attnlab.errors import UserError
+
+__all__ = ["add_command", "add_flags", "at_least_one", "pick"]
 
 
 def add_flags(parser, rows: Iterable[tuple]) -> None:
@@ -52,6 +54,37 @@ def add_flags(parser, rows: Iterable[tuple]) -> None:
         parser.add_argument(flag, **kw)
 
 
+def add_command(subparsers, name: str, *, func, flags: Iterable[tuple] = (), **kwargs: Any):
+    """Add sub-command ``name`` with its flag table, run by ``func(args) -> int``.
+
+    Args:
+        subparsers: the sub-command collection (``groups["top"]``, ``groups["experiment"]``).
+        name: the sub-command's name.
+        func: what runs it.
+        flags: its :func:`add_flags` rows.
+        **kwargs: ``help``, ``description``... of ``add_parser``.
+
+    Returns:
+        The sub-command's parser.
+    """
+    p = subparsers.add_parser(name, **kwargs)
+    add_flags(p, flags)
+    p.set_defaults(func=func)
+    return p
+
+
 def pick(args: argparse.Namespace, *names: str) -> dict[str, Any]:
     """``{name: args.name}`` for the given flag destinations (keyword arguments of a call)."""
     return {name: getattr(args, name) for name in names}
+
+
+def at_least_one(args: argparse.Namespace, *names: str) -> None:
+    """Refuse a flag below 1 (``--beam 0``), in the order given; ``None`` means not given.
+
+    Raises:
+        UserError: ``--NAME must be at least 1, got VALUE`` for the first one below 1.
+    """
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {value}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from attnlab.commands.flags import add_flags
+from attnlab.commands.flags import add_flags, at_least_one
 from attnlab.errors import UserError
 
 __all__ = ["add_samples_parser", "write_samples"]
@@ -71,10 +71,7 @@ def _samples(args: argparse.Namespace) -> int:
     from attnlab.runs import load
     from attnlab.tasks.image import ImageClassificationTask
 
-    if args.n < 1:
-        raise UserError(f"--n must be at least 1, got {args.n}")
-    if args.scale < 1:
-        raise UserError(f"--scale must be at least 1, got {args.scale}")
+    at_least_one(args, "n", "scale")
     run = load(args.run_dir, kinds=("vit", "swin", "cnn"))
     if run.tokenizer is None or not run.task:
         raise UserError(f"{args.run_dir!r} does not say which data it was trained on")

@@ -46,22 +46,17 @@ def _device(name: str | None) -> str:
 def _train_lm(args: argparse.Namespace) -> int:
     import torch
 
+    from attnlab.commands.config_args import resumed_config
     from attnlab.config.overrides import load_config_file
     from attnlab.data.tokenizers import load_tokenizer
     from attnlab.models.registry import build_model
-    from attnlab.runs import read_config
     from attnlab.tasks.lm import LMTask
-    from attnlab.train import check_run_dir, train
+    from attnlab.train import train
     from attnlab.train.stopping import completion
 
     out = Path(args.out)
-    check_run_dir(out, args.resume, args.overwrite)  # before reading and tokenising the corpus
-    if args.resume:
-        if args.config:
-            raise UserError("--resume continues the run's own config.json; drop --config")
-        saved = read_config(out)
-        if saved["kind"] not in LM_KINDS or (saved.get("task") or {}).get("type") != "lm":
-            raise RunDirError(f"{str(out)!r} does not hold a language-model training run")
+    saved = resumed_config(args, LM_KINDS, "lm", "language-model")  # before reading the corpus
+    if saved is not None:
         settings = resolve_lm_settings(args, saved, resume=True)
         check_resume_settings(args, settings, saved)
         done = completion(out, settings.train)

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnlab.commands.flags import add_flags
+from attnlab.commands.flags import add_flags, at_least_one
 from attnlab.errors import RunDirError, UserError
 
 KIND = "encoder_mlm"
@@ -90,23 +90,18 @@ def _settings(args: argparse.Namespace, base: dict[str, Any] | None) -> tuple[di
 def _train_mlm(args: argparse.Namespace) -> int:
     import torch
 
+    from attnlab.commands.config_args import resumed_config
     from attnlab.config import EncoderConfig
     from attnlab.config.overrides import load_config_file
     from attnlab.data.tokenizers import load_tokenizer
     from attnlab.models.registry import build_model
-    from attnlab.runs import read_config
     from attnlab.tasks.mlm import MLMTask
-    from attnlab.train import check_run_dir, train
+    from attnlab.train import train
     from attnlab.train.stopping import completion
 
     out = Path(args.out)
-    check_run_dir(out, args.resume, args.overwrite)  # before reading and tokenising the corpus
-    if args.resume:
-        if args.config:
-            raise UserError("--resume continues the run's own config.json; drop --config")
-        saved = read_config(out)
-        if saved["kind"] != KIND or (saved.get("task") or {}).get("type") != "mlm":
-            raise RunDirError(f"{str(out)!r} does not hold a masked-LM training run")
+    saved = resumed_config(args, (KIND,), "mlm", "masked-LM")  # before reading the corpus
+    if saved is not None:
         _, train_cfg, _ = _settings(args, saved)
         done = completion(out, train_cfg)
         if done:  # before the corpus is read
@@ -152,8 +147,7 @@ def _load_encoder(run_dir: str, weights: str, device: str) -> Any:
 def _fill_mask(args: argparse.Namespace) -> int:
     from attnlab.tasks.mlm import check_masked_text, fill_mask
 
-    if args.top_k < 1:
-        raise UserError(f"--top-k must be at least 1, got {args.top_k}")
+    at_least_one(args, "top_k")
     check_masked_text(args.text)  # before loading the run
     loaded = _load_encoder(args.run_dir, args.weights, args.device)
     for pred in fill_mask(loaded.model, loaded.tokenizer, args.text, top_k=args.top_k):

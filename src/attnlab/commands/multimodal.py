@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnlab.commands.flags import add_flags
+from attnlab.commands.flags import add_command, add_flags
 from attnlab.errors import UserError
 
 CAPTION_KINDS = ("caption_lstm", "caption_transformer")
@@ -79,65 +79,70 @@ def register(groups) -> None:
     )
     p.set_defaults(func=_run_train_vqa)
 
-    c = groups["top"].add_parser(
-        "caption",
-        help="caption an image with a trained captioner",
-        description="Print a caption for scene images (PNGs of the training size, e.g. from "
-        "'attnlab scene'); all images are captioned as one batch.",
-    )
-    # fmt: off
-    add_flags(c, [
-        ("run_dir", None, None, "a run of 'attnlab train caption'"),
-        ("image", None, None, "image file(s) of the size the model was trained on", {"nargs": "+"}),
-        ("--beam", int, 1, "beam width (1 = greedy)"),
-        ("--attention", None, None,
-         "transformer: write per-word cross-attention maps of the first image", {"metavar": "PNG"}),
-        ("--weights", ["best", "last"], "best", WEIGHTS_HELP),
-    ])
-    # fmt: on
-    c.set_defaults(func=_run_caption)
-
-    a = groups["top"].add_parser(
-        "ask",
-        help="ask a trained VQA model a question about an image",
-        description="Answer a question about a scene image. Words outside the model's "
-        "vocabulary are reported and read as <unk>.",
-    )
-    # fmt: off
-    add_flags(a, [
-        ("run_dir", None, None, "a run of 'attnlab train vqa'"),
-        ("image", None, None, "image file of the size the model was trained on"),
-        ("question", None, None, 'e.g. "what colour is the circle?"'),
-        ("--top", int, 3,
-         "also show the N most likely answers with probabilities on stderr (default 3)"),
-        ("--weights", ["best", "last"], "best", WEIGHTS_HELP),
-    ])
-    # fmt: on
-    a.set_defaults(func=_run_ask)
-
-    s = groups["top"].add_parser(
-        "scene",
-        help="write sample generated scenes with their captions and questions",
-        description="Write scene_K.png (and an 8x enlarged copy), plus scene_K.json / .txt "
-        "with the objects, reference captions and every question with its answer.",
-    )
-    # fmt: off
-    add_flags(s, [
-        ("--out", None, None, "output directory (files in it are replaced)", {"required": True}),
-        ("--n", int, 1, "how many scenes (default 1)"),
-        ("--split", ["train", "val", "unseen"], "val",
-         "unseen: every scene holds a held-out colour-shape combination (default val)"),
-        ("--seed", int, 0, None),
-        ("--image-size", int, 32, "side in pixels (default 32)"),
-    ])
-    # fmt: on
-    s.set_defaults(func=_run_scene)
+    for spec in _use_commands():
+        add_command(groups["top"], **spec)
 
     register_experiments(groups["experiment"])
     for kind in CAPTION_KINDS:
         register_evaluator(kind, _run_eval_caption)
     for kind in VQA_KINDS:
         register_evaluator(kind, _run_eval_vqa)
+
+
+# fmt: off
+def _use_commands() -> list[dict]:
+    """``attnlab caption``, ``ask`` and ``scene``: their words, flag tables and runners."""
+    return [
+        {
+            "name": "caption",
+            "help": "caption an image with a trained captioner",
+            "description": "Print a caption for scene images (PNGs of the training size, e.g. "
+            "from 'attnlab scene'); all images are captioned as one batch.",
+            "flags": [
+                ("run_dir", None, None, "a run of 'attnlab train caption'"),
+                ("image", None, None, "image file(s) of the size the model was trained on",
+                 {"nargs": "+"}),
+                ("--beam", int, 1, "beam width (1 = greedy)"),
+                ("--attention", None, None,
+                 "transformer: write per-word cross-attention maps of the first image",
+                 {"metavar": "PNG"}),
+                ("--weights", ["best", "last"], "best", WEIGHTS_HELP),
+            ],
+            "func": _run_caption,
+        },
+        {
+            "name": "ask",
+            "help": "ask a trained VQA model a question about an image",
+            "description": "Answer a question about a scene image. Words outside the model's "
+            "vocabulary are reported and read as <unk>.",
+            "flags": [
+                ("run_dir", None, None, "a run of 'attnlab train vqa'"),
+                ("image", None, None, "image file of the size the model was trained on"),
+                ("question", None, None, 'e.g. "what colour is the circle?"'),
+                ("--top", int, 3,
+                 "also show the N most likely answers with probabilities on stderr (default 3)"),
+                ("--weights", ["best", "last"], "best", WEIGHTS_HELP),
+            ],
+            "func": _run_ask,
+        },
+        {
+            "name": "scene",
+            "help": "write sample generated scenes with their captions and questions",
+            "description": "Write scene_K.png (and an 8x enlarged copy), plus scene_K.json / "
+            ".txt with the objects, reference captions and every question with its answer.",
+            "flags": [
+                ("--out", None, None, "output directory (files in it are replaced)",
+                 {"required": True}),
+                ("--n", int, 1, "how many scenes (default 1)"),
+                ("--split", ["train", "val", "unseen"], "val",
+                 "unseen: every scene holds a held-out colour-shape combination (default val)"),
+                ("--seed", int, 0, None),
+                ("--image-size", int, 32, "side in pixels (default 32)"),
+            ],
+            "func": _run_scene,
+        },
+    ]
+# fmt: on
 
 
 def _train_parser(groups, name, *, help, description, models, default, lr, extra=None):

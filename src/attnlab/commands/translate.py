@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnlab.commands.flags import add_flags
+from attnlab.commands.flags import add_command, add_flags, at_least_one
 from attnlab.errors import UserError
 
 MODEL_KINDS = ("rnn", "rnn-attn", "transformer")
@@ -83,58 +83,58 @@ def register(groups) -> None:
     track_explicit(p)
     p.set_defaults(func=_run_train)
 
-    t = groups["top"].add_parser(
+    # fmt: off
+    add_command(
+        groups["top"],
         "translate",
         help="translate sentences with a trained run",
         description="Translate sentences (arguments or --file, one per line) with a run made by "
         "'attnlab train translate'; print one translation per line.",
+        func=_run_translate,
+        flags=[
+            ("run_dir", None, None, "run directory"),
+            ("text", None, None, "sentence(s) to translate", {"nargs": "*"}),
+            ("--file", None, None, "translate every non-empty line of this file ('-' = stdin)"),
+            ("--beam", int, 1, "beam width (1 = greedy; default 1)"),
+            ("--alpha", float, 0.6,
+             "length penalty exponent for beam search (default 0.6; 0 = none)"),
+            ("--attention", None, None,
+             "write the alignment heatmap of the (single) sentence to PNG "
+             "(transformer: head average of --layer, plus PNG-stem.layerN.png per layer)",
+             {"metavar": "PNG"}),
+            ("--layer", int, -1, "transformer: layer for --attention"),
+            ("--weights", ["best", "last"], "best", None),
+            ("--allow-unk", "store_true", None,
+             "translate sentences with unknown words instead of refusing"),
+            ("--batch-size", int, 64, None),
+            ("--scores", "store_true", None, "print the score after each line"),
+        ],
     )
-    # fmt: off
-    add_flags(t, [
-        ("run_dir", None, None, "run directory"),
-        ("text", None, None, "sentence(s) to translate", {"nargs": "*"}),
-        ("--file", None, None, "translate every non-empty line of this file ('-' = stdin)"),
-        ("--beam", int, 1, "beam width (1 = greedy; default 1)"),
-        ("--alpha", float, 0.6, "length penalty exponent for beam search (default 0.6; 0 = none)"),
-        ("--attention", None, None,
-         "write the alignment heatmap of the (single) sentence to PNG "
-         "(transformer: head average of --layer, plus PNG-stem.layerN.png per layer)",
-         {"metavar": "PNG"}),
-        ("--layer", int, -1, "transformer: layer for --attention"),
-        ("--weights", ["best", "last"], "best", None),
-        ("--allow-unk", "store_true", None,
-         "translate sentences with unknown words instead of refusing"),
-        ("--batch-size", int, 64, None),
-        ("--scores", "store_true", None, "print the score after each line"),
-    ])
-    # fmt: on
-    t.set_defaults(func=_run_translate)
-
-    e = groups["experiment"].add_parser(
+    add_command(
+        groups["experiment"],
         "bottleneck",
         help="fixed-context RNN vs RNN + attention vs Transformer by source length",
         description="Train rnn, rnn-attn and transformer on the numbers task with the same "
         "budget; report exact match and BLEU by source length (table + plot).",
+        func=_run_bottleneck,
+        flags=[
+            ("--out", None, "runs/bottleneck", "output directory"),
+            ("--lang", None, "it", None),
+            ("--high", int, 10**15 - 1,
+             "largest number (sets the longest source: 29 words for the default 10^15 - 1)"),
+            ("--rnn-preset", None, "tiny", "size of both RNNs (default tiny)"),
+            ("--transformer-preset", None, "tiny", None),
+            ("--n-examples", int, 30_000, None),
+            ("--max-time", float, None, "seconds of training per model (default: use --steps)"),
+            ("--steps", int, 1500, "steps per model (default 1500)"),
+            ("--batch-size", int, 64, None),
+            ("--device", None, "auto", None),
+            ("--seed", int, 0, None),
+            ("--overwrite", "store_true", None, None),
+            ("--no-progress", "store_false", None, None, {"dest": "progress"}),
+        ],
     )
-    # fmt: off
-    add_flags(e, [
-        ("--out", None, "runs/bottleneck", "output directory"),
-        ("--lang", None, "it", None),
-        ("--high", int, 10**15 - 1,
-         "largest number (sets the longest source: 29 words for the default 10^15 - 1)"),
-        ("--rnn-preset", None, "tiny", "size of both RNNs (default tiny)"),
-        ("--transformer-preset", None, "tiny", None),
-        ("--n-examples", int, 30_000, None),
-        ("--max-time", float, None, "seconds of training per model (default: use --steps)"),
-        ("--steps", int, 1500, "steps per model (default 1500)"),
-        ("--batch-size", int, 64, None),
-        ("--device", None, "auto", None),
-        ("--seed", int, 0, None),
-        ("--overwrite", "store_true", None, None),
-        ("--no-progress", "store_false", None, None, {"dest": "progress"}),
-    ])
     # fmt: on
-    e.set_defaults(func=_run_bottleneck)
 
     for kind in MODEL_KINDS:
         register_evaluator(kind, _run_eval)
@@ -270,6 +270,7 @@ def _check_resume(args: argparse.Namespace, kind: str, saved: dict, changes: dic
     Args:
         changes: the settings typed now (flags and ``--set``), by section.
     """
+    from attnlab.commands.config_args import refuse_resume_changes
     from attnlab.config.translation import TranslationTaskConfig
     from attnlab.models.registry import get_kind
     from attnlab.models.translation import translation_config
@@ -302,12 +303,7 @@ def _check_resume(args: argparse.Namespace, kind: str, saved: dict, changes: dic
         keys = wanted if preset is not None else options
         for key in sorted(k for k in keys if wanted[k] != saved_model.get(k)):
             diffs.append(f"model {key}={wanted[key]!r} (the run has {saved_model.get(key)!r})")
-    if diffs:
-        raise UserError(
-            f"--resume continues {args.out} as it was configured, but "
-            + "; ".join(diffs)
-            + ". Drop these options, or start a new run (another --out, or --overwrite)"
-        )
+    refuse_resume_changes(args.out, diffs)
 
 
 def _load(run_dir: str, weights: str):
@@ -341,10 +337,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     from attnlab.data.translation.vocab import UnknownTokens
     from attnlab.metrics.translation import translate_texts
 
-    if args.beam < 1:
-        raise UserError(f"--beam must be at least 1, got {args.beam}")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    at_least_one(args, "beam", "batch_size")
     texts = _read_inputs(args)
     if args.attention and len(texts) != 1:
         raise UserError(f"--attention draws one sentence; got {len(texts)}")
@@ -400,10 +393,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     from attnlab.metrics.translation import evaluate_pairs
     from attnlab.tasks.translation import HELDOUT_FILE
 
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.max_batches is not None and args.max_batches < 1:
-        raise UserError(f"--max-batches must be at least 1, got {args.max_batches}")
+    at_least_one(args, "batch_size", "max_batches")
     model, vocabs = _load(args.run_dir, args.weights)
     path = Path(args.run_dir) / HELDOUT_FILE
     pairs = read_tsv(path)

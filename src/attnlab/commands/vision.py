@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from attnlab.commands.flags import add_flags
+from attnlab.commands.flags import add_flags, at_least_one
 from attnlab.commands.image_samples import add_samples_parser
 from attnlab.errors import RunDirError, UserError
 
@@ -178,8 +178,7 @@ def _classify(args: argparse.Namespace) -> int:
     from attnlab.data.images import read_image
     from attnlab.runs import load
 
-    if args.top_k < 1:
-        raise UserError(f"--top-k must be at least 1, got {args.top_k}")
+    at_least_one(args, "top_k")
     model, settings = run = load(args.run_dir, weights=args.weights, kinds=VISION_KINDS)
     if args.attention and run.kind != "vit":
         raise UserError(f"--attention draws ViT class-token attention; this run is {run.kind!r}")
@@ -243,8 +242,8 @@ def _model_overrides(items: list[str], flag: str) -> dict[str, Any]:
 
 
 def _inductive_bias(args: argparse.Namespace) -> int:
+    from attnlab.commands.config_args import from_args
     from attnlab.experiments.inductive_bias import (
-        DATA_FIELDS,
         InductiveBiasSettings,
         format_table,
         run_inductive_bias,
@@ -258,17 +257,13 @@ def _inductive_bias(args: argparse.Namespace) -> int:
             f"--fractions/--seeds must be comma-separated numbers, got "
             f"{args.fractions!r} / {args.seeds!r}"
         ) from None
-    settings = InductiveBiasSettings(
-        **{name: getattr(args, name) for name in DATA_FIELDS},
+    settings = from_args(
+        InductiveBiasSettings,
+        args,
         fractions=fractions,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup=args.warmup,
         seeds=seeds,
         vit=_model_overrides(args.vit_set, "--vit-set"),
         cnn=_model_overrides(args.cnn_set, "--cnn-set"),
-        device=args.device,
     )
     result = run_inductive_bias(
         settings, args.out, progress=not args.no_progress, overwrite=args.overwrite
