@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from attnlab.errors import RunDirError
+from attnlab.experiments.training import train_settings
 
 __all__ = ["BottleneckConfig", "run_bottleneck", "format_table", "summarise"]
 
@@ -81,7 +82,7 @@ def run_bottleneck(cfg: BottleneckConfig, out_dir: str | Path, *, overwrite: boo
     from attnlab.metrics.translation import evaluate_pairs
     from attnlab.models.translation import build_translation_model
     from attnlab.tasks.translation import TranslationTask, train_defaults
-    from attnlab.train import TrainConfig, train
+    from attnlab.train import train
 
     out = Path(out_dir)
     if (out / "results.json").exists() and not overwrite:
@@ -112,17 +113,13 @@ def run_bottleneck(cfg: BottleneckConfig, out_dir: str | Path, *, overwrite: boo
             preset=cfg.transformer_preset if is_tf else cfg.rnn_preset,
             max_seq_len=max_seq,
         )
-        tcfg = TrainConfig(
+        tcfg = train_settings(
+            cfg,
             steps=cfg.steps,
             max_time=cfg.max_time,
-            batch_size=cfg.batch_size,
             lr=cfg.transformer_lr if is_tf else cfg.rnn_lr,
             warmup_steps=100 if is_tf else 20,
-            eval_every=10**9,
             eval_batches=5,
-            device=cfg.device,
-            seed=cfg.seed,
-            progress=cfg.progress,
             **train_defaults(kind),
         )
         task = TranslationTask(data, eval_examples=0)

@@ -42,6 +42,7 @@ from attnlab.experiments.common import (
     warmup_within,
     write_outputs,
 )
+from attnlab.experiments.training import train_settings
 
 __all__ = ["ExposureBiasConfig", "run_exposure_bias", "schedule_for", "DECAYS", "length_buckets"]
 
@@ -155,7 +156,7 @@ def run_exposure_bias(
     from attnlab.metrics.translation import evaluate_pairs
     from attnlab.models.translation import TRANSLATION_KINDS, build_translation_model
     from attnlab.tasks.translation import TranslationTask, train_defaults
-    from attnlab.train import TrainConfig, train
+    from attnlab.train import train
 
     for kind in cfg.models:
         if kind not in TRANSLATION_KINDS:
@@ -194,16 +195,12 @@ def run_exposure_bias(
             max_seq_len=max_seq,
         )
         usual_warmup = 100 if is_tf else 20
-        tcfg = TrainConfig(
+        tcfg = train_settings(
+            cfg,
             steps=cfg.steps or 1,
-            batch_size=cfg.batch_size,
             lr=cfg.transformer_lr if is_tf else cfg.rnn_lr,
             warmup_steps=usual_warmup,
-            eval_every=10**9,
             eval_batches=5,
-            device=cfg.device,
-            seed=cfg.seed,
-            progress=cfg.progress,
             **train_defaults(kind),
         )
         if cfg.steps is None:  # seconds per step, to fit each decay to the run's length
@@ -278,14 +275,9 @@ def run_exposure_bias(
         f"same initial weights per model; whole experiment "
         f"{results['elapsed']:.0f} s.\n\n{results['summary']}"
     )
+    title = "Exposure bias: teacher forcing vs scheduled sampling"
     write_outputs(
-        out,
-        title="Exposure bias: teacher forcing vs scheduled sampling",
-        tables=[table],
-        results=results,
-        notes=notes,
-        plot=lambda p: plot_exposure_bias(results, p),
-        plot_name="exposure_bias.png",
+        out, title, [table], results, notes, plot=(plot_exposure_bias, "exposure_bias.png")
     )
     return results
 

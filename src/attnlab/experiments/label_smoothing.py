@@ -34,6 +34,7 @@ from attnlab.experiments.common import (
     warmup_within,
     write_outputs,
 )
+from attnlab.experiments.training import train_settings
 
 __all__ = ["LabelSmoothingConfig", "run_label_smoothing"]
 
@@ -104,7 +105,7 @@ def run_label_smoothing(
     from attnlab.metrics.translation import evaluate_pairs, teacher_forced_tokens
     from attnlab.models.translation import build_translation_model
     from attnlab.tasks.translation import TranslationTask, train_defaults
-    from attnlab.train import TrainConfig, train
+    from attnlab.train import train
 
     if not cfg.epsilons or not all(0.0 <= e < 1.0 for e in cfg.epsilons):
         raise UserError(f"label smoothing values must lie in [0, 1), got {cfg.epsilons}")
@@ -132,19 +133,15 @@ def run_label_smoothing(
     )
     defaults = train_defaults(cfg.model)
     usual_warmup = 100 if cfg.model == "transformer" else 20
-    tcfg = TrainConfig(
+    tcfg = train_settings(
+        cfg,
         **{
             **defaults,
             "steps": cfg.steps or 1,
-            "batch_size": cfg.batch_size,
             "lr": cfg.lr,
             "warmup_steps": usual_warmup,
-            "eval_every": 10**9,
             "eval_batches": 5,
-            "device": cfg.device,
-            "seed": cfg.seed,
-            "progress": cfg.progress,
-        }
+        },
     )
     task = TranslationTask(data, eval_examples=0)
     per_step = seconds_per_step(init, task, tcfg) if cfg.steps is None else 0.0
@@ -207,15 +204,8 @@ def run_label_smoothing(
         f"ECE over {cfg.n_bins} bins); exact match is greedy, per sentence. Whole experiment "
         f"{results['elapsed']:.0f} s.\n\n{results['summary']}"
     )
-    write_outputs(
-        out,
-        title="Label smoothing: accuracy, NLL and calibration",
-        tables=[table],
-        results=results,
-        notes=notes,
-        plot=lambda p: _plot(results, p),
-        plot_name="reliability.png",
-    )
+    title = "Label smoothing: accuracy, NLL and calibration"
+    write_outputs(out, title, [table], results, notes, plot=(_plot, "reliability.png"))
     return results
 
 
