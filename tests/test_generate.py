@@ -1,6 +1,7 @@
 """Generation: KV-cache decoding equals full recomputation for every preset and position scheme
 (through the caches and through decode_step), the LSTM's decode_step equals its full forward,
-batched left-padded prompts equal each prompt alone, greedy equals a hand-written argmax loop,
+batched left-padded prompts equal each prompt alone, greedy equals a hand-written argmax loop
+(the cached path feeding one token per step and reading what it cached),
 beam search as wide as the search space equals exhaustive search, top-k / top-p restrict the
 support, stop ids, the sliding context, bad input."""
 
@@ -67,14 +68,55 @@ def _greedy_reference(model, idx, n):
     return idx
 
 
+def _forward_calls(model):
+    """Record (tokens fed, whether KV caches were passed) of every call of ``model``."""
+    calls = []
+
+    def hook(module, args, kwargs):
+        calls.append((args[0].shape[1], kwargs.get("caches") is not None))
+
+    return calls, model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
 def test_greedy_with_and_without_cache_equals_the_argmax_loop():
     model = DecoderLM(ModelConfig.preset("llama-tiny")).eval()
     idx = torch.randint(0, 256, (2, 5))
     with torch.no_grad():
         ref = _greedy_reference(model, idx, 15)
-    assert torch.equal(generate(model, idx, 15, temperature=0), ref)
-    assert torch.equal(generate(model, idx, 15, temperature=0, use_cache=False), ref)
+    calls, handle = _forward_calls(model)
+    try:
+        assert torch.equal(generate(model, idx, 15, temperature=0), ref)
+        # the cached path encodes the prompt once, then feeds one token per step into the caches
+        assert calls == [(5, True)] + [(1, True)] * 14
+        calls.clear()
+        assert torch.equal(generate(model, idx, 15, temperature=0, use_cache=False), ref)
+        assert calls == [(5 + t, False) for t in range(15)]  # the whole window every step
+    finally:
+        handle.remove()
     assert torch.equal(attnlab_generate(model, idx, 15, temperature=0), ref)  # package name
+
+
+def test_generate_reads_the_kv_cache(monkeypatch):
+    # corrupt what the cache holds after the prompt: if generate really reads the keys and values
+    # it cached (rather than recomputing them), its continuation changes
+    model = DecoderLM(ModelConfig.preset("llama-tiny")).eval()
+    idx = torch.randint(0, 256, (2, 5))
+    clean = generate(model, idx, 10, temperature=0)
+    step = model.decode_step
+
+    def corrupting_step(tokens, state, **kwargs):
+        logits, state = step(tokens, state, **kwargs)
+        if tokens.shape[1] > 1:  # right after the prompt
+            g = torch.Generator().manual_seed(0)
+            for cache in state.caches:  # keys and values of the prompt replaced by noise
+                cache.k.normal_(0.0, 10.0, generator=g)
+                cache.v.normal_(0.0, 10.0, generator=g)
+        return logits, state
+
+    monkeypatch.setattr(model, "decode_step", corrupting_step)
+    corrupted = generate(model, idx, 10, temperature=0)
+    assert torch.equal(corrupted[:, :6], clean[:, :6])  # the first new token precedes the damage
+    assert not torch.equal(corrupted, clean)
 
 
 def test_generation_beyond_the_context_slides_the_window():

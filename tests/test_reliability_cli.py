@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -313,18 +314,66 @@ def test_a_read_only_file_system_is_refused_before_training(tmp_path):
     assert "training tokens" not in r.stderr  # refused before the data was prepared
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a chmod 500 directory anyway")
-def test_a_directory_without_write_permission_is_refused(tmp_path, capsys):
+# root writes into a chmod 500 directory anyway: CAP_DAC_OVERRIDE lets it ignore the mode bits.
+# setpriv drops that capability (and CAP_DAC_READ_SEARCH) from the command it runs, so that the
+# kernel applies the owner's bits to root too
+NO_OVERRIDE = ["setpriv", "--inh-caps=-dac_override,-dac_read_search"]
+NO_OVERRIDE += ["--bounding-set=-dac_override,-dac_read_search"]
+
+
+def _mode_bits_bind(tmp_path: Path) -> list[str] | None:
+    """A command prefix under which a chmod 500 directory refuses writes ([] for non-root)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        return None
+    probe = tmp_path / "probe"
+    probe.mkdir(mode=0o500)
+    r = subprocess.run([*NO_OVERRIDE, "touch", str(probe / "x")], capture_output=True)
+    probe.chmod(0o700)
+    return NO_OVERRIDE if r.returncode != 0 and not (probe / "x").exists() else None
+
+
+def test_a_directory_without_write_permission_is_refused(tmp_path, monkeypatch, capsys):
+    """``chmod 500`` on the parent of --out: the kernel's EACCES, one line, nothing created.
+
+    As root the CLI runs without CAP_DAC_OVERRIDE (setpriv), so the mode bits bind; where that
+    is impossible the EACCES is injected where creating a file in the directory would give it.
+    """
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
+    run = locked / "run"
+    args = ["train", "lm", *TINY, "--steps", "2", "--out", str(run)]
+    prefix = _mode_bits_bind(tmp_path)
     try:
-        assert main(["train", "lm", *TINY, "--steps", "2", "--out", str(locked / "run")]) == 2
+        if prefix is not None:
+            cache = str(tmp_path / "cache")
+            r = subprocess.run(
+                [*prefix, sys.executable, "-m", "attnlab.cli", *args],
+                capture_output=True,
+                text=True,
+                env={**_env(), "ATTNLAB_CACHE": cache},
+                timeout=600,
+            )
+            status, err = r.returncode, r.stderr
+        else:  # root without setpriv: the error the kernel would give, injected
+            real = tempfile.mkstemp
+
+            def mkstemp(*a, dir=None, **kw):
+                if Path(str(dir)) == locked:
+                    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), dir)
+                return real(*a, dir=dir, **kw)
+
+            monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+            status, err = main([*args]), capsys.readouterr().err
     finally:
         locked.chmod(0o700)
-    assert _error_lines(capsys.readouterr().err) == [
-        f"attnlab: error: cannot write to run directory {str(locked / 'run')!r}: Permission "
+    assert status == 2
+    assert _error_lines(err) == [
+        f"attnlab: error: cannot write to run directory {str(run)!r}: Permission "
         "denied; choose a writable --out"
     ]
+    assert list(locked.iterdir()) == []  # no run directory, no probe left behind
 
 
 # ---------------------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     clock.count_from(started)  # --max-time counts the start-up as well (train/clock.py)
     try:
+        _check_paths(args)
         rc = args.func(args)
     except BrokenPipeError:  # `attnlab ... | head`: the reader left, which is not an error
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -109,6 +110,30 @@ def _interrupted(args: argparse.Namespace, err: KeyboardInterrupt, status: int) 
     if training:
         return f"{word} before training started; nothing new was saved"
     return word
+
+
+# arguments that name a file or folder (dest -> how the message names it)
+_PATH_ARGS = {
+    "out": "--out",
+    "data": "--data",
+    "data_path": "--data-path",
+    "config": "--config",
+    "file": "--file",
+    "run_dir": "the run directory",
+    "image": "the image",
+    "from_hf": "--from-hf",
+    "to_hf": "--to-hf",
+}
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """An empty path would mean the working directory itself (``--data ""`` trained on whatever
+    lay there, ``--out ""`` wrote into it): refuse it."""
+    for dest, name in _PATH_ARGS.items():
+        value = getattr(args, dest, None)
+        values = value if isinstance(value, list) else [value]
+        if any(v is not None and not str(v).strip() for v in values):
+            raise UserError(f"{name} is empty: give a path")
 
 
 def _message(err: Exception) -> str:

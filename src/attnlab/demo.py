@@ -16,6 +16,7 @@ recurrent state, which beats looking at one previous character only.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -124,6 +125,9 @@ def run_demo(
     Returns:
         ``{"models": [{name, kind, params, steps, val_loss, time}], "tokens", "sample", "files",
         ...}``.
+
+    Raises:
+        UserError: a setting out of range; ``out`` holding other files.
     """
     from attnlab.config import LMTaskConfig, ModelConfig
     from attnlab.models.lm import DecoderLM
@@ -135,6 +139,11 @@ def run_demo(
     )
 
     say = log or (lambda s: None)
+    for flag, value in (("--steps", steps), ("--val-batches", val_batches), ("--threads", threads)):
+        if value is not None and value < 1:
+            raise UserError(f"{flag} must be a positive number, got {value}")
+    if not 0 < budget < math.inf:
+        raise UserError(f"--budget must be a positive number of seconds, got {budget}")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise UserError(f"demo output {str(out)!r} exists and is not a directory")

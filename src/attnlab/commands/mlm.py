@@ -97,6 +97,7 @@ def _train_mlm(args: argparse.Namespace) -> int:
     from attnlab.models.registry import build_model
     from attnlab.tasks.mlm import MLMTask
     from attnlab.train import train
+    from attnlab.train.distributed import resolve_device
     from attnlab.train.stopping import completion
 
     out = Path(args.out)
@@ -107,6 +108,7 @@ def _train_mlm(args: argparse.Namespace) -> int:
         if done:  # before the corpus is read
             print(done)
             return 0
+        resolve_device(train_cfg.device)  # a bad --device: one line, before the corpus
         task = MLMTask.from_config(saved["task"], load_tokenizer(out))
         model = build_model(KIND, saved["model"])
     else:
@@ -114,6 +116,7 @@ def _train_mlm(args: argparse.Namespace) -> int:
             args, load_config_file(args.config) if args.config else None
         )
         EncoderConfig.from_dict({**model_fields, "vocab_size": 256})  # fail before the corpus
+        resolve_device(train_cfg.device)
         task = MLMTask.build(task_cfg)
         torch.manual_seed(train_cfg.seed)
         model = build_model(KIND, {**model_fields, "vocab_size": task.vocab_size})

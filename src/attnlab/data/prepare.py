@@ -460,19 +460,40 @@ def open_prepared(directory: str | os.PathLike) -> Prepared:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    """An exclusive lock on ``path`` (POSIX), so that only one process prepares an entry."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """An exclusive lock on ``path`` (POSIX), so that only one process prepares an entry.
+
+    The lock file (and its folder, once empty) is deleted on release, so that a preparation
+    leaves only what it prepared in the cache, and a refused one (an empty corpus) nothing.
+    A process that locked a file deleted meanwhile by the holder locks the new one instead.
+    """
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock
         yield
         return
-    with open(path, "a") as f:
+    while True:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            f = open(path, "a")
+        except FileNotFoundError:  # the folder went away with the last holder's lock: again
+            continue
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            current = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        f.close()  # the holder deleted this file on release: lock the one that is there now
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()  # only when empty
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
 
 
 def _cached_tokenizer(docs, identity, kind, vocab_size, max_chars, progress):

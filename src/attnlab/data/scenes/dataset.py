@@ -12,7 +12,9 @@ from attnlab.data.scenes.questions import scene_questions
 from attnlab.data.scenes.render import render_scene
 from attnlab.data.scenes.world import SPLITS, SceneConfig, generate_scene
 
-__all__ = ["SceneSet"]
+__all__ = ["MAX_SCENE_BYTES", "SceneSet"]
+
+MAX_SCENE_BYTES = 2**32  # 4 GiB of rendered images: ~1.4 million scenes of 32x32
 
 
 class SceneSet:
@@ -23,7 +25,7 @@ class SceneSet:
         scene; questions: every unambiguous :class:`~attnlab.data.scenes.questions.QA` per scene.
 
     Raises:
-        ValueError: ``n < 1`` or an unknown split.
+        ValueError: ``n < 1``, an unknown split, or images over :data:`MAX_SCENE_BYTES`.
     """
 
     def __init__(self, cfg: SceneConfig, split: str, n: int, seed: int = 0) -> None:
@@ -31,6 +33,13 @@ class SceneSet:
             raise ValueError(f"need at least one scene, got n={n}")
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; choose from {list(SPLITS)}")
+        size = n * cfg.image_size**2 * 3  # the images are rendered up front, uint8 RGB
+        if size > MAX_SCENE_BYTES:
+            raise ValueError(
+                f"{n:,} scenes of {cfg.image_size}x{cfg.image_size} pixels take "
+                f"{size / 2**30:,.1f} GiB in memory, more than {MAX_SCENE_BYTES / 2**30:.0f} "
+                "GiB: ask for fewer or smaller scenes"
+            )
         rng = np.random.default_rng([seed, SPLITS[split]])
         self.config, self.split = cfg, split
         self.scenes = [generate_scene(rng, cfg, split) for _ in range(n)]

@@ -46,6 +46,7 @@ SHAPES = ("circle", "square", "triangle")
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 #: split name -> the second word of its random seed
 SPLITS = {"train": 0, "val": 1, "unseen": 2}
+MAX_IMAGE_SIZE = 512  # pixels a side: the scenes are toy images (32 by default)
 
 
 @dataclass
@@ -88,8 +89,10 @@ class SceneConfig(Config):
         super().validate()
         if self.radius is None:
             self.radius = self.image_size / 8
-        if self.image_size < 16:
-            raise ConfigError(f"image_size must be >= 16, got {self.image_size}")
+        if not 16 <= self.image_size <= MAX_IMAGE_SIZE:
+            raise ConfigError(
+                f"image_size must be between 16 and {MAX_IMAGE_SIZE} pixels, got {self.image_size}"
+            )
         if not 1 <= self.min_objects <= self.max_objects:
             raise ConfigError(
                 f"need 1 <= min_objects <= max_objects, got min_objects="
