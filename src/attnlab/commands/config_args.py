@@ -14,6 +14,7 @@ resumed run's) ``max_time``, which would otherwise win over it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +25,9 @@ __all__ = [
     "track_explicit",
     "explicit_dests",
     "resolve_sections",
+    "from_args",
+    "resumed_config",
+    "refuse_resume_changes",
 ]
 
 _GIVEN = "_explicit_dests"
@@ -120,3 +124,71 @@ def resolve_sections(
                 sections[name] = section
     sections = apply_overrides(sections, typed)
     return apply_overrides(sections, parse_overrides(getattr(args, "set", None) or []))
+
+
+def from_args(cls: type, args: argparse.Namespace, /, **extra: Any) -> Any:
+    """Build the dataclass ``cls`` from the parsed flags whose ``dest`` names one of its fields.
+
+    Fields without a flag keep their defaults; ``extra`` (flags named otherwise, derived
+    values) wins over the flags.
+    """
+    values = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(cls)
+        if f.init and hasattr(args, f.name)
+    }
+    return cls(**{**values, **extra})
+
+
+def resumed_config(
+    args: argparse.Namespace, kinds: tuple[str, ...], task_type: str, what: str
+) -> dict[str, Any] | None:
+    """Check ``--out`` (before any data is read) and, on ``--resume``, read the run's settings.
+
+    Args:
+        args: parsed ``train`` flags (``out``, ``resume``, ``overwrite``, ``config``).
+        kinds: model kinds the command trains.
+        task_type: the ``"type"`` of the run's ``task`` section.
+        what: the run's name in the error message (``"language-model"``).
+
+    Returns:
+        The run's config.json on ``--resume``; None for a new run.
+
+    Raises:
+        UserError: ``--resume`` with ``--config``; RunDirError: a run of another kind.
+    """
+    from pathlib import Path
+
+    from attnlab.errors import RunDirError, UserError
+    from attnlab.runs import read_config
+    from attnlab.train import check_run_dir
+
+    check_run_dir(args.out, args.resume, args.overwrite)
+    if not args.resume:
+        return None
+    if args.config:
+        raise UserError("--resume continues the run's own config.json; drop --config")
+    saved = read_config(args.out)
+    if saved["kind"] not in kinds or (saved.get("task") or {}).get("type") != task_type:
+        raise RunDirError(f"{str(Path(args.out))!r} does not hold a {what} training run")
+    return saved
+
+
+def refuse_resume_changes(out: str, diffs: list[str]) -> None:
+    """Refuse a ``--resume`` whose flags disagree with the run's settings, naming each.
+
+    Args:
+        out: the run directory as the message shows it.
+        diffs: one ``"--flag value (the run has other)"`` item per disagreement; none: no error.
+
+    Raises:
+        UserError: when ``diffs`` is not empty.
+    """
+    from attnlab.errors import UserError
+
+    if diffs:
+        raise UserError(
+            f"--resume continues {out} as it was configured, but "
+            + "; ".join(diffs)
+            + ". Drop these options, or start a new run (another --out, or --overwrite)"
+        )

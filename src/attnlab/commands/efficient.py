@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.commands.flags import add_flags
 from attnlab.errors import UserError
 
 
@@ -31,100 +32,46 @@ def register(groups) -> None:
         "(tables), attention.json and attention.png (log-log plot) to --out. Example: 'attnlab "
         "bench attention --n 512 1024 2048 --backends math tiled sdpa'.",
     )
-    p.add_argument(
-        "--n",
-        type=int,
-        nargs="+",
-        default=list(DEFAULT_NS),
-        metavar="N",
-        help=f"sequence lengths (default {' '.join(map(str, DEFAULT_NS))})",
-    )
-    p.add_argument(
-        "--backends",
-        nargs="+",
-        default=list(DEFAULT_BACKENDS),
-        help=f"backends to compare (default {' '.join(DEFAULT_BACKENDS)})",
-    )
-    p.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")
-    p.add_argument("--heads", type=int, default=8, help="heads H (default 8)")
-    p.add_argument("--head-dim", type=int, default=64, help="head width d (default 64)")
-    p.add_argument(
-        "--non-causal", action="store_true", help="bidirectional attention (default: causal)"
-    )
-    p.add_argument(
-        "--modes",
-        nargs="+",
-        choices=["fwd", "fwdbwd"],
-        default=["fwd", "fwdbwd"],
-        help="forward only and/or forward+backward (default both)",
-    )
-    p.add_argument("--window", type=int, default=256, help="window w of 'window' (default 256)")
-    p.add_argument(
-        "--feature-map",
-        choices=["elu", "favor"],
-        default="elu",
-        help="feature map of 'linear' (default elu)",
-    )
-    p.add_argument("--n-features", type=int, default=256, help="FAVOR+ features (default 256)")
-    p.add_argument(
-        "--pattern",
-        choices=["longformer", "bigbird"],
-        default="longformer",
-        help="sparse pattern of 'block_sparse' (default longformer: --window plus global tokens)",
-    )
-    p.add_argument(
-        "--global-tokens",
-        type=int,
-        nargs="*",
-        default=[0],
-        metavar="I",
-        help="global token positions of 'block_sparse' (default 0)",
-    )
-    p.add_argument(
-        "--block-size", type=int, default=64, help="tile (and BigBird block) of 'block_sparse'"
-    )
-    p.add_argument("--window-blocks", type=int, default=1, help="BigBird window blocks per side")
-    p.add_argument("--random-blocks", type=int, default=2, help="BigBird random blocks (default 2)")
-    p.add_argument(
-        "--linformer-k",
-        type=int,
-        default=256,
-        help="projected rows k of 'linformer' (random E, F; with --non-causal) (default 256)",
-    )
-    p.add_argument(
-        "--linformer-error",
-        action="store_true",
-        help="also measure Linformer's error against full attention for each N (random and "
-        "fitted E, F; i.i.d. and smooth inputs) into linformer_error.md",
-    )
-    p.add_argument(
-        "--fit-steps", type=int, default=200, help="Adam steps fitting E, F (default 200)"
-    )
-    p.add_argument("--block-q", type=int, default=None, help="query tile of 'tiled'")
-    p.add_argument("--block-k", type=int, default=None, help="key tile of 'tiled'")
-    p.add_argument(
-        "--max-gb",
-        type=float,
-        default=12.0,
-        help="skip cases estimated to need more memory than this (default 12 GB)",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch threads per case (default: torch's default, all cores)",
-    )
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="default cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument(
-        "--min-time",
-        type=float,
-        default=1.0,
-        help="seconds of repetitions per case after the warm-up (default 1)",
-    )
-    p.add_argument(
-        "--out", default="benchmarks/results", help="output folder (default benchmarks/results)"
-    )
+    # fmt: off
+    add_flags(p, [
+        ("--n", int, list(DEFAULT_NS),
+         f"sequence lengths (default {' '.join(map(str, DEFAULT_NS))})",
+         {"nargs": "+", "metavar": "N"}),
+        ("--backends", None, list(DEFAULT_BACKENDS),
+         f"backends to compare (default {' '.join(DEFAULT_BACKENDS)})", {"nargs": "+"}),
+        ("--batch", int, 1, "batch size B (default 1)"),
+        ("--heads", int, 8, "heads H (default 8)"),
+        ("--head-dim", int, 64, "head width d (default 64)"),
+        ("--non-causal", "store_true", None, "bidirectional attention (default: causal)"),
+        ("--modes", ["fwd", "fwdbwd"], ["fwd", "fwdbwd"],
+         "forward only and/or forward+backward (default both)", {"nargs": "+"}),
+        ("--window", int, 256, "window w of 'window' (default 256)"),
+        ("--feature-map", ["elu", "favor"], "elu", "feature map of 'linear' (default elu)"),
+        ("--n-features", int, 256, "FAVOR+ features (default 256)"),
+        ("--pattern", ["longformer", "bigbird"], "longformer",
+         "sparse pattern of 'block_sparse' (default longformer: --window plus global tokens)"),
+        ("--global-tokens", int, [0], "global token positions of 'block_sparse' (default 0)",
+         {"nargs": "*", "metavar": "I"}),
+        ("--block-size", int, 64, "tile (and BigBird block) of 'block_sparse'"),
+        ("--window-blocks", int, 1, "BigBird window blocks per side"),
+        ("--random-blocks", int, 2, "BigBird random blocks (default 2)"),
+        ("--linformer-k", int, 256,
+         "projected rows k of 'linformer' (random E, F; with --non-causal) (default 256)"),
+        ("--linformer-error", "store_true", None, "also measure Linformer's error against full "
+         "attention for each N (random and fitted E, F; i.i.d. and smooth inputs) into "
+         "linformer_error.md"),
+        ("--fit-steps", int, 200, "Adam steps fitting E, F (default 200)"),
+        ("--block-q", int, None, "query tile of 'tiled'"),
+        ("--block-k", int, None, "key tile of 'tiled'"),
+        ("--max-gb", float, 12.0,
+         "skip cases estimated to need more memory than this (default 12 GB)"),
+        ("--threads", int, None, "torch threads per case (default: torch's default, all cores)"),
+        ("--device", ["cpu", "cuda"], "cpu", "default cpu"),
+        ("--dtype", ["float32", "bfloat16"], "float32", None),
+        ("--min-time", float, 1.0, "seconds of repetitions per case after the warm-up (default 1)"),
+        ("--out", None, "benchmarks/results", "output folder (default benchmarks/results)"),
+    ])
+    # fmt: on
     p.set_defaults(func=run_attention_bench)
 
     lc = sub.add_parser(
@@ -134,27 +81,23 @@ def register(groups) -> None:
         "with each backend, with and without activation checkpointing, and measure one "
         "Transformer block's forward+backward peak memory (fresh subprocess per backend).",
     )
-    lc.add_argument("--seq-len", type=int, default=4096, help="sequence length (default 4096)")
-    lc.add_argument(
-        "--preset",
-        default="gpt2-small",
-        help="ModelConfig preset for the formula "
-        "and the measured block's width/heads (default gpt2-small)",
-    )
-    lc.add_argument("--n-layers", type=int, default=None, help="override the preset's layers")
-    lc.add_argument("--n-heads", type=int, default=None, help="override the preset's heads")
-    lc.add_argument("--d-model", type=int, default=None, help="override the preset's width")
-    lc.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
-    lc.add_argument(
-        "--backends",
-        nargs="+",
-        default=["math", "tiled", "sdpa"],
-        help="backends to compare (default math tiled sdpa)",
-    )
-    lc.add_argument("--window", type=int, default=256, help="window w of 'window' (default 256)")
-    lc.add_argument("--no-measure", action="store_true", help="formula only")
-    lc.add_argument("--threads", type=int, default=None, help="torch threads of the measurement")
-    lc.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="default cpu")
+    # fmt: off
+    add_flags(lc, [
+        ("--seq-len", int, 4096, "sequence length (default 4096)"),
+        ("--preset", None, "gpt2-small", "ModelConfig preset for the formula and the measured "
+         "block's width/heads (default gpt2-small)"),
+        ("--n-layers", int, None, "override the preset's layers"),
+        ("--n-heads", int, None, "override the preset's heads"),
+        ("--d-model", int, None, "override the preset's width"),
+        ("--batch", int, 1, "batch size (default 1)"),
+        ("--backends", None, ["math", "tiled", "sdpa"],
+         "backends to compare (default math tiled sdpa)", {"nargs": "+"}),
+        ("--window", int, 256, "window w of 'window' (default 256)"),
+        ("--no-measure", "store_true", None, "formula only"),
+        ("--threads", int, None, "torch threads of the measurement"),
+        ("--device", ["cpu", "cuda"], "cpu", "default cpu"),
+    ])
+    # fmt: on
     lc.set_defaults(func=run_long_context)
 
 
@@ -174,6 +117,7 @@ def run_attention_bench(args: argparse.Namespace) -> int:
     """``attnlab bench attention``: run, print the tables, write the files."""
     from attnlab.attention import available_backends
     from attnlab.attention.core import check_backend
+    from attnlab.commands.config_args import from_args
     from attnlab.experiments.attention_bench import BenchConfig, run_benchmark, save_results
     from attnlab.experiments.sparse_bench import BENCH_ONLY_BACKENDS
 
@@ -218,19 +162,13 @@ def run_attention_bench(args: argparse.Namespace) -> int:
     linear = {"feature_map": args.feature_map}
     if args.feature_map == "favor":
         linear["n_features"] = args.n_features
-    cfg = BenchConfig(
+    cfg = from_args(
+        BenchConfig,
+        args,
         ns=tuple(args.n),
         backends=tuple(args.backends),
-        batch=args.batch,
-        heads=args.heads,
-        head_dim=args.head_dim,
         causal=not args.non_causal,
         modes=tuple(args.modes),
-        max_gb=args.max_gb,
-        threads=args.threads,
-        device=args.device,
-        dtype=args.dtype,
-        min_time=args.min_time,
         options={
             "window": {"window": args.window},
             "linear": linear,

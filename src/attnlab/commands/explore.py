@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from attnlab.commands.flags import add_flags
 from attnlab.errors import UserError
 
 
@@ -28,14 +29,15 @@ def register(groups) -> None:
         "attention over images. With --serve, a local page (127.0.0.1 only) recomputes it for "
         "new input.",
     )
-    p.add_argument("run_dir", help="run directory written by 'attnlab train'")
-    p.add_argument(
-        "--input",
-        metavar="TEXT|IMAGE",
-        help="the text (language models, translation) or image file (vit, swin, captioning, "
-        "VQA) to explain; required with --out",
-    )
-    p.add_argument("--question", help="VQA: the question about the image")
+    # fmt: off
+    add_flags(p, [
+        ("run_dir", None, None, "run directory written by 'attnlab train'"),
+        ("--input", None, None,
+         "the text (language models, translation) or image file (vit, "
+         "swin, captioning, VQA) to explain; required with --out", {"metavar": "TEXT|IMAGE"}),
+        ("--question", None, None, "VQA: the question about the image"),
+    ])
+    # fmt: on
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--out", metavar="PAGE.html", help="write the page to this file")
     where.add_argument(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from attnlab.commands.flags import add_flags, at_least_one
 from attnlab.errors import UserError
 
 __all__ = ["add_samples_parser", "write_samples"]
@@ -26,12 +27,14 @@ def add_samples_parser(groups) -> None:
         "CLASS.png (digits: 0.png ... 9.png), then CLASS_INDEX.png, so 'attnlab classify RUN FILE' has inputs like the training images. (For "
         "caption and VQA runs, 'attnlab scene' draws scenes.)",
     )
-    s.add_argument("run_dir", help="run directory written by 'attnlab train image'")
-    s.add_argument("--out", default="samples", help="output folder (default: %(default)s)")
-    s.add_argument("--n", type=int, default=10, help="images to write (default: %(default)s)")
-    s.add_argument(
-        "--scale", type=int, default=8, help="pixels per image pixel in the PNG (default 8)"
-    )
+    # fmt: off
+    add_flags(s, [
+        ("run_dir", None, None, "run directory written by 'attnlab train image'"),
+        ("--out", None, "samples", "output folder (default: %(default)s)"),
+        ("--n", int, 10, "images to write (default: %(default)s)"),
+        ("--scale", int, 8, "pixels per image pixel in the PNG (default 8)"),
+    ])
+    # fmt: on
     s.set_defaults(func=_samples)
 
 
@@ -68,10 +71,7 @@ def _samples(args: argparse.Namespace) -> int:
     from attnlab.runs import load
     from attnlab.tasks.image import ImageClassificationTask
 
-    if args.n < 1:
-        raise UserError(f"--n must be at least 1, got {args.n}")
-    if args.scale < 1:
-        raise UserError(f"--scale must be at least 1, got {args.scale}")
+    at_least_one(args, "n", "scale")
     run = load(args.run_dir, kinds=("vit", "swin", "cnn"))
     if run.tokenizer is None or not run.task:
         raise UserError(f"{args.run_dir!r} does not say which data it was trained on")

@@ -16,6 +16,7 @@ import json
 import shutil
 from pathlib import Path
 
+from attnlab.commands.flags import add_flags
 from attnlab.errors import RunDirError, UserError
 
 _SIZE_UNITS = {
@@ -176,38 +177,29 @@ def register(groups) -> None:
         "model.safetensors. Only local files are read.",
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--from-hf", metavar="DIR", help="Hugging Face checkpoint folder to import")
-    src.add_argument("--to-hf", metavar="RUN_DIR", help="attnlab run directory to export")
-    src.add_argument(
-        "--consolidate",
-        metavar="RUN_DIR",
-        help="write RUN_DIR/model.safetensors from its newest sharded checkpoint (a run trained "
-        "with --strategy fsdp that stopped before its end), in one process",
-    )
-    p.add_argument("--out", help="run directory (--from-hf) or folder (--to-hf)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    p.add_argument(
-        "--dtype",
-        default="float32",
-        choices=["float32", "bfloat16", "float16", "auto"],
-        help="--from-hf: parameter dtype (auto = the checkpoint's; default float32)",
-    )
-    p.add_argument(
-        "--weights",
-        choices=["last", "best"],
-        default="last",
-        help="--to-hf: which checkpoint of the run (default last)",
-    )
-    p.add_argument(
-        "--moe-layout",
-        choices=["per_expert", "fused"],
-        default="per_expert",
-        help="--to-hf, Mixtral: block_sparse_moe.experts.N.w1/w2/w3 (default, what "
-        "save_pretrained writes) or fused mlp.experts.gate_up_proj",
-    )
-    p.add_argument(
-        "--max-shard-size",
-        default=None,
-        help="--to-hf: split the weights into shards of this size (e.g. 2GB)",
-    )
+    # fmt: off
+    add_flags(src, [
+        ("--from-hf", None, None, "Hugging Face checkpoint folder to import", {"metavar": "DIR"}),
+        ("--to-hf", None, None, "attnlab run directory to export", {"metavar": "RUN_DIR"}),
+        ("--consolidate", None, None,
+         "write RUN_DIR/model.safetensors from its newest sharded "
+         "checkpoint (a run trained with --strategy fsdp that stopped before its end), in one "
+         "process", {"metavar": "RUN_DIR"}),
+    ])
+    # fmt: on
+    # fmt: off
+    add_flags(p, [
+        ("--out", None, None, "run directory (--from-hf) or folder (--to-hf)"),
+        ("--overwrite", "store_true", None, "replace an existing output"),
+        ("--dtype", ["float32", "bfloat16", "float16", "auto"], "float32",
+         "--from-hf: parameter dtype (auto = the checkpoint's; default float32)"),
+        ("--weights", ["last", "best"], "last",
+         "--to-hf: which checkpoint of the run (default last)"),
+        ("--moe-layout", ["per_expert", "fused"], "per_expert",
+         "--to-hf, Mixtral: block_sparse_moe.experts.N.w1/w2/w3 (default, what save_pretrained "
+         "writes) or fused mlp.experts.gate_up_proj"),
+        ("--max-shard-size", None, None,
+         "--to-hf: split the weights into shards of this size (e.g. 2GB)"),
+    ])
+    # fmt: on
     p.set_defaults(func=_convert)

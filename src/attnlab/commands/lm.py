@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attnlab.commands.flags import add_flags
 from attnlab.commands.lm_settings import (
     ARCHS,
     LM_KINDS,
@@ -45,22 +46,17 @@ def _device(name: str | None) -> str:
 def _train_lm(args: argparse.Namespace) -> int:
     import torch
 
+    from attnlab.commands.config_args import resumed_config
     from attnlab.config.overrides import load_config_file
     from attnlab.data.tokenizers import load_tokenizer
     from attnlab.models.registry import build_model
-    from attnlab.runs import read_config
     from attnlab.tasks.lm import LMTask
-    from attnlab.train import check_run_dir, train
+    from attnlab.train import train
     from attnlab.train.stopping import completion
 
     out = Path(args.out)
-    check_run_dir(out, args.resume, args.overwrite)  # before reading and tokenising the corpus
-    if args.resume:
-        if args.config:
-            raise UserError("--resume continues the run's own config.json; drop --config")
-        saved = read_config(out)
-        if saved["kind"] not in LM_KINDS or (saved.get("task") or {}).get("type") != "lm":
-            raise RunDirError(f"{str(out)!r} does not hold a language-model training run")
+    saved = resumed_config(args, LM_KINDS, "lm", "language-model")  # before reading the corpus
+    if saved is not None:
         settings = resolve_lm_settings(args, saved, resume=True)
         check_resume_settings(args, settings, saved)
         done = completion(out, settings.train)
@@ -394,63 +390,35 @@ def _add_train_lm_parser(groups) -> None:
         "continue a run with '--resume --steps 400 --out runs/tiny' (model and data settings "
         "are those saved in the run).",
     )
-    p.add_argument(
-        "--data",
-        default=None,
-        metavar="CORPUS",
-        help="'pydoc' (CPython's help topics, default), 'stdlib' (the standard "
-        "library's .py source), a text file or folder (prepared on the fly into the cache, "
-        "streaming), or a directory written by 'attnlab prepare' (= --set task.data=...)",
-    )
-    p.add_argument(
-        "--arch",
-        choices=sorted(ARCHS),
-        default=None,
-        help="model family: transformer (DecoderLM, default), lstm or bigram baselines",
-    )
-    p.add_argument(
-        "--preset",
-        default=None,
-        help="size/style preset (default: a Transformer chosen by the budget rule; the "
-        f"baselines' tiny); transformer: {', '.join(sorted(PRESETS))}; "
-        "lstm: tiny, small, medium; bigram: tiny (= --set model.preset=NAME)",
-    )
-    p.add_argument(
-        "--tokenizer",
-        choices=["char", "bpe"],
-        default=None,
-        help="character-level (default) or byte-level BPE trained on the corpus",
-    )
-    p.add_argument(
-        "--vocab-size",
-        type=int,
-        default=None,
-        help="BPE vocabulary size (default 512; at least 256)",
-    )
-    p.add_argument(
-        "--seq-len",
-        type=int,
-        default=None,
-        help="training window = the model's context length (default: the preset's, or the "
-        "budget rule's)",
-    )
-    p.add_argument(
-        "--max-chars", type=int, default=None, help="use only the first N characters of the corpus"
-    )
-    p.add_argument(
-        "--backend",
-        default=None,
-        help="attention backend: auto (default), sdpa, math, tiled, window, linear "
-        "(same as --set backend=NAME; long contexts: tiled or sdpa)",
-    )
-    p.add_argument(
-        "--checkpointing",
-        action="store_const",
-        const=True,
-        default=None,
-        help="activation checkpointing per block: recompute activations in the backward "
-        "pass to save memory (same as --set activation_checkpointing=true)",
-    )
+    # fmt: off
+    add_flags(p, [
+        ("--data", None, None,
+         "'pydoc' (CPython's help topics, default), 'stdlib' (the "
+         "standard library's .py source), a text file or folder (prepared on the fly into the "
+         "cache, streaming), or a directory written by 'attnlab prepare' (= --set task.data=...)",
+         {"metavar": "CORPUS"}),
+        ("--arch", sorted(ARCHS), None,
+         "model family: transformer (DecoderLM, default), lstm or bigram baselines"),
+        ("--preset", None, None,
+         "size/style preset (default: a Transformer chosen by the budget rule; the "
+         f"baselines' tiny); transformer: {', '.join(sorted(PRESETS))}; "
+         "lstm: tiny, small, medium; bigram: tiny (= --set model.preset=NAME)"),
+        ("--tokenizer", ["char", "bpe"], None,
+         "character-level (default) or byte-level BPE trained on the corpus"),
+        ("--vocab-size", int, None, "BPE vocabulary size (default 512; at least 256)"),
+        ("--seq-len", int, None,
+         "training window = the model's context length (default: the preset's, or the budget "
+         "rule's)"),
+        ("--max-chars", int, None, "use only the first N characters of the corpus"),
+        ("--backend", None, None,
+         "attention backend: auto (default), sdpa, math, tiled, window, linear (same as --set "
+         "backend=NAME; long contexts: tiled or sdpa)"),
+        ("--checkpointing", "store_const", None,
+         "activation checkpointing per block: recompute activations in the "
+         "backward pass to save memory (same as --set activation_checkpointing=true)",
+         {"const": True}),
+    ])
+    # fmt: on
     add_train_args(p, out="runs/lm", steps=1000, lr=1e-3, warmup_steps=50)
     add_config_args(p)
     track_explicit(p)
@@ -465,17 +433,16 @@ def _add_generate_parser(groups) -> None:
         "--temperature 0), or beam search with --beam N (the most probable continuation found "
         "by N beams; --beam 1 is greedy).",
     )
-    g.add_argument(
-        "run_dir", nargs="?", default=None, help="run directory written by 'attnlab train lm'"
-    )
-    g.add_argument(
-        "--from-hf",
-        metavar="DIR",
-        default=None,
-        help="generate with a local Hugging Face GPT-2 / Llama / Mixtral checkpoint folder "
-        "instead of a run directory (stops at its end-of-text token)",
-    )
-    g.add_argument("--prompt", default="", help="text to continue (default: a new line)")
+    # fmt: off
+    add_flags(g, [
+        ("run_dir", None, None, "run directory written by 'attnlab train lm'", {"nargs": "?"}),
+        ("--from-hf", None, None,
+         "generate with a local Hugging Face GPT-2 / Llama / Mixtral "
+         "checkpoint folder instead of a run directory (stops at its end-of-text token)",
+         {"metavar": "DIR"}),
+        ("--prompt", None, "", "text to continue (default: a new line)"),
+    ])
+    # fmt: on
     g.add_argument(
         "-n",
         "--max-new-tokens",
@@ -484,53 +451,32 @@ def _add_generate_parser(groups) -> None:
         default=200,
         help="tokens to generate (default 200)",
     )
-    g.add_argument(
-        "--temperature",
-        type=float,
-        default=None,
-        help="sampling temperature; 0 = greedy (default 0.8)",
-    )
-    g.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
-    g.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold (0, 1]")
-    g.add_argument(
-        "--beam",
-        type=int,
-        default=None,
-        metavar="N",
-        help="beam search with N beams instead of sampling; prints the best beam (the prompt "
-        "and the new tokens must fit in the context)",
-    )
-    g.add_argument("--stop", default=None, help="stop when this text is generated")
-    g.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0)")
-    g.add_argument(
-        "--weights",
-        choices=["best", "last"],
-        default="best",
-        help="checkpoint to use (default best, falling back to last)",
-    )
-    g.add_argument(
-        "--dtype",
-        choices=["float32", "bfloat16"],
-        default=None,
-        help="parameter and activation dtype (default float32; bfloat16 with --quantize): "
-        "bfloat16 halves the bytes read per token, about 2x faster batch-1 decoding on a CPU",
-    )
-    g.add_argument(
-        "--quantize",
-        choices=["int8"],
-        default=None,
-        help="weight-only int8 linear layers (per-channel scales, output head included): a "
-        "quarter of fp32's bytes; logits within about 1-4 %% of fp32's",
-    )
-    g.add_argument(
-        "--compile",
-        action="store_true",
-        help="decode over a static KV cache with a torch.compile'd step (CUDA graphs on a GPU); "
-        "the first run compiles for tens of seconds on a CPU, so it pays for long outputs",
-    )
-    g.add_argument("--no-cache", action="store_true", help="recompute the context every step")
-    g.add_argument("--no-stream", action="store_true", help="print only when finished")
-    g.add_argument("--device", default="cpu", help="cpu (default), cuda, or auto")
+    # fmt: off
+    add_flags(g, [
+        ("--temperature", float, None, "sampling temperature; 0 = greedy (default 0.8)"),
+        ("--top-k", int, None, "sample among the k likeliest tokens"),
+        ("--top-p", float, None, "nucleus sampling threshold (0, 1]"),
+        ("--beam", int, None,
+         "beam search with N beams instead of sampling; prints the best beam "
+         "(the prompt and the new tokens must fit in the context)", {"metavar": "N"}),
+        ("--stop", None, None, "stop when this text is generated"),
+        ("--seed", int, 0, "random seed for sampling (default 0)"),
+        ("--weights", ["best", "last"], "best",
+         "checkpoint to use (default best, falling back to last)"),
+        ("--dtype", ["float32", "bfloat16"], None,
+         "parameter and activation dtype (default float32; bfloat16 with --quantize): bfloat16 "
+         "halves the bytes read per token, about 2x faster batch-1 decoding on a CPU"),
+        ("--quantize", ["int8"], None,
+         "weight-only int8 linear layers (per-channel scales, output head included): a quarter "
+         "of fp32's bytes; logits within about 1-4 %% of fp32's"),
+        ("--compile", "store_true", None,
+         "decode over a static KV cache with a torch.compile'd step (CUDA graphs on a GPU); the "
+         "first run compiles for tens of seconds on a CPU, so it pays for long outputs"),
+        ("--no-cache", "store_true", None, "recompute the context every step"),
+        ("--no-stream", "store_true", None, "print only when finished"),
+        ("--device", None, "cpu", "cpu (default), cuda, or auto"),
+    ])
+    # fmt: on
     g.set_defaults(func=_generate)
 
 
@@ -546,36 +492,24 @@ def _add_demo_parser(groups) -> None:
         "the same trainer; print validation losses and a sample; write loss curves and an "
         "attention heatmap into the output directory (overwritten on re-runs).",
     )
-    d.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    d.add_argument(
-        "--budget",
-        type=float,
-        default=140.0,
-        help="seconds of Transformer training (default 140); the baselines then "
-        "train on the same number of tokens",
-    )
-    d.add_argument(
-        "--steps",
-        type=int,
-        default=None,
-        help="train every model for exactly this many steps instead of a time budget",
-    )
-    d.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads for the Transformer (default: torch's count or 1, whichever trains "
-        "faster at the start; 1 is faster on a busy machine)",
-    )
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument(
-        "--val-batches",
-        type=int,
-        default=None,
-        help="measure final losses on N batches of 32 windows (default: all)",
-    )
-    d.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
-    d.add_argument("--no-progress", action="store_true", help="no progress bars")
+    # fmt: off
+    add_flags(d, [
+        ("--out", None, "runs/demo", "output directory (default runs/demo)"),
+        ("--budget", float, 140.0,
+         "seconds of Transformer training (default 140); the baselines then train on the same "
+         "number of tokens"),
+        ("--steps", int, None,
+         "train every model for exactly this many steps instead of a time budget"),
+        ("--threads", int, None,
+         "CPU threads for the Transformer (default: torch's count or 1, whichever trains faster "
+         "at the start; 1 is faster on a busy machine)"),
+        ("--seed", int, 0, None),
+        ("--val-batches", int, None,
+         "measure final losses on N batches of 32 windows (default: all)"),
+        ("--device", None, "auto", "auto (default), cpu or cuda"),
+        ("--no-progress", "store_true", None, "no progress bars"),
+    ])
+    # fmt: on
     d.set_defaults(func=_demo)
 
 

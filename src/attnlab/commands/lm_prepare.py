@@ -11,32 +11,24 @@ from __future__ import annotations
 import argparse
 import sys
 
+from attnlab.commands.flags import pick
 from attnlab.errors import UserError
 
 
 def _prepare(args: argparse.Namespace) -> int:
     from attnlab.data.prepare import prepare_corpus
 
-    for flag, value in (
-        ("--vocab-size", args.vocab_size),
-        ("--max-chars", args.max_chars),
-        ("--sample-chars", args.sample_chars),
-        ("--shard-tokens", args.shard_tokens),
-    ):
+    sizes = pick(args, "vocab_size", "max_chars", "sample_chars", "shard_tokens")
+    for name, value in sizes.items():
         if value is not None and value < 1:
-            raise UserError(f"{flag} must be positive, got {value}")
+            raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
     summary = prepare_corpus(
         args.data,
         args.out,
         kind=args.tokenizer,
-        vocab_size=args.vocab_size,
-        max_chars=args.max_chars,
-        sample_chars=args.sample_chars,
-        seed=args.seed,
-        workers=args.workers,
-        shard_tokens=args.shard_tokens,
+        **sizes,
+        **pick(args, "seed", "workers", "overwrite"),
         progress=not args.no_progress,
-        overwrite=args.overwrite,
     )
     m = summary.manifest
     tok = m["tokenizer"]

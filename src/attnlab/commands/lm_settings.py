@@ -315,6 +315,7 @@ def _set_keys(args: argparse.Namespace, key: str) -> bool:
 
 def check_resume_settings(args: argparse.Namespace, want: LMSettings, saved: dict) -> None:
     """A resume continues the run as saved: refuse model or data settings that contradict it."""
+    from attnlab.commands.config_args import refuse_resume_changes
     from attnlab.config import LMTaskConfig
     from attnlab.models.registry import get_kind
 
@@ -338,12 +339,7 @@ def check_resume_settings(args: argparse.Namespace, want: LMSettings, saved: dic
             continue  # a character vocabulary is the corpus's
         if a != b:
             diffs.append(f"{TASK_FLAGS.get(key, 'task.' + key)} {a!r} (the run has {b!r})")
-    if diffs:
-        raise UserError(
-            f"--resume continues {args.out!r} as it was configured, but "
-            + "; ".join(diffs)
-            + ". Drop these options, or start a new run (another --out, or --overwrite)"
-        )
+    refuse_resume_changes(repr(args.out), diffs)
 
 
 def check_prepared_settings(args: argparse.Namespace, task: Any) -> None:

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from attnlab.commands.flags import add_flags, at_least_one
 from attnlab.errors import RunDirError, UserError
 
 KIND = "encoder_mlm"
@@ -89,24 +90,19 @@ def _settings(args: argparse.Namespace, base: dict[str, Any] | None) -> tuple[di
 def _train_mlm(args: argparse.Namespace) -> int:
     import torch
 
+    from attnlab.commands.config_args import resumed_config
     from attnlab.config import EncoderConfig
     from attnlab.config.overrides import load_config_file
     from attnlab.data.tokenizers import load_tokenizer
     from attnlab.models.registry import build_model
-    from attnlab.runs import read_config
     from attnlab.tasks.mlm import MLMTask
-    from attnlab.train import check_run_dir, train
+    from attnlab.train import train
     from attnlab.train.distributed import resolve_device
     from attnlab.train.stopping import completion
 
     out = Path(args.out)
-    check_run_dir(out, args.resume, args.overwrite)  # before reading and tokenising the corpus
-    if args.resume:
-        if args.config:
-            raise UserError("--resume continues the run's own config.json; drop --config")
-        saved = read_config(out)
-        if saved["kind"] != KIND or (saved.get("task") or {}).get("type") != "mlm":
-            raise RunDirError(f"{str(out)!r} does not hold a masked-LM training run")
+    saved = resumed_config(args, (KIND,), "mlm", "masked-LM")  # before reading the corpus
+    if saved is not None:
         _, train_cfg, _ = _settings(args, saved)
         done = completion(out, train_cfg)
         if done:  # before the corpus is read
@@ -154,8 +150,7 @@ def _load_encoder(run_dir: str, weights: str, device: str) -> Any:
 def _fill_mask(args: argparse.Namespace) -> int:
     from attnlab.tasks.mlm import check_masked_text, fill_mask
 
-    if args.top_k < 1:
-        raise UserError(f"--top-k must be at least 1, got {args.top_k}")
+    at_least_one(args, "top_k")
     check_masked_text(args.text)  # before loading the run
     loaded = _load_encoder(args.run_dir, args.weights, args.device)
     for pred in fill_mask(loaded.model, loaded.tokenizer, args.text, top_k=args.top_k):
@@ -182,25 +177,10 @@ def _eval_mlm(args: argparse.Namespace) -> int:
 
 
 def _bidirectional(args: argparse.Namespace) -> int:
+    from attnlab.commands.config_args import from_args
     from attnlab.experiments.bidirectional import BidirectionalConfig, run_bidirectional
 
-    cfg = BidirectionalConfig(
-        max_time=args.max_time,
-        steps=args.steps,
-        data=args.data,
-        max_chars=args.max_chars,
-        seq_len=args.seq_len,
-        d_model=args.d_model,
-        n_layers=args.n_layers,
-        n_heads=args.n_heads,
-        batch_size=args.batch_size,
-        mask_prob=args.mask_prob,
-        n_eval=args.n_eval,
-        device=args.device,
-        seed=args.seed,
-        threads=args.threads,
-        progress=not args.no_progress,
-    )
+    cfg = from_args(BidirectionalConfig, args, progress=not args.no_progress)
     report = run_bidirectional(cfg, args.out, overwrite=args.overwrite)
     print(report["table"])
     for name, path in report["files"].items():
@@ -226,34 +206,21 @@ def _add_train_parser(groups) -> None:
         "runs/mlm'; 'attnlab train mlm --config runs/mlm/config.json --set d_model=128 --out "
         "runs/wider'.",
     )
-    p.add_argument(
-        "--data",
-        default=None,
-        metavar="CORPUS",
-        help="'pydoc' (default), 'stdlib' or a path to a text file or folder",
-    )
-    p.add_argument(
-        "--preset",
-        default=None,
-        help=f"size/style preset (default tiny): {', '.join(EncoderConfig.presets())}",
-    )
-    p.add_argument(
-        "--tokenizer", choices=["char", "bpe"], default=None, help="char (default) or bpe"
-    )
-    p.add_argument(
-        "--vocab-size", type=int, default=None, help="BPE vocabulary size before the specials"
-    )
-    p.add_argument(
-        "--seq-len",
-        type=int,
-        default=None,
-        help="tokens per example, [CLS] and [SEP] included = the model's context",
-    )
-    p.add_argument("--max-chars", type=int, default=None, help="use only the first N characters")
-    p.add_argument(
-        "--mask-prob", type=float, default=None, help="fraction of tokens predicted (0.15)"
-    )
-    p.add_argument("--backend", default=None, help="attention backend (auto, sdpa, math, ...)")
+    # fmt: off
+    add_flags(p, [
+        ("--data", None, None,
+         "'pydoc' (default), 'stdlib' or a path to a text file or folder", {"metavar": "CORPUS"}),
+        ("--preset", None, None,
+         f"size/style preset (default tiny): {', '.join(EncoderConfig.presets())}"),
+        ("--tokenizer", ["char", "bpe"], None, "char (default) or bpe"),
+        ("--vocab-size", int, None, "BPE vocabulary size before the specials"),
+        ("--seq-len", int, None,
+         "tokens per example, [CLS] and [SEP] included = the model's context"),
+        ("--max-chars", int, None, "use only the first N characters"),
+        ("--mask-prob", float, None, "fraction of tokens predicted (0.15)"),
+        ("--backend", None, None, "attention backend (auto, sdpa, math, ...)"),
+    ])
+    # fmt: on
     add_train_args(p, out="runs/mlm", steps=1000, lr=1e-3, warmup_steps=100)
     add_config_args(p)
     track_explicit(p)
@@ -267,13 +234,15 @@ def _add_fill_mask_parser(groups) -> None:
         description="Print, for every [MASK] in the text, the most probable tokens and their "
         "probabilities under an encoder trained with 'attnlab train mlm'.",
     )
-    p.add_argument("run_dir", help="run directory written by 'attnlab train mlm'")
-    p.add_argument("text", help='text with one or more [MASK], e.g. "def f[MASK]nction"')
-    p.add_argument("--top-k", type=int, default=5, help="candidates per mask (default 5)")
-    p.add_argument(
-        "--weights", choices=["best", "last"], default="best", help="checkpoint (default best)"
-    )
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda or auto")
+    # fmt: off
+    add_flags(p, [
+        ("run_dir", None, None, "run directory written by 'attnlab train mlm'"),
+        ("text", None, None, 'text with one or more [MASK], e.g. "def f[MASK]nction"'),
+        ("--top-k", int, 5, "candidates per mask (default 5)"),
+        ("--weights", ["best", "last"], "best", "checkpoint (default best)"),
+        ("--device", None, "cpu", "cpu (default), cuda or auto"),
+    ])
+    # fmt: on
     p.set_defaults(func=_fill_mask)
 
 
@@ -286,32 +255,27 @@ def _add_experiment_parser(groups) -> None:
         "words: the encoder sees the word's both sides, the LM only its left side. Writes "
         "table.md, results.json and bidirectional.png.",
     )
-    e.add_argument("--out", default="runs/bidirectional", help="output directory")
-    e.add_argument(
-        "--max-time", type=float, default=300.0, help="seconds for both models together (300)"
-    )
-    e.add_argument("--steps", type=int, default=None, help="train each model N steps instead")
-    e.add_argument("--data", default="pydoc", help="corpus (default pydoc)")
-    e.add_argument("--max-chars", type=int, default=None, help="first N characters only")
-    e.add_argument("--seq-len", type=int, default=32, help="context of both models (32)")
-    e.add_argument("--d-model", type=int, default=64, help="width of both models (64)")
-    e.add_argument("--n-layers", type=int, default=2, help="blocks of both models (2)")
-    e.add_argument("--n-heads", type=int, default=4, help="heads of both models (4)")
-    e.add_argument("--batch-size", type=int, default=32, help="examples per step (32)")
-    e.add_argument(
-        "--mask-prob", type=float, default=0.15, help="encoder's masking rate (BERT: 0.15)"
-    )
-    e.add_argument("--n-eval", type=int, default=2000, help="held-out characters scored (2000)")
-    e.add_argument("--device", default="auto", help="auto (default), cpu or cuda")
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="CPU threads (default torch's; 1 on a busy machine)",
-    )
-    e.add_argument("--overwrite", action="store_true", help="replace the results in --out")
-    e.add_argument("--no-progress", action="store_true", help="no progress bars")
+    # fmt: off
+    add_flags(e, [
+        ("--out", None, "runs/bidirectional", "output directory"),
+        ("--max-time", float, 300.0, "seconds for both models together (300)"),
+        ("--steps", int, None, "train each model N steps instead"),
+        ("--data", None, "pydoc", "corpus (default pydoc)"),
+        ("--max-chars", int, None, "first N characters only"),
+        ("--seq-len", int, 32, "context of both models (32)"),
+        ("--d-model", int, 64, "width of both models (64)"),
+        ("--n-layers", int, 2, "blocks of both models (2)"),
+        ("--n-heads", int, 4, "heads of both models (4)"),
+        ("--batch-size", int, 32, "examples per step (32)"),
+        ("--mask-prob", float, 0.15, "encoder's masking rate (BERT: 0.15)"),
+        ("--n-eval", int, 2000, "held-out characters scored (2000)"),
+        ("--device", None, "auto", "auto (default), cpu or cuda"),
+        ("--seed", int, 0, None),
+        ("--threads", int, None, "CPU threads (default torch's; 1 on a busy machine)"),
+        ("--overwrite", "store_true", None, "replace the results in --out"),
+        ("--no-progress", "store_true", None, "no progress bars"),
+    ])
+    # fmt: on
     e.set_defaults(func=_bidirectional)
 
 

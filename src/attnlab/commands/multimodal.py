@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from attnlab.commands.flags import add_command, add_flags
 from attnlab.errors import UserError
 
 CAPTION_KINDS = ("caption_lstm", "caption_transformer")
@@ -78,64 +79,70 @@ def register(groups) -> None:
     )
     p.set_defaults(func=_run_train_vqa)
 
-    c = groups["top"].add_parser(
-        "caption",
-        help="caption an image with a trained captioner",
-        description="Print a caption for scene images (PNGs of the training size, e.g. from "
-        "'attnlab scene'); all images are captioned as one batch.",
-    )
-    c.add_argument("run_dir", help="a run of 'attnlab train caption'")
-    c.add_argument("image", nargs="+", help="image file(s) of the size the model was trained on")
-    c.add_argument("--beam", type=int, default=1, help="beam width (1 = greedy)")
-    c.add_argument(
-        "--attention",
-        metavar="PNG",
-        help="transformer: write per-word cross-attention maps of the first image",
-    )
-    c.add_argument("--weights", choices=["best", "last"], default="best", help=WEIGHTS_HELP)
-    c.set_defaults(func=_run_caption)
-
-    a = groups["top"].add_parser(
-        "ask",
-        help="ask a trained VQA model a question about an image",
-        description="Answer a question about a scene image. Words outside the model's "
-        "vocabulary are reported and read as <unk>.",
-    )
-    a.add_argument("run_dir", help="a run of 'attnlab train vqa'")
-    a.add_argument("image", help="image file of the size the model was trained on")
-    a.add_argument("question", help='e.g. "what colour is the circle?"')
-    a.add_argument(
-        "--top",
-        type=int,
-        default=3,
-        help="also show the N most likely answers with probabilities on stderr (default 3)",
-    )
-    a.add_argument("--weights", choices=["best", "last"], default="best", help=WEIGHTS_HELP)
-    a.set_defaults(func=_run_ask)
-
-    s = groups["top"].add_parser(
-        "scene",
-        help="write sample generated scenes with their captions and questions",
-        description="Write scene_K.png (and an 8x enlarged copy), plus scene_K.json / .txt "
-        "with the objects, reference captions and every question with its answer.",
-    )
-    s.add_argument("--out", required=True, help="output directory (files in it are replaced)")
-    s.add_argument("--n", type=int, default=1, help="how many scenes (default 1)")
-    s.add_argument(
-        "--split",
-        choices=["train", "val", "unseen"],
-        default="val",
-        help="unseen: every scene holds a held-out colour-shape combination (default val)",
-    )
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--image-size", type=int, default=32, help="side in pixels (default 32)")
-    s.set_defaults(func=_run_scene)
+    for spec in _use_commands():
+        add_command(groups["top"], **spec)
 
     register_experiments(groups["experiment"])
     for kind in CAPTION_KINDS:
         register_evaluator(kind, _run_eval_caption)
     for kind in VQA_KINDS:
         register_evaluator(kind, _run_eval_vqa)
+
+
+# fmt: off
+def _use_commands() -> list[dict]:
+    """``attnlab caption``, ``ask`` and ``scene``: their words, flag tables and runners."""
+    return [
+        {
+            "name": "caption",
+            "help": "caption an image with a trained captioner",
+            "description": "Print a caption for scene images (PNGs of the training size, e.g. "
+            "from 'attnlab scene'); all images are captioned as one batch.",
+            "flags": [
+                ("run_dir", None, None, "a run of 'attnlab train caption'"),
+                ("image", None, None, "image file(s) of the size the model was trained on",
+                 {"nargs": "+"}),
+                ("--beam", int, 1, "beam width (1 = greedy)"),
+                ("--attention", None, None,
+                 "transformer: write per-word cross-attention maps of the first image",
+                 {"metavar": "PNG"}),
+                ("--weights", ["best", "last"], "best", WEIGHTS_HELP),
+            ],
+            "func": _run_caption,
+        },
+        {
+            "name": "ask",
+            "help": "ask a trained VQA model a question about an image",
+            "description": "Answer a question about a scene image. Words outside the model's "
+            "vocabulary are reported and read as <unk>.",
+            "flags": [
+                ("run_dir", None, None, "a run of 'attnlab train vqa'"),
+                ("image", None, None, "image file of the size the model was trained on"),
+                ("question", None, None, 'e.g. "what colour is the circle?"'),
+                ("--top", int, 3,
+                 "also show the N most likely answers with probabilities on stderr (default 3)"),
+                ("--weights", ["best", "last"], "best", WEIGHTS_HELP),
+            ],
+            "func": _run_ask,
+        },
+        {
+            "name": "scene",
+            "help": "write sample generated scenes with their captions and questions",
+            "description": "Write scene_K.png (and an 8x enlarged copy), plus scene_K.json / "
+            ".txt with the objects, reference captions and every question with its answer.",
+            "flags": [
+                ("--out", None, None, "output directory (files in it are replaced)",
+                 {"required": True}),
+                ("--n", int, 1, "how many scenes (default 1)"),
+                ("--split", ["train", "val", "unseen"], "val",
+                 "unseen: every scene holds a held-out colour-shape combination (default val)"),
+                ("--seed", int, 0, None),
+                ("--image-size", int, 32, "side in pixels (default 32)"),
+            ],
+            "func": _run_scene,
+        },
+    ]
+# fmt: on
 
 
 def _train_parser(groups, name, *, help, description, models, default, lr, extra=None):
@@ -147,15 +154,15 @@ def _train_parser(groups, name, *, help, description, models, default, lr, extra
     p = groups["train"].add_parser(name, help=help, description=description)
     p.add_argument("--model", choices=models, default=default, help="default %(default)s")
     d = p.add_argument_group("data")
-    d.add_argument("--image-size", type=int, default=32, help="scene side in pixels (default 32)")
-    d.add_argument("--n-train", type=int, default=4000, help="training scenes (default 4000)")
-    d.add_argument("--n-val", type=int, default=300, help="validation scenes (default 300)")
-    d.add_argument(
-        "--colour-bias",
-        type=float,
-        default=0.3,
-        help="chance an object takes its shape's favourite colour (language prior; default 0.3)",
-    )
+    # fmt: off
+    add_flags(d, [
+        ("--image-size", int, 32, "scene side in pixels (default 32)"),
+        ("--n-train", int, 4000, "training scenes (default 4000)"),
+        ("--n-val", int, 300, "validation scenes (default 300)"),
+        ("--colour-bias", float, 0.3,
+         "chance an object takes its shape's favourite colour (language prior; default 0.3)"),
+    ])
+    # fmt: on
     m = p.add_argument_group("model")
     m.add_argument(
         "--preset", choices=PRESETS, default="tiny", help="model size (default tiny: CPU minutes)"
@@ -175,24 +182,17 @@ def _train_parser(groups, name, *, help, description, models, default, lr, extra
 
 
 def _caption_model_args(m) -> None:
-    m.add_argument(
-        "--features",
-        choices=["penultimate", "logits"],
-        default="penultimate",
-        help="--model lstm only: start the LSTM from the encoder's penultimate features "
-        "(default) or from its class logits",
-    )
-    m.add_argument(
-        "--freeze-encoder",
-        action="store_true",
-        help="train only the decoder (use with --pretrain-steps)",
-    )
-    m.add_argument(
-        "--pretrain-steps",
-        type=int,
-        default=0,
-        help="first train the encoder as a majority-shape classifier for N steps (default 0)",
-    )
+    # fmt: off
+    add_flags(m, [
+        ("--features", ["penultimate", "logits"], "penultimate",
+         "--model lstm only: start the LSTM from the encoder's penultimate features (default) or "
+         "from its class logits"),
+        ("--freeze-encoder", "store_true", None,
+         "train only the decoder (use with --pretrain-steps)"),
+        ("--pretrain-steps", int, 0,
+         "first train the encoder as a majority-shape classifier for N steps (default 0)"),
+    ])
+    # fmt: on
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.commands.flags import add_flags
+
 PRESETS = ("tiny", "small")
 
 
@@ -17,26 +19,21 @@ def register_experiments(experiments) -> None:
 
     def exp_args(name, help, out, n_train, func):
         e = experiments.add_parser(name, help=help)
-        e.add_argument("--out", default=out, help="output directory (default %(default)s)")
-        e.add_argument("--steps", type=int, default=800, help="steps per model (default 800)")
-        e.add_argument(
-            "--max-time",
-            type=float,
-            default=None,
-            metavar="SECONDS",
-            help="seconds of training per model (overrides --steps)",
-        )
-        e.add_argument("--batch-size", type=int, default=64, help="default %(default)s")
-        e.add_argument(
-            "--n-train", type=int, default=n_train, help="training scenes (default %(default)s)"
-        )
-        e.add_argument("--preset", choices=PRESETS, default="tiny", help="model size")
-        e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-        e.add_argument("--seed", type=int, default=0)
-        e.add_argument(
-            "--overwrite", action="store_true", help="replace the runs of an earlier --out"
-        )
-        e.add_argument("--no-progress", dest="progress", action="store_false")
+        # fmt: off
+        add_flags(e, [
+            ("--out", None, out, "output directory (default %(default)s)"),
+            ("--steps", int, 800, "steps per model (default 800)"),
+            ("--max-time", float, None,
+             "seconds of training per model (overrides --steps)", {"metavar": "SECONDS"}),
+            ("--batch-size", int, 64, "default %(default)s"),
+            ("--n-train", int, n_train, "training scenes (default %(default)s)"),
+            ("--preset", PRESETS, "tiny", "model size"),
+            ("--device", None, "auto", "auto, cpu, cuda or cuda:N"),
+            ("--seed", int, 0, None),
+            ("--overwrite", "store_true", None, "replace the runs of an earlier --out"),
+            ("--no-progress", "store_false", None, None, {"dest": "progress"}),
+        ])
+        # fmt: on
         e.set_defaults(func=func)
         return e
 
@@ -71,55 +68,41 @@ def register_experiments(experiments) -> None:
         2000,
         _run_caption_features,
     )
-    e.add_argument(
-        "--pretrain-steps",
-        type=int,
-        default=300,
-        help="steps training the classifier before it is frozen (default 300)",
-    )
-    e.add_argument("--n-eval", type=int, default=200, help="val scenes captioned")
-    e.add_argument(
-        "--encoder-width",
-        type=int,
-        default=64,
-        help="classifier width = penultimate feature size (default 64)",
-    )
-
-
-def _exp_common(args) -> dict:
-    keys = ("out", "steps", "max_time", "batch_size", "preset", "device", "seed", "overwrite")
-    return {k: getattr(args, k) for k in keys + ("progress", "n_train")}
+    # fmt: off
+    add_flags(e, [
+        ("--pretrain-steps", int, 300,
+         "steps training the classifier before it is frozen (default 300)"),
+        ("--n-eval", int, 200, "val scenes captioned"),
+        ("--encoder-width", int, 64, "classifier width = penultimate feature size (default 64)"),
+    ])
+    # fmt: on
 
 
 def _run_vqa_bias(args: argparse.Namespace) -> int:
+    from attnlab.commands.config_args import from_args
     from attnlab.experiments import vqa_bias
 
-    cfg = vqa_bias.VQABiasConfig(
-        models=args.models, colour_bias=args.colour_bias, **_exp_common(args)
-    )
+    cfg = from_args(vqa_bias.VQABiasConfig, args)
     print("VQA accuracy (%) per question type, same budget per model\n")
     print(vqa_bias.format_table(vqa_bias.run(cfg)))
     return 0
 
 
 def _run_caption_retrieval(args: argparse.Namespace) -> int:
+    from attnlab.commands.config_args import from_args
     from attnlab.experiments import caption_retrieval as cr
 
-    cfg = cr.CaptionRetrievalConfig(beam_size=args.beam, n_eval=args.n_eval, **_exp_common(args))
+    cfg = from_args(cr.CaptionRetrievalConfig, args, beam_size=args.beam)
     print("Captioners: composition vs retrieval\n")
     print(cr.format_table(cr.run(cfg)))
     return 0
 
 
 def _run_caption_features(args: argparse.Namespace) -> int:
+    from attnlab.commands.config_args import from_args
     from attnlab.experiments import caption_features as cf
 
-    cfg = cf.CaptionFeaturesConfig(
-        pretrain_steps=args.pretrain_steps,
-        encoder_width=args.encoder_width,
-        n_eval=args.n_eval,
-        **_exp_common(args),
-    )
+    cfg = from_args(cf.CaptionFeaturesConfig, args)
     print("CNN+LSTM captioner from a frozen classifier: logits vs penultimate features\n")
     print(cf.format_table(cf.run(cfg)))
     return 0

@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from attnlab.commands.flags import add_command, add_flags, at_least_one
 from attnlab.errors import UserError
 
 MODEL_KINDS = ("rnn", "rnn-attn", "transformer")
@@ -34,79 +35,40 @@ def register(groups) -> None:
         "Adam betas (0.9, 0.98); RNNs = cosine schedule, no smoothing.",
     )
     d = p.add_argument_group("data (a --resume reuses the run's data; these may only repeat it)")
-    d.add_argument(
-        "--task",
-        choices=["numbers", "dates", "tsv"],
-        default=None,
-        help="numbers (default): English number words -> --lang words; dates: human-written "
-        "dates -> ISO; tsv: your own source<TAB>target file (--data)",
-    )
-    d.add_argument(
-        "--lang", default=None, help="numbers: target language (it, fr, de, ...; default it)"
-    )
-    d.add_argument("--low", type=int, default=None, help="numbers: smallest number (default 0)")
-    d.add_argument(
-        "--high",
-        type=int,
-        default=None,
-        help="numbers: largest number; controls source length (default 999999)",
-    )
-    d.add_argument(
-        "--n-examples",
-        type=int,
-        default=None,
-        help="numbers/dates: pairs to generate (default 20000)",
-    )
-    d.add_argument("--data", help="tsv: path of the parallel file")
-    d.add_argument(
-        "--src-level",
-        choices=["word", "char", "bpe"],
-        default=None,
-        help="source vocabulary level (default per task: numbers word, dates char, tsv word)",
-    )
-    d.add_argument(
-        "--tgt-level",
-        choices=["word", "char", "bpe"],
-        default=None,
-        help="target vocabulary level (default per task: numbers bpe, dates char, tsv word)",
-    )
-    d.add_argument("--bpe-vocab", type=int, default=None, help="BPE vocabulary size (default 200)")
-    d.add_argument(
-        "--max-len",
-        type=int,
-        default=None,
-        help="drop pairs longer than this many tokens (default 64)",
-    )
-    d.add_argument(
-        "--keep-case",
-        dest="lowercase",
-        action="store_false",
-        default=None,
-        help="do not lower-case the text",
-    )
+    # fmt: off
+    add_flags(d, [
+        ("--task", ["numbers", "dates", "tsv"], None,
+         "numbers (default): English number words -> --lang words; dates: human-written dates -> "
+         "ISO; tsv: your own source<TAB>target file (--data)"),
+        ("--lang", None, None, "numbers: target language (it, fr, de, ...; default it)"),
+        ("--low", int, None, "numbers: smallest number (default 0)"),
+        ("--high", int, None, "numbers: largest number; controls source length (default 999999)"),
+        ("--n-examples", int, None, "numbers/dates: pairs to generate (default 20000)"),
+        ("--data", None, None, "tsv: path of the parallel file"),
+        ("--src-level", ["word", "char", "bpe"], None,
+         "source vocabulary level (default per task: numbers word, dates char, tsv word)"),
+        ("--tgt-level", ["word", "char", "bpe"], None,
+         "target vocabulary level (default per task: numbers bpe, dates char, tsv word)"),
+        ("--bpe-vocab", int, None, "BPE vocabulary size (default 200)"),
+        ("--max-len", int, None, "drop pairs longer than this many tokens (default 64)"),
+        ("--keep-case", "store_false", None,
+         "do not lower-case the text", {"default": None, "dest": "lowercase"}),
+    ])
+    # fmt: on
     m = p.add_argument_group("model (a --resume reuses the run's model)")
-    m.add_argument(
-        "--model", choices=MODEL_KINDS, default=None, help="model kind (default transformer)"
-    )
-    m.add_argument(
-        "--preset",
-        default=None,
-        help="model size preset (transformer: tiny, small, vaswani, vaswani-big; "
-        "rnn: tiny, small, base; default: small)",
-    )
-    m.add_argument("--cell", choices=["gru", "lstm"], default=None, help="RNN cell (default gru)")
-    m.add_argument(
-        "--norm-position",
-        choices=["pre", "post"],
-        default=None,
-        help="transformer: post-norm (paper, default) or pre-norm",
-    )
-    m.add_argument(
-        "--position",
-        choices=["sinusoidal", "learned", "rope", "none"],
-        default=None,
-        help="transformer: positions (default sinusoidal)",
-    )
+    # fmt: off
+    add_flags(m, [
+        ("--model", MODEL_KINDS, None, "model kind (default transformer)"),
+        ("--preset", None, None,
+         "model size preset (transformer: tiny, small, vaswani, vaswani-big; rnn: tiny, small, "
+         "base; default: small)"),
+        ("--cell", ["gru", "lstm"], None, "RNN cell (default gru)"),
+        ("--norm-position", ["pre", "post"], None,
+         "transformer: post-norm (paper, default) or pre-norm"),
+        ("--position", ["sinusoidal", "learned", "rope", "none"], None,
+         "transformer: positions (default sinusoidal)"),
+    ])
+    # fmt: on
     add_train_args(
         p,
         steps=2000,
@@ -121,69 +83,58 @@ def register(groups) -> None:
     track_explicit(p)
     p.set_defaults(func=_run_train)
 
-    t = groups["top"].add_parser(
+    # fmt: off
+    add_command(
+        groups["top"],
         "translate",
         help="translate sentences with a trained run",
         description="Translate sentences (arguments or --file, one per line) with a run made by "
         "'attnlab train translate'; print one translation per line.",
+        func=_run_translate,
+        flags=[
+            ("run_dir", None, None, "run directory"),
+            ("text", None, None, "sentence(s) to translate", {"nargs": "*"}),
+            ("--file", None, None, "translate every non-empty line of this file ('-' = stdin)"),
+            ("--beam", int, 1, "beam width (1 = greedy; default 1)"),
+            ("--alpha", float, 0.6,
+             "length penalty exponent for beam search (default 0.6; 0 = none)"),
+            ("--attention", None, None,
+             "write the alignment heatmap of the (single) sentence to PNG "
+             "(transformer: head average of --layer, plus PNG-stem.layerN.png per layer)",
+             {"metavar": "PNG"}),
+            ("--layer", int, -1, "transformer: layer for --attention"),
+            ("--weights", ["best", "last"], "best", None),
+            ("--allow-unk", "store_true", None,
+             "translate sentences with unknown words instead of refusing"),
+            ("--batch-size", int, 64, None),
+            ("--scores", "store_true", None, "print the score after each line"),
+        ],
     )
-    t.add_argument("run_dir", help="run directory")
-    t.add_argument("text", nargs="*", help="sentence(s) to translate")
-    t.add_argument("--file", help="translate every non-empty line of this file ('-' = stdin)")
-    t.add_argument("--beam", type=int, default=1, help="beam width (1 = greedy; default 1)")
-    t.add_argument(
-        "--alpha",
-        type=float,
-        default=0.6,
-        help="length penalty exponent for beam search (default 0.6; 0 = none)",
-    )
-    t.add_argument(
-        "--attention",
-        metavar="PNG",
-        help="write the alignment heatmap of the (single) sentence to PNG "
-        "(transformer: head average of --layer, plus PNG-stem.layerN.png per layer)",
-    )
-    t.add_argument("--layer", type=int, default=-1, help="transformer: layer for --attention")
-    t.add_argument("--weights", choices=["best", "last"], default="best")
-    t.add_argument(
-        "--allow-unk",
-        action="store_true",
-        help="translate sentences with unknown words instead of refusing",
-    )
-    t.add_argument("--batch-size", type=int, default=64)
-    t.add_argument("--scores", action="store_true", help="print the score after each line")
-    t.set_defaults(func=_run_translate)
-
-    e = groups["experiment"].add_parser(
+    add_command(
+        groups["experiment"],
         "bottleneck",
         help="fixed-context RNN vs RNN + attention vs Transformer by source length",
         description="Train rnn, rnn-attn and transformer on the numbers task with the same "
         "budget; report exact match and BLEU by source length (table + plot).",
+        func=_run_bottleneck,
+        flags=[
+            ("--out", None, "runs/bottleneck", "output directory"),
+            ("--lang", None, "it", None),
+            ("--high", int, 10**15 - 1,
+             "largest number (sets the longest source: 29 words for the default 10^15 - 1)"),
+            ("--rnn-preset", None, "tiny", "size of both RNNs (default tiny)"),
+            ("--transformer-preset", None, "tiny", None),
+            ("--n-examples", int, 30_000, None),
+            ("--max-time", float, None, "seconds of training per model (default: use --steps)"),
+            ("--steps", int, 1500, "steps per model (default 1500)"),
+            ("--batch-size", int, 64, None),
+            ("--device", None, "auto", None),
+            ("--seed", int, 0, None),
+            ("--overwrite", "store_true", None, None),
+            ("--no-progress", "store_false", None, None, {"dest": "progress"}),
+        ],
     )
-    e.add_argument("--out", default="runs/bottleneck", help="output directory")
-    e.add_argument("--lang", default="it")
-    e.add_argument(
-        "--high",
-        type=int,
-        default=10**15 - 1,
-        help="largest number (sets the longest source: 29 words for the default 10^15 - 1)",
-    )
-    e.add_argument("--rnn-preset", default="tiny", help="size of both RNNs (default tiny)")
-    e.add_argument("--transformer-preset", default="tiny")
-    e.add_argument("--n-examples", type=int, default=30_000)
-    e.add_argument(
-        "--max-time",
-        type=float,
-        default=None,
-        help="seconds of training per model (default: use --steps)",
-    )
-    e.add_argument("--steps", type=int, default=1500, help="steps per model (default 1500)")
-    e.add_argument("--batch-size", type=int, default=64)
-    e.add_argument("--device", default="auto")
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--overwrite", action="store_true")
-    e.add_argument("--no-progress", dest="progress", action="store_false")
-    e.set_defaults(func=_run_bottleneck)
+    # fmt: on
 
     for kind in MODEL_KINDS:
         register_evaluator(kind, _run_eval)
@@ -319,6 +270,7 @@ def _check_resume(args: argparse.Namespace, kind: str, saved: dict, changes: dic
     Args:
         changes: the settings typed now (flags and ``--set``), by section.
     """
+    from attnlab.commands.config_args import refuse_resume_changes
     from attnlab.config.translation import TranslationTaskConfig
     from attnlab.models.registry import get_kind
     from attnlab.models.translation import translation_config
@@ -351,12 +303,7 @@ def _check_resume(args: argparse.Namespace, kind: str, saved: dict, changes: dic
         keys = wanted if preset is not None else options
         for key in sorted(k for k in keys if wanted[k] != saved_model.get(k)):
             diffs.append(f"model {key}={wanted[key]!r} (the run has {saved_model.get(key)!r})")
-    if diffs:
-        raise UserError(
-            f"--resume continues {args.out} as it was configured, but "
-            + "; ".join(diffs)
-            + ". Drop these options, or start a new run (another --out, or --overwrite)"
-        )
+    refuse_resume_changes(args.out, diffs)
 
 
 def _load(run_dir: str, weights: str):
@@ -390,10 +337,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     from attnlab.data.translation.vocab import UnknownTokens
     from attnlab.metrics.translation import translate_texts
 
-    if args.beam < 1:
-        raise UserError(f"--beam must be at least 1, got {args.beam}")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
+    at_least_one(args, "beam", "batch_size")
     texts = _read_inputs(args)
     if args.attention and len(texts) != 1:
         raise UserError(f"--attention draws one sentence; got {len(texts)}")
@@ -449,10 +393,7 @@ def _run_eval(args: argparse.Namespace) -> int:
     from attnlab.metrics.translation import evaluate_pairs
     from attnlab.tasks.translation import HELDOUT_FILE
 
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be at least 1, got {args.batch_size}")
-    if args.max_batches is not None and args.max_batches < 1:
-        raise UserError(f"--max-batches must be at least 1, got {args.max_batches}")
+    at_least_one(args, "batch_size", "max_batches")
     model, vocabs = _load(args.run_dir, args.weights)
     path = Path(args.run_dir) / HELDOUT_FILE
     pairs = read_tsv(path)
@@ -468,22 +409,10 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 def _run_bottleneck(args: argparse.Namespace) -> int:
+    from attnlab.commands.config_args import from_args
     from attnlab.experiments.bottleneck import BottleneckConfig, format_table, run_bottleneck
 
-    cfg = BottleneckConfig(
-        lang=args.lang,
-        high=args.high,
-        n_examples=args.n_examples,
-        rnn_preset=args.rnn_preset,
-        transformer_preset=args.transformer_preset,
-        steps=args.steps,
-        max_time=args.max_time,
-        batch_size=args.batch_size,
-        device=args.device,
-        seed=args.seed,
-        progress=args.progress,
-    )
-    result = run_bottleneck(cfg, args.out, overwrite=args.overwrite)
+    result = run_bottleneck(from_args(BottleneckConfig, args), args.out, overwrite=args.overwrite)
     print(format_table(result))
     print(f"\n{result['summary']}")
     print(f"table, plot and results.json in {args.out}")

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from attnlab.commands.flags import add_flags, at_least_one
 from attnlab.commands.image_samples import add_samples_parser
 from attnlab.errors import RunDirError, UserError
 
@@ -177,8 +178,7 @@ def _classify(args: argparse.Namespace) -> int:
     from attnlab.data.images import read_image
     from attnlab.runs import load
 
-    if args.top_k < 1:
-        raise UserError(f"--top-k must be at least 1, got {args.top_k}")
+    at_least_one(args, "top_k")
     model, settings = run = load(args.run_dir, weights=args.weights, kinds=VISION_KINDS)
     if args.attention and run.kind != "vit":
         raise UserError(f"--attention draws ViT class-token attention; this run is {run.kind!r}")
@@ -242,8 +242,8 @@ def _model_overrides(items: list[str], flag: str) -> dict[str, Any]:
 
 
 def _inductive_bias(args: argparse.Namespace) -> int:
+    from attnlab.commands.config_args import from_args
     from attnlab.experiments.inductive_bias import (
-        DATA_FIELDS,
         InductiveBiasSettings,
         format_table,
         run_inductive_bias,
@@ -257,17 +257,13 @@ def _inductive_bias(args: argparse.Namespace) -> int:
             f"--fractions/--seeds must be comma-separated numbers, got "
             f"{args.fractions!r} / {args.seeds!r}"
         ) from None
-    settings = InductiveBiasSettings(
-        **{name: getattr(args, name) for name in DATA_FIELDS},
+    settings = from_args(
+        InductiveBiasSettings,
+        args,
         fractions=fractions,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        warmup=args.warmup,
         seeds=seeds,
         vit=_model_overrides(args.vit_set, "--vit-set"),
         cnn=_model_overrides(args.cnn_set, "--cnn-set"),
-        device=args.device,
     )
     result = run_inductive_bias(
         settings, args.out, progress=not args.no_progress, overwrite=args.overwrite
@@ -286,46 +282,23 @@ def _inductive_bias(args: argparse.Namespace) -> int:
 
 def _add_data_args(p: argparse.ArgumentParser, *, default: str = "digits") -> None:
     g = p.add_argument_group("data")
-    g.add_argument(
-        "--data",
-        choices=DATA_CHOICES,
-        default=default,
-        help="digits: scikit-learn's 8×8 digits; shapes: generated coloured shapes; "
-        "folder: class sub-folders of images; cifar10 / mnist: files you downloaded "
-        "(default: %(default)s)",
-    )
-    g.add_argument(
-        "--data-path",
-        default=None,
-        metavar="PATH",
-        help="folder / CIFAR-10 batches / MNIST IDX files location",
-    )
-    g.add_argument(
-        "--image-size",
-        type=int,
-        default=None,
-        help="square side in pixels: folder images are resized to it (default 32), shapes are "
-        "drawn at it (default 32), digits/cifar10/mnist keep their size unless it is given",
-    )
-    g.add_argument(
-        "--channels",
-        type=int,
-        choices=(1, 3),
-        default=3,
-        help="channels for folder images (default: %(default)s)",
-    )
-    g.add_argument(
-        "--shapes-n",
-        type=int,
-        default=3000,
-        help="number of generated shapes (default: %(default)s)",
-    )
-    g.add_argument(
-        "--shapes-label",
-        choices=("shape", "colour", "both"),
-        default="shape",
-        help="what a shapes class is (default: %(default)s)",
-    )
+    # fmt: off
+    add_flags(g, [
+        ("--data", DATA_CHOICES, default,
+         "digits: scikit-learn's 8×8 digits; shapes: generated coloured shapes; folder: class "
+         "sub-folders of images; cifar10 / mnist: files you downloaded (default: %(default)s)"),
+        ("--data-path", None, None,
+         "folder / CIFAR-10 batches / MNIST IDX files location", {"metavar": "PATH"}),
+        ("--image-size", int, None,
+         "square side in pixels: folder images are resized to it (default 32), shapes are drawn "
+         "at it (default 32), digits/cifar10/mnist keep their size unless it is given"),
+        ("--channels", (1, 3), 3,
+         "channels for folder images (default: %(default)s)", {"type": int}),
+        ("--shapes-n", int, 3000, "number of generated shapes (default: %(default)s)"),
+        ("--shapes-label", ("shape", "colour", "both"), "shape",
+         "what a shapes class is (default: %(default)s)"),
+    ])
+    # fmt: on
 
 
 def _add_train_image(groups) -> None:
@@ -343,32 +316,22 @@ def _add_train_image(groups) -> None:
     )
     _add_data_args(p)
     g = p.add_argument_group("model")
-    g.add_argument(
-        "--model",
-        choices=VISION_KINDS,
-        default="vit",
-        help="architecture (default: %(default)s, or the kind in --config)",
-    )
-    g.add_argument(
-        "--preset", default=None, help="model preset (default: tiny for ≤16 px images, small above)"
-    )
-    g.add_argument("--patch-size", type=int, default=None, help="ViT/Swin patch size")
-    g.add_argument("--window-size", type=int, default=None, help="Swin window size")
-    g.add_argument("--pooling", choices=("cls", "mean"), default=None, help="ViT pooling")
-    g.add_argument("--position", choices=("learned", "sincos"), default=None, help="ViT positions")
-    g.add_argument(
-        "--train-fraction",
-        type=float,
-        default=1.0,
-        help="use this share of the training split (default: %(default)s)",
-    )
-    g.add_argument(
-        "--augment",
-        choices=tuple(AUGMENT),
-        default=None,
-        help="random crop (+ flips where they keep the class); auto = on for "
-        "images of 16 px or more (default: auto)",
-    )
+    # fmt: off
+    add_flags(g, [
+        ("--model", VISION_KINDS, "vit",
+         "architecture (default: %(default)s, or the kind in --config)"),
+        ("--preset", None, None, "model preset (default: tiny for ≤16 px images, small above)"),
+        ("--patch-size", int, None, "ViT/Swin patch size"),
+        ("--window-size", int, None, "Swin window size"),
+        ("--pooling", ("cls", "mean"), None, "ViT pooling"),
+        ("--position", ("learned", "sincos"), None, "ViT positions"),
+        ("--train-fraction", float, 1.0,
+         "use this share of the training split (default: %(default)s)"),
+        ("--augment", tuple(AUGMENT), None,
+         "random crop (+ flips where they keep the class); auto = on for images of 16 px or more "
+         "(default: auto)"),
+    ])
+    # fmt: on
     add_train_args(
         p, steps=300, batch_size=64, lr=1e-3, warmup=30, eval_every=100, weight_decay=0.05
     )
@@ -387,25 +350,21 @@ def _add_classify(groups) -> None:
         "the opposite brightness gets a notice (--invert classifies its negative). "
         "'attnlab samples RUN' writes test images the run never trained on.",
     )
-    c.add_argument("run_dir", help="run directory written by 'attnlab train image'")
-    c.add_argument("image", help="image file (PNG, JPEG, ...)")
-    c.add_argument("--top-k", type=int, default=5, help="classes to show (default: %(default)s)")
-    c.add_argument("--weights", choices=("best", "last"), default="best")
-    c.add_argument(
-        "--no-resize", action="store_true", help="refuse images whose size differs from the model's"
-    )
-    c.add_argument(
-        "--invert",
-        action="store_true",
-        help="classify the negative (1 - pixel): a dark drawing on white for a model of white "
-        "strokes on black, such as digits",
-    )
-    c.add_argument(
-        "--attention",
-        default=None,
-        metavar="PNG",
-        help="ViT only: write class-token attention and attention rollout overlaid on the image",
-    )
+    # fmt: off
+    add_flags(c, [
+        ("run_dir", None, None, "run directory written by 'attnlab train image'"),
+        ("image", None, None, "image file (PNG, JPEG, ...)"),
+        ("--top-k", int, 5, "classes to show (default: %(default)s)"),
+        ("--weights", ("best", "last"), "best", None),
+        ("--no-resize", "store_true", None, "refuse images whose size differs from the model's"),
+        ("--invert", "store_true", None,
+         "classify the negative (1 - pixel): a dark drawing on white for a model of white "
+         "strokes on black, such as digits"),
+        ("--attention", None, None,
+         "ViT only: write class-token attention and attention rollout "
+         "overlaid on the image", {"metavar": "PNG"}),
+    ])
+    # fmt: on
     c.set_defaults(func=_classify)
 
 
@@ -417,26 +376,23 @@ def _add_inductive_bias(groups) -> None:
         "growing fractions of the training set and compare test accuracy (table + plot).",
     )
     _add_data_args(e)
-    e.add_argument(
-        "--fractions",
-        default="0.1,0.25,0.5,1",
-        help="comma-separated training-set fractions, ≥3 (default: %(default)s)",
-    )
-    e.add_argument("--seeds", default="0", help="comma-separated seeds (default: %(default)s)")
-    e.add_argument("--steps", type=int, default=300, help="steps per run (default: %(default)s)")
-    e.add_argument("--batch-size", type=int, default=64)
-    e.add_argument("--lr", type=float, default=1e-3)
-    e.add_argument("--warmup", type=int, default=30)
-    e.add_argument("--vit-set", action="append", default=[], metavar="KEY=VALUE")
-    e.add_argument("--cnn-set", action="append", default=[], metavar="KEY=VALUE")
-    e.add_argument("--device", default="auto")
-    e.add_argument("--no-progress", action="store_true")
-    e.add_argument(
-        "--out", default="runs/inductive-bias", help="output directory (default: %(default)s)"
-    )
-    e.add_argument(
-        "--overwrite", action="store_true", help="replace the results of an earlier sweep in --out"
-    )
+    # fmt: off
+    add_flags(e, [
+        ("--fractions", None, "0.1,0.25,0.5,1",
+         "comma-separated training-set fractions, ≥3 (default: %(default)s)"),
+        ("--seeds", None, "0", "comma-separated seeds (default: %(default)s)"),
+        ("--steps", int, 300, "steps per run (default: %(default)s)"),
+        ("--batch-size", int, 64, None),
+        ("--lr", float, 1e-3, None),
+        ("--warmup", int, 30, None),
+        ("--vit-set", "append", [], None, {"metavar": "KEY=VALUE"}),
+        ("--cnn-set", "append", [], None, {"metavar": "KEY=VALUE"}),
+        ("--device", None, "auto", None),
+        ("--no-progress", "store_true", None, None),
+        ("--out", None, "runs/inductive-bias", "output directory (default: %(default)s)"),
+        ("--overwrite", "store_true", None, "replace the results of an earlier sweep in --out"),
+    ])
+    # fmt: on
     e.set_defaults(func=_inductive_bias)
 
 

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from attnlab.errors import RunDirError, UserError
+from attnlab.experiments.training import train_settings
 from attnlab.fileio import atomic_write_text
 
 __all__ = ["BidirectionalConfig", "run_bidirectional", "inside_word_positions"]
@@ -203,7 +204,6 @@ def run_bidirectional(
 
 def _run(cfg: BidirectionalConfig, out: Path) -> dict[str, Any]:
     from attnlab.config import EncoderConfig, LMTaskConfig, MLMTaskConfig, ModelConfig
-    from attnlab.config.train import TrainConfig
     from attnlab.models.encoder import EncoderMLM
     from attnlab.models.lm import DecoderLM
     from attnlab.tasks.lm import LMTask
@@ -232,25 +232,15 @@ def _run(cfg: BidirectionalConfig, out: Path) -> dict[str, Any]:
     encoder = EncoderMLM(EncoderConfig(**block, vocab_size=tok.vocab_size, embed_norm=False))
     torch.manual_seed(cfg.seed)
     decoder = DecoderLM(ModelConfig(**block, vocab_size=lm_task.vocab_size, tie_embeddings=True))
-    common = dict(
-        batch_size=cfg.batch_size,
-        lr=cfg.lr,
-        warmup_frac=0.1,
-        eval_batches=8,
-        eval_every=10**9,  # validate once, at the end
-        log_every=50,
-        seed=cfg.seed,
-        device=cfg.device,
-        progress=cfg.progress,
-    )
+    common = dict(lr=cfg.lr, warmup_frac=0.1, eval_batches=8, log_every=50)
     if cfg.steps is not None:
-        enc_train = TrainConfig(steps=cfg.steps, **common)
+        enc_train = train_settings(cfg, steps=cfg.steps, **common)
     else:
-        enc_train = TrainConfig(max_time=0.45 * cfg.max_time, **common)
+        enc_train = train_settings(cfg, max_time=0.45 * cfg.max_time, **common)
     results: dict[str, dict[str, Any]] = {}
     r = train(encoder, mlm_task, enc_train, out / "encoder")
     results["encoder"] = dict(steps=r.steps, seconds=round(r.elapsed, 1), val_loss=r.val_loss)
-    dec_train = TrainConfig(steps=r.steps, **common)  # the decoder makes the same steps
+    dec_train = train_settings(cfg, steps=r.steps, **common)  # the decoder makes the same steps
     r = train(decoder, lm_task, dec_train, out / "decoder")
     results["decoder"] = dict(steps=r.steps, seconds=round(r.elapsed, 1), val_loss=r.val_loss)
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from attnlab.errors import RunDirError
+from attnlab.experiments.training import numbers_data, train_settings, translation_model
 
 __all__ = ["BottleneckConfig", "run_bottleneck", "format_table", "summarise"]
 
@@ -76,53 +77,30 @@ def run_bottleneck(cfg: BottleneckConfig, out_dir: str | Path, *, overwrite: boo
     Raises:
         RunDirError: ``out_dir`` already holds results and ``overwrite`` is not set.
     """
-    from attnlab.config.translation import TranslationTaskConfig
-    from attnlab.data.translation import build_data
     from attnlab.metrics.translation import evaluate_pairs
-    from attnlab.models.translation import build_translation_model
     from attnlab.tasks.translation import TranslationTask, train_defaults
-    from attnlab.train import TrainConfig, train
+    from attnlab.train import train
 
     out = Path(out_dir)
     if (out / "results.json").exists() and not overwrite:
         raise RunDirError(f"{out} already holds bottleneck results; pass --overwrite")
-    data = build_data(
-        TranslationTaskConfig(
-            task="numbers",
-            lang=cfg.lang,
-            low=cfg.low,
-            high=cfg.high,
-            n_examples=cfg.n_examples,
-            seed=cfg.seed,
-        )
-    )
+    data = numbers_data(cfg, low=cfg.low)
     test = data.splits["test"][: cfg.max_test]
     lengths = [len(s.split()) for s, _ in test]
     bucket_of = [_bucket(n, cfg.bucket_width) for n in lengths]
     buckets = sorted(set(bucket_of), key=lambda b: int(b.split("-")[0]))
     vocabs = data.vocabs()
-    max_seq = 2 * max(data.stats["max_src_len"], data.stats["max_tgt_len"]) + 16
     results: dict = {"config": asdict(cfg), "data": data.stats, "buckets": buckets, "models": {}}
     for kind in cfg.models:
         is_tf = kind == "transformer"
-        model = build_translation_model(
-            kind,
-            len(data.src_vocab),
-            len(data.tgt_vocab),
-            preset=cfg.transformer_preset if is_tf else cfg.rnn_preset,
-            max_seq_len=max_seq,
-        )
-        tcfg = TrainConfig(
+        model = translation_model(kind, data, cfg.transformer_preset if is_tf else cfg.rnn_preset)
+        tcfg = train_settings(
+            cfg,
             steps=cfg.steps,
             max_time=cfg.max_time,
-            batch_size=cfg.batch_size,
             lr=cfg.transformer_lr if is_tf else cfg.rnn_lr,
             warmup_steps=100 if is_tf else 20,
-            eval_every=10**9,
             eval_batches=5,
-            device=cfg.device,
-            seed=cfg.seed,
-            progress=cfg.progress,
             **train_defaults(kind),
         )
         task = TranslationTask(data, eval_examples=0)

@@ -211,13 +211,11 @@ class Table:
 
 def write_outputs(
     out: Path,
-    *,
     title: str,
     tables: Sequence[Table],
     results: dict,
     notes: str = "",
-    plot: Callable[[Path], Any] | None = None,
-    plot_name: str = "plot.png",
+    plot: tuple[Callable[[dict, Path], Any], str] | None = None,
 ) -> dict[str, Path]:
     """Write ``table.md``, ``results.json`` and the plot into ``out``.
 
@@ -227,8 +225,7 @@ def write_outputs(
         tables: the tables, in order (``results.json`` holds them under ``"tables"``).
         results: everything else worth keeping (settings, per-run numbers); JSON-serialisable.
         notes: Markdown after the tables (the budget, a one-line reading of the numbers).
-        plot: ``plot(path)`` draws the figure.
-        plot_name: the figure's file name.
+        plot: ``(draw, file name)``: ``draw(results, path)`` draws the figure.
 
     Returns:
         ``{"table": path, "results": path, "plot": path}`` (no ``plot`` without a plotter).
@@ -241,6 +238,7 @@ def write_outputs(
     atomic_write_text(out / RESULTS_FILE, json.dumps(payload, indent=2) + "\n")
     written = {"table": out / TABLE_FILE, "results": out / RESULTS_FILE}
     if plot is not None:
-        plot(out / plot_name)
-        written["plot"] = out / plot_name
+        draw, name = plot
+        draw(results, out / name)
+        written["plot"] = out / name
     return written

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.config.translation import ScheduledSamplingConfig, TranslationTaskConfig
+from attnlab.config.translation import ScheduledSamplingConfig
 from attnlab.experiments.common import (
     Budget,
     Table,
@@ -42,6 +42,7 @@ from attnlab.experiments.common import (
     warmup_within,
     write_outputs,
 )
+from attnlab.experiments.training import numbers_data, train_settings, translation_model
 
 __all__ = ["ExposureBiasConfig", "run_exposure_bias", "schedule_for", "DECAYS", "length_buckets"]
 
@@ -149,13 +150,12 @@ def run_exposure_bias(
         RunDirError: ``out_dir`` holds files and ``overwrite`` is not set.
         UserError: a bad setting (unknown model or decay, a budget too small...).
     """
-    from attnlab.data.translation import build_data
     from attnlab.errors import UserError
     from attnlab.metrics.exposure import prefix_losses
     from attnlab.metrics.translation import evaluate_pairs
-    from attnlab.models.translation import TRANSLATION_KINDS, build_translation_model
+    from attnlab.models.translation import TRANSLATION_KINDS
     from attnlab.tasks.translation import TranslationTask, train_defaults
-    from attnlab.train import TrainConfig, train
+    from attnlab.train import train
 
     for kind in cfg.models:
         if kind not in TRANSLATION_KINDS:
@@ -165,15 +165,11 @@ def run_exposure_bias(
             raise UserError(f"unknown decay {decay!r}; choose from {list(DECAYS)}")
     budget = Budget(cfg.max_time)
     out = prepare_out_dir(out_dir, overwrite=overwrite)
-    data_cfg = TranslationTaskConfig(
-        task="numbers", lang=cfg.lang, high=cfg.high, n_examples=cfg.n_examples, seed=cfg.seed
-    )
-    data = build_data(data_cfg)
+    data = numbers_data(cfg)
     vocabs = data.vocabs()
     test = data.splits["test"][: cfg.max_test]
     lengths = [len(vocabs.tgt.tokenize(t)) for _, t in test]
     buckets = length_buckets(lengths, cfg.n_length_buckets)
-    max_seq = 2 * max(data.stats["max_src_len"], data.stats["max_tgt_len"]) + 16
     reserve = cfg.reserve * cfg.max_time
     variants = (TEACHER_FORCING, *cfg.decays)
     n_runs = len(cfg.models) * len(variants)
@@ -186,24 +182,14 @@ def run_exposure_bias(
     for kind in cfg.models:
         is_tf = kind == "transformer"
         torch.manual_seed(cfg.seed)
-        init = build_translation_model(
-            kind,
-            len(data.src_vocab),
-            len(data.tgt_vocab),
-            preset=cfg.transformer_preset if is_tf else cfg.rnn_preset,
-            max_seq_len=max_seq,
-        )
+        init = translation_model(kind, data, cfg.transformer_preset if is_tf else cfg.rnn_preset)
         usual_warmup = 100 if is_tf else 20
-        tcfg = TrainConfig(
+        tcfg = train_settings(
+            cfg,
             steps=cfg.steps or 1,
-            batch_size=cfg.batch_size,
             lr=cfg.transformer_lr if is_tf else cfg.rnn_lr,
             warmup_steps=usual_warmup,
-            eval_every=10**9,
             eval_batches=5,
-            device=cfg.device,
-            seed=cfg.seed,
-            progress=cfg.progress,
             **train_defaults(kind),
         )
         if cfg.steps is None:  # seconds per step, to fit each decay to the run's length
@@ -278,14 +264,9 @@ def run_exposure_bias(
         f"same initial weights per model; whole experiment "
         f"{results['elapsed']:.0f} s.\n\n{results['summary']}"
     )
+    title = "Exposure bias: teacher forcing vs scheduled sampling"
     write_outputs(
-        out,
-        title="Exposure bias: teacher forcing vs scheduled sampling",
-        tables=[table],
-        results=results,
-        notes=notes,
-        plot=lambda p: plot_exposure_bias(results, p),
-        plot_name="exposure_bias.png",
+        out, title, [table], results, notes, plot=(plot_exposure_bias, "exposure_bias.png")
     )
     return results
 

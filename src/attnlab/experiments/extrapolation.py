@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,7 +37,8 @@ from attnlab.experiments.common import (
     warmup_within,
     write_outputs,
 )
-from attnlab.experiments.lm_runs import LMExperimentConfig
+from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results
+from attnlab.experiments.training import train_settings
 
 __all__ = [
     "ExtrapolationConfig",
@@ -158,7 +159,6 @@ def run_extrapolation(
     from attnlab.errors import UserError
     from attnlab.experiments.lm_runs import lm_model, lm_task, train_run
     from attnlab.layers.position import POSITION_KINDS
-    from attnlab.train import TrainConfig
 
     bad = [p for p in cfg.positions if p not in POSITION_KINDS]
     if not cfg.positions or bad:
@@ -188,17 +188,7 @@ def run_extrapolation(
             d_model=cfg.d_model,
         )
 
-    tcfg = TrainConfig(
-        steps=cfg.steps or 1,
-        batch_size=cfg.batch_size,
-        lr=cfg.lr,
-        eval_every=10**9,
-        eval_batches=0,
-        log_every=10,
-        device=cfg.device,
-        seed=cfg.seed,
-        progress=cfg.progress,
-    )
+    tcfg = train_settings(cfg, steps=cfg.steps or 1, lr=cfg.lr, eval_batches=0, log_every=10)
     if cfg.steps is None:  # one speed for all: the schemes cost nearly the same
         per_step = seconds_per_step(build(cfg.positions[0]), task, tcfg)
         share = budget.share(len(cfg.positions), reserve=cfg.reserve * cfg.max_time)
@@ -239,18 +229,8 @@ def run_extrapolation(
                 ),
             }
         )
-    results = {
-        "config": asdict(cfg),
-        "data": {
-            "corpus": cfg.data,
-            "vocab_size": task.vocab_size,
-            "n_tokens": task.n_tokens,
-            "eval_tokens": int(tgt.numel()),
-            "context": L,
-            "lengths": lengths,
-        },
-        "runs": runs,
-    }
+    data = {"eval_tokens": int(tgt.numel()), "context": L, "lengths": lengths}
+    results = lm_results(cfg, task, data=data, runs=runs)
     results["summary"] = summarise(results)
     results["elapsed"] = budget.elapsed()
     table = _table(results)
@@ -262,14 +242,9 @@ def run_extrapolation(
         f'windows, "within L" at positions 0…{L - 1} of the same windows. Whole experiment '
         f"{results['elapsed']:.0f} s.\n\n{results['summary']}"
     )
+    title = "Length extrapolation: trained at L, evaluated at L, 2L, 4L"
     write_outputs(
-        out,
-        title="Length extrapolation: trained at L, evaluated at L, 2L, 4L",
-        tables=[table],
-        results=results,
-        notes=notes,
-        plot=lambda p: plot_loss_by_position(results, p),
-        plot_name="loss_by_position.png",
+        out, title, [table], results, notes, plot=(plot_loss_by_position, "loss_by_position.png")
     )
     return results
 

@@ -147,16 +147,13 @@ def run_inductive_bias(
                 model = _build(kind, splits, settings.vit if kind == "vit" else settings.cnn)
                 params[kind] = sum(p.numel() for p in model.parameters())
                 task = ImageClassificationTask(splits, seed=seed, train_fraction=frac)
+                shared = ("steps", "batch_size", "lr", "weight_decay", "device")
                 cfg = TrainConfig(
-                    steps=settings.steps,
-                    batch_size=settings.batch_size,
-                    lr=settings.lr,
+                    **{name: getattr(settings, name) for name in shared},
                     warmup_steps=settings.warmup,
-                    weight_decay=settings.weight_decay,
                     eval_every=settings.steps,
                     eval_batches=4,
                     seed=seed,
-                    device=settings.device,
                     progress=progress,
                 )
                 t = time.perf_counter()

@@ -34,6 +34,7 @@ from attnlab.experiments.common import (
     warmup_within,
     write_outputs,
 )
+from attnlab.experiments.training import numbers_data, train_settings, translation_model
 
 __all__ = ["LabelSmoothingConfig", "run_label_smoothing"]
 
@@ -93,8 +94,6 @@ def run_label_smoothing(
         RunDirError: ``out_dir`` holds files and ``overwrite`` is not set.
         UserError: a bad setting.
     """
-    from attnlab.config.translation import TranslationTaskConfig
-    from attnlab.data.translation import build_data
     from attnlab.errors import UserError
     from attnlab.metrics.calibration import (
         confidences,
@@ -102,9 +101,8 @@ def run_label_smoothing(
         reliability_bins,
     )
     from attnlab.metrics.translation import evaluate_pairs, teacher_forced_tokens
-    from attnlab.models.translation import build_translation_model
     from attnlab.tasks.translation import TranslationTask, train_defaults
-    from attnlab.train import TrainConfig, train
+    from attnlab.train import train
 
     if not cfg.epsilons or not all(0.0 <= e < 1.0 for e in cfg.epsilons):
         raise UserError(f"label smoothing values must lie in [0, 1), got {cfg.epsilons}")
@@ -112,39 +110,22 @@ def run_label_smoothing(
     out = prepare_out_dir(out_dir, overwrite=overwrite)
     if not 0 < cfg.held_out < 1:
         raise UserError(f"the held-out fraction must lie in (0, 1), got {cfg.held_out}")
-    data = build_data(
-        TranslationTaskConfig(
-            task="numbers",
-            lang=cfg.lang,
-            high=cfg.high,
-            n_examples=cfg.n_examples,
-            val_frac=cfg.held_out / 2,
-            test_frac=cfg.held_out / 2,
-            seed=cfg.seed,
-        )
-    )
+    data = numbers_data(cfg, val_frac=cfg.held_out / 2, test_frac=cfg.held_out / 2)
     vocabs = data.vocabs()
     test = data.splits["test"][: cfg.max_test]
-    max_seq = 2 * max(data.stats["max_src_len"], data.stats["max_tgt_len"]) + 16
     torch.manual_seed(cfg.seed)
-    init = build_translation_model(
-        cfg.model, len(data.src_vocab), len(data.tgt_vocab), preset=cfg.preset, max_seq_len=max_seq
-    )
+    init = translation_model(cfg.model, data, cfg.preset)
     defaults = train_defaults(cfg.model)
     usual_warmup = 100 if cfg.model == "transformer" else 20
-    tcfg = TrainConfig(
+    tcfg = train_settings(
+        cfg,
         **{
             **defaults,
             "steps": cfg.steps or 1,
-            "batch_size": cfg.batch_size,
             "lr": cfg.lr,
             "warmup_steps": usual_warmup,
-            "eval_every": 10**9,
             "eval_batches": 5,
-            "device": cfg.device,
-            "seed": cfg.seed,
-            "progress": cfg.progress,
-        }
+        },
     )
     task = TranslationTask(data, eval_examples=0)
     per_step = seconds_per_step(init, task, tcfg) if cfg.steps is None else 0.0
@@ -207,15 +188,8 @@ def run_label_smoothing(
         f"ECE over {cfg.n_bins} bins); exact match is greedy, per sentence. Whole experiment "
         f"{results['elapsed']:.0f} s.\n\n{results['summary']}"
     )
-    write_outputs(
-        out,
-        title="Label smoothing: accuracy, NLL and calibration",
-        tables=[table],
-        results=results,
-        notes=notes,
-        plot=lambda p: _plot(results, p),
-        plot_name="reliability.png",
-    )
+    title = "Label smoothing: accuracy, NLL and calibration"
+    write_outputs(out, title, [table], results, notes, plot=(_plot, "reliability.png"))
     return results
 
 

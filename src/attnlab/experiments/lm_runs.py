@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "lm_results",
     "LMExperimentConfig",
     "lm_task",
     "lm_model",
@@ -100,6 +101,13 @@ def lm_model(preset: str, vocab_size: int, *, seed: int, **overrides: Any) -> nn
     cfg = ModelConfig.preset(preset, vocab_size=vocab_size, dropout=0.0, **overrides)
     torch.manual_seed(seed)
     return DecoderLM(cfg)
+
+
+def lm_results(cfg: Any, task: Any, *, data: dict | None = None, **parts: Any) -> dict:
+    """The start of a language-model experiment's ``results.json``: its settings, the corpus
+    (name, vocabulary, token counts, plus ``data``) and ``parts`` (steps, runs...)."""
+    corpus = {"corpus": cfg.data, "vocab_size": task.vocab_size, "n_tokens": task.n_tokens}
+    return {"config": asdict(cfg), "data": {**corpus, **(data or {})}, **parts}
 
 
 def _read_history(run_dir: Path) -> list[dict]:

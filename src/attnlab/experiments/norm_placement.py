@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.experiments.common import (
@@ -31,7 +31,8 @@ from attnlab.experiments.common import (
     steps_within,
     write_outputs,
 )
-from attnlab.experiments.lm_runs import LMExperimentConfig
+from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results
+from attnlab.experiments.training import train_settings
 
 __all__ = ["NormPlacementConfig", "run_norm_placement", "init_grad_norms", "NORMS"]
 
@@ -83,7 +84,6 @@ def run_norm_placement(
     """
     from attnlab.errors import UserError
     from attnlab.experiments.lm_runs import DIVERGED_MEANS, lm_model, lm_task, train_run
-    from attnlab.train import TrainConfig
 
     if not cfg.depths or any(d < 1 for d in cfg.depths):
         raise UserError(f"depths must be positive layer counts, got {cfg.depths}")
@@ -113,19 +113,15 @@ def run_norm_placement(
         for d in depths
         for norm in NORMS
     ]
-    tcfg = TrainConfig(
+    tcfg = train_settings(
+        cfg,
         steps=cfg.steps or 1,
-        batch_size=cfg.batch_size,
         lr=cfg.lr,
         schedule="constant",
         warmup_steps=0,
         grad_clip=None,  # clipping would hide the instability measured here
-        eval_every=10**9,
         eval_batches=0,
         log_every=1,
-        device=cfg.device,
-        seed=cfg.seed,
-        progress=cfg.progress,
     )
     if cfg.steps is None:  # every run the same steps; a step costs a + b·depth (two probes)
         cost = {}
@@ -153,13 +149,7 @@ def run_norm_placement(
                 run_cfg = tcfg.replace(steps=steps, warmup_steps=w)
                 res = train_run(model, task, run_cfg, out / "runs" / f"{norm}-L{d}-warmup{w}")
                 runs.append({"depth": d, "norm": norm, "warmup_steps": w, **res})
-    results = {
-        "config": asdict(cfg),
-        "data": {"corpus": cfg.data, "vocab_size": task.vocab_size, "n_tokens": task.n_tokens},
-        "steps": steps,
-        "gradients": gradients,
-        "runs": runs,
-    }
+    results = lm_results(cfg, task, steps=steps, gradients=gradients, runs=runs)
     results["summary"] = summarise(results)
     results["elapsed"] = budget.elapsed()
     train_table = Table(
@@ -191,14 +181,14 @@ def run_norm_placement(
         "Gradient norms: each block's parameters, at initialisation, one batch. Whole "
         f"experiment {results['elapsed']:.0f} s.\n\n{results['summary']}"
     )
+    title = "Post-norm vs pre-norm: depth, warm-up, gradients at initialisation"
     write_outputs(
         out,
-        title="Post-norm vs pre-norm: depth, warm-up, gradients at initialisation",
-        tables=[train_table, grad_table],
-        results=results,
-        notes=notes,
-        plot=lambda p: plot_norm_placement(results, p),
-        plot_name="norm_placement.png",
+        title,
+        [train_table, grad_table],
+        results,
+        notes,
+        plot=(plot_norm_placement, "norm_placement.png"),
     )
     return results
 

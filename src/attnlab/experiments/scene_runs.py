@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from attnlab.config.base import Config
-from attnlab.config.train import TrainConfig
 from attnlab.data.scenes import SceneSet, images_to_tensor, shape_label
 from attnlab.errors import RunDirError
+from attnlab.experiments.training import train_settings
 from attnlab.models.multimodal.encoders import ImageEncoder
 from attnlab.tasks.losses import cross_entropy
 from attnlab.tasks.scenes import SceneTask
@@ -85,18 +85,14 @@ def train_for_experiment(
         cfg: the experiment's settings.
         run_dir: where the run is saved (replaced when ``cfg.overwrite``).
     """
-    tcfg = TrainConfig(
+    tcfg = train_settings(  # validate once, at the end
+        cfg,
         steps=cfg.steps,
         max_time=cfg.max_time,
-        batch_size=cfg.batch_size,
         lr=cfg.lr,
         warmup_steps=50,
         weight_decay=0.0,
-        eval_every=10**9,  # validate once, at the end
         eval_batches=2,
-        seed=cfg.seed,
-        device=cfg.device,
-        progress=cfg.progress,
     )
     return train(model, task, tcfg, run_dir, overwrite=cfg.overwrite)
 

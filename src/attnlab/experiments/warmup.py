@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.experiments.common import (
@@ -30,7 +30,8 @@ from attnlab.experiments.common import (
     steps_within,
     write_outputs,
 )
-from attnlab.experiments.lm_runs import LMExperimentConfig
+from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results
+from attnlab.experiments.training import train_settings
 
 __all__ = ["WarmupConfig", "run_warmup"]
 
@@ -70,7 +71,6 @@ def run_warmup(cfg: WarmupConfig, out_dir: str | Path, *, overwrite: bool = Fals
     """
     from attnlab.errors import UserError
     from attnlab.experiments.lm_runs import DIVERGED_MEANS, lm_model, lm_task, train_run
-    from attnlab.train import TrainConfig
 
     if not cfg.lrs or not all(lr > 0 for lr in cfg.lrs):
         raise UserError(f"peak learning rates must be positive, got {cfg.lrs}")
@@ -96,18 +96,15 @@ def run_warmup(cfg: WarmupConfig, out_dir: str | Path, *, overwrite: bool = Fals
             d_model=cfg.d_model,
         )
 
-    tcfg = TrainConfig(
+    tcfg = train_settings(  # (each run sets its own seed)
+        cfg,
         steps=cfg.steps or 1,
-        batch_size=cfg.batch_size,
         lr=max(cfg.lrs),
         schedule="constant",
         warmup_steps=0,
         grad_clip=None,  # clipping would hide the instability measured here
-        eval_every=10**9,
         eval_batches=0,
         log_every=1,
-        device=cfg.device,
-        progress=cfg.progress,
     )
     n_runs = len(cfg.lrs) * 2 * len(seeds)
     if cfg.steps is None:
@@ -143,14 +140,7 @@ def run_warmup(cfg: WarmupConfig, out_dir: str | Path, *, overwrite: bool = Fals
                     "final_losses": finite,
                 }
             )
-    results = {
-        "config": asdict(cfg),
-        "data": {"corpus": cfg.data, "vocab_size": task.vocab_size, "n_tokens": task.n_tokens},
-        "steps": steps,
-        "warmup_steps": warm,
-        "runs": runs,
-        "settings": settings,
-    }
+    results = lm_results(cfg, task, steps=steps, warmup_steps=warm, runs=runs, settings=settings)
     results["summary"] = summarise(results)
     results["elapsed"] = budget.elapsed()
     table = Table(
@@ -173,15 +163,8 @@ def run_warmup(cfg: WarmupConfig, out_dir: str | Path, *, overwrite: bool = Fals
         "last tenth of the steps. Whole experiment "
         f"{results['elapsed']:.0f} s.\n\n{results['summary']}"
     )
-    write_outputs(
-        out,
-        title="Warm-up: divergence and loss across peak learning rates",
-        tables=[table],
-        results=results,
-        notes=notes,
-        plot=lambda p: plot_warmup(results, p),
-        plot_name="warmup.png",
-    )
+    title = "Warm-up: divergence and loss across peak learning rates"
+    write_outputs(out, title, [table], results, notes, plot=(plot_warmup, "warmup.png"))
     return results
 
 

@@ -42,14 +42,12 @@ def load_task_data(config: ImageTaskConfig, seed: int) -> ImageSplits:
     Raises:
         UserError: a missing path, an unreadable file, an unknown source.
     """
+    sizes = ("image_size", "channels", "shapes_n", "shapes_label")  # same names in both
     return load_image_data(
         config.data,
         path=config.data_path,
-        image_size=config.image_size,
-        channels=config.channels,
         seed=seed,
-        shapes_n=config.shapes_n,
-        shapes_label=config.shapes_label,
+        **{name: getattr(config, name) for name in sizes},
     )
 
 

@@ -60,163 +60,91 @@ def add_train_args(parser: argparse.ArgumentParser, **defaults) -> argparse.Argu
     g.add_argument(
         "--overwrite", action="store_true", help="delete the run in --out and start again"
     )
-    g.add_argument(
-        "--steps",
-        type=int,
-        default=d["steps"],
-        help="optimizer steps (default: %(default)s; ignored with --max-time)",
-    )
-    g.add_argument(
-        "--max-time",
-        type=float,
-        default=d["max_time"],
-        metavar="SECONDS",
-        help="train for this many wall-clock seconds instead of --steps; the "
-        "learning-rate schedule fits itself to the budget",
-    )
-    g.add_argument(
-        "--batch-size",
-        type=int,
-        default=d["batch_size"],
-        help="global examples per optimizer step (default: %(default)s)",
-    )
-    g.add_argument(
-        "--grad-accum",
-        type=int,
-        default=d["grad_accum"],
-        metavar="N",
-        help="split each step into N micro-batches (default: %(default)s)",
-    )
-    g.add_argument(
-        "--lr", type=float, default=d["lr"], help="peak learning rate (default: %(default)s)"
-    )
-    g.add_argument(
-        "--min-lr-ratio",
-        type=float,
-        default=d["min_lr_ratio"],
-        help="cosine floor as a fraction of --lr (default: %(default)s)",
-    )
-    g.add_argument(
-        "--schedule",
-        choices=SCHEDULES,
-        default=d["schedule"],
-        help="learning-rate schedule after warm-up (default: %(default)s)",
-    )
-    g.add_argument(
-        "--warmup",
-        dest="warmup_steps",
-        type=int,
-        default=d["warmup_steps"],
-        metavar="STEPS",
-        help="linear warm-up steps (default: %(default)s)",
-    )
-    g.add_argument(
-        "--warmup-frac",
-        type=float,
-        default=d["warmup_frac"],
-        metavar="FRACTION",
-        help="warm-up as a fraction of the run (of the time with --max-time); overrides --warmup",
-    )
-    g.add_argument(
-        "--weight-decay",
-        type=float,
-        default=d["weight_decay"],
-        help="AdamW weight decay (not on norms, biases, embeddings; default: %(default)s)",
-    )
-    g.add_argument(
-        "--grad-clip",
-        type=_clip,
-        default=d["grad_clip"],
-        metavar="NORM",
-        help="clip the global gradient norm (0 or none: off; default: %(default)s)",
-    )
-    g.add_argument(
-        "--label-smoothing",
-        type=float,
-        default=d["label_smoothing"],
-        metavar="EPS",
-        help="label smoothing of the cross-entropy (default: %(default)s)",
-    )
-    g.add_argument(
-        "--amp",
-        choices=AMP_MODES,
-        default=d["amp"],
-        help="mixed precision: bf16 autocast (default: %(default)s)",
-    )
-    g.add_argument(
-        "--compile",
-        action="store_true",
-        default=d["compile"],
-        help="torch.compile the model for training",
-    )
-    g.add_argument(
-        "--eval-every",
-        type=int,
-        default=d["eval_every"],
-        metavar="STEPS",
-        help="validate and checkpoint every STEPS steps and at the end (default: %(default)s)",
-    )
-    g.add_argument(
-        "--eval-batches",
-        type=int,
-        default=d["eval_batches"],
-        metavar="N",
-        help="validation batches per evaluation (default: %(default)s)",
-    )
-    g.add_argument(
-        "--log-every",
-        type=int,
-        default=d["log_every"],
-        metavar="STEPS",
-        help="steps between metrics.jsonl records (default: %(default)s)",
-    )
-    g.add_argument("--seed", type=int, default=d["seed"], help="random seed (default: %(default)s)")
-    g.add_argument(
-        "--device", default=d["device"], help="auto, cpu, cuda or cuda:N (default: %(default)s)"
-    )
-    g.add_argument(
-        "--no-progress",
-        dest="progress",
-        action="store_false",
-        default=d["progress"],
-        help="no progress bar",
-    )
-    _add_parallel_args(parser, d)
-    return parser
-
-
-def _add_parallel_args(parser: argparse.ArgumentParser, d: dict) -> None:
+    _add_rows(g, _TRAIN_FLAGS, d)
     g = parser.add_argument_group(
         "several processes (under torchrun --nproc_per_node=N ...; --batch-size stays global)"
     )
-    g.add_argument(
-        "--strategy",
-        choices=STRATEGIES,
-        default=d["strategy"],
-        help="ddp: each process holds the whole model, gradients are averaged; fsdp: "
-        "parameters, gradients and optimizer state are sharded over the processes (FSDP2), "
-        "checkpoints too (default: %(default)s)",
-    )
-    g.add_argument(
-        "--fsdp-param-dtype",
-        choices=("auto", *FSDP_DTYPES),
-        default=d["fsdp_param_dtype"],
-        help="fsdp: dtype the gathered parameters compute in (auto: bfloat16 with --amp bf16, "
-        "else float32; the sharded master weights stay float32; default: %(default)s)",
-    )
-    g.add_argument(
-        "--fsdp-reduce-dtype",
-        choices=FSDP_DTYPES,
-        default=d["fsdp_reduce_dtype"],
-        help="fsdp: dtype of the gradient reduce-scatter (default: %(default)s)",
-    )
-    g.add_argument(
-        "--fsdp-reshard-after-forward",
-        action=argparse.BooleanOptionalAction,
-        default=d["fsdp_reshard_after_forward"],
-        help="fsdp: free each block's gathered parameters after its forward and gather them "
-        "again for the backward (ZeRO-3; --no-...: keep them, more memory, less traffic)",
-    )
+    _add_rows(g, _PARALLEL_FLAGS, d)
+    return parser
+
+
+# One row a flag: (flag, TrainConfig field, type | choices | action, metavar, help). The default
+# is the field's (or the family's, given to add_train_args).
+# fmt: off
+_TRAIN_FLAGS = (
+    ("--steps", "steps", int, None,
+     "optimizer steps (default: %(default)s; ignored with --max-time)"),
+    ("--max-time", "max_time", float, "SECONDS",
+     "train for this many wall-clock seconds instead of --steps; the learning-rate schedule fits "
+     "itself to the budget"),
+    ("--batch-size", "batch_size", int, None,
+     "global examples per optimizer step (default: %(default)s)"),
+    ("--grad-accum", "grad_accum", int, "N",
+     "split each step into N micro-batches (default: %(default)s)"),
+    ("--lr", "lr", float, None,
+     "peak learning rate (default: %(default)s)"),
+    ("--min-lr-ratio", "min_lr_ratio", float, None,
+     "cosine floor as a fraction of --lr (default: %(default)s)"),
+    ("--schedule", "schedule", SCHEDULES, None,
+     "learning-rate schedule after warm-up (default: %(default)s)"),
+    ("--warmup", "warmup_steps", int, "STEPS",
+     "linear warm-up steps (default: %(default)s)"),
+    ("--warmup-frac", "warmup_frac", float, "FRACTION",
+     "warm-up as a fraction of the run (of the time with --max-time); overrides --warmup"),
+    ("--weight-decay", "weight_decay", float, None,
+     "AdamW weight decay (not on norms, biases, embeddings; default: %(default)s)"),
+    ("--grad-clip", "grad_clip", _clip, "NORM",
+     "clip the global gradient norm (0 or none: off; default: %(default)s)"),
+    ("--label-smoothing", "label_smoothing", float, "EPS",
+     "label smoothing of the cross-entropy (default: %(default)s)"),
+    ("--amp", "amp", AMP_MODES, None,
+     "mixed precision: bf16 autocast (default: %(default)s)"),
+    ("--compile", "compile", "store_true", None,
+     "torch.compile the model for training"),
+    ("--eval-every", "eval_every", int, "STEPS",
+     "validate and checkpoint every STEPS steps and at the end (default: %(default)s)"),
+    ("--eval-batches", "eval_batches", int, "N",
+     "validation batches per evaluation (default: %(default)s)"),
+    ("--log-every", "log_every", int, "STEPS",
+     "steps between metrics.jsonl records (default: %(default)s)"),
+    ("--seed", "seed", int, None,
+     "random seed (default: %(default)s)"),
+    ("--device", "device", str, None,
+     "auto, cpu, cuda or cuda:N (default: %(default)s)"),
+    ("--no-progress", "progress", "store_false", None,
+     "no progress bar"),
+)
+_PARALLEL_FLAGS = (
+    ("--strategy", "strategy", STRATEGIES, None,
+     "ddp: each process holds the whole model, gradients are averaged; fsdp: parameters, "
+     "gradients and optimizer state are sharded over the processes (FSDP2), checkpoints too "
+     "(default: %(default)s)"),
+    ("--fsdp-param-dtype", "fsdp_param_dtype", ("auto", *FSDP_DTYPES), None,
+     "fsdp: dtype the gathered parameters compute in (auto: bfloat16 with --amp bf16, else "
+     "float32; the sharded master weights stay float32; default: %(default)s)"),
+    ("--fsdp-reduce-dtype", "fsdp_reduce_dtype", FSDP_DTYPES, None,
+     "fsdp: dtype of the gradient reduce-scatter (default: %(default)s)"),
+    ("--fsdp-reshard-after-forward", "fsdp_reshard_after_forward",
+     argparse.BooleanOptionalAction, None,
+     "fsdp: free each block's gathered parameters after its forward and gather them again for "
+     "the backward (ZeRO-3; --no-...: keep them, more memory, less traffic)"),
+)
+# fmt: on
+
+
+def _add_rows(group, rows: tuple, d: dict) -> None:
+    """Register each ``(flag, field, kind, metavar, help)`` row of a flag table on ``group``."""
+    for flag, field, kind, metavar, text in rows:
+        kw = {"dest": field, "default": d[field], "help": text}
+        if isinstance(kind, tuple):
+            kw["choices"] = kind
+        elif isinstance(kind, str) or kind is argparse.BooleanOptionalAction:
+            kw["action"] = kind
+        elif kind is not str:
+            kw["type"] = kind
+        if metavar:
+            kw["metavar"] = metavar
+        group.add_argument(flag, **kw)
 
 
 def train_config_from_args(args: argparse.Namespace, **overrides) -> TrainConfig:

@@ -1,0 +1,44 @@
+"""How the runs of an ``attnlab experiment`` train: :func:`train_settings`; the numbers data and
+the translation models of the translation experiments (:func:`numbers_data`,
+:func:`translation_model`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnlab.config.train import TrainConfig
+
+__all__ = ["train_settings", "numbers_data", "translation_model"]
+
+
+def train_settings(cfg: Any, **settings: Any) -> TrainConfig:
+    """The :class:`~attnlab.config.train.TrainConfig` of an experiment's runs.
+
+    Every run of an experiment takes ``batch_size``, ``device``, ``seed`` and ``progress`` from the
+    experiment's settings ``cfg`` and validates once, at its end; ``settings`` add to that (and
+    win).
+    """
+    shared = {name: getattr(cfg, name) for name in ("batch_size", "device", "seed", "progress")}
+    return TrainConfig(**{**shared, "eval_every": 10**9, **settings})
+
+
+def numbers_data(cfg: Any, **settings: Any) -> Any:
+    """The numbers task of a translation experiment: ``cfg``'s ``lang``, ``high``, ``n_examples``
+    and ``seed``, plus ``settings`` (``low``, split fractions...); a
+    :class:`~attnlab.data.translation.TranslationData`."""
+    from attnlab.config.translation import TranslationTaskConfig
+    from attnlab.data.translation import build_data
+
+    shared = {name: getattr(cfg, name) for name in ("lang", "high", "n_examples", "seed")}
+    return build_data(TranslationTaskConfig(task="numbers", **shared, **settings))
+
+
+def translation_model(kind: str, data: Any, preset: str) -> Any:
+    """A translation model of ``kind`` sized for ``data``'s vocabularies, with positions for
+    twice its longest sentence (plus 16)."""
+    from attnlab.models.translation import build_translation_model
+
+    longest = max(data.stats["max_src_len"], data.stats["max_tgt_len"])
+    return build_translation_model(
+        kind, len(data.src_vocab), len(data.tgt_vocab), preset=preset, max_seq_len=2 * longest + 16
+    )
