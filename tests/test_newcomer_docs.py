@@ -125,7 +125,8 @@ def _short(words: list[str]) -> list[str]:
         else:
             out.append(w)
     out += ["--steps", "2", "--eval-batches", "1", "--no-progress"]
-    if words[2] in ("lm", "mlm"):
+    prepared = "--data" in words and Path(words[words.index("--data") + 1]).is_dir()
+    if words[2] in ("lm", "mlm") and not prepared:  # (a prepared corpus is already cut)
         out += ["--max-chars", "30000"]
     if words[2] in ("caption", "vqa"):
         out += ["--n-train", "40", "--n-val", "16"]
