@@ -222,6 +222,7 @@ CASES: dict[tuple, tuple[list[str], list]] = {
     ("demo",): (["--steps", "2", *CPU, "--out", OUT], []),
     ("translate",): (["runs/tr_rnn", "twenty one"], [0, ("--file", 1)]),
     ("classify",): (["runs/img_cnn", "inputs/digit_7.png"], [0, 1]),
+    ("samples",): (["runs/img_cnn", "--n", "3", "--out", OUT], [0]),
     ("caption",): (["runs/cap_lstm", "inputs/scene_0.png"], [0, 1]),
     ("ask",): (["runs/vqa_lstm", "inputs/scene_0.png", "what colour is the circle?"], [0, 1]),
     ("scene",): (["--out", OUT], []),

@@ -7,9 +7,10 @@ probability that grows over training: the gold-token probability ε_i decays lin
 exponentially or by inverse sigmoid (:class:`attnlab.config.ScheduledSamplingConfig`).
 
 Every model kind is trained once with teacher forcing and once per decay, from the same initial
-weights, on the ``numbers`` task: for ``steps`` steps each, or for an equal share of the
-``max_time`` budget each (a wall-clock limit that holds on a loaded machine; the table says how
-many steps every run reached). Each decay is fitted to the run's (planned) length: ε = 1/2 at
+weights, on the ``numbers`` task: for ``steps`` steps each, or, with ``max_time``, for the
+steps that an equal share of the budget buys at the slower of the two step kinds (teacher-forced
+or sampling), measured by a timing probe — every run of a kind trains for the same steps (the
+table gives them and the seconds each took). Each decay is fitted to the run's (planned) length: ε = 1/2 at
 ``half_at`` of the steps. On held-out pairs the experiment measures
 
 - the teacher-forced NLL of the references and their NLL when the decoder reads its own greedy
@@ -196,14 +197,18 @@ def run_exposure_bias(
             t_tf = seconds_per_step(init, task_with(ScheduledSamplingConfig()), tcfg)
             probe = ScheduledSamplingConfig(decay="linear", k=0.5, c=1e-9)  # always sampling
             t_ss = seconds_per_step(init, task_with(probe), tcfg) if cfg.decays else t_tf
+        kind_steps = None  # every run of a kind trains for the same steps
         for variant in variants:
-            if cfg.steps is None:  # an equal share of what is left, as wall-clock seconds
+            if cfg.steps is None:  # an equal share of what is left, priced at the slower step
                 left = n_runs - len(runs)
                 seconds = max(1.0, budget.share(left, reserve=reserve * left / n_runs))
-                per_step = t_tf if variant == TEACHER_FORCING else t_ss
-                steps = steps_within(seconds, per_step)
-                run_cfg = tcfg.replace(steps=None, max_time=seconds)
-                log.info("exposure-bias: %s %s: %.0f s, ~%d steps", kind, variant, seconds, steps)
+                if kind_steps is None:
+                    kind_steps = steps_within(seconds, max(t_tf, t_ss))
+                steps = kind_steps
+                run_cfg = tcfg.replace(steps=steps)
+                log.info(
+                    "exposure-bias: %s %s: %d steps (%.0f s share)", kind, variant, steps, seconds
+                )
             else:
                 steps = cfg.steps
                 run_cfg = tcfg.replace(steps=steps)
@@ -254,7 +259,7 @@ def run_exposure_bias(
     budget_note = (
         f"every run trained for {cfg.steps} steps"
         if cfg.steps is not None
-        else f"every run trained for an equal share of --max-time {cfg.max_time:g} s"
+        else f"every run of a kind trained for the steps its share of --max-time {cfg.max_time:g} s buys"
     )
     notes = (
         f"NLL in nats per reference token on {len(test)} held-out pairs; gap = free-running − "
