@@ -16,7 +16,11 @@ def test_import_layer_contract_holds():
     """`lint-imports` (import-linter, configured in pyproject.toml) finds no upward import,
     counting imports inside functions."""
     r = subprocess.run(
-        [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()"],
+        [
+            sys.executable,
+            "-c",
+            "from importlinter.cli import lint_imports_command; lint_imports_command()",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -187,7 +187,9 @@ class Config:
             except _Mismatch:
                 choices = _literal_choices(tp)
                 if choices:
-                    raise ConfigError(f"unknown {f.name} {value!r}; choose from {choices}") from None
+                    raise ConfigError(
+                        f"unknown {f.name} {value!r}; choose from {choices}"
+                    ) from None
                 raise ConfigError(f"{f.name} must be {_describe(tp)}, got {value!r}") from None
 
     def validate(self) -> None:
@@ -214,9 +216,7 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict of every field (derived values filled in)."""
-        return {
-            f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.init
-        }
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self) if f.init}
 
     @classmethod
     def field_names(cls) -> list[str]:

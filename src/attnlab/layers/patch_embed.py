@@ -65,7 +65,12 @@ class PatchEmbedding(nn.Module):
         super().__init__()
         self.patch_size = patch_size
         self.proj = nn.Conv2d(
-            in_channels, d_model, kernel_size=patch_size, stride=patch_size, device=device, dtype=dtype
+            in_channels,
+            d_model,
+            kernel_size=patch_size,
+            stride=patch_size,
+            device=device,
+            dtype=dtype,
         )
 
     def forward(self, images: Tensor) -> Tensor:

@@ -26,6 +26,7 @@ __all__ = ["ModelKind", "register_kind", "get_kind", "build_model", "known_kinds
 
 Artifacts = Literal["tokenizer", "translation_vocab", "scene_vocab", "labels", "none"]
 
+
 @dataclass(frozen=True)
 class ModelKind:
     """How to rebuild one model family.

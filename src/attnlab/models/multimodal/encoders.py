@@ -19,8 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.config.multimodal import SceneModelConfig
-from attnlab.errors import UserError
 from attnlab.config.vision import CNNConfig, ViTConfig
+from attnlab.errors import UserError
 from attnlab.models.vision.cnn import ResidualCNN
 from attnlab.models.vision.vit import VisionTransformer
 
