@@ -59,8 +59,11 @@ LM, TRANSLATE = json.loads(sys.argv[2]), json.loads(sys.argv[3])
 rank = int(os.environ["RANK"])
 
 def run(name, argv):
-    rc = main(argv)
-    print(f"RC{rank or ''} {name} {rc}", flush=True)  # (errors are printed by rank 0 only)
+    rc = main(argv)  # (errors are printed by rank 0 only)
+    # each rank records its exit codes in its own file: lines two processes print to one pipe
+    # can interleave, a file written by one process cannot
+    with open(f"{out}/rc{rank}.txt", "a") as f:
+        f.write(f"{name} {rc}\\n")
 
 def lm(name, *extra):
     run(name, ["train", "lm", *LM, *extra, "--out", f"{out}/{name}"])
@@ -150,9 +153,14 @@ def launched(tmp_path_factory):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=800)
     text = proc.stdout + proc.stderr
     (out / "torchrun.log").write_text(text)  # the whole output, for a failure's post-mortem
-    lines = [line.split() for line in proc.stdout.splitlines() if line.startswith("RC")]
-    codes = {name: rc for tag, name, rc in lines if tag == "RC"}
-    assert codes == {name: rc for tag, name, rc in lines if tag == "RC1"}, text[-6000:]  # agree
+
+    def exit_codes(rank: int) -> dict[str, str]:
+        path = out / f"rc{rank}.txt"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return dict(line.split() for line in lines)
+
+    codes = exit_codes(0)
+    assert codes == exit_codes(1), text[-6000:]  # the two ranks agree
     return out, codes, text
 
 
