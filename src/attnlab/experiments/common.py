@@ -216,6 +216,8 @@ def write_outputs(
     results: dict,
     notes: str = "",
     plot: tuple[Callable[[dict, Path], Any], str] | None = None,
+    *,
+    budget: Budget | None = None,
 ) -> dict[str, Path]:
     """Write ``table.md``, ``results.json`` and the plot into ``out``.
 
@@ -226,10 +228,18 @@ def write_outputs(
         results: everything else worth keeping (settings, per-run numbers); JSON-serialisable.
         notes: Markdown after the tables (the budget, a one-line reading of the numbers).
         plot: ``(draw, file name)``: ``draw(results, path)`` draws the figure.
+        budget: the experiment's :class:`Budget`: its elapsed seconds go into ``results`` as
+            ``"elapsed"`` and end the notes ("Whole experiment N s."), followed by
+            ``results["summary"]`` (the one-paragraph reading) where there is one.
 
     Returns:
         ``{"table": path, "results": path, "plot": path}`` (no ``plot`` without a plotter).
     """
+    if budget is not None:
+        results["elapsed"] = budget.elapsed()
+        notes = f"{notes.strip()} Whole experiment {results['elapsed']:.0f} s.".strip()
+        if results.get("summary"):
+            notes += "\n\n" + results["summary"]
     text = f"# {title}\n\n" + "\n\n".join(t.markdown() for t in tables)
     if notes:
         text += "\n\n" + notes.strip()

@@ -34,16 +34,7 @@ from pathlib import Path
 import torch
 
 from attnlab.config.translation import ScheduledSamplingConfig
-from attnlab.experiments.common import (
-    Budget,
-    Table,
-    prepare_out_dir,
-    seconds_per_step,
-    steps_within,
-    warmup_within,
-    write_outputs,
-)
-from attnlab.experiments.training import numbers_data, train_settings, translation_model
+from attnlab.experiments import common, training
 
 __all__ = ["ExposureBiasConfig", "run_exposure_bias", "schedule_for", "DECAYS", "length_buckets"]
 
@@ -54,44 +45,32 @@ TEACHER_FORCING = "teacher forcing"
 
 
 @dataclass
-class ExposureBiasConfig:
-    """Settings of the exposure-bias experiment.
+class ExposureBiasConfig(training.NumbersExperimentConfig):
+    """Settings of the exposure-bias experiment (and those of
+    :class:`~attnlab.experiments.training.NumbersExperimentConfig`).
 
     Args:
-        max_time: seconds for the whole experiment (data, timing probes, training, evaluation).
-        steps: train every run for exactly this many steps instead (no timing; repeatable).
         models: translation kinds to compare (``rnn-attn``, ``transformer``, ``rnn``).
         decays: scheduled-sampling decays to run next to teacher forcing.
         half_at: fraction of the run at which the gold-token probability reaches 1/2.
         min_gold: floor of the gold-token probability.
-        lang, high, n_examples: the numbers data (``high`` sets the lengths).
-        rnn_preset, transformer_preset, rnn_lr, transformer_lr, batch_size: training.
-        max_test: held-out pairs scored.
+        rnn_preset, transformer_preset, rnn_lr, transformer_lr: the models and their peak
+            learning rates.
         n_length_buckets: output-length buckets of the exact-match columns.
-        reserve: share of ``max_time`` kept for data, evaluation and plots.
-        device, seed, progress: as for training.
+        n_examples, batch_size: 20,000 pairs, 64 per step.
     """
 
-    max_time: float = 300.0
-    steps: int | None = None
     models: tuple[str, ...] = ("rnn-attn", "transformer")
     decays: tuple[str, ...] = DECAYS
     half_at: float = 0.5
     min_gold: float = 0.0
-    lang: str = "it"
-    high: int = 10**6 - 1
-    n_examples: int = 20_000
     rnn_preset: str = "tiny"
     transformer_preset: str = "tiny"
     rnn_lr: float = 2e-3
     transformer_lr: float = 1e-3
-    batch_size: int = 64
-    max_test: int = 1000
     n_length_buckets: int = 4
-    reserve: float = 0.15
-    device: str = "auto"
-    seed: int = 0
-    progress: bool = True
+    n_examples: int = 20_000
+    batch_size: int = 64
 
 
 def schedule_for(
@@ -164,9 +143,9 @@ def run_exposure_bias(
     for decay in cfg.decays:
         if decay not in DECAYS:
             raise UserError(f"unknown decay {decay!r}; choose from {list(DECAYS)}")
-    budget = Budget(cfg.max_time)
-    out = prepare_out_dir(out_dir, overwrite=overwrite)
-    data = numbers_data(cfg)
+    budget = common.Budget(cfg.max_time)
+    out = common.prepare_out_dir(out_dir, overwrite=overwrite)
+    data = training.numbers_data(cfg)
     vocabs = data.vocabs()
     test = data.splits["test"][: cfg.max_test]
     lengths = [len(vocabs.tgt.tokenize(t)) for _, t in test]
@@ -183,9 +162,11 @@ def run_exposure_bias(
     for kind in cfg.models:
         is_tf = kind == "transformer"
         torch.manual_seed(cfg.seed)
-        init = translation_model(kind, data, cfg.transformer_preset if is_tf else cfg.rnn_preset)
+        init = training.translation_model(
+            kind, data, cfg.transformer_preset if is_tf else cfg.rnn_preset
+        )
         usual_warmup = 100 if is_tf else 20
-        tcfg = train_settings(
+        tcfg = training.train_settings(
             cfg,
             steps=cfg.steps or 1,
             lr=cfg.transformer_lr if is_tf else cfg.rnn_lr,
@@ -194,16 +175,16 @@ def run_exposure_bias(
             **train_defaults(kind),
         )
         if cfg.steps is None:  # seconds per step, to fit each decay to the run's length
-            t_tf = seconds_per_step(init, task_with(ScheduledSamplingConfig()), tcfg)
+            t_tf = common.seconds_per_step(init, task_with(ScheduledSamplingConfig()), tcfg)
             probe = ScheduledSamplingConfig(decay="linear", k=0.5, c=1e-9)  # always sampling
-            t_ss = seconds_per_step(init, task_with(probe), tcfg) if cfg.decays else t_tf
+            t_ss = common.seconds_per_step(init, task_with(probe), tcfg) if cfg.decays else t_tf
         kind_steps = None  # every run of a kind trains for the same steps
         for variant in variants:
             if cfg.steps is None:  # an equal share of what is left, priced at the slower step
                 left = n_runs - len(runs)
                 seconds = max(1.0, budget.share(left, reserve=reserve * left / n_runs))
                 if kind_steps is None:
-                    kind_steps = steps_within(seconds, max(t_tf, t_ss))
+                    kind_steps = common.steps_within(seconds, max(t_tf, t_ss))
                 steps = kind_steps
                 run_cfg = tcfg.replace(steps=steps)
                 log.info(
@@ -212,7 +193,7 @@ def run_exposure_bias(
             else:
                 steps = cfg.steps
                 run_cfg = tcfg.replace(steps=steps)
-            run_cfg = run_cfg.replace(warmup_steps=warmup_within(steps, usual_warmup))
+            run_cfg = run_cfg.replace(warmup_steps=common.warmup_within(steps, usual_warmup))
             ss = (
                 ScheduledSamplingConfig()
                 if variant == TEACHER_FORCING
@@ -254,7 +235,6 @@ def run_exposure_bias(
         "runs": runs,
     }
     results["summary"] = summarise(results)
-    results["elapsed"] = budget.elapsed()
     table = results_table(results)
     budget_note = (
         f"every run trained for {cfg.steps} steps"
@@ -266,20 +246,25 @@ def run_exposure_bias(
         f"teacher-forced. Exact match (greedy) by reference length in target tokens "
         f"(pairs per bucket: {', '.join(map(str, results['bucket_sizes']))}). Schedules reach "
         f"ε = 1/2 at {cfg.half_at:.2f} of the run's (planned) steps; {budget_note}, from the "
-        f"same initial weights per model; whole experiment "
-        f"{results['elapsed']:.0f} s.\n\n{results['summary']}"
+        f"same initial weights per model."
     )
     title = "Exposure bias: teacher forcing vs scheduled sampling"
-    write_outputs(
-        out, title, [table], results, notes, plot=(plot_exposure_bias, "exposure_bias.png")
+    common.write_outputs(
+        out,
+        title,
+        [table],
+        results,
+        notes,
+        plot=(plot_exposure_bias, "exposure_bias.png"),
+        budget=budget,
     )
     return results
 
 
-def results_table(results: dict) -> Table:
+def results_table(results: dict) -> common.Table:
     """One row per run: steps, the two NLLs, the gap, exact match overall and by length."""
     buckets = results["buckets"]
-    table = Table(
+    table = common.Table(
         ["model", "training", "steps", "train s", "teacher-forced NLL", "free-running NLL", "gap"]
         + ["EM %"]
         + [f"EM % len {b}" for b in buckets],

@@ -28,15 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.experiments.common import (
-    Budget,
-    Table,
-    prepare_out_dir,
-    seconds_per_step,
-    steps_within,
-    warmup_within,
-    write_outputs,
-)
+from attnlab.experiments import common
 from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results
 from attnlab.experiments.training import train_settings
 
@@ -167,8 +159,8 @@ def run_extrapolation(
         raise UserError(f"lengths must be positive multiples of the context, got {cfg.lengths}")
     if cfg.context < 2:
         raise UserError(f"the context must be at least 2 tokens, got {cfg.context}")
-    budget = Budget(cfg.max_time)
-    out = prepare_out_dir(out_dir, overwrite=overwrite)
+    budget = common.Budget(cfg.max_time)
+    out = common.prepare_out_dir(out_dir, overwrite=overwrite)
     L = cfg.context
     lengths = sorted({m * L for m in cfg.lengths})
     longest = lengths[-1]
@@ -190,13 +182,13 @@ def run_extrapolation(
 
     tcfg = train_settings(cfg, steps=cfg.steps or 1, lr=cfg.lr, eval_batches=0, log_every=10)
     if cfg.steps is None:  # one speed for all: the schemes cost nearly the same
-        per_step = seconds_per_step(build(cfg.positions[0]), task, tcfg)
+        per_step = common.seconds_per_step(build(cfg.positions[0]), task, tcfg)
         share = budget.share(len(cfg.positions), reserve=cfg.reserve * cfg.max_time)
-        steps = steps_within(share, per_step, minimum=10)
+        steps = common.steps_within(share, per_step, minimum=10)
         log.info("extrapolation: %d steps per model (%.3f s/step)", steps, per_step)
     else:
         steps = cfg.steps
-    tcfg = tcfg.replace(steps=steps, warmup_steps=warmup_within(steps, 100))
+    tcfg = tcfg.replace(steps=steps, warmup_steps=common.warmup_within(steps, 100))
 
     runs = []
     for position in cfg.positions:
@@ -232,24 +224,28 @@ def run_extrapolation(
     data = {"eval_tokens": int(tgt.numel()), "context": L, "lengths": lengths}
     results = lm_results(cfg, task, data=data, runs=runs)
     results["summary"] = summarise(results)
-    results["elapsed"] = budget.elapsed()
     table = _table(results)
     notes = (
         f"`{cfg.preset}` DecoderLM per scheme, trained {steps} steps on windows of L = {L} "
         f"characters of `{cfg.data}` (batch {cfg.batch_size}, lr {cfg.lr:g}); loss in nats per "
         f"character on the same {int(tgt.numel())} held-out characters at every length. "
         f'"beyond L" is the mean loss at positions {L}…{longest - 1} of the {longest}-token '
-        f'windows, "within L" at positions 0…{L - 1} of the same windows. Whole experiment '
-        f"{results['elapsed']:.0f} s.\n\n{results['summary']}"
+        f'windows, "within L" at positions 0…{L - 1} of the same windows.'
     )
     title = "Length extrapolation: trained at L, evaluated at L, 2L, 4L"
-    write_outputs(
-        out, title, [table], results, notes, plot=(plot_loss_by_position, "loss_by_position.png")
+    common.write_outputs(
+        out,
+        title,
+        [table],
+        results,
+        notes,
+        plot=(plot_loss_by_position, "loss_by_position.png"),
+        budget=budget,
     )
     return results
 
 
-def _table(results: dict) -> Table:
+def _table(results: dict) -> common.Table:
     L = results["data"]["context"]
     lengths = results["data"]["lengths"]
     names = {n: ("L" if n == L else f"{n // L}L") for n in lengths}
@@ -257,7 +253,7 @@ def _table(results: dict) -> Table:
     beyond = lengths[-1] > L
     if beyond:
         cols += [f"within L @ {lengths[-1]}", f"beyond L @ {lengths[-1]}"]
-    table = Table(cols, formats=["", "d", ".3f"] + [".3f"] * (len(cols) - 3))
+    table = common.Table(cols, formats=["", "d", ".3f"] + [".3f"] * (len(cols) - 3))
     for r in results["runs"]:
         cells = [r["lengths"][str(n)] for n in lengths]
         row = [r["position"], r["steps"], r["train_loss"]]

@@ -25,16 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from attnlab.experiments.common import (
-    Budget,
-    Table,
-    prepare_out_dir,
-    seconds_per_step,
-    steps_within,
-    warmup_within,
-    write_outputs,
-)
-from attnlab.experiments.training import numbers_data, train_settings, translation_model
+from attnlab.experiments import common, training
 
 __all__ = ["LabelSmoothingConfig", "run_label_smoothing"]
 
@@ -42,42 +33,25 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class LabelSmoothingConfig:
-    """Settings of the label-smoothing experiment.
+class LabelSmoothingConfig(training.NumbersExperimentConfig):
+    """Settings of the label-smoothing experiment (and those of
+    :class:`~attnlab.experiments.training.NumbersExperimentConfig`).
 
     Args:
-        max_time: seconds for the whole experiment.
-        steps: train every run for exactly this many steps instead (no timing; repeatable).
         epsilons: the smoothing values ε compared.
         model, preset, lr: the translation model (every run the same).
-        lang, high, n_examples: the numbers data.
         held_out: fraction of the pairs held out (half validation, half test): a small training
             split (200 pairs by default) makes the unsmoothed model overconfident on held-out
             pairs, and a large test split measures calibration precisely.
-        batch_size: examples per step.
         n_bins: confidence bins of the ECE and the reliability diagram.
-        max_test: test pairs scored.
-        reserve: share of ``max_time`` kept for data, evaluation and plots.
-        device, seed, progress: as for training.
     """
 
-    max_time: float = 300.0
-    steps: int | None = None
     epsilons: tuple[float, ...] = (0.0, 0.1, 0.2)
     model: str = "transformer"
     preset: str = "tiny"
     lr: float = 1e-3
-    lang: str = "it"
-    high: int = 10**6 - 1
-    n_examples: int = 2000
     held_out: float = 0.9
-    batch_size: int = 32
     n_bins: int = 15
-    max_test: int = 1000
-    reserve: float = 0.15
-    device: str = "auto"
-    seed: int = 0
-    progress: bool = True
 
 
 def run_label_smoothing(
@@ -106,18 +80,18 @@ def run_label_smoothing(
 
     if not cfg.epsilons or not all(0.0 <= e < 1.0 for e in cfg.epsilons):
         raise UserError(f"label smoothing values must lie in [0, 1), got {cfg.epsilons}")
-    budget = Budget(cfg.max_time)
-    out = prepare_out_dir(out_dir, overwrite=overwrite)
+    budget = common.Budget(cfg.max_time)
+    out = common.prepare_out_dir(out_dir, overwrite=overwrite)
     if not 0 < cfg.held_out < 1:
         raise UserError(f"the held-out fraction must lie in (0, 1), got {cfg.held_out}")
-    data = numbers_data(cfg, val_frac=cfg.held_out / 2, test_frac=cfg.held_out / 2)
+    data = training.numbers_data(cfg, val_frac=cfg.held_out / 2, test_frac=cfg.held_out / 2)
     vocabs = data.vocabs()
     test = data.splits["test"][: cfg.max_test]
     torch.manual_seed(cfg.seed)
-    init = translation_model(cfg.model, data, cfg.preset)
+    init = training.translation_model(cfg.model, data, cfg.preset)
     defaults = train_defaults(cfg.model)
     usual_warmup = 100 if cfg.model == "transformer" else 20
-    tcfg = train_settings(
+    tcfg = training.train_settings(
         cfg,
         **{
             **defaults,
@@ -128,21 +102,21 @@ def run_label_smoothing(
         },
     )
     task = TranslationTask(data, eval_examples=0)
-    per_step = seconds_per_step(init, task, tcfg) if cfg.steps is None else 0.0
+    per_step = common.seconds_per_step(init, task, tcfg) if cfg.steps is None else 0.0
     runs = []
     for eps in cfg.epsilons:
         if cfg.steps is None:  # an equal share of what is left, as wall-clock seconds
             left = len(cfg.epsilons) - len(runs)
             reserve = cfg.reserve * cfg.max_time * left / len(cfg.epsilons)
             seconds = max(1.0, budget.share(left, reserve=reserve))
-            steps = steps_within(seconds, per_step)
+            steps = common.steps_within(seconds, per_step)
             run_cfg = tcfg.replace(steps=None, max_time=seconds)
             log.info("label-smoothing: ε=%g: %.0f s, ~%d steps", eps, seconds, steps)
         else:
             steps = cfg.steps
             run_cfg = tcfg.replace(steps=steps)
         run_cfg = run_cfg.replace(
-            label_smoothing=eps, warmup_steps=warmup_within(steps, usual_warmup)
+            label_smoothing=eps, warmup_steps=common.warmup_within(steps, usual_warmup)
         )
         model = copy.deepcopy(init)
         res = train(model, task, run_cfg, out / "runs" / f"eps-{eps:g}")
@@ -165,8 +139,7 @@ def run_label_smoothing(
         )
     results = {"config": asdict(cfg), "data": data.stats, "runs": runs}
     results["summary"] = summarise(results)
-    results["elapsed"] = budget.elapsed()
-    table = Table(
+    table = common.Table(
         ["ε", "steps", "train s", "token accuracy %", "NLL", "ECE", "mean confidence"]
         + ["exact match %"],
         formats=["g", "d", ".0f", ".2f", ".3f", ".4f", ".3f", ".1f"],
@@ -185,11 +158,12 @@ def run_label_smoothing(
     notes = (
         f"{cfg.model} `{cfg.preset}`, {data.stats['n_train']} training pairs, "
         f"{runs[0]['tokens']} held-out reference tokens (teacher-forced; NLL without smoothing; "
-        f"ECE over {cfg.n_bins} bins); exact match is greedy, per sentence. Whole experiment "
-        f"{results['elapsed']:.0f} s.\n\n{results['summary']}"
+        f"ECE over {cfg.n_bins} bins); exact match is greedy, per sentence."
     )
     title = "Label smoothing: accuracy, NLL and calibration"
-    write_outputs(out, title, [table], results, notes, plot=(_plot, "reliability.png"))
+    common.write_outputs(
+        out, title, [table], results, notes, plot=(_plot, "reliability.png"), budget=budget
+    )
     return results
 
 

@@ -23,14 +23,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnlab.experiments.common import (
-    Budget,
-    Table,
-    prepare_out_dir,
-    seconds_per_step,
-    steps_within,
-    write_outputs,
-)
+from attnlab.experiments import common
 from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results
 from attnlab.experiments.training import train_settings
 
@@ -89,8 +82,8 @@ def run_norm_placement(
         raise UserError(f"depths must be positive layer counts, got {cfg.depths}")
     if not 0.0 < cfg.warmup_frac < 1.0:
         raise UserError(f"the warm-up fraction must lie in (0, 1), got {cfg.warmup_frac}")
-    budget = Budget(cfg.max_time)
-    out = prepare_out_dir(out_dir, overwrite=overwrite)
+    budget = common.Budget(cfg.max_time)
+    out = common.prepare_out_dir(out_dir, overwrite=overwrite)
     task = lm_task(cfg.data, cfg.context, max_chars=cfg.max_chars, seed=cfg.seed)
     depths = sorted(set(cfg.depths))
     kw = {"max_seq_len": cfg.context, "d_model": cfg.d_model}
@@ -127,13 +120,13 @@ def run_norm_placement(
         cost = {}
         for d in {depths[0], depths[-1]}:
             probe = lm_model(cfg.preset, task.vocab_size, seed=cfg.seed, n_layers=d, **kw)
-            cost[d] = seconds_per_step(probe, task, tcfg)
+            cost[d] = common.seconds_per_step(probe, task, tcfg)
         lo, hi = depths[0], depths[-1]
         slope = (cost[hi] - cost[lo]) / (hi - lo) if hi > lo else cost[lo] / lo
         slope = max(slope, 0.0)
         per_run_step = sum(cost[lo] + slope * (d - lo) for d in depths) * 2 * len(NORMS)
         left = budget.remaining() - cfg.reserve * cfg.max_time
-        steps = steps_within(left, per_run_step, minimum=10)
+        steps = common.steps_within(left, per_run_step, minimum=10)
         log.info("norm-placement: %d steps per run", steps)
     else:
         steps = cfg.steps
@@ -151,8 +144,7 @@ def run_norm_placement(
                 runs.append({"depth": d, "norm": norm, "warmup_steps": w, **res})
     results = lm_results(cfg, task, steps=steps, gradients=gradients, runs=runs)
     results["summary"] = summarise(results)
-    results["elapsed"] = budget.elapsed()
-    train_table = Table(
+    train_table = common.Table(
         ["depth", "norm", "warm-up steps", "steps", "diverged", "final loss", "highest loss"],
         formats=["d", "", "d", "d", "", ".3f", ".2f"],
     )
@@ -167,7 +159,7 @@ def run_norm_placement(
             r["final_loss"],
             r["max_loss"],
         )
-    grad_table = Table(
+    grad_table = common.Table(
         ["depth", "norm", "‖g‖ layer 1", "‖g‖ middle layer", "‖g‖ last layer", "max / min"],
         formats=["d", "", ".4f", ".4f", ".4f", ".1f"],
     )
@@ -178,17 +170,17 @@ def run_norm_placement(
         f"`{cfg.preset}` DecoderLM with its depth replaced, windows of {cfg.context} characters "
         f"of `{cfg.data}`, batch {cfg.batch_size}, AdamW at lr {cfg.lr:g} (constant after the "
         f"warm-up), no gradient clipping, {steps} steps per run. Diverged = {DIVERGED_MEANS}. "
-        "Gradient norms: each block's parameters, at initialisation, one batch. Whole "
-        f"experiment {results['elapsed']:.0f} s.\n\n{results['summary']}"
+        "Gradient norms: each block's parameters, at initialisation, one batch."
     )
     title = "Post-norm vs pre-norm: depth, warm-up, gradients at initialisation"
-    write_outputs(
+    common.write_outputs(
         out,
         title,
         [train_table, grad_table],
         results,
         notes,
         plot=(plot_norm_placement, "norm_placement.png"),
+        budget=budget,
     )
     return results
 

@@ -1,14 +1,43 @@
-"""How the runs of an ``attnlab experiment`` train: :func:`train_settings`; the numbers data and
-the translation models of the translation experiments (:func:`numbers_data`,
-:func:`translation_model`)."""
+"""How the runs of an ``attnlab experiment`` train: :func:`train_settings`; the settings, numbers
+data and translation models of the translation experiments (:class:`NumbersExperimentConfig`,
+:func:`numbers_data`, :func:`translation_model`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from attnlab.config.train import TrainConfig
 
-__all__ = ["train_settings", "numbers_data", "translation_model"]
+__all__ = ["train_settings", "NumbersExperimentConfig", "numbers_data", "translation_model"]
+
+
+@dataclass
+class NumbersExperimentConfig:
+    """The settings every translation experiment on the ``numbers`` task shares (each
+    experiment's config adds its own, and may change these defaults).
+
+    Args:
+        max_time: seconds for the whole experiment.
+        steps: train every run for exactly this many steps instead (no timing; repeatable).
+        lang, high, n_examples: the numbers data (``high`` sets the lengths).
+        batch_size: examples per step.
+        max_test: held-out pairs scored.
+        reserve: share of ``max_time`` kept for data, evaluation and plots.
+        device, seed, progress: as for training.
+    """
+
+    max_time: float = 300.0
+    steps: int | None = None
+    lang: str = "it"
+    high: int = 10**6 - 1
+    n_examples: int = 2000
+    batch_size: int = 32
+    max_test: int = 1000
+    reserve: float = 0.15
+    device: str = "auto"
+    seed: int = 0
+    progress: bool = True
 
 
 def train_settings(cfg: Any, **settings: Any) -> TrainConfig:

@@ -22,14 +22,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from attnlab.experiments.common import (
-    Budget,
-    Table,
-    prepare_out_dir,
-    seconds_per_step,
-    steps_within,
-    write_outputs,
-)
+from attnlab.experiments import common
 from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results
 from attnlab.experiments.training import train_settings
 
@@ -80,8 +73,8 @@ def run_warmup(cfg: WarmupConfig, out_dir: str | Path, *, overwrite: bool = Fals
         raise UserError(f"the warm-up fraction must lie in (0, 1), got {cfg.warmup_frac}")
     if cfg.norm_position not in ("post", "pre"):
         raise UserError(f"norm placement must be post or pre, got {cfg.norm_position!r}")
-    budget = Budget(cfg.max_time)
-    out = prepare_out_dir(out_dir, overwrite=overwrite)
+    budget = common.Budget(cfg.max_time)
+    out = common.prepare_out_dir(out_dir, overwrite=overwrite)
     task = lm_task(cfg.data, cfg.context, max_chars=cfg.max_chars, seed=cfg.seed)
     seeds = [cfg.seed + i for i in range(cfg.seeds)]
 
@@ -108,9 +101,9 @@ def run_warmup(cfg: WarmupConfig, out_dir: str | Path, *, overwrite: bool = Fals
     )
     n_runs = len(cfg.lrs) * 2 * len(seeds)
     if cfg.steps is None:
-        per_step = seconds_per_step(build(cfg.seed), task, tcfg, steps=5, warmup=2)
+        per_step = common.seconds_per_step(build(cfg.seed), task, tcfg, steps=5, warmup=2)
         left = budget.remaining() - cfg.reserve * cfg.max_time
-        steps = steps_within(left / n_runs, per_step, minimum=10)
+        steps = common.steps_within(left / n_runs, per_step, minimum=10)
         log.info("warmup: %d steps per run (%.3f s/step)", steps, per_step)
     else:
         steps = cfg.steps
@@ -142,8 +135,7 @@ def run_warmup(cfg: WarmupConfig, out_dir: str | Path, *, overwrite: bool = Fals
             )
     results = lm_results(cfg, task, steps=steps, warmup_steps=warm, runs=runs, settings=settings)
     results["summary"] = summarise(results)
-    results["elapsed"] = budget.elapsed()
-    table = Table(
+    table = common.Table(
         ["peak lr", "warm-up steps", "diverged", "final loss (mean)", "final loss per seed"],
         formats=["g", "d", "", ".3f", ""],
     )
@@ -160,11 +152,12 @@ def run_warmup(cfg: WarmupConfig, out_dir: str | Path, *, overwrite: bool = Fals
         f"{cfg.context} characters of `{cfg.data}`, batch {cfg.batch_size}; AdamW (betas 0.9, "
         f"0.95), constant rate after the warm-up, no gradient clipping; {steps} steps per run, "
         f"seeds {seeds[0]}…{seeds[-1]}. Diverged = {DIVERGED_MEANS}. Final loss: mean of the "
-        "last tenth of the steps. Whole experiment "
-        f"{results['elapsed']:.0f} s.\n\n{results['summary']}"
+        "last tenth of the steps."
     )
     title = "Warm-up: divergence and loss across peak learning rates"
-    write_outputs(out, title, [table], results, notes, plot=(plot_warmup, "warmup.png"))
+    common.write_outputs(
+        out, title, [table], results, notes, plot=(plot_warmup, "warmup.png"), budget=budget
+    )
     return results
 
 
