@@ -248,16 +248,9 @@ def run_exposure_bias(
         f"ε = 1/2 at {cfg.half_at:.2f} of the run's (planned) steps; {budget_note}, from the "
         f"same initial weights per model."
     )
+    drawn = (plot_exposure_bias, "exposure_bias.png")
     title = "Exposure bias: teacher forcing vs scheduled sampling"
-    common.write_outputs(
-        out,
-        title,
-        [table],
-        results,
-        notes,
-        plot=(plot_exposure_bias, "exposure_bias.png"),
-        budget=budget,
-    )
+    common.write_outputs(out, title, [table], results, notes, plot=drawn, budget=budget)
     return results
 
 

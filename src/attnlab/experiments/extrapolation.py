@@ -232,16 +232,9 @@ def run_extrapolation(
         f'"beyond L" is the mean loss at positions {L}…{longest - 1} of the {longest}-token '
         f'windows, "within L" at positions 0…{L - 1} of the same windows.'
     )
+    drawn = (plot_loss_by_position, "loss_by_position.png")
     title = "Length extrapolation: trained at L, evaluated at L, 2L, 4L"
-    common.write_outputs(
-        out,
-        title,
-        [table],
-        results,
-        notes,
-        plot=(plot_loss_by_position, "loss_by_position.png"),
-        budget=budget,
-    )
+    common.write_outputs(out, title, [table], results, notes, plot=drawn, budget=budget)
     return results
 
 

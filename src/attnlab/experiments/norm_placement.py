@@ -172,15 +172,10 @@ def run_norm_placement(
         f"warm-up), no gradient clipping, {steps} steps per run. Diverged = {DIVERGED_MEANS}. "
         "Gradient norms: each block's parameters, at initialisation, one batch."
     )
+    drawn = (plot_norm_placement, "norm_placement.png")
     title = "Post-norm vs pre-norm: depth, warm-up, gradients at initialisation"
     common.write_outputs(
-        out,
-        title,
-        [train_table, grad_table],
-        results,
-        notes,
-        plot=(plot_norm_placement, "norm_placement.png"),
-        budget=budget,
+        out, title, [train_table, grad_table], results, notes, plot=drawn, budget=budget
     )
     return results
 

@@ -16,10 +16,13 @@ Shape legend: B batch, T time, S context length, C d_model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any, Literal
 
+import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from attnlab.attention.cache import KVCache
 from attnlab.attention.core import check_backend
@@ -30,7 +33,7 @@ from attnlab.layers.moe import MoE
 from attnlab.layers.norm import make_norm
 from attnlab.layers.position import Positions
 
-__all__ = ["TransformerBlock", "build_block", "build_final_norm", "NormPosition"]
+__all__ = ["TransformerBlock", "build_block", "build_final_norm", "run_blocks", "NormPosition"]
 
 NormPosition = Literal["pre", "post"]
 
@@ -149,6 +152,36 @@ _BLOCK_DEFAULTS: dict[str, Any] = dict(
     backend_options=None,
     linformer_k=None,
 )
+
+
+def run_blocks(
+    blocks: Sequence[nn.Module],
+    x: Tensor,
+    *,
+    caches: Sequence[KVCache] | None = None,
+    cross_caches: Sequence[KVCache] | None = None,
+    checkpointing: bool = False,
+    **kwargs: Any,
+) -> Tensor:
+    """Run ``x (B, T, C)`` through a stack of blocks, block ``i`` reading ``caches[i]`` and
+    ``cross_caches[i]`` (incremental decoding) and every block the same ``kwargs`` (masks,
+    positions, the encoder's ``context``).
+
+    With ``checkpointing``, a training forward pass keeps only each block's input and recomputes
+    the block in the backward pass (activation checkpointing: less memory, about a third more
+    compute); evaluation and no-grad passes run normally.
+    """
+    recompute = checkpointing and torch.is_grad_enabled() and any(b.training for b in blocks)
+    for i, block in enumerate(blocks):
+        if caches is not None:
+            kwargs["cache"] = caches[i]
+        if cross_caches is not None:
+            kwargs["cross_cache"] = cross_caches[i]
+        if recompute:
+            x = checkpoint(block, x, use_reentrant=False, **kwargs)
+        else:
+            x = block(x, **kwargs)
+    return x
 
 
 def build_block(

@@ -27,12 +27,11 @@ from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from attnlab.attention.cache import DecodeState, KVCache
 from attnlab.attention.capture import capture_attention
 from attnlab.config.lm import ModelConfig
-from attnlab.layers.block import build_block, build_final_norm
+from attnlab.layers.block import build_block, build_final_norm, run_blocks
 from attnlab.layers.position import build_positions
 from attnlab.models.registry import register_kind
 
@@ -279,18 +278,15 @@ class DecoderLM(nn.Module):
         """Embeddings and the blocks: ``(B, T)`` ids -> ``(B, T, C)``."""
         c = self.config
         x = self.drop(self.pos_emb.embed(self.tok_emb(idx), positions))  # (B, T, C)
-        for i, block in enumerate(self.blocks):
-            kwargs = dict(
-                mask=mask,
-                is_causal=is_causal,
-                positions=attn_positions,
-                cache=None if caches is None else caches[i],
-            )
-            if c.activation_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, use_reentrant=False, **kwargs)
-            else:
-                x = block(x, **kwargs)
-        return x
+        return run_blocks(
+            self.blocks,
+            x,
+            caches=caches,
+            checkpointing=c.activation_checkpointing,
+            mask=mask,
+            is_causal=is_causal,
+            positions=attn_positions,
+        )
 
     def _head(self, x: Tensor, logits_to_keep: int | None) -> Tensor:
         if logits_to_keep is not None:

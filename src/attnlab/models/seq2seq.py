@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from attnlab.attention.cache import DecodeState, KVCache
 from attnlab.attention.capture import capture_attention
 from attnlab.config.translation import Seq2SeqConfig
-from attnlab.layers.block import build_block, build_final_norm
+from attnlab.layers.block import build_block, build_final_norm, run_blocks
 from attnlab.layers.drop_path import drop_path_rates
 from attnlab.layers.position import build_positions
 from attnlab.models.registry import register_kind
@@ -143,15 +143,15 @@ class Seq2SeqTransformer(nn.Module):
         ``memory (B, S, C)`` restricted to the real source positions; with a decoding ``state``
         its KV caches are read and extended."""
         ctx_mask = None if src_mask is None else src_mask[:, None, None, :]  # (B, 1, 1, S)
-        for i, block in enumerate(self.decoder):
-            y = block(
-                y,
-                is_causal=True,
-                context=memory,
-                context_mask=ctx_mask,
-                cache=None if state is None else state.self_caches[i],
-                cross_cache=None if state is None else state.cross_caches[i],
-            )
+        y = run_blocks(
+            self.decoder,
+            y,
+            caches=None if state is None else state.self_caches,
+            cross_caches=None if state is None else state.cross_caches,
+            is_causal=True,
+            context=memory,
+            context_mask=ctx_mask,
+        )
         return self.dec_norm(y)
 
     # -- training

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from attnlab.attention.cache import KVCache
 from attnlab.config.multimodal import SceneModelConfig
-from attnlab.layers.block import build_block, build_final_norm
+from attnlab.layers.block import build_block, build_final_norm, run_blocks
 from attnlab.layers.position import build_positions
 from attnlab.layers.position.grid import sincos_2d
 from attnlab.models.multimodal.encoders import ImageEncoder
@@ -88,14 +88,14 @@ class ImageTextTransformer(nn.Module):
         past = 0 if caches is None else caches[0].length
         positions = torch.arange(past, past + tokens.shape[1], device=tokens.device)  # (L,)
         x = self.drop(self.pos_emb.embed(self.tok_emb(tokens), positions))  # (B, L, D)
-        for i, block in enumerate(self.blocks):
-            x = block(
-                x,
-                mask=mask,
-                is_causal=is_causal,
-                positions=positions,
-                cache=None if caches is None else caches[i],
-                context=memory,
-                cross_cache=None if cross_caches is None else cross_caches[i],
-            )
+        x = run_blocks(
+            self.blocks,
+            x,
+            caches=caches,
+            cross_caches=cross_caches,
+            mask=mask,
+            is_causal=is_causal,
+            positions=positions,
+            context=memory,
+        )
         return self.norm_f(x)
