@@ -106,6 +106,12 @@ def test_heatmaps_have_colour_bars_readable_ticks_and_named_queries(tmp_path, fi
     assert len(fig.axes) == 3 + 1  # two heads, their mean, one shared colour bar
     ticks = fig.axes[0].get_xticklabels()
     assert [t.get_text() for t in ticks] == list("abcde") and ticks[0].get_rotation() == 0
+    plot_attention(w, tmp_path / "g3.png")  # 3-D weights: the same grid
+    assert len(figures[-1].axes) == 3 + 1
+    with pytest.raises(ValueError, match=r"2-D \(rows, cols\) or 3-D .* got \(5,\)"):
+        plot_attention(torch.rand(5), tmp_path / "bad.png")
+    with pytest.raises(ValueError, match=r"must be 3-D \(heads, rows, cols\), got \(5, 5\)"):
+        plot_attention_grid(w[0], tmp_path / "bad.png")
     tokens = [f"word{i}" for i in range(60)]
     plot_attention(torch.rand(60, 60), tmp_path / "a.png", rows=tokens, cols=tokens)
     fig = figures[-1]

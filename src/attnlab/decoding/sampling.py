@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -204,15 +205,8 @@ def generate(
     idx: Tensor,
     max_new_tokens: int,
     *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    stop: int | Sequence[int] | None = None,
-    attention_mask: Tensor | None = None,
-    use_cache: bool = True,
-    generator: torch.Generator | None = None,
     callback: Callable[[Tensor], None] | None = None,
-    compile: bool = False,
+    **settings: Any,
 ) -> Tensor:
     """Continue each prompt by up to ``max_new_tokens`` tokens.
 
@@ -241,23 +235,19 @@ def generate(
         UserError: a prompt longer than the context, bad sampling settings, ids outside the vocab.
     """
     out = [idx]
-    for nxt in stream_generate(
-        model,
-        idx,
-        max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        stop=stop,
-        attention_mask=attention_mask,
-        use_cache=use_cache,
-        generator=generator,
-        compile=compile,
-    ):
+    for nxt in stream_generate(model, idx, max_new_tokens, **settings):
         if callback is not None:
             callback(nxt)
         out.append(nxt[:, None].to(idx.device))
     return torch.cat(out, dim=1)
+
+
+# generate's settings are stream_generate's (plus the callback): show them in help() and IDEs
+_CALLBACK = inspect.signature(generate).parameters["callback"]
+generate.__signature__ = inspect.signature(stream_generate).replace(
+    parameters=[*inspect.signature(stream_generate).parameters.values(), _CALLBACK],
+    return_annotation=Tensor,
+)
 
 
 @torch.no_grad()

@@ -68,16 +68,38 @@ def plot_attention(
     cols: Sequence[str] | None = None,
     title: str | None = None,
 ) -> None:
-    """Write a heatmap of ``weights (n_rows, n_cols)`` to ``path`` (PNG).
+    """Write a heatmap of ``weights (n_rows, n_cols)`` to ``path`` (PNG); of ``(H, n_rows,
+    n_cols)``, the heads side by side on one colour scale, plus their average as the last panel.
 
     Args:
         weights: attention weights, rows = queries (e.g. output tokens), cols = keys (source tokens).
         rows, cols: tick labels (tokens); omitted when None or too many to read.
         title: figure title.
+
+    Raises:
+        ValueError: ``weights`` is neither 2-D nor 3-D.
     """
+    _draw(weights, path, (2, 3), rows, cols, title)
+
+
+def plot_attention_grid(weights: torch.Tensor, path: str | os.PathLike, **labels) -> None:
+    """:func:`plot_attention` of the heads ``weights (H, n_rows, n_cols)`` (3-D only).
+
+    Raises:
+        ValueError: ``weights`` is not 3-D.
+    """
+    _draw(weights, path, (3,), **labels)
+
+
+def _draw(weights, path, dims: tuple[int, ...], rows=None, cols=None, title=None) -> None:
     w = torch.as_tensor(weights).detach().float().cpu()
-    if w.dim() != 2:
-        raise ValueError(f"plot_attention needs a 2-D (rows, cols) matrix, got {tuple(w.shape)}")
+    if w.dim() not in dims:
+        wanted = " or ".join({2: "2-D (rows, cols)", 3: "3-D (heads, rows, cols)"}[d] for d in dims)
+        raise ValueError(f"attention weights to plot must be {wanted}, got {tuple(w.shape)}")
+    (_heatmap if w.dim() == 2 else _grid)(w, path, rows, cols, title)
+
+
+def _heatmap(w: torch.Tensor, path, rows, cols, title) -> None:
     plt = _plt()
     h, wd = w.shape
     fig, ax = plt.subplots(
@@ -94,18 +116,7 @@ def plot_attention(
     plt.close(fig)
 
 
-def plot_attention_grid(
-    weights: torch.Tensor,
-    path: str | os.PathLike,
-    *,
-    rows: Sequence[str] | None = None,
-    cols: Sequence[str] | None = None,
-    title: str | None = None,
-) -> None:
-    """Heads side by side: ``weights (H, n_rows, n_cols)``, plus their average as the last panel."""
-    w = torch.as_tensor(weights).detach().float().cpu()
-    if w.dim() != 3:
-        raise ValueError(f"plot_attention_grid needs (heads, rows, cols), got {tuple(w.shape)}")
+def _grid(w: torch.Tensor, path, rows, cols, title) -> None:
     plt = _plt()
     panels = [*w, w.mean(0)]
     names = [f"head {i}" for i in range(w.shape[0])] + ["mean of the heads"]
