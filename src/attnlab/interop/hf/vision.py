@@ -295,20 +295,20 @@ def swin_export(model: SwinTransformer) -> tuple[dict, KeyMap]:
 
 # ---- the families and the state-dict functions -------------------------------------------------
 
-VIT = Family(
-    name="vit",
-    architectures=("ViTModel", "ViTForImageClassification"),
-    config_from_hf=vit_config_from_hf,
-    build=VisionTransformer,
-    keymap=lambda hf, c, names: vit_keymap(_prefix(names, "vit.")),
-)
-SWIN = Family(
-    name="swin",
-    architectures=("SwinModel", "SwinForImageClassification"),
-    config_from_hf=swin_config_from_hf,
-    build=SwinTransformer,
-    keymap=lambda hf, c, names: swin_keymap(_prefix(names, "swin.")),
-)
+def _image_family(name: str, hf_name: str, config_from_hf, build, keymap) -> Family:
+    """A vision family: HF's ``<hf_name>Model`` (weights under ``<name>.`` or bare) and
+    ``<hf_name>ForImageClassification`` (weights under ``<name>.``, the classifier beside)."""
+    return Family(
+        name=name,
+        architectures=(f"{hf_name}Model", f"{hf_name}ForImageClassification"),
+        config_from_hf=config_from_hf,
+        build=build,
+        keymap=lambda hf, c, names: keymap(_prefix(names, f"{name}.")),
+    )
+
+
+VIT = _image_family("vit", "ViT", vit_config_from_hf, VisionTransformer, vit_keymap)
+SWIN = _image_family("swin", "Swin", swin_config_from_hf, SwinTransformer, swin_keymap)
 
 
 def vit_from_hf_state_dict(cfg_dict: dict, state_dict: dict[str, Tensor]) -> VisionTransformer:
