@@ -321,3 +321,22 @@ def test_the_bigram_table_generates_by_recomputation_and_refuses_beam_search():
         assert int(out[0, t]) == int(model.table.weight[out[0, t - 1]].argmax())
     with pytest.raises(UserError, match="beam search needs"):
         beam_generate(model, torch.tensor([[3]]), 2, beam=2)
+
+
+def test_generate_takes_stream_generates_settings_and_names_a_misspelt_one():
+    import inspect
+
+    from attnlab.decoding import stream_generate
+
+    model = DecoderLM(ModelConfig.preset("tiny")).eval()
+    idx = torch.randint(0, 64, (1, 3))
+    params = list(inspect.signature(generate).parameters)
+    assert params == [*inspect.signature(stream_generate).parameters, "callback"]
+    with pytest.raises(TypeError, match="temprature"):
+        generate(model, idx, 2, temprature=0)
+    steps = []
+    out = generate(model, idx, 4, temperature=0, callback=steps.append)
+    assert torch.equal(out[:, 3:], torch.stack(steps, dim=1))  # what streamed is what returned
+    assert torch.equal(
+        out[:, 3:], torch.stack(list(stream_generate(model, idx, 4, temperature=0)), 1)
+    )

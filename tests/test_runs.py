@@ -55,3 +55,16 @@ def test_directories_that_are_not_runs_are_named_errors(tmp_path, content, messa
 def test_missing_run_directory(tmp_path):
     with pytest.raises(RunDirError, match="does not exist"):
         read_config(tmp_path / "nope")
+
+
+def test_load_names_a_misspelt_option_before_reading_anything(tmp_path):
+    import inspect
+
+    from attnlab.runs import load_model
+
+    assert list(inspect.signature(load).parameters) == [
+        *inspect.signature(load_model).parameters,
+        "kinds",
+    ]
+    with pytest.raises(TypeError, match="wieghts"):
+        load(tmp_path / "nope", wieghts="best")  # not the missing directory: the option

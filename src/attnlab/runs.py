@@ -28,6 +28,7 @@ and outputs into words: one loader for every family, used by every command. Writ
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import re
@@ -477,13 +478,7 @@ class LoadedRun:
 
 
 def load(
-    run_dir: str | os.PathLike,
-    *,
-    weights: str = "last",
-    map_location: str | torch.device = "cpu",
-    dtype: torch.dtype | str | None = None,
-    quantize: str | None = None,
-    kinds: tuple[str, ...] | None = None,
+    run_dir: str | os.PathLike, *, kinds: tuple[str, ...] | None = None, **options: Any
 ) -> LoadedRun:
     """Load any run directory: ``model, tokenizer = attnlab.load(run)``.
 
@@ -504,15 +499,24 @@ def load(
         RunDirError: a missing, damaged or foreign run directory, or a kind not in ``kinds``.
         UserError: an unknown dtype or quantisation.
     """
+    inspect.signature(load).bind(run_dir, kinds=kinds, **options)  # a misspelt option: TypeError
     run_dir = Path(run_dir)
     cfg = read_config(run_dir)
     if kinds is not None and cfg["kind"] not in kinds:
         raise RunDirError(
             f"{str(run_dir)!r} holds a {cfg['kind']!r} model; this needs one of {list(kinds)}"
         )
-    model = load_model(
-        run_dir, weights=weights, map_location=map_location, dtype=dtype, quantize=quantize
-    )
+    model = load_model(run_dir, **options)
     kind = get_kind(cfg["kind"])
     tokenizer = _ARTIFACT_READERS[kind.artifacts](run_dir, cfg)
     return LoadedRun(model, tokenizer, cfg["kind"], run_dir, cfg)
+
+
+# load's options are load_model's (plus kinds): show them in help() and IDEs
+load.__signature__ = inspect.signature(load_model).replace(
+    parameters=[
+        *inspect.signature(load_model).parameters.values(),
+        inspect.signature(load).parameters["kinds"],
+    ],
+    return_annotation=LoadedRun,
+)

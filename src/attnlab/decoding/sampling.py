@@ -234,6 +234,7 @@ def generate(
     Raises:
         UserError: a prompt longer than the context, bad sampling settings, ids outside the vocab.
     """
+    inspect.signature(generate).bind(model, idx, max_new_tokens, **settings)  # misspelt: TypeError
     out = [idx]
     for nxt in stream_generate(model, idx, max_new_tokens, **settings):
         if callback is not None:

@@ -295,6 +295,7 @@ def swin_export(model: SwinTransformer) -> tuple[dict, KeyMap]:
 
 # ---- the families and the state-dict functions -------------------------------------------------
 
+
 def _image_family(name: str, hf_name: str, config_from_hf, build, keymap) -> Family:
     """A vision family: HF's ``<hf_name>Model`` (weights under ``<name>.`` or bare) and
     ``<hf_name>ForImageClassification`` (weights under ``<name>.``, the classifier beside)."""
