@@ -12,7 +12,7 @@ import torch
 
 from attnlab import generate as attnlab_generate
 from attnlab.config import PRESETS, BigramConfig, LSTMConfig, ModelConfig
-from attnlab.decoding import beam_generate, generate, left_pad, sample_next
+from attnlab.decoding import beam_generate, generate, left_pad, sample_next, stream_generate
 from attnlab.errors import UserError
 from attnlab.models.lm import DecoderLM
 from attnlab.models.rnn_lm import LSTMLM, BigramLM
@@ -190,6 +190,26 @@ def test_bad_generation_requests_raise_user_errors():
         generate(model, torch.zeros(1, 2, dtype=torch.long), 1, top_p=0)
     with pytest.raises(UserError, match="token ids"):
         generate(model, torch.full((1, 2), 999), 1)
+
+
+def test_generation_hands_a_training_model_back_in_training_mode_even_on_error():
+    model = DecoderLM(ModelConfig.preset("tiny", dropout=0.1)).train()
+    idx = torch.zeros(1, 2, dtype=torch.long)
+    modes = []
+    generate(model, idx, 3, callback=lambda t: modes.append(model.training))
+    assert modes == [False] * 3 and all(m.training for m in model.modules())
+    with pytest.raises(TypeError):  # not a torch.Generator: fails at the first sample
+        generate(model, idx, 3, generator="seed 0")
+    assert all(m.training for m in model.modules())
+    stream = stream_generate(model, idx, 5, temperature=0)
+    next(stream)
+    assert not model.training  # suspended while generating
+    stream.close()  # a stream dropped early
+    assert all(m.training for m in model.modules())
+    model.eval()
+    with pytest.raises(TypeError):
+        generate(model, idx, 3, generator="seed 0")
+    assert not any(m.training for m in model.modules())
 
 
 def test_package_attribute_generate_is_the_function_even_after_importing_the_module():

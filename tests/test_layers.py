@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.layers import MLP, LayerNorm, RMSNorm, SwiGLU, make_norm
+from attnlab.layers import MLP, LayerNorm, RMSNorm, SwiGLU, evaluating, make_norm
 
 
 def _randomise(module: nn.Module) -> None:
@@ -80,3 +80,41 @@ def test_swiglu_is_silu_gate_times_up_then_down():
     # default width ≈ 8/3·d_model (so the three matrices match a 4× MLP's two), rounded up to 8
     assert SwiGLU(96).gate.weight.shape[0] == 256
     assert ffn.gate.bias is None
+
+
+def _net() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5), nn.Sequential(nn.BatchNorm1d(4)))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_evaluating_switches_to_eval_and_restores_the_flag_on_exit(training):
+    net = _net().train(training)
+    with evaluating(net) as inside:
+        assert inside is net
+        assert not any(m.training for m in net.modules())
+    assert all(m.training == training for m in net.modules())
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_evaluating_restores_the_flag_when_the_block_raises(training):
+    net = _net().train(training)
+    with pytest.raises(RuntimeError, match="boom"):
+        with evaluating(net):
+            assert not net.training
+            raise RuntimeError("boom")
+    assert all(m.training == training for m in net.modules())
+
+
+def test_evaluating_in_a_generator_restores_the_flag_when_it_is_closed_early():
+    net = _net().train()
+
+    def steps():
+        with evaluating(net):
+            for _ in range(5):
+                yield net.training
+
+    gen = steps()
+    assert next(gen) is False and not net.training  # suspended inside the block
+    gen.close()
+    assert net.training
+    assert list(steps()) == [False] * 5 and net.training  # and when it runs to the end

@@ -12,6 +12,7 @@ from attnlab.config.vision import VIT_PRESETS, ViTConfig
 from attnlab.errors import UserError
 from attnlab.interop.hf.vision import vit_from_hf_state_dict, vit_to_hf
 from attnlab.layers.position.grid import interpolate_positions
+from attnlab.metrics.classification import evaluate_classifier
 from attnlab.models.vision import VisionTransformer
 
 
@@ -233,6 +234,19 @@ def test_presets_forward_backward_every_parameter_gets_a_gradient(name):
         if n.startswith("pooler"):
             continue
         assert p.grad is not None and p.grad.abs().sum() > 0, n
+
+
+def test_evaluate_classifier_hands_a_training_model_back_in_training_mode_even_on_error():
+    model = VisionTransformer(ViTConfig.preset("tiny", num_classes=3, dropout=0.1)).train()
+    seen = []
+    model.register_forward_pre_hook(lambda m, args: seen.append(m.training))
+    images = torch.randn(4, 1, 8, 8)
+    acc, _ = evaluate_classifier(model, images, torch.tensor([0, 1, 2, 0]), batch_size=2)
+    assert seen == [False, False] and 0.0 <= acc <= 1.0  # evaluated in eval mode
+    assert all(m.training for m in model.modules())
+    with pytest.raises(IndexError):  # label 7 of 3 classes: the loss fails inside the loop
+        evaluate_classifier(model, images, torch.tensor([0, 1, 7, 0]), batch_size=2)
+    assert all(m.training for m in model.modules())
 
 
 def test_config_round_trip_and_unknown_preset():

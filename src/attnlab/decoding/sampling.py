@@ -32,6 +32,7 @@ from attnlab.decoding.compiled import capacity_bucket, start_static
 from attnlab.decoding.interface import supports_decoding
 from attnlab.decoding.search import Hypothesis, beam_search
 from attnlab.errors import UserError
+from attnlab.layers import evaluating
 
 __all__ = ["generate", "stream_generate", "sample_next", "left_pad", "beam_generate"]
 
@@ -156,9 +157,7 @@ def stream_generate(
     finished = torch.zeros(tokens.shape[0], dtype=torch.bool, device=device)
     start = 0  # first column of the context window
     state, cached = None, 0  # the decoding state holds columns [start, cached)
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):  # restored when the generator finishes or is closed
         for step in range(max_new_tokens):
             L = tokens.shape[1]
             if L - start > ctx:  # context full: slide the window, re-encode it
@@ -196,8 +195,6 @@ def stream_generate(
             mask = torch.cat([mask, torch.ones_like(nxt[:, None], dtype=torch.bool)], dim=1)
             if stop_ids.numel() and bool(finished.all()):
                 return
-    finally:
-        model.train(was_training)
 
 
 def generate(
@@ -291,9 +288,7 @@ def beam_generate(
             f"plus {max_new_tokens} new tokens exceed max_seq_len={ctx}"
         )
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         state = model.start_decoding(idx.shape[0], idx.shape[1] + max_new_tokens)
         mask = None if attention_mask is None else {"attention_mask": attention_mask.to(device)}
         return beam_search(
@@ -307,5 +302,3 @@ def beam_generate(
             alpha=alpha,
             first_kwargs=mask,
         )
-    finally:
-        model.train(was_training)

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from attnlab.experiments import common
 from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results
 from attnlab.experiments.training import train_settings
+from attnlab.layers import evaluating
 
 __all__ = [
     "ExtrapolationConfig",
@@ -105,18 +106,14 @@ def loss_by_position(
     device = next(model.parameters()).device
     x = idx.reshape(-1, length)  # (W·M/N, N)
     y = targets.reshape(-1, length)
-    was_training = model.training
-    model.eval()
     total = torch.zeros(length, dtype=torch.float64)
-    try:
+    with evaluating(model):
         for i in range(0, x.shape[0], batch_size):
             logits = model(x[i : i + batch_size].to(device))  # (b, N, V)
             nll = F.cross_entropy(
                 logits.transpose(1, 2).float(), y[i : i + batch_size].to(device), reduction="none"
             )  # (b, N)
             total += nll.sum(0).double().cpu()
-    finally:
-        model.train(was_training)
     return (total / x.shape[0]).float()
 
 

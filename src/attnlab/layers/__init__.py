@@ -1,8 +1,9 @@
 """Transformer building blocks: positions, norms, FFNs, mixture of experts, drop-path, patch
-embedding, the block, and the RNN baselines' recurrent stacks."""
+embedding, the block, the RNN baselines' recurrent stacks, and the ``evaluating`` mode switch."""
 
 from attnlab.layers.drop_path import DropPath, drop_path
 from attnlab.layers.ffn import MLP, SwiGLU
+from attnlab.layers.modes import evaluating
 from attnlab.layers.moe import MoE, load_balancing_loss
 from attnlab.layers.norm import LayerNorm, RMSNorm, make_norm
 from attnlab.layers.patch_embed import PatchEmbedding, check_images
@@ -50,6 +51,7 @@ __all__ = [
     "build_positions",
     "check_images",
     "drop_path",
+    "evaluating",
     "interpolate_positions",
     "load_balancing_loss",
     "make_norm",

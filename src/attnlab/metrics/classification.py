@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.layers import evaluating
+
 __all__ = ["accuracy", "per_class_accuracy", "evaluate_classifier"]
 
 
@@ -40,14 +42,12 @@ def evaluate_classifier(
 
     The model runs in eval mode, ``batch_size`` images at a time; its mode is restored after.
     """
-    was_training = model.training
-    model.eval()
     correct, loss_sum = 0, 0.0
-    for i in range(0, len(labels), batch_size):
-        x, y = images[i : i + batch_size].to(device), labels[i : i + batch_size].to(device)
-        logits = model(x).float()  # (B, L)
-        loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-        correct += int((logits.argmax(-1) == y).sum())
-    model.train(was_training)
+    with evaluating(model):
+        for i in range(0, len(labels), batch_size):
+            x, y = images[i : i + batch_size].to(device), labels[i : i + batch_size].to(device)
+            logits = model(x).float()  # (B, L)
+            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            correct += int((logits.argmax(-1) == y).sum())
     n = max(len(labels), 1)
     return correct / n, loss_sum / n

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.data.translation import PAD_ID, START_ID, TranslationVocabs
+from attnlab.layers import evaluating
 from attnlab.metrics.translation import pair_batches
 
 __all__ = ["free_running_logits", "prefix_losses"]
@@ -73,16 +74,14 @@ def prefix_losses(
         ``{"teacher_forced": [...], "free_running": [...], "length": [...]}``: one NLL (nats per
         token, ``<end>`` included) and the reference length in target tokens per sentence.
     """
-    was_training = model.training
-    model.eval()
     dev = next(model.parameters()).device
     out: dict[str, list] = {"teacher_forced": [], "free_running": [], "length": []}
-    for batch in pair_batches(vocabs, pairs, batch_size=batch_size, device=dev):
-        T = batch.tgt_in.shape[1]
-        tf = model(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
-        free = free_running_logits(model, batch.src, batch.src_mask, T)  # (B, T, V)
-        out["teacher_forced"] += _sentence_nll(tf, batch.tgt_out).tolist()
-        out["free_running"] += _sentence_nll(free, batch.tgt_out).tolist()
-        out["length"] += (batch.tgt_out != PAD_ID).sum(1).tolist()
-    model.train(was_training)
+    with evaluating(model):
+        for batch in pair_batches(vocabs, pairs, batch_size=batch_size, device=dev):
+            T = batch.tgt_in.shape[1]
+            tf = model(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
+            free = free_running_logits(model, batch.src, batch.src_mask, T)  # (B, T, V)
+            out["teacher_forced"] += _sentence_nll(tf, batch.tgt_out).tolist()
+            out["free_running"] += _sentence_nll(free, batch.tgt_out).tolist()
+            out["length"] += (batch.tgt_out != PAD_ID).sum(1).tolist()
     return out

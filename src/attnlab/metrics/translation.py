@@ -30,6 +30,7 @@ from attnlab.data.translation import (
 )
 from attnlab.decoding.search import Hypothesis, beam_search
 from attnlab.errors import UserError
+from attnlab.layers import evaluating
 
 __all__ = [
     "Translation",
@@ -273,18 +274,17 @@ def evaluate_pairs(
         ``{"exact_match", "bleu", "chrf", "n", "hypotheses", "references", "correct"}``;
         ``bleu`` is None when no reference has four tokens.
     """
-    was_training = model.training
-    res = translate_texts(
-        model,
-        vocabs,
-        [s for s, _ in pairs],
-        beam=beam,
-        alpha=alpha,
-        batch_size=batch_size,
-        max_len=max_len,
-        strict=False,
-    )
-    model.train(was_training)
+    with evaluating(model):  # translate_texts leaves the model in eval mode
+        res = translate_texts(
+            model,
+            vocabs,
+            [s for s, _ in pairs],
+            beam=beam,
+            alpha=alpha,
+            batch_size=batch_size,
+            max_len=max_len,
+            strict=False,
+        )
     hyps = [r.text for r in res]
     refs = [vocabs.normalizer(t) for _, t in pairs]
     # exact match on token sequences: word-level output is detokenised with a space between all
@@ -331,13 +331,11 @@ def teacher_forced_tokens(
     Returns:
         ``(logits (N, V) float32 on the CPU, targets (N,))`` over the N non-padding positions.
     """
-    was_training = model.training
-    model.eval()
     logits, targets = [], []
-    for batch in pair_batches(vocabs, pairs, batch_size=batch_size, device=_device(model)):
-        out = model(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
-        real = batch.tgt_out != PAD_ID  # (B, T)
-        logits.append(out[real].float().cpu())
-        targets.append(batch.tgt_out[real].cpu())
-    model.train(was_training)
+    with evaluating(model):
+        for batch in pair_batches(vocabs, pairs, batch_size=batch_size, device=_device(model)):
+            out = model(batch.src, batch.src_mask, batch.tgt_in)  # (B, T, V)
+            real = batch.tgt_out != PAD_ID  # (B, T)
+            logits.append(out[real].float().cpu())
+            targets.append(batch.tgt_out[real].cpu())
     return torch.cat(logits), torch.cat(targets)

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from attnlab.config.base import ConfigError
 from attnlab.data.scenes import SceneSet, Vocab, images_to_tensor
 from attnlab.decoding.search import Hypothesis, beam_search
+from attnlab.layers import evaluating
 from attnlab.metrics.captions import score_captions
 from attnlab.tasks.losses import cross_entropy
 from attnlab.tasks.scenes import SceneTask, SceneTaskConfig, forward_with_aux, pad_ids
@@ -137,9 +138,7 @@ def decode_captions(
     max_len = model.config.max_len if max_len is None else max_len
     if attention and not hasattr(model, "step_attention"):
         raise ValueError(f"{type(model).__name__} has no attention over the image")
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         state = model.start_decoding(images, max_len)
         first = torch.full((images.shape[0], 1), Vocab.START, device=images.device)
         hyps = beam_search(
@@ -154,8 +153,6 @@ def decode_captions(
             banned=(Vocab.PAD, Vocab.START),
             step_attention=model.step_attention if attention else None,
         )
-    finally:
-        model.train(was_training)
     if attention:
         grid = model.encoder.grid
         for h in hyps:

@@ -32,6 +32,7 @@ from attnlab.data.prepare import Prepared, prepare_cached
 from attnlab.data.shards import MANIFEST, BlockSplit
 from attnlab.data.textstream import BUILTIN_CORPORA
 from attnlab.errors import UserError
+from attnlab.layers import evaluating
 from attnlab.tasks.losses import cross_entropy
 
 __all__ = ["LMTask", "CorpusTask"]
@@ -263,16 +264,12 @@ class LMTask(CorpusTask):
             ``{"loss", "perplexity", "tokens"}``.
         """
         device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
         total, count = 0.0, 0
-        try:
+        with evaluating(model):
             for idx, targets in self.eval_batches(batch_size, n_batches):
                 logits = model(idx.to(device))  # (B, T, V)
                 targets = targets.to(device)
                 total += float(cross_entropy(logits, targets)) * targets.numel()
                 count += targets.numel()
-        finally:
-            model.train(was_training)
         loss = total / max(count, 1)
         return {"loss": loss, "perplexity": float(np.exp(min(loss, 50.0))), "tokens": count}

@@ -32,6 +32,7 @@ from attnlab.config.encoder import MLMTaskConfig
 from attnlab.config.lm import LMTaskConfig
 from attnlab.data.tokenizers import TokenizerWithSpecials
 from attnlab.errors import UserError
+from attnlab.layers import evaluating
 from attnlab.tasks.lm import CorpusTask, LMTask
 from attnlab.tasks.losses import cross_entropy
 
@@ -247,10 +248,8 @@ class MLMTask(CorpusTask):
             ``{"loss", "acc", "predicted"}`` (``predicted``: the number of chosen tokens).
         """
         device = next(model.parameters()).device
-        was_training = model.training
-        model.eval()
         total, hits, count = 0.0, 0, 0
-        try:
+        with evaluating(model):
             for inputs, targets in self.eval_batches(batch_size, n_batches):
                 logits = model(inputs.to(device))  # (B, T, V)
                 targets = targets.to(device)
@@ -258,8 +257,6 @@ class MLMTask(CorpusTask):
                 total += float(cross_entropy(logits, targets, ignore_index=IGNORE)) * n
                 hits += int((logits.argmax(-1) == targets).sum())  # IGNORE never equals an id
                 count += n
-        finally:
-            model.train(was_training)
         return {"loss": total / max(count, 1), "acc": hits / max(count, 1), "predicted": count}
 
     def save_artifacts(self, run_dir: str | Path) -> None:

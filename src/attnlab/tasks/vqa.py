@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.data.scenes import QA, QUESTION_TYPES, SceneSet, images_to_tensor
+from attnlab.layers import evaluating
 from attnlab.metrics.captions import accuracy_by_group
 from attnlab.tasks.losses import cross_entropy
 from attnlab.tasks.scenes import (
@@ -179,11 +180,9 @@ class VQATask(SceneTask):
         """Accuracy per question type (and ``"all"``) on the fixed evaluation set of ``split``."""
         sset = self.sets(split)
         pairs = self.eval_pairs(split, per_type)
-        was_training = model.training
-        model.eval()
         device = next(model.parameters()).device
         hits: list[bool] = []
-        try:
+        with evaluating(model):
             for b in range(0, len(pairs), batch_size):
                 batch = self.batch(sset, pairs[b : b + batch_size])
                 logits = model(
@@ -192,8 +191,6 @@ class VQATask(SceneTask):
                     batch["lengths"].to(device),
                 )
                 hits += (logits.argmax(-1).cpu() == batch["answers"]).tolist()
-        finally:
-            model.train(was_training)
         return accuracy_by_group([qa.qtype for _, qa in pairs], hits, QUESTION_TYPES)
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from attnlab.fileio import atomic_save
+from attnlab.layers import evaluating
 
 __all__ = ["cls_attention", "attention_rollout", "overlay_attention", "plot_vit_attention"]
 
@@ -151,10 +152,8 @@ def plot_vit_attention(
     """
     x = (image if normalized is None else normalized)[None]
     x = x.to(next(model.parameters()).device)
-    was_training = model.training
-    model.eval()
-    _, weights = model(x, need_weights=True)
-    model.train(was_training)
+    with evaluating(model):
+        _, weights = model(x, need_weights=True)
     p = model.config.patch_size
     grid = (x.shape[-2] // p, x.shape[-1] // p)
     n_prefix = getattr(model, "n_prefix", 1)

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from attnlab.config.multimodal import SceneModelConfig
 from attnlab.config.vision import CNNConfig, ViTConfig
 from attnlab.errors import UserError
+from attnlab.layers import evaluating
 from attnlab.models.vision.cnn import ResidualCNN
 from attnlab.models.vision.vit import VisionTransformer
 
@@ -125,15 +126,13 @@ class ImageEncoder(nn.Module):
         """Freeze the parameters ``reads`` never touches, found by one backward on a blank image
         (the head when reading tokens or the vector; the CNN's pooled-vector norm for tokens)."""
         read = {"tokens": self.tokens, "vector": self.vector, "logits": self.logits}[reads]
-        was_training = self.net.training
-        self.net.eval()  # no batch-norm statistics from the blank image
-        with torch.enable_grad():
+        # eval mode: no batch-norm statistics from the blank image
+        with evaluating(self.net), torch.enable_grad():
             read(torch.zeros(1, 3, self.image_size, self.image_size)).float().sum().backward()
         for p in self.net.parameters():
             if p.grad is None:
                 p.requires_grad_(False)
             p.grad = None
-        self.net.train(was_training)
 
     def train(self, mode: bool = True) -> ImageEncoder:
         super().train(mode)
