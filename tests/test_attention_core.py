@@ -374,3 +374,42 @@ def test_an_option_the_backend_does_not_take_is_a_value_error_naming_both(backen
         ValueError, match=rf"backend '{backend}' does not take option\(s\) \['window'\]"
     ):
         scaled_dot_product_attention(q, k, v, backend=backend, window=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_one_half_precision_query_over_many_keys_is_the_formula_in_fp32(monkeypatch, dtype):
+    """A decoding step in bf16/fp16 over ≥ ONE_QUERY_FP32_FROM keys runs the products in fp32 on a
+    CPU (faster there): the outputs are the float64 formula's rounded once to the dtype, with GQA,
+    a padding mask, an additive bias and a row with no allowed key."""
+    import torch.nn.functional as F
+
+    from attnlab.attention import core
+
+    torch.manual_seed(0)
+    S = core.ONE_QUERY_FP32_FROM + 88
+    q = torch.randn(3, 4, 1, 16)
+    k, v = torch.randn(3, 2, S, 16), torch.randn(3, 2, S, 16)
+    mask = torch.rand(3, 1, 1, S) > 0.3
+    mask[2] = False  # no key allowed: zeros, not NaN
+    bias = torch.randn(1, 4, 1, S)
+    fused = []
+    real_sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F, "scaled_dot_product_attention", lambda *a, **kw: fused.append(1) or real_sdpa(*a, **kw)
+    )
+    got = scaled_dot_product_attention(
+        q.to(dtype), k.to(dtype), v.to(dtype), mask=mask, bias=bias.to(dtype), backend="sdpa"
+    )
+    assert got.dtype == dtype and not fused  # the fp32 products, not the fused kernel
+    qd, kd, vd = (t.to(dtype).double() for t in (q, k, v))
+    kd, vd = kd.repeat_interleave(2, dim=1), vd.repeat_interleave(2, dim=1)
+    scores = (qd @ kd.transpose(-2, -1)) / 4.0 + bias.to(dtype).double()
+    want = scores.masked_fill(~mask, float("-inf")).softmax(-1).nan_to_num(0.0) @ vd
+    torch.testing.assert_close(got.double(), want, atol=1e-2, rtol=1e-2)
+    assert torch.equal(got[2], torch.zeros_like(got[2]))
+    # fewer keys, or fp32: torch's fused kernel as before
+    scaled_dot_product_attention(q, k, v, mask=mask, backend="sdpa")
+    short = scaled_dot_product_attention(
+        q.to(dtype), k[:, :, :64].to(dtype), v[:, :, :64].to(dtype), backend="sdpa"
+    )
+    assert len(fused) == 2 and short.dtype == dtype
