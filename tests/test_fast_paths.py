@@ -66,6 +66,21 @@ def test_static_cache_step_has_fixed_shapes_and_touches_no_python_counter():
     assert state.caches[0]._length == 0 and state.caches[0].length == 8
 
 
+def test_capacity_buckets_cover_the_need_with_few_graphs_and_little_waste():
+    from attnlab.decoding.compiled import capacity_bucket
+
+    caps = [capacity_bucket(n, 4096) for n in range(1, 4097)]
+    assert all(c >= n for n, c in zip(range(1, 4097), caps))  # room for every token
+    assert caps == sorted(caps)  # a longer need never gets a smaller cache
+    assert set(caps[:512]) == {64, 128, 256, 512}  # powers of two up to 512
+    for lo in (512, 1024, 2048):  # then at most four graphs per doubling ...
+        assert len({c for n, c in enumerate(caps, 1) if lo < n <= 2 * lo}) == 4
+    # ... and at most a quarter of the slots unused above 512 (every step reads them all)
+    assert all(c <= 1.25 * n for n, c in enumerate(caps, 1) if n > 512)
+    assert capacity_bucket(544, 1024) == 640  # a 512-token prompt + 32 new tokens
+    assert capacity_bucket(3000, 2048) == 2048  # never past the context
+
+
 @pytest.mark.slow
 @torch.no_grad()
 def test_compiled_decoding_gives_the_eager_tokens_and_compiles_one_step_graph():

@@ -15,8 +15,11 @@ On a GPU the step is compiled with ``mode="reduce-overhead"`` (CUDA graphs: one 
 the cache buffers are marked static so the graph replays in place. On a CPU inductor generates C++
 kernels (the first compile takes tens of seconds; later runs reuse the on-disk cache).
 
-Capacities are rounded up to a power of two (:func:`capacity_bucket`), so prompts of many lengths
-share a handful of compiled graphs.
+Capacities are rounded up to a power of two, and above 512 to a quarter of the octave
+(:func:`capacity_bucket`: 640, 768, 896, 1024, 1280, ...), so prompts of many lengths share a
+handful of compiled graphs while a long prompt attends over at most a quarter more slots than it
+fills (every step reads the whole static cache: 1,024 slots for a 544-token context cost 1.6x
+640).
 
 Shape legend: B batch, V vocab.
 """
@@ -35,6 +38,8 @@ from attnlab.errors import UserError
 __all__ = ["supports_static", "capacity_bucket", "compiled_forward", "start_static"]
 
 _MIN_BUCKET = 64
+#: above this capacity buckets are quarter octaves, not powers of two
+_FINE_FROM = 512
 #: compiled graphs kept per code object: each (model shape, dtype, capacity) is one graph, and
 #: torch's default of 8 would silently fall back to eager after a few benchmark settings
 RECOMPILE_LIMIT = 64
@@ -47,11 +52,16 @@ def supports_static(model: nn.Module) -> bool:
 
 
 def capacity_bucket(needed: int, limit: int) -> int:
-    """The capacity to allocate for ``needed`` tokens: the next power of two (at least 64), at
-    most ``limit`` (the context). Few distinct capacities = few compiled graphs."""
+    """The capacity to allocate for ``needed`` tokens, at most ``limit`` (the context): the next
+    power of two (at least 64) up to 512, then the next multiple of an eighth of the next power
+    of two (640, 768, 896, 1024, 1280, ...). Few distinct capacities = few compiled graphs (at
+    most four per doubling), and above 512 at most a quarter of the slots unused."""
     cap = _MIN_BUCKET
     while cap < needed:
         cap *= 2
+    if cap > _FINE_FROM:
+        step = cap // 8
+        cap = -(-needed // step) * step
     return min(cap, limit)
 
 
