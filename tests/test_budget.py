@@ -60,13 +60,29 @@ def test_the_rule_is_deterministic_and_pure():
     assert choose_lm_settings(**kw) == choose_lm_settings(**kw)
 
 
-def test_the_issue_12_point_gives_the_measured_recipe():
-    """89 s on the issue's machine (2000 reference steps): the recipe that scored 1.333."""
-    c = choose_lm_settings(budget_s=89, corpus_tokens=PYDOC, vocab_size=103)
-    assert c.row.name == "s" and c.steps == pytest.approx(2000, abs=5)
-    assert (c.seq_len, c.batch_size, c.lr, c.warmup_steps, c.dropout) == (64, 12, 1e-3, 100, 0.0)
-    assert c.model["position"] == "rope" and c.model["d_model"] == 128
-    assert c.model["n_layers"] == 4 and c.model["max_seq_len"] == 64
+def test_the_sweeps_points_give_the_measured_recipes():
+    """The sweep's machine (15.5 reference steps/s): xs won at 30-150 s, s at 300 s."""
+    c = choose_lm_settings(budget_s=150, corpus_tokens=PYDOC, vocab_size=103, ref_steps_per_s=15.5)
+    assert c.row.name == "xs" and c.model["n_layers"] == 2 and c.model["d_model"] == 64
+    assert (c.seq_len, c.batch_size, c.lr, c.warmup_steps, c.dropout) == (64, 12, 4e-3, 50, 0.0)
+    assert c.model["position"] == "rope" and c.model["max_seq_len"] == 64
+    c = choose_lm_settings(budget_s=300, corpus_tokens=PYDOC, vocab_size=103, ref_steps_per_s=15.5)
+    assert c.row.name == "s" and c.model["n_layers"] == 4 and c.model["d_model"] == 128
+    assert c.steps == pytest.approx(300 * 15.5, abs=5) and (c.lr, c.dropout) == (4e-3, 0.0)
+    # issue 12's point (89 s on its machine, 2000 reference steps) is below s's crossing
+    assert choose_lm_settings(budget_s=89, corpus_tokens=PYDOC, vocab_size=103).row.name == "xs"
+
+
+def test_a_model_far_smaller_than_its_corpus_gets_no_dropout_at_ten_passes():
+    """Dropout counts passes times min(1, parameters / corpus tokens)."""
+    xs, s = ROWS[0], ROWS[1]
+    corpus = 10 * row_params(xs)  # xs is a tenth of the corpus, s larger than it
+    # 20 passes for either: xs counts 2 weighted passes, s all 20
+    steps_xs = 20 * corpus // (xs.batch_size * xs.seq_len)
+    c = choose_lm_settings(steps=steps_xs, corpus_tokens=corpus, rows=(xs,))
+    assert c.epochs == pytest.approx(20, rel=0.01) and c.dropout == 0.0
+    c = choose_lm_settings(steps=steps_xs, corpus_tokens=corpus, rows=(s,))
+    assert c.epochs == pytest.approx(20, rel=0.01) and c.dropout == 0.1
 
 
 def test_edge_cases_tiny_budget_tiny_corpus_and_bad_inputs():
