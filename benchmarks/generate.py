@@ -9,7 +9,8 @@ with the bandwidth measured in this run on the largest matrix (the output projec
 each precision. The table gives each setting's ms per token, its speed-up over HF fp32 and the
 fraction of its roofline reached. Per-token cost is the decode cost only: the median interval
 between consecutive new tokens (timestamps from ``generate``'s callback and HF's streamer), so the
-prompt's prefill is not counted and a busy machine's spikes are left out. Then batched
+prompt's prefill is not counted and a busy machine's spikes are left out; the settings take turns
+(one generation of each per repetition), so a drifting machine slows them alike. Then batched
 throughput (``--batch``, tokens/s) against HF, and with ``--agreement RUN`` how often bf16 and
 int8 greedy continuations of a trained run equal fp32's.
 
@@ -66,21 +67,32 @@ def timed(fn, device: str, reps: int) -> float:
     return best
 
 
-def per_token_ms(run, n: int, device: str, reps: int) -> float:
-    """Median ms between consecutive new tokens of ``run(n, stamp)`` over ``reps`` runs;
+def _gaps(run, n: int, device: str) -> list[float]:
+    """Seconds between consecutive new tokens of one ``run(n, stamp)`` (decode steps only);
     ``run`` calls ``stamp()`` as each token arrives."""
-    gaps: list[float] = []
+    stamps: list[float] = []
+
+    def stamp() -> None:
+        _sync(device)
+        stamps.append(time.perf_counter())
+
+    run(n, stamp)
+    return [b - a for a, b in zip(stamps[1:], stamps[2:])]
+
+
+def per_token_ms(run, n: int, device: str, reps: int) -> float:
+    """Median ms between consecutive new tokens of ``run`` over ``reps`` runs."""
+    return per_token_ms_interleaved({"run": run}, n, device, reps)["run"]
+
+
+def per_token_ms_interleaved(runs: dict, n: int, device: str, reps: int) -> dict[str, float]:
+    """:func:`per_token_ms` of several runs, taking turns (one run of each per repetition), so
+    that a machine whose speed drifts during the benchmark slows every setting alike."""
+    gaps: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(reps):
-        stamps: list[float] = []
-
-        def stamp(stamps: list[float] = stamps) -> None:
-            _sync(device)
-            stamps.append(time.perf_counter())
-
-        run(n, stamp)
-        gaps += [b - a for a, b in zip(stamps[1:], stamps[2:])]  # decode steps only
-    gaps.sort()
-    return 1000 * gaps[len(gaps) // 2]
+        for k, run in runs.items():
+            gaps[k] += _gaps(run, n, device)
+    return {k: 1000 * sorted(g)[len(g) // 2] for k, g in gaps.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,19 +211,20 @@ def latency_table(args, models, hfs, bw, device: str) -> None:
     print(head)
     for ctx in args.contexts:
         idx = torch.randint(0, models["fp32"].config.vocab_size, (1, ctx), device=device)
-        hf_ms = {k: per_token_ms(hf_run(hf, idx), n, device, reps) for k, hf in hfs.items()}
-        row = f"{ctx:>8}{hf_ms['fp32']:>8.2f}ms{hf_ms['bf16']:>8.2f}ms"
-        same = []
+        runs = {f"HF {k}": hf_run(hf, idx) for k, hf in hfs.items()}
         for name, comp in variants:
             run = attnlab_run(models[name], idx, comp)
             if comp:
                 run(n)  # compile before timing (once per setting and capacity)
-            ms = per_token_ms(run, n, device, reps)
-            speedup = hf_ms["fp32"] / ms if ms > 0 else float("inf")
-            row += f"{ms:>8.2f}ms {speedup:>4.1f}x {floors[name] / ms:>5.0%}"
-            if name == "fp32" and not comp:
-                same.append(torch.equal(run(n)[0, ctx:], hf_run(hfs["fp32"], idx)(n)[0, ctx:]))
-        print(row + ("" if not same else f"   fp32 tokens = HF's: {same[0]}"))
+            runs[name + (" +compile" if comp else "")] = run
+        ms = per_token_ms_interleaved(runs, n, device, reps)
+        row = f"{ctx:>8}{ms['HF fp32']:>8.2f}ms{ms['HF bf16']:>8.2f}ms"
+        for name, comp in variants:
+            got = ms[name + (" +compile" if comp else "")]
+            speedup = ms["HF fp32"] / got if got > 0 else float("inf")
+            row += f"{got:>8.2f}ms {speedup:>4.1f}x {floors[name] / got:>5.0%}"
+        same = torch.equal(runs["fp32"](n)[0, ctx:], runs["HF fp32"](n)[0, ctx:])
+        print(row + f"   fp32 tokens = HF's: {same}")
 
 
 def throughput_table(args, models, hfs, device: str) -> None:
