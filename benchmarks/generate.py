@@ -80,14 +80,10 @@ def _gaps(run, n: int, device: str) -> list[float]:
     return [b - a for a, b in zip(stamps[1:], stamps[2:])]
 
 
-def per_token_ms(run, n: int, device: str, reps: int) -> float:
-    """Median ms between consecutive new tokens of ``run`` over ``reps`` runs."""
-    return per_token_ms_interleaved({"run": run}, n, device, reps)["run"]
-
-
 def per_token_ms_interleaved(runs: dict, n: int, device: str, reps: int) -> dict[str, float]:
-    """:func:`per_token_ms` of several runs, taking turns (one run of each per repetition), so
-    that a machine whose speed drifts during the benchmark slows every setting alike."""
+    """Median ms between consecutive new tokens of each run over ``reps`` repetitions, the runs
+    taking turns (one of each per repetition), so that a machine whose speed drifts during the
+    benchmark slows every setting alike."""
     gaps: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(reps):
         for k, run in runs.items():
