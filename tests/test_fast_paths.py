@@ -66,6 +66,41 @@ def test_static_cache_step_has_fixed_shapes_and_touches_no_python_counter():
     assert state.caches[0]._length == 0 and state.caches[0].length == 8
 
 
+@pytest.mark.slow
+@torch.no_grad()
+def test_each_model_keeps_its_compiled_step_and_a_changed_model_compiles_anew():
+    """The compiled CPU step skips Dynamo's per-call guards on the model: two models of the same
+    shapes (other weights, another activation) must not share a graph, new weights must be read
+    at call time, and a model changed in place (another dtype) must not reuse its old graph."""
+    models = []
+    for activation in ("gelu_tanh", "relu"):  # the same weights, another activation
+        torch.manual_seed(1)
+        models.append(_model("rope", n_layers=1, activation=activation))
+        for p in models[-1].blocks.parameters():
+            p.mul_(4.0)  # blocks that outweigh the tied embedding: the activation shows
+    a, b = models
+    torch.manual_seed(0)
+    idx, mask = _prompts()
+    eager_a = generate(a, idx, 6, temperature=0, attention_mask=mask)
+    eager_b = generate(b, idx, 6, temperature=0, attention_mask=mask)
+    assert not torch.equal(eager_a, eager_b)
+    for model, eager in ((a, eager_a), (b, eager_b), (a, eager_a)):
+        got = generate(model, idx, 6, temperature=0, attention_mask=mask, compile=True)
+        assert torch.equal(got, eager)
+    plain = generate(a, idx, 6, temperature=0)  # no padding: no mask input
+    assert torch.equal(generate(a, idx, 6, temperature=0, compile=True), plain)
+    for p in a.parameters():  # new values, same structure: the same graph reads them
+        p.mul_(-1.5)
+    moved = generate(a, idx, 6, temperature=0, attention_mask=mask)
+    assert not torch.equal(moved, eager_a)
+    assert torch.equal(generate(a, idx, 6, temperature=0, attention_mask=mask, compile=True), moved)
+    a.to(torch.float64)  # another dtype: compiled anew
+    eager64 = generate(a, idx, 6, temperature=0, attention_mask=mask)
+    assert torch.equal(
+        generate(a, idx, 6, temperature=0, attention_mask=mask, compile=True), eager64
+    )
+
+
 def test_capacity_buckets_cover_the_need_with_few_graphs_and_little_waste():
     from attnlab.decoding.compiled import capacity_bucket
 

@@ -13,7 +13,10 @@ cursor tensor and attends over every slot with a mask, so step 1 and step 1000 a
 
 On a GPU the step is compiled with ``mode="reduce-overhead"`` (CUDA graphs: one launch per token);
 the cache buffers are marked static so the graph replays in place. On a CPU inductor generates C++
-kernels (the first compile takes tens of seconds; later runs reuse the on-disk cache).
+kernels (the first compile takes tens of seconds; later runs reuse the on-disk cache), and the
+compiled step is kept per model: Dynamo's checks of the model's attributes and of globals before
+every call (0.7 ms of a step) are replaced by one comparison of the model's structure per
+generation (:func:`compiled_forward`).
 
 Capacities are rounded up to a power of two, and above 512 to a quarter of the octave
 (:func:`capacity_bucket`: 640, 768, 896, 1024, 1280, ...), so prompts of many lengths share a
@@ -27,6 +30,8 @@ Shape legend: B batch, V vocab.
 from __future__ import annotations
 
 import inspect
+import itertools
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -69,8 +74,59 @@ def _device_type(model: nn.Module) -> str:
     return next(model.parameters()).device.type
 
 
+#: per model: (what its compiled CPU step depends on, the compiled step)
+_CPU_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_STEP_IDS = itertools.count()
+
+
+def _structure(model: nn.Module) -> tuple:
+    """What a compiled step's graph depends on besides the values of its inputs: the module tree
+    (types and train/eval flags), every parameter's and buffer's dtype, shape, layout and device,
+    and the configuration."""
+    tensors = itertools.chain(model.named_parameters(), model.named_buffers())
+    return (
+        repr(getattr(model, "config", None)),
+        tuple((name, type(m), m.training) for name, m in model.named_modules()),
+        tuple(
+            (name, t.dtype, tuple(t.shape), t.stride(), t.device, t.requires_grad)
+            for name, t in tensors
+        ),
+    )
+
+
+def _own_step_function() -> Callable[..., Tensor]:
+    """``step(model, idx, kwargs) = model(idx, **kwargs)`` with a code object of its own. Dynamo
+    keeps compiled graphs and their guards per code object, so a function per model keeps each
+    model's graphs its own."""
+    namespace: dict = {}
+    source = "def step(model, idx, kwargs):\n    return model(idx, **kwargs)\n"
+    exec(compile(source, f"<attnlab decoding step {next(_STEP_IDS)}>", "exec"), namespace)
+    return namespace["step"]
+
+
+def _guards_not_on_the_model(entries) -> list[bool]:
+    # Before every call Dynamo checks hundreds of guards on the model's attributes (module types,
+    # flags, parameter metadata) and on the globals the forward read (module constants, the
+    # backend registry): 0.7 ms of an 8.6 ms step for GPT-2 6 x 384 on a CPU, 0.04 ms without
+    # them. The step's graphs belong to one model, whose _structure is compared once per
+    # generation instead, and the globals are the library's own; the guards on the inputs
+    # (token ids, caches, mask) and on the global state (grad mode) stay.
+    return [not _on_the_model_or_global(entry.name) for entry in entries]
+
+
+def _on_the_model_or_global(source: str) -> bool:
+    # Dynamo names a guard by the source it reads: model, model._modules['blocks'], ...,
+    # dict(type(model)...) for the class dictionaries it consults, G['...'] for globals
+    return source == "model" or source.startswith(("model.", "model[", "dict(type(model", "G["))
+
+
 def compiled_forward(model: nn.Module, *, mode: str | None = "auto") -> Callable[..., Tensor]:
     """``model``'s forward compiled for single-token steps over static caches.
+
+    On a CPU the compiled step is kept per model and reused while the model's structure (module
+    types and modes, parameter dtypes, shapes and devices, configuration) is unchanged; it skips
+    Dynamo's per-call guards on the model's attributes (checked once here instead), keeping
+    those on the step's inputs. A changed model compiles anew.
 
     Args:
         model: a :class:`~attnlab.DecoderLM` (in eval mode).
@@ -82,12 +138,24 @@ def compiled_forward(model: nn.Module, *, mode: str | None = "auto") -> Callable
     """
     if mode == "auto":
         mode = "reduce-overhead" if _device_type(model) == "cuda" else None
-    # Dynamo caches what it compiles on the forward's code object, so a new wrapper (or another
-    # model of the same shapes) reuses the graph: nothing needs keeping here
     limit = torch._dynamo.config.recompile_limit
     torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
-    compiled = torch.compile(model, mode=mode, dynamic=False)
     graphs = mode == "reduce-overhead"
+    if mode is None and _device_type(model) == "cpu":
+        key = _structure(model)
+        kept = _CPU_STEPS.get(model)
+        if kept is None or kept[0] != key:
+            options = {"guard_filter_fn": _guards_not_on_the_model}
+            kept = (key, torch.compile(_own_step_function(), dynamic=False, options=options))
+            _CPU_STEPS[model] = kept
+        own_step = kept[1]
+
+        def compiled(idx: Tensor, **kwargs) -> Tensor:
+            return own_step(model, idx, kwargs)
+
+    else:
+        # Dynamo caches what it compiles on the forward's code object, guarded on the model
+        compiled = torch.compile(model, mode=mode, dynamic=False)
 
     def step(idx: Tensor, **kwargs) -> Tensor:
         # the new tokens are often a column sliced from a growing (B, L) tensor, whose row stride
