@@ -81,12 +81,16 @@ _STEP_IDS = itertools.count()
 
 def _structure(model: nn.Module) -> tuple:
     """What a compiled step's graph depends on besides the values of its inputs: the module tree
-    (types and train/eval flags), every parameter's and buffer's dtype, shape, layout and device,
-    and the configuration."""
+    (types, train/eval flags, forward hooks), every parameter's and buffer's dtype, shape, layout
+    and device, and the configuration."""
     tensors = itertools.chain(model.named_parameters(), model.named_buffers())
+    modules = model.named_modules()
     return (
         repr(getattr(model, "config", None)),
-        tuple((name, type(m), m.training) for name, m in model.named_modules()),
+        tuple(
+            (name, type(m), m.training, tuple(m._forward_pre_hooks), tuple(m._forward_hooks))
+            for name, m in modules
+        ),
         tuple(
             (name, t.dtype, tuple(t.shape), t.stride(), t.device, t.requires_grad)
             for name, t in tensors
