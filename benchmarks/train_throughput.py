@@ -117,7 +117,7 @@ def flops_per_token(model: DecoderLM, seq_len: int) -> float:
 
 def bench(models: dict, idx, targets, steps: int, warmup: int, amp: bool, device: str) -> dict:
     """Tokens/s of each model (median step), stepping the models in turn so that a busy machine
-    slows them alike. ``models``: name -> (module, forward)."""
+    slows them alike. ``models``: name -> (module, loss(idx, targets))."""
     fused = device.split(":")[0] in ("cpu", "cuda")
     opts = {
         n: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=fused or None)
@@ -130,13 +130,12 @@ def bench(models: dict, idx, targets, steps: int, warmup: int, amp: bool, device
     )
     times: dict[str, list[float]] = {n: [] for n in models}
     for i in range(warmup + steps):
-        for name, (model, forward) in models.items():
+        for name, (model, loss_of) in models.items():
             model.train()
             _sync(device)
             t = time.perf_counter()
             with ctx:
-                logits = forward(idx)
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+                loss = loss_of(idx, targets)
             loss.backward()
             opts[name].step()
             opts[name].zero_grad(set_to_none=True)
@@ -144,6 +143,10 @@ def bench(models: dict, idx, targets, steps: int, warmup: int, amp: bool, device
             if i >= warmup:
                 times[name].append(time.perf_counter() - t)
     return {n: idx.numel() / sorted(ts)[len(ts) // 2] for n, ts in times.items()}
+
+
+def hf_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
 def optimizer_steps(model: torch.nn.Module, device: str, reps: int = 10) -> dict[str, float]:
@@ -208,6 +211,10 @@ def main() -> None:
     targets = torch.randint(0, args.vocab, (args.batch_size, args.seq_len), device=dev)
     with torch.no_grad():  # same weights -> same logits
         diff = (ours.eval()(idx[:1]) - hf.eval()(idx[:1]).logits).abs().max().item()
+        loss_diff = abs(
+            ours(idx[:1], targets=targets[:1]).item()
+            - hf_loss(hf(idx[:1]).logits, targets[:1]).item()
+        )
 
     fpt = flops_per_token(ours, args.seq_len)
     peaks = {"fp32": matmul_rate(dev, torch.float32)}
@@ -220,14 +227,23 @@ def main() -> None:
         f"vocab={args.vocab}, {sum(p.numel() for p in ours.parameters()) / 1e6:.1f}M params; "
         f"batch {args.batch_size}; median of {args.steps} steps after {args.warmup} warm-up"
     )
-    print(f"max |logits(attnlab) - logits(HF)| = {diff:.2e}; model FLOPs/token = {fpt / 1e6:.1f}M")
+    print(
+        f"max |logits(attnlab) - logits(HF)| = {diff:.2e}, |loss(attnlab) - loss(HF)| = "
+        f"{loss_diff:.2e}; model FLOPs/token = {fpt / 1e6:.1f}M"
+    )
     print(
         "measured matmul peak: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peaks.items())
     )
-    models = {"attnlab": (ours, lambda x: ours(x)), "HF GPT2": (hf, lambda x: hf(x).logits)}
+    # each as its users train it: attnlab's trainer asks the model for the loss (the output
+    # projection and the cross-entropy fused, attnlab.layers.losses); HF's loss is
+    # cross_entropy(logits.float()), what GPT2LMHeadModel(labels=...) computes after its shift
+    models = {
+        "attnlab": (ours, lambda x, y: ours(x, targets=y)),
+        "HF GPT2": (hf, lambda x, y: hf_loss(hf(x).logits, y)),
+    }
     if not args.no_compile:
         compiled = torch.compile(compiled_copy)
-        models["attnlab+compile"] = (compiled_copy, lambda x: compiled(x))
+        models["attnlab+compile"] = (compiled_copy, lambda x, y: compiled(x, targets=y))
     print(f"{'model':<17}{'precision':<11}{'tokens/s':>10}{'MFU':>8}{'vs HF':>8}")
     for mode in modes:
         # the compiled model compiles (again, under autocast) in its warm-up steps

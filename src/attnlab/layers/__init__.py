@@ -1,8 +1,10 @@
 """Transformer building blocks: positions, norms, FFNs, mixture of experts, drop-path, patch
-embedding, the block, the RNN baselines' recurrent stacks, and the ``evaluating`` mode switch."""
+embedding, the block, the RNN baselines' recurrent stacks, the cross-entropy (alone and fused with
+the output projection), and the ``evaluating`` mode switch."""
 
 from attnlab.layers.drop_path import DropPath, drop_path
 from attnlab.layers.ffn import MLP, SwiGLU
+from attnlab.layers.losses import LinearCEBuffer, cross_entropy, linear_cross_entropy
 from attnlab.layers.modes import evaluating
 from attnlab.layers.moe import MoE, load_balancing_loss
 from attnlab.layers.norm import LayerNorm, RMSNorm, make_norm
@@ -31,6 +33,7 @@ __all__ = [
     "DropPath",
     "LayerNorm",
     "LearnedPositionalEmbedding",
+    "LinearCEBuffer",
     "MLP",
     "MoE",
     "NoPositions",
@@ -50,9 +53,11 @@ __all__ = [
     "build_final_norm",
     "build_positions",
     "check_images",
+    "cross_entropy",
     "drop_path",
     "evaluating",
     "interpolate_positions",
+    "linear_cross_entropy",
     "load_balancing_loss",
     "make_norm",
     "sincos_2d",

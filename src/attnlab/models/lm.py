@@ -27,11 +27,13 @@ from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
+from torch.nn.modules import module as _module
 
 from attnlab.attention.cache import DecodeState, KVCache
 from attnlab.attention.capture import capture_attention
 from attnlab.config.lm import ModelConfig
 from attnlab.layers.block import build_block, build_final_norm, run_blocks
+from attnlab.layers.losses import LinearCEBuffer, cross_entropy, linear_cross_entropy
 from attnlab.layers.position import build_positions
 from attnlab.models.registry import register_kind
 
@@ -147,8 +149,11 @@ class DecoderLM(nn.Module):
         positions: Tensor | None = None,
         need_weights: bool = False,
         logits_to_keep: int | None = None,
+        targets: Tensor | None = None,
+        label_smoothing: float = 0.0,
+        ignore_index: int = -100,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
-        """Next-token logits for every position.
+        """Next-token logits for every position, or with ``targets`` the training loss.
 
         Args:
             idx: token ids ``(B, T)``.
@@ -161,14 +166,33 @@ class DecoderLM(nn.Module):
             need_weights: also return each block's attention weights (the math attention path).
             logits_to_keep: compute logits for the last this many positions only (generation
                 needs just the last one; the output projection is the costliest matmul).
+            targets: ``(B, T)`` next-token ids: return the mean cross-entropy instead of the
+                logits, with the output projection and the loss fused
+                (:func:`attnlab.layers.linear_ce.linear_cross_entropy`: the ``(B, T, V)``
+                logits are written once, into a buffer the model keeps between steps, and
+                overwritten with their gradient; under ``torch.compile``, autocast or a
+                replaced/hooked ``lm_head`` the logits are computed and
+                :func:`attnlab.tasks.cross_entropy` applied, which gives the same value).
+            label_smoothing: ε for the loss with ``targets``.
+            ignore_index: target id that does not count in the loss.
 
         Returns:
             logits ``(B, T, V)`` (or ``(B, logits_to_keep, V)``); with ``need_weights``,
-            ``(logits, weights)`` with one ``(B, H, T, S)`` tensor per block.
+            ``(logits, weights)`` with one ``(B, H, T, S)`` tensor per block; with
+            ``targets``, the scalar loss (mean over the targets that are not
+            ``ignore_index``).
 
         Raises:
             ValueError: wrong shapes, a sequence longer than ``max_seq_len``, mismatched caches.
         """
+        if targets is not None and (need_weights or logits_to_keep is not None):
+            raise ValueError(
+                "targets (the loss) cannot be combined with need_weights or logits_to_keep"
+            )
+        if targets is not None and targets.shape != idx.shape:
+            raise ValueError(
+                f"targets {tuple(targets.shape)} must have idx's shape {tuple(idx.shape)}"
+            )
         if need_weights:
             with capture_attention(self) as maps:
                 logits = self(
@@ -193,6 +217,8 @@ class DecoderLM(nn.Module):
                 idx, caches, attention_mask, positions
             )
         x = self._blocks(idx, positions, mask, is_causal, attn_positions, caches)
+        if targets is not None:
+            return self._loss(x, targets, label_smoothing, ignore_index)
         return self._head(x, logits_to_keep)
 
     def _dynamic_masks(
@@ -292,6 +318,34 @@ class DecoderLM(nn.Module):
         if logits_to_keep is not None:
             x = x[:, -logits_to_keep:]  # (B, logits_to_keep, C)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
+
+    def _loss(
+        self, x: Tensor, targets: Tensor, label_smoothing: float, ignore_index: int
+    ) -> Tensor:
+        head = self.lm_head
+        h = self.norm_f(x)  # (B, T, C)
+        fusable = (
+            type(head) is nn.Linear
+            and not (head._forward_hooks or head._forward_pre_hooks)
+            and not (_module._global_forward_hooks or _module._global_forward_pre_hooks)
+            and not torch.is_autocast_enabled(h.device.type)
+            and h.dtype == head.weight.dtype
+        )
+        if fusable:
+            if getattr(self, "_ce_buffer", None) is None:
+                self._ce_buffer = LinearCEBuffer()  # not a buffer in torch's sense: not saved
+            return linear_cross_entropy(
+                h,
+                head.weight,
+                targets,
+                bias=head.bias,
+                ignore_index=ignore_index,
+                label_smoothing=label_smoothing,
+                buffer=self._ce_buffer,
+            )
+        return cross_entropy(
+            head(h), targets, ignore_index=ignore_index, label_smoothing=label_smoothing
+        )
 
     # -- incremental decoding (the interface of attnlab.decoding) -------------------------------
 

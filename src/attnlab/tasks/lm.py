@@ -15,6 +15,7 @@ Shape legend: B batch, T window length (``seq_len``), V vocab_size.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -234,10 +235,12 @@ class LMTask(CorpusTask):
             ``(loss, metrics)``; with MoE layers, ``metrics`` holds ``ce`` and ``aux``.
         """
         idx, targets = batch
-        with collect_aux_losses() as aux:
-            logits = model(idx)  # (B, T, V)
         smoothing = getattr(cfg, "label_smoothing", 0.0) or 0.0
-        ce = cross_entropy(logits, targets, label_smoothing=smoothing)
+        with collect_aux_losses() as aux:
+            if takes_targets(model):  # the output projection and the loss fused
+                ce = model(idx, targets=targets, label_smoothing=smoothing)
+            else:
+                ce = cross_entropy(model(idx), targets, label_smoothing=smoothing)  # (B, T, V)
         return self.with_moe_aux(model, ce, aux, {})
 
     def eval_batches(
@@ -266,10 +269,27 @@ class LMTask(CorpusTask):
         device = next(model.parameters()).device
         total, count = 0.0, 0
         with evaluating(model):
+            fused = takes_targets(model)
             for idx, targets in self.eval_batches(batch_size, n_batches):
-                logits = model(idx.to(device))  # (B, T, V)
-                targets = targets.to(device)
-                total += float(cross_entropy(logits, targets)) * targets.numel()
+                idx, targets = idx.to(device), targets.to(device)
+                if fused:
+                    loss = model(idx, targets=targets)
+                else:
+                    loss = cross_entropy(model(idx), targets)  # (B, T, V) logits
+                total += float(loss) * targets.numel()
                 count += targets.numel()
         loss = total / max(count, 1)
         return {"loss": loss, "perplexity": float(np.exp(min(loss, 50.0))), "tokens": count}
+
+
+def takes_targets(model: nn.Module) -> bool:
+    """True when ``model(idx, targets=...)`` returns the loss (a :class:`attnlab.DecoderLM`,
+    possibly inside DDP, FSDP or ``torch.compile``), which fuses the output projection with the
+    cross-entropy."""
+    base = model
+    while True:
+        inner = getattr(base, "_orig_mod", None) or getattr(base, "module", None)
+        if not isinstance(inner, nn.Module):
+            break
+        base = inner
+    return "targets" in inspect.signature(base.forward).parameters
