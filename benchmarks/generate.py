@@ -6,7 +6,9 @@ Batch-1 decoding reads every weight once per token, so its floor is
     roofline = weight bytes / matrix-vector bandwidth
 
 with the bandwidth measured in this run on the largest matrix (the output projection, V x d) in
-each precision. The table gives each setting's ms per token, its speed-up over HF fp32 and the
+each precision: the faster of torch's ``F.linear`` and attnlab's layer (whose one-row product is
+``attnlab.layers.matvec``'s kernel for fp32 and bf16, ``torch._weight_int8pack_mm`` for int8);
+both rates are printed. The table gives each setting's ms per token, its speed-up over HF fp32 and the
 fraction of its roofline reached. Per-token cost is the decode cost only: the median interval
 between consecutive new tokens (timestamps from ``generate``'s callback and HF's streamer), so the
 prompt's prefill is not counted and a busy machine's spikes are left out; the settings take turns
@@ -128,14 +130,19 @@ def make_settings(base: DecoderLM, device: str) -> dict[str, DecoderLM]:
     }
 
 
-def bandwidths(models: dict[str, DecoderLM], device: str) -> dict[str, float]:
-    """Matrix-vector bandwidth of each setting's output head (V x d)."""
+def bandwidths(models: dict[str, DecoderLM], device: str) -> tuple[dict, dict]:
+    """Matrix-vector bandwidth of each setting's output head (V x d): attnlab's layer, and
+    torch's ``F.linear`` on the same (floating-point) weight."""
     d = models["fp32"].config.d_model
-    out = {}
+    ours, torchs = {}, {}
     for name, m in models.items():
         dtype = torch.float32 if name == "fp32" else torch.bfloat16
-        out[name] = matvec_bandwidth(m.lm_head, d, dtype, device)
-    return out
+        ours[name] = matvec_bandwidth(m.lm_head, d, dtype, device)
+        if not isinstance(m.lm_head, Int8Linear):
+            plain = torch.nn.Linear(1, 1, bias=False)
+            plain.weight = m.lm_head.weight
+            torchs[name] = matvec_bandwidth(plain, d, dtype, device)
+    return ours, torchs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -304,7 +311,8 @@ def main() -> None:
     hf32 = hf_gpt2_from(base).eval()
     hfs = {"fp32": hf32.to(dev), "bf16": copy.deepcopy(hf32).to(dev, torch.bfloat16)}
     models = make_settings(base.to(dev), dev)
-    bw = bandwidths(models, dev)
+    ours_bw, torch_bw = bandwidths(models, dev)
+    bw = {k: max(v, torch_bw.get(k, 0.0)) for k, v in ours_bw.items()}
     print(
         f"device {dev} ({torch.get_num_threads()} threads), torch {torch.__version__}; GPT-2 "
         f"{args.layers} layers x {args.d_model}, vocab {args.vocab}, "
@@ -312,6 +320,14 @@ def main() -> None:
         f"{args.reps}"
     )
     with torch.no_grad():
+        print(
+            "matrix-vector bandwidth of the output head: "
+            + ", ".join(
+                f"{k} attnlab {ours_bw[k] / 1e9:.1f} GB/s"
+                + (f" / torch F.linear {torch_bw[k] / 1e9:.1f}" if k in torch_bw else "")
+                for k in ours_bw
+            )
+        )
         latency_table(args, models, hfs, bw, dev)
         if args.batch:
             throughput_table(args, models, hfs, dev)

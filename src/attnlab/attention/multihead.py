@@ -25,6 +25,7 @@ from attnlab.attention.core import (
     scaled_dot_product_attention,
 )
 from attnlab.attention.linformer import LinformerProjection
+from attnlab.layers.matvec import Linear
 from attnlab.layers.norm import make_norm
 from attnlab.layers.position import (
     ALiBi,
@@ -155,7 +156,7 @@ class MultiHeadAttention(nn.Module):
 
         def part(given: nn.Module | None, name: str, n_in: int, n_out: int, b: bool) -> nn.Module:
             if given is None:
-                return nn.Linear(n_in, n_out, bias=b, **kw)
+                return Linear(n_in, n_out, bias=b, **kw)  # nn.Linear; one row: matvec
             w = getattr(given, "weight", None)
             if w is not None and tuple(w.shape) != (n_out, n_in):
                 raise ValueError(f"{name} must map {n_in} -> {n_out}, got weight {tuple(w.shape)}")

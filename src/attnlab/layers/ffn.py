@@ -13,6 +13,8 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.layers.matvec import Linear
+
 __all__ = ["MLP", "SwiGLU", "ACTIVATIONS", "Activation"]
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
@@ -53,8 +55,8 @@ class MLP(nn.Module):
                 f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}"
             )
         hidden = 4 * d_model if hidden is None else hidden
-        self.fc1 = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
-        self.fc2 = nn.Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
+        self.fc1 = Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
+        self.fc2 = Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
         self.act = ACTIVATIONS[activation]
         self.activation = activation
         self.dropout = nn.Dropout(dropout)
@@ -88,9 +90,9 @@ class SwiGLU(nn.Module):
     ) -> None:
         super().__init__()
         hidden = _swiglu_hidden(d_model) if hidden is None else hidden
-        self.gate = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
-        self.up = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
-        self.down = nn.Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
+        self.gate = Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
+        self.up = Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
+        self.down = Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:

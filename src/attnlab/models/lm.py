@@ -34,6 +34,7 @@ from attnlab.attention.capture import capture_attention
 from attnlab.config.lm import ModelConfig
 from attnlab.layers.block import build_block, build_final_norm, run_blocks
 from attnlab.layers.losses import LinearCEBuffer, cross_entropy, linear_cross_entropy
+from attnlab.layers.matvec import Linear
 from attnlab.layers.position import build_positions
 from attnlab.models.registry import register_kind
 
@@ -91,7 +92,7 @@ class DecoderLM(nn.Module):
             build_block(c, positions=self.pos_emb) for _ in range(c.n_layers)
         )
         self.norm_f = build_final_norm(c)
-        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.lm_head = Linear(c.d_model, c.vocab_size, bias=False)  # an nn.Linear
         self.reset_parameters()
         if c.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
@@ -325,7 +326,7 @@ class DecoderLM(nn.Module):
         head = self.lm_head
         h = self.norm_f(x)  # (B, T, C)
         fusable = (
-            type(head) is nn.Linear
+            type(head) in (nn.Linear, Linear)
             and not (head._forward_hooks or head._forward_pre_hooks)
             and not (_module._global_forward_hooks or _module._global_forward_pre_hooks)
             and not torch.is_autocast_enabled(h.device.type)

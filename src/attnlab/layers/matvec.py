@@ -1,0 +1,237 @@
+"""One-row linear layers at the memory limit on a CPU: ``y = W x + b`` for a single row ``x``.
+
+Decoding one token at a time multiplies every weight matrix by one vector, so a step costs the
+time to read the weights. torch's CPU kernels for that product read bf16 weights at about
+11 GB/s and fp32 ones at about 8.5 GB/s on a 2-core AVX2 machine whose plain reduction over the
+same bytes runs at 16–19 GB/s. :func:`matvec` is a small C++ kernel (AVX2 + FMA, OpenMP over
+rows; built with torch's C++ extension loader the first time it is needed, about 40 s, cached
+on disk afterwards) that streams the weights once: bf16 weights are widened to fp32 in
+registers (a shift), multiplied by the fp32 vector with four independent accumulators per row,
+and the sum rounded to the layer's dtype once. It reads at 14–16 GB/s where torch's product
+reads at 11 (benchmarks/generate.py prints both in its roofline line).
+
+:class:`Linear` is ``nn.Linear`` (same parameters, same state-dict names) whose forward takes
+this path for one row on a CPU when no gradient is needed, the weight is bf16 or fp32 and the
+kernel is available; otherwise ``F.linear``. Inside ``torch.compile`` the kernel is the custom
+operator ``attnlab::matvec``, which inductor calls like its own extern kernels. Where the kernel
+cannot be built (no AVX2/FMA, no C++ compiler or ninja, another architecture) it is off, with
+one logged warning, and every product is ``F.linear``'s. ``ATTNLAB_MATVEC=0`` turns it off.
+
+Shape legend: N output features, K input features.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["Linear", "matvec", "matvec_available"]
+
+log = logging.getLogger(__name__)
+
+_SOURCE = r"""
+#include <torch/extension.h>
+#include <immintrin.h>
+#include <cstring>
+
+namespace {
+
+inline float hsum(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_hadd_ps(h, h);
+  h = _mm_hadd_ps(h, h);
+  return _mm_cvtss_f32(h);
+}
+
+inline __m256 widen(const uint16_t* p) {  // 8 bf16 -> 8 fp32: the bits shifted up by 16
+  __m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(b, 16));
+}
+
+inline float bf16_to_float(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+float row_bf16(const uint16_t* w, const float* x, int64_t K) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    a0 = _mm256_fmadd_ps(widen(w + k), _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(widen(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    a2 = _mm256_fmadd_ps(widen(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+    a3 = _mm256_fmadd_ps(widen(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+  }
+  for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(widen(w + k), _mm256_loadu_ps(x + k), a0);
+  float acc = hsum(a0, a1, a2, a3);
+  for (; k < K; ++k) acc += bf16_to_float(w[k]) * x[k];
+  return acc;
+}
+
+float row_f32(const float* w, const float* x, int64_t K) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t k = 0;
+  for (; k + 32 <= K; k += 32) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+  }
+  for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
+  float acc = hsum(a0, a1, a2, a3);
+  for (; k < K; ++k) acc += w[k] * x[k];
+  return acc;
+}
+
+}  // namespace
+
+// y = W x + b for one row x (any float dtype, K elements), W (N, K) bf16 or fp32; products
+// and sums in fp32, the result in x's dtype with x's leading dimensions
+torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& weight,
+                     const std::optional<torch::Tensor>& bias) {
+  TORCH_CHECK(weight.dim() == 2, "attnlab::matvec: weight must be a matrix");
+  const int64_t N = weight.size(0), K = weight.size(1);
+  TORCH_CHECK(x.numel() == K && x.size(-1) == K, "attnlab::matvec: x must be one row of width ", K);
+  auto w = weight.contiguous();
+  auto xf = x.to(torch::kFloat32).contiguous();
+  auto out = torch::empty({N}, xf.options());
+  const float* xv = xf.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  torch::Tensor bf;
+  const float* b = nullptr;
+  if (bias.has_value() && bias->defined()) {
+    bf = bias->to(torch::kFloat32).contiguous();
+    b = bf.data_ptr<float>();
+  }
+  if (w.scalar_type() == torch::kBFloat16) {
+    const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+    at::parallel_for(0, N, 256, [&](int64_t lo, int64_t hi) {
+      for (int64_t n = lo; n < hi; ++n) o[n] = row_bf16(wp + n * K, xv, K) + (b ? b[n] : 0.f);
+    });
+  } else {
+    TORCH_CHECK(w.scalar_type() == torch::kFloat32, "attnlab::matvec: weight must be bf16 or fp32");
+    const float* wp = w.data_ptr<float>();
+    at::parallel_for(0, N, 256, [&](int64_t lo, int64_t hi) {
+      for (int64_t n = lo; n < hi; ++n) o[n] = row_f32(wp + n * K, xv, K) + (b ? b[n] : 0.f);
+    });
+  }
+  auto shape = x.sizes().vec();
+  shape.back() = N;
+  return out.to(x.scalar_type()).view(shape);
+}
+
+TORCH_LIBRARY(attnlab, m) {
+  m.def("matvec(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
+  m.impl("matvec", &matvec);
+}
+"""
+
+#: bump when the C++ source changes (the build is cached on disk under this name)
+_EXT_NAME = "attnlab_matvec_v2"
+
+
+def _cpu_has_avx2_fma() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx2" in flags and "fma" in flags
+
+
+@functools.cache
+def _extension():
+    """The kernel's operator (``torch.ops.attnlab.matvec``), or None where it cannot be built
+    (logged once)."""
+    if os.environ.get("ATTNLAB_MATVEC", "1") == "0":
+        return None
+    if not _cpu_has_avx2_fma():
+        return None
+    try:
+        from torch.utils.cpp_extension import _get_build_directory, load_inline
+
+        built = os.path.join(_get_build_directory(_EXT_NAME, verbose=False), f"{_EXT_NAME}.so")
+        if not os.path.exists(built):
+            print(
+                "attnlab: building the one-row CPU matrix-vector kernel (once, about a minute)",
+                file=sys.stderr,
+                flush=True,
+            )
+        load_inline(  # registers torch.ops.attnlab.matvec (C++ dispatch, no Python per call)
+            _EXT_NAME,
+            cpp_sources=_SOURCE,
+            extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
+        _register_fake()
+        return torch.ops.attnlab.matvec.default
+    except Exception as err:  # no compiler, no ninja, no headers: torch's product instead
+        log.warning("attnlab: the one-row CPU kernel could not be built (%s); using F.linear", err)
+        return None
+
+
+@torch.compiler.assume_constant_result  # decided before tracing, a constant in the graph
+def matvec_available() -> bool:
+    """True when :func:`matvec` runs the C++ kernel (builds it on the first call)."""
+    return _extension() is not None
+
+
+def _register_fake() -> None:
+    # shapes for torch.compile, and FLOPs for torch.utils.flop_counter (2·N·K, as F.linear)
+    from torch.utils.flop_counter import register_flop_formula
+
+    @torch.library.register_fake("attnlab::matvec")
+    def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+    @register_flop_formula(torch.ops.attnlab.matvec)
+    def _flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+        return 2 * w_shape[0] * w_shape[1]
+
+
+def matvec(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)`` for one row ``x (..., K)`` (one element in the leading
+    dimensions) on a CPU, through the kernel of this module; the products accumulate in fp32 and
+    the result has ``x``'s dtype."""
+    if x.numel() != x.shape[-1] or x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"matvec takes one row of width {weight.shape[1]}, got x of shape {tuple(x.shape)}"
+        )
+    op = _extension()
+    return F.linear(x, weight, bias) if op is None else op(x, weight, bias)
+
+
+def _one_row_path(x: Tensor, weight: Tensor) -> bool:
+    return (
+        x.device.type == "cpu"
+        and x.numel() == x.shape[-1]
+        and weight.dtype in (torch.bfloat16, torch.float32)
+        and x.dtype == weight.dtype
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        and matvec_available()
+    )
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` whose one-row products on a CPU (a decoding step) run through
+    :func:`matvec`; the same parameters, state-dict names and results (up to the order of the
+    fp32 additions). Gradients, batches, other devices and dtypes go through ``F.linear``."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if _one_row_path(x, self.weight):
+            return torch.ops.attnlab.matvec(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)

@@ -1,0 +1,108 @@
+"""The one-row CPU kernel (attnlab.layers.matvec) against F.linear: values in fp32 and bf16,
+odd widths, bias, the Linear layer's dispatch (one row without gradients only), inside
+torch.compile, and the fallback where the kernel is off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnlab.layers import matvec as mv
+from attnlab.layers.matvec import Linear, matvec, matvec_available
+
+needs_kernel = pytest.mark.skipif(
+    not matvec_available(), reason="the kernel needs an x86 CPU with AVX2/FMA and a C++ compiler"
+)
+
+
+def _ops_called(fn) -> set[str]:
+    with torch.profiler.profile() as prof:
+        fn()
+    return {e.name for e in prof.events()}
+
+
+@needs_kernel
+@pytest.mark.parametrize("K", [384, 37, 8, 1])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fp32_one_row_equals_f_linear(K, with_bias):
+    g = torch.Generator().manual_seed(K)
+    W = torch.randn(300, K, generator=g)
+    b = torch.randn(300, generator=g) if with_bias else None
+    x = torch.randn(1, 1, K, generator=g)
+    got = matvec(x, W, b)
+    assert got.shape == (1, 1, 300) and got.dtype == torch.float32
+    want = F.linear(x.double(), W.double(), None if b is None else b.double())
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("K", [384, 40, 3])
+def test_bf16_accumulates_in_fp32_and_rounds_once(K):
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(1000, K, generator=g).bfloat16()
+    b = torch.randn(1000, generator=g).bfloat16()
+    x = torch.randn(1, K, generator=g).bfloat16()
+    got = matvec(x, W, b)
+    assert got.dtype == torch.bfloat16
+    exact = F.linear(x.double(), W.double(), b.double())  # the same bf16 inputs, exactly
+    # one rounding to bf16 (relative 2^-8) plus fp32 summation error
+    err = (got.double() - exact).abs()
+    assert (err <= exact.abs() * 2**-8 + 1e-4 * K).all()
+    # never worse than torch's own bf16 product, by more than a bf16 rounding
+    torch_err = (F.linear(x, W, b).double() - exact).abs()
+    assert err.mean() <= torch_err.mean() + 2**-8 * exact.abs().mean()
+
+
+@needs_kernel
+def test_linear_takes_the_kernel_for_one_row_without_gradients_only():
+    torch.manual_seed(0)
+    layer = Linear(64, 48)
+    plain = nn.Linear(64, 48)
+    plain.load_state_dict(layer.state_dict())  # same parameters, same names
+    x1, xb = torch.randn(1, 1, 64), torch.randn(2, 3, 64)
+    with torch.no_grad():
+        assert "attnlab::matvec" in _ops_called(lambda: layer(x1))
+        assert "attnlab::matvec" not in _ops_called(lambda: layer(xb))  # a batch: F.linear
+        torch.testing.assert_close(layer(x1), plain(x1), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(layer(xb), plain(xb))
+    # with gradients: F.linear, and the gradients are nn.Linear's
+    x = torch.randn(1, 64, requires_grad=True)
+    assert "attnlab::matvec" not in _ops_called(lambda: layer(x))
+    layer(x).sum().backward()
+    assert layer.weight.grad is not None and x.grad is not None
+
+
+@needs_kernel
+@pytest.mark.slow
+def test_compiled_one_row_linear_calls_the_kernel_without_a_graph_break():
+    torch.manual_seed(0)
+    model = nn.Sequential(Linear(32, 64), nn.GELU(), Linear(64, 16)).eval()
+    x = torch.randn(1, 1, 32)
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(x)
+        assert explained.graph_break_count == 0
+        compiled = torch.compile(model, dynamic=False)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+        assert "attnlab::matvec" in _ops_called(lambda: compiled(x))
+
+
+def test_without_the_kernel_every_product_is_f_linears(monkeypatch):
+    monkeypatch.setenv("ATTNLAB_MATVEC", "0")
+    mv._extension.cache_clear()
+    try:
+        assert not matvec_available()
+        layer = Linear(16, 8)
+        x = torch.randn(1, 16)
+        with torch.no_grad():
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+            torch.testing.assert_close(matvec(x, layer.weight), F.linear(x, layer.weight))
+    finally:
+        monkeypatch.delenv("ATTNLAB_MATVEC")
+        mv._extension.cache_clear()
+
+
+def test_matvec_refuses_more_than_one_row():
+    with pytest.raises(ValueError, match="one row of width 8"):
+        matvec(torch.randn(2, 8), torch.randn(4, 8))
