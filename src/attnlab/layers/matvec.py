@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import sys
 
 import torch
@@ -151,6 +152,18 @@ def _cpu_has_avx2_fma() -> bool:
     return "avx2" in flags and "fma" in flags
 
 
+def _put_ninja_on_path() -> None:
+    # torch runs `ninja` from PATH; the ninja package (a dependency) lives beside the
+    # interpreter of a virtual environment that is used without being activated
+    if shutil.which("ninja") is None:
+        try:
+            import ninja
+
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        except ImportError:
+            pass
+
+
 @functools.cache
 def _extension():
     """The kernel's operator (``torch.ops.attnlab.matvec``), or None where it cannot be built
@@ -162,6 +175,7 @@ def _extension():
     try:
         from torch.utils.cpp_extension import _get_build_directory, load_inline
 
+        _put_ninja_on_path()
         built = os.path.join(_get_build_directory(_EXT_NAME, verbose=False), f"{_EXT_NAME}.so")
         if not os.path.exists(built):
             print(
