@@ -63,34 +63,33 @@ inline float bf16_to_float(uint16_t v) {
   return f;
 }
 
-float row_bf16(const uint16_t* w, const float* x, int64_t K) {
+inline __m256 load8(const uint16_t* p) { return widen(p); }
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline float scalar(uint16_t v) { return bf16_to_float(v); }
+inline float scalar(float v) { return v; }
+
+// w · x for one row of K weights (bf16 bits or fp32), four independent accumulators
+template <typename T>
+float row_dot(const T* w, const float* x, int64_t K) {
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
-    a0 = _mm256_fmadd_ps(widen(w + k), _mm256_loadu_ps(x + k), a0);
-    a1 = _mm256_fmadd_ps(widen(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
-    a2 = _mm256_fmadd_ps(widen(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
-    a3 = _mm256_fmadd_ps(widen(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+    a0 = _mm256_fmadd_ps(load8(w + k), _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(load8(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    a2 = _mm256_fmadd_ps(load8(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+    a3 = _mm256_fmadd_ps(load8(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
   }
-  for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(widen(w + k), _mm256_loadu_ps(x + k), a0);
+  for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(load8(w + k), _mm256_loadu_ps(x + k), a0);
   float acc = hsum(a0, a1, a2, a3);
-  for (; k < K; ++k) acc += bf16_to_float(w[k]) * x[k];
+  for (; k < K; ++k) acc += scalar(w[k]) * x[k];
   return acc;
 }
 
-float row_f32(const float* w, const float* x, int64_t K) {
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
-    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
-    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
-  }
-  for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(x + k), a0);
-  float acc = hsum(a0, a1, a2, a3);
-  for (; k < K; ++k) acc += w[k] * x[k];
-  return acc;
+template <typename T>
+void rows(const T* w, const float* x, const float* b, float* o, int64_t N, int64_t K) {
+  at::parallel_for(0, N, 256, [&](int64_t lo, int64_t hi) {
+    for (int64_t n = lo; n < hi; ++n) o[n] = row_dot(w + n * K, x, K) + (b ? b[n] : 0.f);
+  });
 }
 
 }  // namespace
@@ -114,16 +113,10 @@ torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& weight,
     b = bf.data_ptr<float>();
   }
   if (w.scalar_type() == torch::kBFloat16) {
-    const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
-    at::parallel_for(0, N, 256, [&](int64_t lo, int64_t hi) {
-      for (int64_t n = lo; n < hi; ++n) o[n] = row_bf16(wp + n * K, xv, K) + (b ? b[n] : 0.f);
-    });
+    rows(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), xv, b, o, N, K);
   } else {
     TORCH_CHECK(w.scalar_type() == torch::kFloat32, "attnlab::matvec: weight must be bf16 or fp32");
-    const float* wp = w.data_ptr<float>();
-    at::parallel_for(0, N, 256, [&](int64_t lo, int64_t hi) {
-      for (int64_t n = lo; n < hi; ++n) o[n] = row_f32(wp + n * K, xv, K) + (b ? b[n] : 0.f);
-    });
+    rows(w.data_ptr<float>(), xv, b, o, N, K);
   }
   auto shape = x.sizes().vec();
   shape.back() = N;
@@ -140,7 +133,7 @@ TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
 """
 
 #: bump when the C++ source changes (the build is cached on disk under this name)
-_EXT_NAME = "attnlab_matvec_v2"
+_EXT_NAME = "attnlab_matvec_v3"
 
 
 def _cpu_has_avx2_fma() -> bool:
