@@ -15,6 +15,7 @@ Shape legend: B batch, T window length (``seq_len``), V vocab_size.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Iterator
@@ -292,4 +293,9 @@ def takes_targets(model: nn.Module) -> bool:
         if not isinstance(inner, nn.Module):
             break
         base = inner
-    return "targets" in inspect.signature(base.forward).parameters
+    return _forward_takes_targets(type(base))
+
+
+@functools.cache
+def _forward_takes_targets(cls: type) -> bool:  # once per model class, not per step
+    return "targets" in inspect.signature(cls.forward).parameters
