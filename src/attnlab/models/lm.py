@@ -169,11 +169,12 @@ class DecoderLM(nn.Module):
                 needs just the last one; the output projection is the costliest matmul).
             targets: ``(B, T)`` next-token ids: return the mean cross-entropy instead of the
                 logits, with the output projection and the loss fused
-                (:func:`attnlab.layers.linear_ce.linear_cross_entropy`: the ``(B, T, V)``
+                (:func:`attnlab.layers.losses.linear_cross_entropy`: the ``(B, T, V)``
                 logits are written once, into a buffer the model keeps between steps, and
-                overwritten with their gradient; under ``torch.compile``, autocast or a
-                replaced/hooked ``lm_head`` the logits are computed and
-                :func:`attnlab.tasks.cross_entropy` applied, which gives the same value).
+                overwritten with their gradient; a graph break under ``torch.compile``).
+                Under autocast, or with a replaced or hooked ``lm_head``, the logits are
+                computed and :func:`attnlab.layers.losses.cross_entropy` applied, which gives
+                the same value.
             label_smoothing: ε for the loss with ``targets``.
             ignore_index: target id that does not count in the loss.
 
