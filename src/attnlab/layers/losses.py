@@ -159,14 +159,18 @@ def _logits_grad_(
     return loss
 
 
+def _logits_into(buffer: LinearCEBuffer, h: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """``h Wᵀ + b`` written into a tensor taken from ``buffer``: ``(N, V)``."""
+    z = buffer.take(h.shape[0], weight.shape[0], h)
+    if bias is None:
+        return torch.mm(h, weight.t(), out=z)
+    return torch.addmm(bias, h, weight.t(), out=z)
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, ignore_index, label_smoothing, buffer):
-        z = buffer.take(hidden.shape[0], weight.shape[0], hidden)  # (N, V)
-        if bias is None:
-            torch.mm(hidden, weight.t(), out=z)
-        else:
-            torch.addmm(bias, hidden, weight.t(), out=z)
+        z = _logits_into(buffer, hidden, weight, bias)  # (N, V)
         loss = _logits_grad_(z, targets, ignore_index, label_smoothing)  # z is now ∂loss/∂z
         ctx.save_for_backward(hidden, weight, z)
         ctx.has_bias, ctx.buffer = bias is not None, buffer
@@ -238,9 +242,7 @@ def linear_cross_entropy(
         )
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-    h = hidden.reshape(-1, C)
-    if not h.is_contiguous():
-        h = h.contiguous()
+    h = hidden.reshape(-1, C).contiguous()
     buffer = LinearCEBuffer() if buffer is None else buffer
     y = targets.reshape(-1)
     if torch.is_grad_enabled() and (
@@ -250,11 +252,7 @@ def linear_cross_entropy(
             h, weight, bias, y, ignore_index, float(label_smoothing), buffer
         )
     with torch.no_grad():  # the loss only: the buffer comes back at once
-        z = buffer.take(h.shape[0], weight.shape[0], h)
-        if bias is None:
-            torch.mm(h, weight.t(), out=z)
-        else:
-            torch.addmm(bias, h, weight.t(), out=z)
+        z = _logits_into(buffer, h, weight, bias)
         loss = _logits_grad_(z, y, ignore_index, float(label_smoothing), grad=False)
         buffer.give_back(z)
         return loss
