@@ -54,6 +54,18 @@ def lm_run(run: Path, *, max_seq_len: int = 32) -> Path:
     return run
 
 
+def mlm_run(run: Path, *, max_seq_len: int = 32) -> Path:
+    """An encoder_mlm run with a character tokenizer (plus ``[PAD] [CLS] [SEP] [MASK]``) over
+    :data:`LM_TEXT`'s alphabet."""
+    from attnlab.data.tokenizers import CharTokenizer, TokenizerWithSpecials
+
+    tok = TokenizerWithSpecials(CharTokenizer.train(LM_TEXT + "ehlowrdbq"))
+    cfg = _config("encoder_mlm", vocab_size=tok.vocab_size, max_seq_len=max_seq_len)
+    _save(run, "encoder_mlm", cfg)
+    tok.save(run)
+    return run
+
+
 def translation_run(run: Path, kind: str = "transformer") -> Path:
     """A ``transformer`` or ``rnn-attn`` run over a few number words (word level)."""
     src = TRANSLATION_SPECIALS + SRC_WORDS

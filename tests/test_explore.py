@@ -312,3 +312,148 @@ def test_caption_and_vqa_payloads_put_the_words_over_the_image(tmp_path):
     assert payload["summary"][0].startswith(f"answer: {best} ")
     with pytest.raises(ValueError, match="question"):
         Explorer(run).explain(ExploreInput(image=data, image_name="scene.png"))
+
+
+def _raw_request(port: int, data: bytes, *, half_close: bool = True) -> tuple[int, dict]:
+    """Send ``data`` as it is on a fresh connection; the status and JSON body of the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(data)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    assert b"application/json" in head, head
+    return status, json.loads(body)
+
+
+def test_server_answers_every_bad_request_with_a_4xx_json_error_and_keeps_serving(
+    lm, tmp_path, monkeypatch, caplog, capfd
+):
+    """Malformed JSON, wrong types, unknown or missing fields, oversized, short or stalled
+    bodies, unknown paths and methods, a broken request line, empty text, text outside the
+    vocabulary: each is a 4xx with ``{"error": ...}``, nothing reaches the log as a traceback,
+    and the next good request is answered."""
+    import logging
+    import threading
+
+    from attnlab.explore import make_server
+    from attnlab.explore import server as srv
+
+    monkeypatch.setattr(srv._Handler, "timeout", 1.0)  # the stalled client below
+    caplog.set_level(logging.DEBUG, logger="attnlab")
+    server = make_server(Explorer(lm), port=0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    host = f"Host: 127.0.0.1:{port}\r\n".encode()
+
+    def post(body: bytes, *, length: int | None = None, path: str = "/api/explore") -> bytes:
+        n = len(body) if length is None else length
+        return (
+            b"POST "
+            + path.encode()
+            + b" HTTP/1.1\r\n"
+            + host
+            + b"Content-Length: %d\r\n\r\n" % n
+            + body
+        )
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+    bad = {
+        "not JSON": (post(b"{not json"), 400, "not JSON"),
+        "not UTF-8": (post(b'{"text": "\xff\xfe"}'), 400, "UTF-8"),
+        "nested": (post(deep), 400, "nested too deeply"),
+        "a list": (post(b'["the cat"]'), 400, "JSON object"),
+        "empty body": (post(b""), 400, "empty"),
+        "wrong type": (post(b'{"text": 3}'), 400, "text must be a string"),
+        "null text": (post(b'{"text": null}'), 400, "reads text"),
+        "unknown field": (post(b'{"txt": "a cat"}'), 400, "unknown field 'txt'"),
+        "lone surrogate": (post(b'{"text": "a \\ud800"}'), 400, "surrogate"),
+        "long integer": (post(b'{"text": ' + b"1" * 5000 + b"}"), 400, ""),
+        "empty text": (post(b'{"text": ""}'), 400, "give some"),
+        "blank text": (post(b'{"text": "   "}'), 400, "give some"),
+        "not in the vocabulary": (post(b'{"text": "a \\u20ac"}'), 400, "€"),
+        "too long": (post(json.dumps({"text": "a" * 40}).encode()), 400, "context is 32"),
+        "image for text": (post(b'{"image": "data:image/png;base64,AAAA"}'), 400, "reads text"),
+        "question": (post(b'{"text": "a", "question": "why?"}'), 400, "question"),
+        "oversized": (post(b"{}", length=10**9), 413, "larger than"),
+        "negative length": (post(b"{}", length=-5), 400, "negative"),
+        "short body": (post(b'{"text": "a"}', length=500), 400, "shorter than"),
+        "no length": (b"POST /api/explore HTTP/1.1\r\n" + host + b"\r\n", 411, "Content-Length"),
+        "chunked": (
+            b"POST /api/explore HTTP/1.1\r\n"
+            + host
+            + b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            411,
+            "Content-Length",
+        ),
+        "unknown path": (post(b'{"text": "a"}', path="/api/other"), 404, "not found"),
+        "unknown GET": (b"GET /etc/passwd HTTP/1.1\r\n" + host + b"\r\n", 404, "not found"),
+        "PUT": (b"PUT /api/explore HTTP/1.1\r\n" + host + b"Content-Length: 0\r\n\r\n", 405, "PUT"),
+        "made-up method": (b"BREW / HTTP/1.1\r\n" + host + b"\r\n", 405, "BREW"),
+        "broken request line": (b"GARBAGE\r\n\r\n", 400, ""),
+        "foreign host": (
+            b"POST /api/explore HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 2\r\n\r\n{}",
+            403,
+            "forbidden host",
+        ),
+    }
+    try:
+        for what, (request, status, words) in bad.items():
+            got, body = _raw_request(port, request)
+            assert got == status and words in body["error"], (what, got, body)
+        # a client that stops sending mid-body: the server gives up on it after its timeout
+        got, body = _raw_request(port, post(b'{"text"', length=100), half_close=False)
+        assert got == 408 and "did not arrive" in body["error"]
+        # a client that hangs up before the answer is only a debug line
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(post(json.dumps({"text": "the cat"}).encode()))
+        got, payload = _raw_request(port, post(json.dumps({"text": "the mat"}).encode()))
+        assert got == 200 and payload["views"][0]["queries"] == list("the mat")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "Traceback" not in caplog.text and "Traceback" not in capfd.readouterr().err
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+def test_mlm_payload_is_bidirectional_and_predicts_the_masks_as_fill_mask_does(tmp_path):
+    """An encoder_mlm run: one view over ``[CLS] text [SEP]`` holding the model's own weights
+    (every query attends to keys on both sides), and per [MASK] the candidates and
+    probabilities of :func:`attnlab.tasks.mlm.fill_mask`; the CLI writes its page."""
+    from attnlab.tasks.mlm import fill_mask
+    from explore_runs import mlm_run
+
+    run = mlm_run(tmp_path / "mlm")
+    text = "the [MASK]at sat on [MASK]he mat"
+    payload = Explorer(run).explain(ExploreInput(text=text))
+    (view,) = payload["views"]
+    model, tok = load(run)
+    seq = [tok.cls_id, *tok.encode(text), tok.sep_id]
+    assert (
+        view["queries"]
+        == view["keys"]
+        == ["[CLS]", *"the ", "[MASK]", *"at sat on ", "[MASK]", *"he mat", "[SEP]"]
+    )
+    with torch.no_grad(), capture_attention(model, scores=True) as maps:
+        model(torch.tensor([seq]))
+    torch.testing.assert_close(decode(view["weights"]), torch.stack([w[0] for w in maps.values()]))
+    assert (decode(view["weights"]) > 0).all()  # no causal mask: later keys get weight too
+    expected = fill_mask(model, tok, text, top_k=5)
+    preds = payload["predictions"]
+    assert [p["query"] for p in preds] == [i for i, t in enumerate(seq) if t == tok.mask_id]
+    assert view["query"] == preds[0]["query"] == 5
+    for p, e in zip(preds, expected, strict=True):
+        assert [c["token"] for c in p["candidates"]] == [t for t, _ in e.candidates]
+        assert [c["p"] for c in p["candidates"]] == pytest.approx([q for _, q in e.candidates])
+    # without [MASK]: the attention, and a line saying how to ask for predictions
+    plain = Explorer(run).explain(ExploreInput(text="the cat"))
+    assert plain["predictions"] == [] and "no [MASK]" in plain["summary"][-1]
+    out = tmp_path / "mlm.html"
+    r = cli("explore", str(run), "--input", text, "--out", str(out))
+    assert r.returncode == 0 and out.exists(), r.stderr
+    _one_line_error(
+        cli("explore", str(run), "--input", "a" * 31, "--out", str(out)), "[CLS] and [SEP]", "32"
+    )

@@ -8,7 +8,6 @@ typed input. Marked ``browser``: skipped, with a line saying so, where Chromium 
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
@@ -16,23 +15,12 @@ import pytest
 import torch
 
 from attnlab.attention import capture_attention
-from attnlab.explore import ExploreInput, Explorer, make_server, write_page
+from attnlab.explore import ExploreInput, Explorer, make_server
 from attnlab.runs import load
+from explore_browser import Page, assert_shown, browser_fixture, file_page  # noqa: F401
 from explore_runs import image_file, image_run, lm_run, translation_run
 
 pytestmark = pytest.mark.browser
-
-CHROMIUM = os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium")  # never Playwright's own
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
@@ -47,68 +35,6 @@ def runs(tmp_path_factory):
     }
 
 
-class Page:
-    """A page opened with every request except ``allowed`` refused, and errors recorded."""
-
-    def __init__(self, browser, url: str, allowed) -> None:
-        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
-        self.page = self.context.new_page()
-        self.errors: list[str] = []
-        self.refused: list[str] = []
-
-        def route(r):
-            if allowed(r.request.url):
-                r.continue_()
-            else:
-                self.refused.append(r.request.url)
-                r.abort()
-
-        self.context.route("**/*", route)
-        self.page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
-        self.page.on(
-            "console",
-            lambda m: (
-                self.errors.append(f"console {m.type}: {m.text}")
-                if m.type in ("error", "warning")
-                else None
-            ),
-        )
-        self.page.goto(url)
-
-    def check_clean(self, *expected: str) -> None:
-        """No script error, no console error but the ``expected`` ones, no request refused."""
-        errors = [e for e in self.errors if not any(x in e for x in expected)]
-        assert errors == [], errors
-        assert self.refused == [], self.refused
-
-    def shown(self) -> tuple[list[float], list[float | None]]:
-        """The weights and raw scores the page shows for the chosen layer, head and query."""
-        rows = self.page.eval_on_selector_all(
-            "#detail tbody tr",
-            "rows => rows.map(r => [r.dataset.weight, r.dataset.score ?? null])",
-        )
-        score = [None if s is None else float(s.replace("Infinity", "inf")) for _, s in rows]
-        return [float(w) for w, _ in rows], score
-
-    def state(self) -> dict:
-        return self.page.evaluate("() => ({...window.attnExplorer.state})")
-
-    def close(self) -> None:
-        self.context.close()
-
-
-def file_page(browser, payload: dict, path: Path) -> Page:
-    write_page(payload, path)
-    url = path.resolve().as_uri()
-    return Page(browser, url, lambda u: u == url)
-
-
-def assert_shown(page: Page, weights: torch.Tensor, scores: torch.Tensor) -> None:
-    w, s = page.shown()
-    torch.testing.assert_close(torch.tensor(w), weights.float(), rtol=0, atol=0)
-    torch.testing.assert_close(torch.tensor(s), scores.float(), rtol=0, atol=0)
-
-
 def test_lm_page_shows_the_models_weights_for_a_clicked_head_and_hovered_token(browser, runs):
     text = "the cat sat on the mat"
     page = file_page(
@@ -121,10 +47,44 @@ def test_lm_page_shows_the_models_weights_for_a_clicked_head_and_hovered_token(b
     with torch.no_grad(), capture_attention(model, scores=True) as maps:
         model(torch.tensor([tok.encode(text)]))
     assert_shown(page, maps["blocks.1.attn"][0, 2, 7], maps.scores("blocks.1.attn")[0, 2, 7])
+    # the matrix and the rollout name every query (rows) and key (columns) and have a colour
+    # bar from 0 to the largest value drawn; the chosen query's label stands out
+    labels = [c.replace(" ", "␣") for c in text]
+    for box in ("#matrix-box", "#rollout-box"):
+        assert page.texts(f"{box} .ylabels .yl") == labels
+        assert page.texts(f"{box} .xlabels .xl") == labels
+        assert page.attr(f"{box} .ylabels .yl.active", "data-i") == ["7"]
+    (top,) = page.attr("#matrix-box .colorbar", "data-max")
+    assert float(top) == pytest.approx(float(maps["blocks.1.attn"][0, 2].max()), rel=1e-6)
+    assert page.texts("#matrix-box .colorbar .tick")[-1] == "0"
+    # head view: every query's lines are visible before any hover (its strongest at 1/2)
+    lines = page.attr("#headview line", "stroke-opacity")
+    rows = page.attr("#headview line", "data-i")
+    strongest = {}
+    for i, o in zip(rows, lines, strict=True):
+        strongest[i] = max(strongest.get(i, 0.0), float(o))
+    assert len(strongest) == len(text) and min(strongest.values()) >= 0.45
+    # the head buttons: exactly the chosen one is pressed and filled ("mean" is not, now)
+    pressed = 'e => [e.getAttribute("aria-pressed"), getComputedStyle(e).backgroundColor]'
+    assert page.page.eval_on_selector('#heads [data-head="-1"]', pressed) == [
+        "false",
+        "rgb(255, 255, 255)",
+    ]
+    assert page.page.eval_on_selector('#heads [data-head="2"]', pressed) == [
+        "true",
+        "rgb(44, 160, 44)",  # head 2's colour
+    ]
     # the head buttons and the entropy table select heads too; the mean of the heads is shown
     page.page.click('#heads button[data-head="-1"]')
+    assert page.page.eval_on_selector('#heads [data-head="-1"]', pressed)[0] == "true"
+    assert page.page.eval_on_selector('#heads [data-head="2"]', pressed) == [
+        "false",
+        "rgb(255, 255, 255)",
+    ]
     w, _ = page.shown()
     torch.testing.assert_close(torch.tensor(w), maps["blocks.1.attn"][0, :, 7].mean(0))
+    page.page.click('#matrix-box .yl[data-i="4"]')  # a row label chooses the query
+    assert page.state()["query"] == 4
     page.page.click('#entropy td[data-cell="0-3"]')
     assert page.state()["layer"] == 0 and page.state()["head"] == 3
     page.check_clean()

@@ -88,7 +88,7 @@ def _run_explore(args: argparse.Namespace) -> int:
         print(f"wrote {args.out} ({size / 1024:.0f} kB): open it in a browser")
         return 0
     if first is not None and first.text is None and first.image is None:
-        first = None  # only a question: wait for an image on the page
+        first = explorer.default_input(first.question)  # only a question: the default image
     server = make_server(explorer, port=args.port, first=first)
     print(f"explorer for {args.run_dir} on {server.url} (Ctrl-C stops it)", flush=True)
     try:

@@ -24,7 +24,17 @@ from attnlab.explore.payload import LayerAttention, group_layers, head_dim_of, m
 from attnlab.explore.vision import grid_spec, patch_labels, read_input_image
 from attnlab.runs import LoadedRun
 
-__all__ = ["KINDS", "INPUT", "QUESTION", "explain", "image_grid", "image_view", "read_scene_input"]
+__all__ = [
+    "KINDS",
+    "INPUT",
+    "QUESTION",
+    "explain",
+    "default_input",
+    "default_scene",
+    "image_grid",
+    "image_view",
+    "read_scene_input",
+]
 
 KINDS = ("caption_transformer",)
 INPUT = "image"
@@ -147,3 +157,20 @@ def explain(run: LoadedRun, inp) -> dict:
         "image": image_payload(image),
         "views": views,
     }
+
+
+def default_scene(run: LoadedRun):
+    """The first ``val`` scene of seed 0 at the model's size (what ``attnlab scene`` writes as
+    ``scene_0.png``): ``(PNG bytes, its questions)``."""
+    from attnlab.data.scenes import SceneConfig, SceneSet
+    from attnlab.explore.images import png_bytes
+
+    sset = SceneSet(SceneConfig(image_size=int(run.model.config.image_size)), "val", 1, 0)
+    image = torch.from_numpy(sset.images[0]).permute(2, 0, 1).float() / 255.0  # (3, S, S)
+    return png_bytes(image), sset.questions[0]
+
+
+def default_input(run: LoadedRun) -> dict | None:
+    """What the served page shows first: a generated scene (see :func:`default_scene`)."""
+    data, _ = default_scene(run)
+    return {"image": data, "image_name": "scene_0.png"}

@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 
 from attnlab.errors import UserError
-from attnlab.explore import caption, text, translation, vision, vqa
+from attnlab.explore import caption, mlm, text, translation, vision, vqa
 from attnlab.explore.payload import check_size
 from attnlab.runs import load, read_config
 
@@ -32,7 +32,7 @@ __all__ = [
     "MAX_QUESTION_CHARS",
 ]
 
-FAMILIES: tuple[ModuleType, ...] = (text, translation, vision, caption, vqa)
+FAMILIES: tuple[ModuleType, ...] = (text, mlm, translation, vision, caption, vqa)
 
 #: kinds with nothing to show, and what to train instead
 NO_ATTENTION = {
@@ -102,6 +102,23 @@ class Explorer:
     @property
     def takes_question(self) -> bool:
         return bool(self.family.QUESTION)
+
+    @property
+    def placeholder(self) -> str:
+        """What the served page's text box says before anything is typed."""
+        return str(getattr(self.family, "PLACEHOLDER", ""))
+
+    def default_input(self, question: str | None = None) -> ExploreInput | None:
+        """An input to show before the user gives one (the served page opens with it): a
+        sentence the vocabulary can read, a bundled or generated image; ``question`` replaces
+        the default question. None when the family has none (data on disk)."""
+        make = getattr(self.family, "default_input", None)
+        fields = make(self.run) if make is not None else None
+        if fields is None:
+            return None
+        if question is not None and self.takes_question:
+            fields = {**fields, "question": question}
+        return ExploreInput(**fields)
 
     def check(self, inp: ExploreInput) -> None:
         """Refuse an input this run cannot read, with one clear message.

@@ -16,7 +16,14 @@ from torch import Tensor
 
 from attnlab.errors import UserError
 
-__all__ = ["IMAGE_SUFFIXES", "MAX_IMAGE_BYTES", "looks_like_image", "decode_image", "png_data_url"]
+__all__ = [
+    "IMAGE_SUFFIXES",
+    "MAX_IMAGE_BYTES",
+    "looks_like_image",
+    "decode_image",
+    "png_bytes",
+    "png_data_url",
+]
 
 #: file name endings read as images by ``attnlab explore --input``
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".ppm", ".pgm", ".tif", ".tiff")
@@ -81,15 +88,20 @@ def decode_image(
     return t[None] if channels == 1 else t.permute(2, 0, 1).contiguous()  # (C, H, W)
 
 
-def png_data_url(image: Tensor) -> str:
-    """``(C, H, W)`` in [0, 1] -> ``data:image/png;base64,...`` (what the page draws)."""
+def png_bytes(image: Tensor) -> bytes:
+    """``(C, H, W)`` in [0, 1] (C = 1 or 3) -> the bytes of a PNG file."""
     from PIL import Image
 
     a = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu()
     arr = a[0].numpy() if a.shape[0] == 1 else a.permute(1, 2, 0).numpy()
     buf = io.BytesIO()
     Image.fromarray(arr).save(buf, format="PNG")  # (H, W) grey or (H, W, 3) RGB
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    return buf.getvalue()
+
+
+def png_data_url(image: Tensor) -> str:
+    """``(C, H, W)`` in [0, 1] -> ``data:image/png;base64,...`` (what the page draws)."""
+    return "data:image/png;base64," + base64.b64encode(png_bytes(image)).decode("ascii")
 
 
 def image_payload(image: Tensor) -> dict:

@@ -2,11 +2,14 @@
 attention for new input.
 
 The server listens on 127.0.0.1 only and answers two things: ``GET /`` (the page, with the input
-form) and ``POST /api/explore`` (JSON ``{"text"}`` or ``{"image": data URL, "image_name"}``, plus
-``"question"`` for VQA) with the new payload, or ``{"error": message}`` and status 400 for bad
-input. Bodies are bounded; requests whose ``Host`` is not this machine's loopback name are
-refused (a web page cannot reach the server through a rebound domain name). Nothing is written
-anywhere: the model only reads.
+form, showing the given input or the run's default one) and ``POST /api/explore`` (JSON
+``{"text"}`` or ``{"image": data URL, "image_name"}``, plus ``"question"`` for VQA) with the new
+payload. Every bad request gets a 4xx status and ``{"error": message}`` (a body that is not a JSON
+object, unknown fields, wrong types, a missing or oversized body, an unknown path or method, input
+the model cannot read), and the server keeps serving; a 500 is a bug in attnlab. Bodies are
+bounded; requests whose ``Host`` is not this machine's loopback name are refused (a web page
+cannot reach the server through a rebound domain name). Nothing is written anywhere: the model
+only reads.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import errno
 import json
 import logging
 import re
+import sys
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -26,7 +30,7 @@ from attnlab.explore.images import MAX_IMAGE_BYTES
 from attnlab.explore.page import render_page
 from attnlab.explore.text import MAX_CHARS
 
-__all__ = ["make_server", "MAX_BODY_BYTES"]
+__all__ = ["make_server", "parse_body", "BadRequest", "FIELDS", "MAX_BODY_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -35,22 +39,64 @@ MAX_BODY_BYTES = MAX_IMAGE_BYTES * 4 // 3 + 64 * 1024
 _DATA_URL = re.compile(r"^data:[\w/+.-]*(;[\w=.-]+)*;base64,", re.ASCII)
 
 
+#: the fields a request body may have
+FIELDS = ("text", "image", "image_name", "question")
+#: seconds a client may take to send its request (a body shorter than its Content-Length waits)
+REQUEST_TIMEOUT = 30
+
+
+class BadRequest(Exception):
+    """A request the server refuses: an HTTP status (4xx) and one line for the page."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def parse_body(data: bytes) -> dict:
+    """The JSON object of a request body.
+
+    Raises:
+        BadRequest: an empty body, bytes that are not UTF-8 JSON, JSON nested too deeply, or a
+            value that is not an object.
+    """
+    if not data.strip():
+        raise BadRequest(400, 'the request body is empty: send a JSON object such as {"text": ...}')
+    try:
+        body = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRequest(400, "the request is not UTF-8 text") from None
+    except RecursionError:
+        raise BadRequest(400, "the request's JSON is nested too deeply") from None
+    except ValueError as err:  # JSONDecodeError, or an integer too long to read
+        raise BadRequest(400, f"the request is not JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(400, f"the request must be a JSON object, not {type(body).__name__}")
+    return body
+
+
 def _input_from_json(body: dict) -> ExploreInput:
     """The :class:`ExploreInput` of a request body.
 
     Raises:
-        UserError: fields of the wrong type, or an image that is not base64 data.
+        UserError: unknown fields, fields of the wrong type, text that is not valid Unicode, or
+            an image that is not base64 data.
     """
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        raise UserError(
+            f"unknown field {unknown[0]!r} in the request; the fields are {', '.join(FIELDS)}"
+        )
+    for key in FIELDS:
+        value = body.get(key)
+        if value is not None and not isinstance(value, str):
+            raise UserError(f"{key} must be a string, not {type(value).__name__}")
+        try:
+            (value or "").encode("utf-8")
+        except UnicodeEncodeError:
+            raise UserError(f"{key} is not valid Unicode (a lone surrogate)") from None
     text, image, question = body.get("text"), body.get("image"), body.get("question")
     name = body.get("image_name") or "the uploaded image"
-    for key, value in (
-        ("text", text),
-        ("image", image),
-        ("question", question),
-        ("image_name", name),
-    ):
-        if value is not None and not isinstance(value, str):
-            raise UserError(f"{key} must be a string")
     data = None
     if image is not None:
         m = _DATA_URL.match(image)
@@ -66,6 +112,7 @@ def _input_from_json(body: dict) -> ExploreInput:
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     server_version = "attnlab-explore"
+    timeout = REQUEST_TIMEOUT  # a stalled client cannot hold a thread forever
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base class's name)
         log.debug("%s " + format, self.address_string(), *args)
@@ -76,47 +123,90 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.send_header("X-Content-Type-Options", "nosniff")
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _json(self, status: int, value) -> None:
         self._send(status, json.dumps(value, allow_nan=False).encode(), "application/json")
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None):
+        """Every refusal of the base class (a malformed request line or header, an unknown
+        method) as JSON; an unknown method is 405, not 501."""
+        if code == HTTPStatus.NOT_IMPLEMENTED:  # no do_<METHOD>
+            code, message = HTTPStatus.METHOD_NOT_ALLOWED, f"method {self.command} not allowed"
+        try:
+            default = HTTPStatus(code).phrase
+        except ValueError:
+            default = "error"
+        self.log_error("code %d, message %s", code, message)
+        self.close_connection = True
+        if not getattr(self, "request_version", None) or self.request_version == "HTTP/0.9":
+            self.request_version = "HTTP/1.0"  # headers still go out (the base class's HTTP/0.9)
+        self._json(code, {"error": message or default})
 
     def _host_ok(self) -> bool:
         host = (self.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]").lower()
         return host in ("127.0.0.1", "localhost", "::1")
 
+    def _refuse(self, err: BadRequest) -> None:
+        self.close_connection = True
+        self._json(err.status, {"error": str(err)})
+
     def do_GET(self) -> None:
         if not self._host_ok():
-            return self._send(HTTPStatus.FORBIDDEN, b"forbidden host", "text/plain")
+            return self._refuse(BadRequest(HTTPStatus.FORBIDDEN, "forbidden host"))
         if self.path.split("?", 1)[0] not in ("/", "/index.html"):
-            return self._send(HTTPStatus.NOT_FOUND, b"not found", "text/plain")
+            return self._refuse(BadRequest(HTTPStatus.NOT_FOUND, f"not found: {self.path[:100]}"))
         srv = self.server
         page = render_page(srv.payload, serve=srv.form)
         self._send(HTTPStatus.OK, page.encode("utf-8"), "text/html; charset=utf-8")
 
-    def do_POST(self) -> None:
-        if not self._host_ok():
-            return self._json(HTTPStatus.FORBIDDEN, {"error": "forbidden host"})
-        if self.path != "/api/explore":
-            return self._json(HTTPStatus.NOT_FOUND, {"error": "not found"})
+    do_HEAD = do_GET
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding"):
+            raise BadRequest(HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length")
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            raise BadRequest(HTTPStatus.LENGTH_REQUIRED, "Content-Length required")
         try:
-            length = int(self.headers.get("Content-Length") or "")
+            length = int(raw)
         except ValueError:
-            return self._json(HTTPStatus.LENGTH_REQUIRED, {"error": "Content-Length required"})
-        if length < 0 or length > MAX_BODY_BYTES:
-            self.close_connection = True
-            return self._json(
+            raise BadRequest(400, f"Content-Length is not a number: {raw[:40]!r}") from None
+        if length < 0:
+            raise BadRequest(400, f"Content-Length is negative: {length}")
+        if length > MAX_BODY_BYTES:
+            raise BadRequest(
                 HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                {"error": f"the input is larger than {MAX_BODY_BYTES // 2**20} MB"},
+                f"the input is larger than {MAX_BODY_BYTES // 2**20} MB",
             )
         try:
-            body = json.loads(self.rfile.read(length) or b"{}")
-            if not isinstance(body, dict):
-                raise UserError("the request must be a JSON object")
-            payload = self.server.explorer.explain(_input_from_json(body))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return self._json(HTTPStatus.BAD_REQUEST, {"error": "the request is not JSON"})
+            data = self.rfile.read(length)
+        except TimeoutError:
+            raise BadRequest(
+                HTTPStatus.REQUEST_TIMEOUT, "the request body did not arrive"
+            ) from None
+        if len(data) < length:
+            raise BadRequest(400, "the request body is shorter than its Content-Length")
+        return data
+
+    def do_POST(self) -> None:
+        try:
+            if not self._host_ok():
+                raise BadRequest(HTTPStatus.FORBIDDEN, "forbidden host")
+            if self.path.split("?", 1)[0] != "/api/explore":
+                raise BadRequest(HTTPStatus.NOT_FOUND, f"not found: {self.path[:100]}")
+            body = parse_body(self._read_body())
+            inp = _input_from_json(body)
+        except BadRequest as err:
+            return self._refuse(err)
+        except UserError as err:
+            return self._json(HTTPStatus.BAD_REQUEST, {"error": str(err)})
+        try:
+            payload = self.server.explorer.explain(inp)
         except (UserError, ValueError) as err:
             return self._json(HTTPStatus.BAD_REQUEST, {"error": str(err)})
         except Exception as err:  # a bug: say so on the page, keep serving
@@ -127,9 +217,23 @@ class _Handler(BaseHTTPRequestHandler):
             )
         self._json(HTTPStatus.OK, payload)
 
+    def do_PUT(self) -> None:
+        self.send_error(HTTPStatus.NOT_IMPLEMENTED)  # answered as 405 by send_error
+
+    do_DELETE = do_PATCH = do_OPTIONS = do_PUT
+
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A client that went away (a reset, a broken pipe, a timeout) is one debug line, not a
+        traceback on the console; anything else is logged as a bug."""
+        err = sys.exc_info()[1]
+        if isinstance(err, (ConnectionError, TimeoutError)):
+            log.debug("%s: %s", client_address[0], err)
+        else:
+            log.exception("request from %s failed", client_address[0])
 
     def __init__(self, port: int, explorer: Explorer, payload: dict | None) -> None:
         self.explorer, self.payload = explorer, payload
@@ -138,6 +242,7 @@ class _Server(ThreadingHTTPServer):
             "question": explorer.takes_question,
             "max_chars": MAX_CHARS,
             "max_image_bytes": MAX_IMAGE_BYTES,
+            "placeholder": explorer.placeholder,
         }
         super().__init__(("127.0.0.1", port), _Handler)
 
@@ -153,14 +258,24 @@ def make_server(
     ``serve_forever()`` on it, ``url`` says where it is.
 
     Args:
-        first: the input shown when the page opens (None: an empty page with the form).
+        first: the input shown when the page opens; None: the run's default input
+            (:meth:`Explorer.default_input`: a sentence its vocabulary reads, a bundled or
+            generated image), or the bare form when it has none.
 
     Raises:
         UserError: a bad first input; the port is in use, not allowed, or out of range.
     """
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be between 0 and 65535, got {port}")
-    payload = explorer.explain(first) if first is not None else None
+    if first is not None:
+        payload = explorer.explain(first)
+    else:
+        payload = None
+        try:
+            default = explorer.default_input()
+            payload = explorer.explain(default) if default is not None else None
+        except UserError as err:  # an unusual vocabulary: the page opens with the form alone
+            log.debug("no default input: %s", err)
     try:
         return _Server(port, explorer, payload)
     except OSError as err:

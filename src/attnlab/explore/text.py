@@ -17,13 +17,26 @@ from attnlab.errors import UserError
 from attnlab.explore.payload import group_layers, head_dim_of, make_view, top_guesses
 from attnlab.runs import LoadedRun
 
-__all__ = ["KINDS", "INPUT", "QUESTION", "MAX_CHARS", "explain", "token_labels"]
+__all__ = [
+    "KINDS",
+    "INPUT",
+    "QUESTION",
+    "MAX_CHARS",
+    "DEFAULT_TEXT",
+    "explain",
+    "token_labels",
+    "readable_text",
+    "default_input",
+]
 
 KINDS = ("decoder_lm",)
 INPUT = "text"
 QUESTION = False
 #: longest text the explorer reads (the context bounds it further)
 MAX_CHARS = 4000
+#: what the served page starts with when no --input is given
+DEFAULT_TEXT = "The attention weights of the model are"
+PLACEHOLDER = "text to explain"
 
 
 def token_labels(tokenizer, ids: list[int]) -> list[str]:
@@ -37,6 +50,37 @@ def token_labels(tokenizer, ids: list[int]) -> list[str]:
         )
         prev = text
     return labels
+
+
+def readable_text(tokenizer, text: str, *, keep: tuple[str, ...] = ()) -> str:
+    """``text`` without the characters ``tokenizer`` cannot encode (a character vocabulary
+    lacks some); the strings in ``keep`` (special tokens) stay whole."""
+    if tokenizer is None:
+        return ""
+    out, pos = [], 0
+    while pos < len(text):
+        special = next((k for k in keep if text.startswith(k, pos)), None)
+        if special:
+            out.append(special)
+            pos += len(special)
+            continue
+        try:
+            if tokenizer.encode(text[pos]):
+                out.append(text[pos])
+        except (UserError, KeyError, ValueError):
+            pass
+        pos += 1
+    return "".join(out)
+
+
+def default_input(run: LoadedRun) -> dict | None:
+    """What the served page shows first: ``{"text": ...}``, :data:`DEFAULT_TEXT` less the
+    characters the vocabulary lacks, cut to the context (None when nothing is left)."""
+    text = readable_text(run.tokenizer, DEFAULT_TEXT)
+    context = int(getattr(run.model.config, "max_seq_len", len(text)))
+    while text and len(run.tokenizer.encode(text)) > context:
+        text = text.rsplit(" ", 1)[0] if " " in text else text[:context]
+    return {"text": text} if text.strip() else None
 
 
 def encode_text(run: LoadedRun, text: str) -> list[int]:

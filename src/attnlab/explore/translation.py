@@ -24,7 +24,16 @@ from attnlab.errors import UserError
 from attnlab.explore.payload import group_layers, head_dim_of, make_view
 from attnlab.runs import LoadedRun
 
-__all__ = ["KINDS", "INPUT", "QUESTION", "MAX_SOURCE_TOKENS", "explain", "translate"]
+__all__ = [
+    "KINDS",
+    "INPUT",
+    "QUESTION",
+    "MAX_SOURCE_TOKENS",
+    "DEFAULT_TEXT",
+    "explain",
+    "translate",
+    "default_input",
+]
 
 KINDS = ("transformer", "rnn-attn")
 INPUT = "text"
@@ -32,6 +41,9 @@ QUESTION = False
 #: longest source sentence (tokens) for models without a context length of their own
 MAX_SOURCE_TOKENS = 256
 MAX_CHARS = 2000
+#: what the served page starts with (the numbers task's example)
+DEFAULT_TEXT = "three hundred and forty two"
+PLACEHOLDER = "a sentence to translate"
 
 PAD, START, END = "<pad>", "<start>", "<end>"
 
@@ -160,3 +172,17 @@ def explain(run: LoadedRun, inp) -> dict:
         "image": None,
         "views": views,
     }
+
+
+def default_input(run: LoadedRun) -> dict | None:
+    """What the served page shows first: :data:`DEFAULT_TEXT` when the source vocabulary has its
+    words, else the first few words of the vocabulary."""
+    vocabs = run.tokenizer
+    try:
+        vocabs.encode_source(DEFAULT_TEXT)
+        return {"text": DEFAULT_TEXT}
+    except UserError:
+        pass
+    words = [t for t in vocabs.src.itos if not (t.startswith("<") and t.endswith(">"))][:4]
+    sep = "" if vocabs.src.level == "char" else " "
+    return {"text": sep.join(words)} if words else None

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from attnlab.attention.capture import capture_attention
 from attnlab.errors import UserError
-from attnlab.explore.images import decode_image, image_payload
+from attnlab.explore.images import decode_image, image_payload, png_bytes
 from attnlab.explore.payload import (
     LayerAttention,
     group_layers,
@@ -29,7 +29,16 @@ from attnlab.explore.payload import (
 )
 from attnlab.runs import LoadedRun
 
-__all__ = ["KINDS", "INPUT", "QUESTION", "explain", "patch_labels", "grid_spec", "window_tokens"]
+__all__ = [
+    "KINDS",
+    "INPUT",
+    "QUESTION",
+    "explain",
+    "default_input",
+    "patch_labels",
+    "grid_spec",
+    "window_tokens",
+]
 
 KINDS = ("vit", "swin")
 INPUT = "image"
@@ -180,3 +189,23 @@ def explain(run: LoadedRun, inp) -> dict:
         "image": image_payload(image),
         "views": views,
     }
+
+
+def default_input(run: LoadedRun) -> dict | None:
+    """What the served page shows first: the first test image of a run trained on a bundled or
+    generated source (``digits``, ``shapes``); None for data on disk (the page asks for a file)."""
+    task = run.task
+    source, seed = task.get("data"), int(task.get("seed") or 0)
+    if source == "digits":
+        from attnlab.data.images import load_digits
+
+        images = load_digits(seed=seed).test[0]
+    elif source == "shapes":
+        from attnlab.data.images import make_shapes
+
+        size = int(task.get("image_size") or run.tokenizer.image_shape[-1])
+        label = task.get("shapes_label") or "shape"
+        images = make_shapes(20, size, label=label, seed=seed).test[0]
+    else:
+        return None
+    return {"image": png_bytes(images[0]), "image_name": f"{source} test image 0"}

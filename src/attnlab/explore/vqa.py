@@ -14,12 +14,12 @@ import torch
 
 from attnlab.attention.capture import capture_attention
 from attnlab.errors import UserError
-from attnlab.explore.caption import image_view, read_scene_input
+from attnlab.explore.caption import default_scene, image_view, read_scene_input
 from attnlab.explore.images import image_payload
 from attnlab.explore.payload import group_layers, head_dim_of, make_view, top_guesses
 from attnlab.runs import LoadedRun
 
-__all__ = ["KINDS", "INPUT", "QUESTION", "explain"]
+__all__ = ["KINDS", "INPUT", "QUESTION", "explain", "default_input"]
 
 KINDS = ("vqa_transformer",)
 INPUT = "image"
@@ -81,3 +81,10 @@ def explain(run: LoadedRun, inp) -> dict:
         "image": image_payload(image),
         "views": views,
     }
+
+
+def default_input(run: LoadedRun) -> dict | None:
+    """What the served page shows first: a generated scene and its first question."""
+    data, questions = default_scene(run)
+    question = questions[0].question if questions else "what colour is the circle ?"
+    return {"image": data, "image_name": "scene_0.png", "question": question}

@@ -54,25 +54,27 @@
     return c;
   }
   const fmt = (x, d) => (x === -Infinity ? "−∞" : Number.isFinite(x) ? x.toFixed(d) : String(x));
+  const tick = (x) => (x === 0 ? "0" : x < 0.1 ? x.toPrecision(2) : x.toFixed(2));
   const shown = (tok) => tok.replace(/ /g, "␣").replace(/\n/g, "↵").replace(/\t/g, "⇥") || "∅";
 
   // -- drawing helpers ----------------------------------------------------------------------
-  /* Draw rows (Tq arrays of Tk) into a canvas, one pixel block per cell, scaled to its max. */
-  function heatmap(canvas, rows, Tk, cell, highlight) {
+  /* Draw rows (Tq arrays of Tk) into a canvas, one cw × ch block per cell, scaled to the
+     largest value (returned, for the colour bar). */
+  function heatmap(canvas, rows, Tk, cw, ch, highlight) {
     const Tq = rows.length;
-    canvas.width = Tk * cell;
-    canvas.height = Tq * cell;
+    canvas.width = Tk * cw;
+    canvas.height = Tq * ch;
     const ctx = canvas.getContext("2d");
-    const img = ctx.createImageData(Tk * cell, Tq * cell);
+    const img = ctx.createImageData(Tk * cw, Tq * ch);
     let max = 0;
     for (const r of rows) for (const x of r) if (x > max) max = x;
-    max = max || 1;
+    const scale = max || 1;
     for (let i = 0; i < Tq; i++) {
       for (let j = 0; j < Tk; j++) {
-        const [R, G, B] = color(rows[i][j] / max);
-        for (let a = 0; a < cell; a++) {
-          for (let b = 0; b < cell; b++) {
-            const p = ((i * cell + a) * Tk * cell + j * cell + b) * 4;
+        const [R, G, B] = color(rows[i][j] / scale);
+        for (let a = 0; a < ch; a++) {
+          for (let b = 0; b < cw; b++) {
+            const p = ((i * ch + a) * Tk * cw + j * cw + b) * 4;
             img.data[p] = R; img.data[p + 1] = G; img.data[p + 2] = B; img.data[p + 3] = 255;
           }
         }
@@ -81,11 +83,72 @@
     ctx.putImageData(img, 0, 0);
     if (highlight !== undefined && highlight !== null) {
       ctx.strokeStyle = "#ff2d55";
-      ctx.lineWidth = Math.max(1, cell / 4);
-      ctx.strokeRect(0.5, highlight * cell + 0.5, Tk * cell - 1, cell - 1);
+      ctx.lineWidth = Math.max(1, Math.min(cw, ch) / 4);
+      ctx.strokeRect(0.5, highlight * ch + 0.5, Tk * cw - 1, ch - 1);
     }
+    return max;
+  }
+  /* Cell width and height of a Tq × Tk map that should fit about px pixels: each side on its
+     own (a 4 × 64 map gets tall rows, not a thin strip), at least MIN_CELL, at most 24. */
+  const MIN_CELL = 3;
+  function cellDims(Tq, Tk, px) {
+    const side = (n) => Math.max(MIN_CELL, Math.min(24, Math.floor(px / Math.max(n, 1))));
+    return { cw: side(Tk), ch: side(Tq) };
   }
   function cellSize(n, px) { return Math.max(1, Math.min(24, Math.floor(px / Math.max(n, 1)))); }
+  /* Which labels of n cells of size px to write: every step-th, so that they do not overlap. */
+  const labelStep = (px, need) => Math.max(1, Math.ceil(need / Math.max(px, 1)));
+  /* A labelled heat map: the keys above, the queries on the left (click one to choose it), the
+     colour bar on the right (0 to the largest value, which is the brightest colour). */
+  function labelledMap(box, opts) {
+    const { id, rows, queries, keys, highlight, label, onPick } = opts;
+    const Tq = rows.length, Tk = keys.length, { cw, ch } = cellDims(Tq, Tk, 260);
+    box.replaceChildren();
+    const fig = el("div", { class: "mfig" });
+    const canvas = el("canvas", { id });
+    const max = heatmap(canvas, rows, Tk, cw, ch, highlight);
+    canvas.style.width = `${Tk * cw}px`;
+    canvas.style.height = `${Tq * ch}px`;
+    // column labels: upright when every label is a character or two and the cells are wide
+    const xs = el("div", { class: "xlabels" });
+    const short = keys.every((k) => shown(k).length <= 2);
+    const upright = short && cw >= 10;
+    const xstep = labelStep(cw, upright ? 10 : 14);
+    xs.classList.toggle("vertical", !upright);
+    keys.forEach((k, j) => {
+      const sp = el("span", { class: "xl", "data-j": j }, j % xstep === 0 ? shown(k) : "");
+      sp.style.width = `${cw}px`;
+      xs.append(sp);
+    });
+    const ys = el("div", { class: "ylabels" });
+    const ystep = labelStep(ch, 10);
+    queries.forEach((q, i) => {
+      const d = el("div", { class: "yl", "data-i": i }, i % ystep === 0 ? shown(q) : "");
+      d.style.height = `${ch}px`;
+      d.style.lineHeight = `${ch}px`;
+      if (i === highlight) d.classList.add("active");
+      d.addEventListener("click", () => onPick(i));
+      ys.append(d);
+    });
+    const bar = el("div", { class: "colorbar", "data-max": String(max) });
+    const grad = el("div", { class: "cbar" });
+    grad.style.height = `${Math.max(Tq * ch, 90)}px`;
+    grad.style.background = `linear-gradient(to top, ${VIRIDIS.map((c) => `rgb(${c})`).join(", ")})`;
+    const ticks = el("div", { class: "ticks" });
+    ticks.style.height = grad.style.height;
+    for (const t of [max, max / 2, 0]) ticks.append(el("span", { class: "tick" }, tick(t)));
+    bar.append(grad, ticks, el("div", { class: "cbar-label" }, label));
+    fig.append(el("div"), xs, el("div"), ys, canvas, bar);
+    box.append(fig);
+    canvas.onclick = (ev) => onPick(pickRow(canvas, ev, Tq));
+    canvas.onmousemove = (ev) => {
+      const r = canvas.getBoundingClientRect();
+      const i = pickRow(canvas, ev, Tq);
+      const j = Math.min(Tk - 1, Math.max(0, Math.floor(((ev.clientX - r.left) / r.width) * Tk)));
+      canvas.title = `${i}: ${shown(queries[i])} → ${j}: ${shown(keys[j])}: ${fmt(rows[i][j], 4)}`;
+    };
+    return { max, cw, ch };
+  }
   function el(tag, attrs, text) {
     const e = document.createElement(tag);
     for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
@@ -133,11 +196,13 @@
     heads.append(mean);
     for (let h = 0; h < H; h++) {
       const b = el("button", { type: "button", "data-head": h }, String(h));
-      b.style.background = HEAD_COLORS[h % HEAD_COLORS.length];
+      b.style.setProperty("--head", HEAD_COLORS[h % HEAD_COLORS.length]);
       heads.append(b);
     }
     for (const b of heads.querySelectorAll("button")) {
-      if (Number(b.dataset.head) === state.head) b.classList.add("active");
+      const on = Number(b.dataset.head) === state.head;
+      b.classList.toggle("active", on);
+      b.setAttribute("aria-pressed", String(on));
       b.addEventListener("click", () => select({ head: Number(b.dataset.head) }));
     }
     const q = $("query");
@@ -171,7 +236,10 @@
             x1: xl + 4, y1: i * rowH + 13, x2: xr - 4, y2: j * rowH + 13,
             stroke: HEAD_COLORS[h % HEAD_COLORS.length],
             "stroke-width": focus ? 1 + 2 * a : 1,
-            "stroke-opacity": (focus ? 0.9 : 0.1) * a,
+            // every row's lines visible, the focused query's stronger
+            "stroke-opacity": ((focus ? 0.95 : heads.length > 1 ? 0.3 : 0.5) * a).toFixed(3),
+            class: focus ? "focus" : "",
+            "data-i": i, "data-j": j,
           }));
         }
       }
@@ -261,9 +329,13 @@
     return Math.min(n - 1, Math.max(0, Math.floor(((ev.clientY - r.top) / r.height) * n)));
   }
   function renderMatrix() {
-    const v = view(), { Tq, Tk } = dims(v), c = $("matrix");
-    heatmap(c, matrixRows(v, floats(v.weights), state.layer, state.head), Tk, cellSize(Math.max(Tq, Tk), 360), state.query);
-    c.onclick = (ev) => select({ query: pickRow(c, ev, Tq) });
+    const v = view(), { Tq } = dims(v);
+    labelledMap($("matrix-box"), {
+      id: "matrix", rows: matrixRows(v, floats(v.weights), state.layer, state.head),
+      queries: v.queries, keys: v.keys, highlight: state.query,
+      label: "weight",
+      onPick: (i) => select({ query: Math.min(i, Tq - 1) }),
+    });
   }
 
   function renderModelView() {
@@ -281,7 +353,8 @@
       box.append(el("div", { class: "lbl" }, `layer ${l}`));
       for (let h = 0; h < H; h++) {
         const c = el("canvas", { "data-cell": `${l}-${h}`, title: `layer ${l}, head ${h}` });
-        heatmap(c, matrixRows(v, W, l, h), Tk, cellSize(Math.max(Tq, Tk), 72));
+        const cs = cellSize(Math.max(Tq, Tk), 72);
+        heatmap(c, matrixRows(v, W, l, h), Tk, cs, cs);
         if (l === state.layer && h === state.head) c.classList.add("active");
         c.addEventListener("click", () => select({ layer: l, head: h }));
         box.append(c);
@@ -320,9 +393,41 @@
     if (!v.rollout) return;
     const [T, Tk] = v.rollout.shape, R = floats(v.rollout), rows = [];
     for (let i = 0; i < T; i++) rows.push(R.subarray(i * Tk, (i + 1) * Tk));
-    const c = $("rollout");
-    heatmap(c, rows, Tk, cellSize(Math.max(T, Tk), 360), state.query);
-    c.onclick = (ev) => select({ query: pickRow(c, ev, T) });
+    labelledMap($("rollout-box"), {
+      id: "rollout", rows, queries: v.queries, keys: v.keys, highlight: state.query,
+      label: "rollout", onPick: (i) => select({ query: i }),
+    });
+  }
+
+  /* A masked LM's guesses at each [MASK] (payload.predictions): click one to make it the query. */
+  function renderPredictions() {
+    const preds = (payload.predictions || []).filter((p) => p.view === view().id);
+    $("predict-panel").hidden = !payload.predictions;
+    const box = $("predictions");
+    box.replaceChildren();
+    if (!payload.predictions) return;
+    if (!preds.length) {
+      box.append(el("p", { class: "hint" }, "No [MASK] in the text: write [MASK] where a token is to be predicted."));
+      return;
+    }
+    for (const p of preds) {
+      const card = el("div", { class: "mask", "data-query": p.query, "data-mask": p.mask });
+      if (p.query === state.query) card.classList.add("active");
+      card.append(el("div", { class: "mask-title" }, `[MASK] ${p.mask + 1} · token ${p.query}`));
+      const t = el("table");
+      for (const c of p.candidates) {
+        const tr = el("tr", { class: "cand", "data-token": c.token, "data-p": String(c.p) });
+        tr.append(el("td", { class: "tok" }, shown(c.token)), el("td", {}, fmt(c.p, 3)));
+        const bar = el("td", { class: "bar" }), sp = el("span");
+        sp.style.width = `${Math.round(100 * c.p)}px`;
+        bar.append(sp);
+        tr.append(bar);
+        t.append(tr);
+      }
+      card.append(t);
+      card.addEventListener("click", () => select({ query: p.query }));
+      box.append(card);
+    }
   }
 
   /* The query's weights (or rollout row) over the image patches, as a spotlight; the chosen
@@ -395,6 +500,7 @@
   function render() {
     const has = Boolean(payload && payload.views && payload.views.length);
     $("app").hidden = !has;
+    $("empty-note").hidden = has;
     if (!has) return;
     renderMeta();
     renderTabs();
@@ -409,6 +515,7 @@
     renderModelView();
     renderEntropy();
     renderRollout();
+    renderPredictions();
   }
   function select(change) {
     const before = { ...state };
@@ -509,7 +616,15 @@
     $("question-label").hidden = !s.question;
     if (payload && s.input === "text") $("input-text").value = payload.input || "";
     if (payload && s.question) $("input-question").value = payload.question || "";
+    if (s.placeholder) $("input-text").placeholder = s.placeholder;
     $("input-form").addEventListener("submit", submit);
+    // Enter explains (as in the question box); Shift+Enter writes a new line
+    $("input-text").addEventListener("keydown", (ev) => {
+      if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
+        ev.preventDefault();
+        $("input-form").requestSubmit();
+      }
+    });
   }
 
   $("layer").addEventListener("change", (e) => select({ layer: Number(e.target.value) }));
