@@ -102,7 +102,9 @@
      colour bar on the right (0 to the largest value, which is the brightest colour). */
   function labelledMap(box, opts) {
     const { id, rows, queries, keys, highlight, label, onPick } = opts;
-    const Tq = rows.length, Tk = keys.length, { cw, ch } = cellDims(Tq, Tk, 260);
+    // as large as the panel allows (room left for the labels and the colour bar)
+    const px = Math.max(260, Math.min(600, (box.clientWidth || 0) - 110));
+    const Tq = rows.length, Tk = keys.length, { cw, ch } = cellDims(Tq, Tk, px);
     box.replaceChildren();
     const fig = el("div", { class: "mfig" });
     const canvas = el("canvas", { id });
@@ -112,16 +114,19 @@
     // column labels: upright when every label is a character or two and the cells are wide
     const xs = el("div", { class: "xlabels" });
     const short = keys.every((k) => shown(k).length <= 2);
-    const upright = short && cw >= 10;
-    const xstep = labelStep(cw, upright ? 10 : 14);
+    const upright = short && cw >= 7; // a monospaced character is about 6 px wide
+    const xstep = labelStep(cw, upright ? 7 : 14);
     xs.classList.toggle("vertical", !upright);
     keys.forEach((k, j) => {
-      const sp = el("span", { class: "xl", "data-j": j }, j % xstep === 0 ? shown(k) : "");
+      const text = j % xstep === 0 ? shown(k) : "";
+      const sp = el("span", { class: "xl", "data-j": j, title: shown(k) },
+        text.length > 14 ? `${text.slice(0, 13)}…` : text);
       sp.style.width = `${cw}px`;
       xs.append(sp);
     });
     const ys = el("div", { class: "ylabels" });
-    const ystep = labelStep(ch, 10);
+    const ystep = labelStep(ch, 7);
+    ys.style.fontSize = `${Math.max(7, Math.min(10, ch + 1))}px`;
     queries.forEach((q, i) => {
       const d = el("div", { class: "yl", "data-i": i }, i % ystep === 0 ? shown(q) : "");
       d.style.height = `${ch}px`;
