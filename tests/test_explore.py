@@ -457,3 +457,47 @@ def test_mlm_payload_is_bidirectional_and_predicts_the_masks_as_fill_mask_does(t
     _one_line_error(
         cli("explore", str(run), "--input", "a" * 31, "--out", str(out)), "[CLS] and [SEP]", "32"
     )
+
+
+def test_served_page_opens_with_an_example_input_for_every_family(lm, tmp_path):
+    """Without --input the served page shows an example the run can read: a sentence in its
+    vocabulary, the first test digit of a digits classifier, a generated scene (with its first
+    question for VQA); a classifier of files on disk opens with the bare form."""
+    from attnlab.data.images import load_digits
+    from attnlab.data.scenes import SceneConfig, SceneSet
+    from attnlab.explore import make_server
+    from attnlab.explore.images import decode_image
+    from explore_runs import mlm_run, scene_run, translation_run
+
+    def first_payload(run):
+        server = make_server(Explorer(run), port=0)
+        server.server_close()
+        return server.payload
+
+    from attnlab.explore.text import DEFAULT_TEXT
+
+    alphabet = set(LM_TEXT + "ehlowrdbq")  # lm_run's characters; its context is 32
+    readable = "".join(c for c in DEFAULT_TEXT if c in alphabet)
+    assert len(readable) > 32 and first_payload(lm)["input"] == readable[:33].rsplit(" ", 1)[0]
+    assert "[MASK]" in first_payload(mlm_run(tmp_path / "mlm"))["input"]
+    # the test vocabulary has no "forty": its first four words instead
+    assert first_payload(translation_run(tmp_path / "de"))["views"][0]["keys"] == [
+        "one", "two", "three", "four"
+    ]  # fmt: skip
+    vit = image_run(tmp_path / "vit")
+    assert first_payload(vit) is None  # no data source recorded: the page asks for a file
+    config = json.loads((vit / "config.json").read_text())
+    (vit / "config.json").write_text(json.dumps({**config, "task": {"data": "digits"}}))
+    shown = Explorer(vit).default_input()
+    digit = load_digits(seed=0).test[0][0]  # (1, 8, 8)
+    torch.testing.assert_close(
+        decode_image(shown.image, size=(8, 8), channels=1), digit, atol=1 / 255, rtol=0
+    )
+    assert first_payload(vit)["summary"][0].startswith("prediction:")
+    scene = SceneSet(SceneConfig(image_size=32), "val", 1, 0)
+    vqa = Explorer(scene_run(tmp_path / "vqa", "vqa_transformer")).default_input()
+    expected = torch.from_numpy(scene.images[0]).permute(2, 0, 1).float() / 255
+    assert torch.equal(decode_image(vqa.image, size=(32, 32), channels=3), expected)
+    assert vqa.question == scene.questions[0][0].question
+    cap = first_payload(scene_run(tmp_path / "cap", "caption_transformer"))
+    assert cap["input"] == "scene_0.png" and cap["image"]["width"] == 32

@@ -1,6 +1,7 @@
 """``attnlab explore RUN``: the interactive attention explorer, as a file or a local server.
 
     attnlab explore runs/lm --input "The cat sat on the mat" --out lm.html
+    attnlab explore runs/mlm --input "the return [MASK]alue of the function" --out mlm.html
     attnlab explore runs/vit --input digit.png --out vit.html
     attnlab explore runs/vqa --input scene.png --question "what colour is the circle?" --out vqa.html
     attnlab explore runs/lm --serve --port 8000
@@ -25,16 +26,17 @@ def register(groups) -> None:
         help="an interactive page of every attention layer and head for one input",
         description="Write one self-contained HTML page (no network, nothing loaded from "
         "anywhere) showing the attention of a run for one input: head view, model view, raw "
-        "scores q·k/√d next to the weights, entropy and rollout; translation alignments; "
-        "attention over images. With --serve, a local page (127.0.0.1 only) recomputes it for "
-        "new input.",
+        "scores q·k/√d next to the weights, entropy and rollout; an MLM's guesses at each "
+        "[MASK]; translation alignments; attention over images. With --serve, a local page "
+        "(127.0.0.1 only) recomputes it for new input.",
     )
     # fmt: off
     add_flags(p, [
         ("run_dir", None, None, "run directory written by 'attnlab train'"),
         ("--input", None, None,
-         "the text (language models, translation) or image file (vit, "
-         "swin, captioning, VQA) to explain; required with --out", {"metavar": "TEXT|IMAGE"}),
+         "the text (language models, translation; with [MASK] for an MLM encoder) or image "
+         "file (vit, swin, captioning, VQA) to explain; required with --out; --serve without "
+         "it opens with an example", {"metavar": "TEXT|IMAGE"}),
         ("--question", None, None, "VQA: the question about the image"),
     ])
     # fmt: on

@@ -1,7 +1,7 @@
 """attnlab.explore: the interactive attention explorer.
 
 ``Explorer(run).explain(ExploreInput(text=...))`` gives a JSON-able payload of every attention
-layer's weights and raw scores for one input (one small module per family: ``text``,
+layer's weights and raw scores for one input (one small module per family: ``text``, ``mlm``,
 ``translation``, ``vision``, ``caption``, ``vqa``); ``write_page`` turns it into one
 self-contained HTML file; ``make_server`` serves the page on 127.0.0.1 and recomputes it for new
 input.
