@@ -1,6 +1,7 @@
 """The explorer page: one self-contained HTML file (style, script and data inline).
 
-The script and style live in ``attnlab/explore/static/`` and are inlined when the page is built;
+The script (``explorer.js``, the drawing; ``explorer_form.js``, the served page's form) and the
+style live in ``attnlab/explore/static/`` and are inlined when the page is built;
 the payload is embedded as JSON. A Content-Security-Policy in the page forbids every request
 (``connect-src 'none'``, images only from ``data:`` URLs), so the browser itself guarantees that
 nothing leaves the file; the served page may talk to its own server only (``connect-src 'self'``).
@@ -48,7 +49,7 @@ def render_page(payload: dict | None, *, serve: dict | None = None) -> str:
         "__CONNECT__": "'self'" if serve else "'none'",
         "__TITLE__": html.escape(title[:200]),
         "__CSS__": _static("explorer.css"),
-        "__JS__": _static("explorer.js"),
+        "__JS__": _static("explorer.js") + "\n" + _static("explorer_form.js"),
         "__CONFIG__": _json_for_script(config),
         "__DATA__": _json_for_script(payload),
     }

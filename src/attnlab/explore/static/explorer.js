@@ -3,7 +3,8 @@
  * The payload (see attnlab/explore/payload.py) holds views; a view holds per layer and head the
  * attention weights (L, H, Tq, Tk) and the raw scores, as base64 float32. Everything is drawn
  * from those numbers with the DOM, SVG and canvas: no library, no request. In the served page
- * (attnlab explore --serve) a form posts new input to the local server and redraws the reply.
+ * (attnlab explore --serve) the form of explorer_form.js posts new input to the local server and
+ * redraws the reply through window.attnExplorer.
  */
 (function () {
   "use strict";
@@ -560,81 +561,9 @@
     render();
   }
 
-  // -- the served page's form -----------------------------------------------------------------
-  function showError(msg) {
-    $("error").hidden = !msg;
-    $("error").textContent = msg || "";
-  }
-  function readFile(file) {
-    return new Promise((resolve, reject) => {
-      const r = new FileReader();
-      r.onload = () => resolve(r.result);
-      r.onerror = () => reject(new Error(`cannot read ${file.name}`));
-      r.readAsDataURL(file);
-    });
-  }
-  async function submit(ev) {
-    ev.preventDefault();
-    const s = config.serve, body = {};
-    try {
-      if (s.input === "text") {
-        body.text = $("input-text").value;
-        if (body.text.length > s.max_chars) throw new Error(`the text is longer than ${s.max_chars} characters`);
-      } else {
-        const file = $("input-image").files[0];
-        if (file) {
-          if (file.size > s.max_image_bytes) throw new Error(`${file.name} is larger than ${s.max_image_bytes} bytes`);
-          body.image = await readFile(file);
-          body.image_name = file.name;
-        } else if (payload && payload.image) {
-          body.image = payload.image.src; // the image shown (e.g. a new question about it)
-          body.image_name = payload.input;
-        } else {
-          throw new Error("choose an image file");
-        }
-      }
-      if (s.question) body.question = $("input-question").value;
-    } catch (err) {
-      showError(err.message);
-      return;
-    }
-    $("busy").hidden = false;
-    try {
-      const r = await fetch("api/explore", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
-      const out = await r.json();
-      if (!r.ok) { showError(out.error || `error ${r.status}`); return; }
-      showError("");
-      config._lastView = payload && payload.views ? view().id : "";
-      setPayload(out);
-    } catch (err) {
-      showError(`the server did not answer: ${err.message}`);
-    } finally {
-      $("busy").hidden = true;
-    }
-  }
-  function setUpForm() {
-    const s = config.serve;
-    if (!s) return;
-    $("input-form").hidden = false;
-    $("text-label").hidden = s.input !== "text";
-    $("image-label").hidden = s.input !== "image";
-    $("question-label").hidden = !s.question;
-    if (payload && s.input === "text") $("input-text").value = payload.input || "";
-    if (payload && s.question) $("input-question").value = payload.question || "";
-    if (s.placeholder) $("input-text").placeholder = s.placeholder;
-    $("input-form").addEventListener("submit", submit);
-    // Enter explains (as in the question box); Shift+Enter writes a new line
-    $("input-text").addEventListener("keydown", (ev) => {
-      if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
-        ev.preventDefault();
-        $("input-form").requestSubmit();
-      }
-    });
-  }
-
   $("layer").addEventListener("change", (e) => select({ layer: Number(e.target.value) }));
   $("query").addEventListener("change", (e) => select({ query: Number(e.target.value) }));
-  window.attnExplorer = { state, payload: () => payload, select, selectView };
-  setUpForm();
+  // the page's API (the served page's form in explorer_form.js, and the tests)
+  window.attnExplorer = { state, config, payload: () => payload, view, select, selectView, setPayload };
   setPayload(payload);
 })();
