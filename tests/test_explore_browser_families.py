@@ -196,3 +196,29 @@ def test_vqa_page_shows_where_each_question_word_looked(browser, root):
     assert page.texts("#matrix-box .ylabels .yl") == question.split()
     page.check_clean()
     page.close()
+
+
+def test_served_vqa_page_opens_with_a_scene_and_enter_asks_a_new_question(browser, root):
+    run = scene_run(root / "served-vqa", "vqa_transformer")
+    server = make_server(Explorer(run), port=0)  # no input: a generated scene and its question
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        origin = server.url.rstrip("/")
+        page = Page(browser, server.url, lambda u: u.startswith(origin + "/"))
+        first = page.page.input_value("#input-question")
+        assert first and page.page.is_visible("#image-attn")
+        assert page.texts("#image-strip figcaption") == first.split()
+        assert page.page.is_hidden("#form-hint")  # no text box: nothing about Shift+Enter
+        question = "is the circle left of the square ?"
+        page.page.fill("#input-question", question)
+        page.page.press("#input-question", "Enter")  # asks about the image shown
+        page.page.wait_for_function(
+            f"() => window.attnExplorer.payload().question === {question!r}"
+        )
+        assert page.texts("#image-strip figcaption") == question.split()
+        assert page.page.evaluate("() => window.attnExplorer.payload().input") == "scene_0.png"
+        page.check_clean()
+        page.close()
+    finally:
+        server.shutdown()
+        server.server_close()

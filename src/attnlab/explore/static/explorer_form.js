@@ -69,6 +69,7 @@
     $("text-label").hidden = s.input !== "text";
     $("image-label").hidden = s.input !== "image";
     $("question-label").hidden = !s.question;
+    $("form-hint").hidden = s.input !== "text";
     const payload = ex.payload();
     if (payload && s.input === "text") $("input-text").value = payload.input || "";
     if (payload && s.question) $("input-question").value = payload.question || "";
