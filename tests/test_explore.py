@@ -171,6 +171,7 @@ def test_bad_input_is_one_clear_message(lm, lstm, tmp_path):
         cli("explore", str(lm), "--input", "a", "--question", "why?", "--out", out), "question"
     )
     _one_line_error(cli("explore", str(lm), "--input", "a €", "--out", out), "€")
+    _one_line_error(cli("explore", str(lm), "--serve", "--question", "why?"), "no question")
     assert not Path(out).exists()
 
 

@@ -111,12 +111,18 @@ class Explorer:
     def default_input(self, question: str | None = None) -> ExploreInput | None:
         """An input to show before the user gives one (the served page opens with it): a
         sentence the vocabulary can read, a bundled or generated image; ``question`` replaces
-        the default question. None when the family has none (data on disk)."""
+        the default question. None when the family has none (data on disk).
+
+        Raises:
+            UserError: a question for a run that takes none.
+        """
+        if question is not None and not self.takes_question:
+            raise UserError(f"this {self.kind} run takes no question (questions are for VQA runs)")
         make = getattr(self.family, "default_input", None)
         fields = make(self.run) if make is not None else None
         if fields is None:
             return None
-        if question is not None and self.takes_question:
+        if question is not None:
             fields = {**fields, "question": question}
         return ExploreInput(**fields)
 
