@@ -1,4 +1,4 @@
-"""The sweep behind the budget rule (attnlab.train.budget): every row of the table at several
+"""The sweep behind the budget rule (attnlab.runspec.budget): every row of the table at several
 wall-clock budgets -> held-out nats/char on the pydoc split.
 
 Each cell trains one row (model, window, batch, learning rate x ``--lr-scales``, warm-up, dropout)
@@ -10,7 +10,7 @@ every cell, so an interrupted sweep resumes where it stopped; run it on an idle 
 It prints a Markdown table (settings x budgets, the best of each budget in bold), what the rule
 picks at each budget at this machine's measured speed, and for each row the budget from which it
 beats the row below: ``min_steps`` = the steps the row makes there, which is what
-``attnlab.train.budget.ROWS`` should hold.
+``attnlab.runspec.budget.ROWS`` should hold.
 
     python benchmarks/budget_sweep.py                                   # the default sweep
     python benchmarks/budget_sweep.py --rows xs s m --budgets 30 75 150 --lr-scales 0.5 1 2
@@ -33,7 +33,7 @@ from pydoc_score import pydoc_task, score  # noqa: E402
 from attnlab.config import ModelConfig  # noqa: E402
 from attnlab.models.lm import DecoderLM  # noqa: E402
 from attnlab.train import TrainConfig, train  # noqa: E402
-from attnlab.train.budget import (  # noqa: E402
+from attnlab.runspec.budget import (  # noqa: E402
     ROWS,
     choose_lm_settings,
     fastest_ref_steps_per_s,

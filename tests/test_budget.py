@@ -1,4 +1,4 @@
-"""The budget rule (attnlab.train.budget): a pure, monotone, deterministic choice of model size,
+"""The budget rule (attnlab.runspec.budget): a pure, monotone, deterministic choice of model size,
 batch, window, learning rate, warm-up and dropout; and ``attnlab train lm`` using it when no model
 is named."""
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from attnlab.train.budget import (
+from attnlab.runspec.budget import (
     MAX_PARAMS_PER_TOKEN,
     REFERENCE,
     REFERENCE_STEPS_PER_S,
@@ -131,7 +131,7 @@ def test_the_speed_measurement_leaves_torch_on_the_faster_thread_count(
 ):
     import torch
 
-    from attnlab.train import budget
+    from attnlab.runspec import budget
 
     before = torch.get_num_threads()
     speeds = {1: 30.0 if one_thread_faster else 10.0, 2: 20.0}

@@ -44,8 +44,12 @@ from torch import nn
 from attnlab.errors import RunDirError, UserError
 from attnlab.fileio import atomic_save, atomic_write_bytes, atomic_write_text
 from attnlab.models.registry import ModelKind, get_kind
+from attnlab.runspec import RunSpec, build_run, resolve
 
 __all__ = [
+    "RunSpec",
+    "resolve",
+    "build_run",
     "LoadedRun",
     "load",
     "load_model",

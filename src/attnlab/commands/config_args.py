@@ -18,7 +18,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from attnlab.config.overrides import apply_overrides, load_config_file, parse_overrides
+from attnlab.config.overrides import load_config_file
+from attnlab.config.train import TrainConfig
+from attnlab.runspec import Family, RunSpec, merge_sections, refuse_resume_changes, resolve
 
 __all__ = [
     "add_config_args",
@@ -28,6 +30,9 @@ __all__ = [
     "from_args",
     "resumed_config",
     "refuse_resume_changes",
+    "flag_settings",
+    "train_flag_keys",
+    "resolve_spec",
 ]
 
 _GIVEN = "_explicit_dests"
@@ -103,6 +108,17 @@ def resolve_sections(
     Raises:
         ConfigError: a bad config file or ``--set`` item.
     """
+    typed, defaults = flag_settings(args, flag_keys)
+    if base is None and getattr(args, "config", None):
+        base = load_config_file(args.config)
+    return merge_sections(defaults, base, typed, getattr(args, "set", None) or [])
+
+
+def flag_settings(
+    args: argparse.Namespace, flag_keys: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(typed, defaults)``: the ``{"section.key": value}`` of the flags typed on the command
+    line, and of the other flags' defaults (those that are not ``None``)."""
     given = explicit_dests(args)
     defaults = {
         key: getattr(args, dest)
@@ -110,20 +126,41 @@ def resolve_sections(
         if dest not in given and getattr(args, dest, None) is not None
     }
     typed = {key: getattr(args, dest) for dest, key in flag_keys.items() if dest in given}
-    if "train.steps" in typed and "train.max_time" not in typed:
-        typed["train.max_time"] = None  # --steps N is the new length, not a budget's fallback
-    sections: dict[str, Any] = {"model": {}, "train": {}, "task": {}}
-    sections = apply_overrides(sections, defaults)
-    if base is None and getattr(args, "config", None):
-        base = load_config_file(args.config)
-    if base:
-        for name, section in base.items():
-            if isinstance(section, Mapping):
-                sections[name] = {**sections.get(name, {}), **section}
-            else:
-                sections[name] = section
-    sections = apply_overrides(sections, typed)
-    return apply_overrides(sections, parse_overrides(getattr(args, "set", None) or []))
+    return typed, defaults
+
+
+def train_flag_keys() -> dict[str, str]:
+    """``dest -> "train.<field>"`` for every :class:`~attnlab.config.TrainConfig` field (the flags
+    of :func:`attnlab.train.add_train_args` are named after them)."""
+    return {name: f"train.{name}" for name in TrainConfig.field_names()}
+
+
+def resolve_spec(
+    args: argparse.Namespace,
+    family: Family,
+    flag_keys: Mapping[str, str],
+    saved: Mapping[str, Any] | None,
+    *,
+    kind: str | None = None,
+) -> RunSpec:
+    """:func:`attnlab.runs.resolve` on parsed flags: ``--config``, the typed flags and their
+    defaults, ``--set``, and (``saved``, on ``--resume``) the run's own config.json.
+
+    Args:
+        kind: the model kind a typed flag chose (``--arch``); None when none was typed.
+    """
+    typed, defaults = flag_settings(args, flag_keys)
+    if kind is not None:
+        typed["kind"] = kind
+    return resolve(
+        getattr(args, "config", None),
+        typed,
+        getattr(args, "set", None) or [],
+        family=family,
+        defaults=defaults,
+        resume=saved,
+        run_dir=args.out if saved is not None else None,
+    )
 
 
 def from_args(cls: type, args: argparse.Namespace, /, **extra: Any) -> Any:
@@ -172,23 +209,3 @@ def resumed_config(
     if saved["kind"] not in kinds or (saved.get("task") or {}).get("type") != task_type:
         raise RunDirError(f"{str(Path(args.out))!r} does not hold a {what} training run")
     return saved
-
-
-def refuse_resume_changes(out: str, diffs: list[str]) -> None:
-    """Refuse a ``--resume`` whose flags disagree with the run's settings, naming each.
-
-    Args:
-        out: the run directory as the message shows it.
-        diffs: one ``"--flag value (the run has other)"`` item per disagreement; none: no error.
-
-    Raises:
-        UserError: when ``diffs`` is not empty.
-    """
-    from attnlab.errors import UserError
-
-    if diffs:
-        raise UserError(
-            f"--resume continues {out} as it was configured, but "
-            + "; ".join(diffs)
-            + ". Drop these options, or start a new run (another --out, or --overwrite)"
-        )

@@ -5,8 +5,8 @@ The CLI only parses and prints; the work is done by :mod:`attnlab.tasks.lm` (cor
 batches, loss), :mod:`attnlab.models` (models), :mod:`attnlab.train` (the loop) and
 :mod:`attnlab.runs` (loading runs).
 
-How ``attnlab train lm`` merges ``--config``, ``--set`` and its flags is in
-:mod:`attnlab.commands.lm_settings`.
+How ``attnlab train lm`` merges ``--config``, ``--set`` and its flags, and the budget rule, are
+:func:`attnlab.runs.resolve` and :func:`attnlab.runs.build_run` (:mod:`attnlab.runspec`).
 """
 
 from __future__ import annotations
@@ -19,17 +19,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attnlab.commands.config_args import explicit_dests, resolve_spec, train_flag_keys
 from attnlab.commands.flags import add_flags
-from attnlab.commands.lm_settings import (
-    ARCHS,
-    LM_KINDS,
-    apply_budget_rule,
-    check_prepared_settings,
-    check_resume_settings,
-    describe_choice,
-    resolve_lm_settings,
-)
 from attnlab.errors import RunDirError, UserError
+from attnlab.runspec import FAMILIES
+
+LM = FAMILIES["lm"]
+LM_KINDS = LM.kinds
+#: the flags of ``train lm`` that are settings -> ``section.key``
+_FLAG_KEYS = {
+    **train_flag_keys(),
+    **{
+        name: f"task.{name}" for name in ("data", "tokenizer", "vocab_size", "seq_len", "max_chars")
+    },
+    "preset": "model.preset",
+    "backend": "model.backend",
+    "checkpointing": "model.activation_checkpointing",
+}
 
 
 def _device(name: str | None) -> str:
@@ -44,42 +50,25 @@ def _device(name: str | None) -> str:
 
 
 def _train_lm(args: argparse.Namespace) -> int:
-    import torch
-
     from attnlab.commands.config_args import resumed_config
-    from attnlab.config.overrides import load_config_file
-    from attnlab.data.tokenizers import load_tokenizer
-    from attnlab.models.registry import build_model
-    from attnlab.tasks.lm import LMTask
+    from attnlab.runs import build_run
     from attnlab.train import train
+    from attnlab.train.distributed import resolve_device
     from attnlab.train.stopping import completion
 
     out = Path(args.out)
-    saved = resumed_config(args, LM_KINDS, "lm", "language-model")  # before reading the corpus
-    if saved is not None:
-        settings = resolve_lm_settings(args, saved, resume=True)
-        check_resume_settings(args, settings, saved)
-        done = completion(out, settings.train)
-        if done:  # before the corpus is read
-            print(done)
-            return 0
-        task = LMTask.from_config(saved["task"], load_tokenizer(out))
-        model = build_model(saved["kind"], saved["model"])
-    else:
-        settings = resolve_lm_settings(args, load_config_file(args.config) if args.config else None)
-        # check the model settings before the (slow) corpus reading and tokenising
-        config = settings.model_config(vocab_size=256)
-        _check_backend(config)
-        task = LMTask.build(settings.task, progress=settings.train.progress)
-        check_prepared_settings(args, task)
-        if settings.auto:  # no model named: the budget rule chooses (attnlab.train.budget)
-            settings, task, choice = apply_budget_rule(settings, task)
-            if int(os.environ.get("RANK", "0")) == 0:
-                print(describe_choice(settings, choice), file=sys.stderr)
-        config = settings.model_config(task.vocab_size)
-        torch.manual_seed(settings.train.seed)
-        model = build_model(settings.kind, config)
+    saved = resumed_config(args, LM.kinds, "lm", "language-model")  # before reading the corpus
+    kind = LM.kind_names[args.arch] if "arch" in explicit_dests(args) else None
+    spec = resolve_spec(args, LM, _FLAG_KEYS, saved, kind=kind)
+    done = completion(out, spec.train) if saved is not None else None
+    if done:  # before the corpus is read
+        print(done)
+        return 0
+    resolve_device(spec.train.device)  # a bad --device: one line, before the corpus
+    model, task = build_run(spec)  # the budget rule chooses when no model is named
     main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 prints
+    if main_rank and spec.choice is not None:
+        print(spec.describe_choice(), file=sys.stderr)
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     if main_rank:
         skipped = (task.prepared.manifest["skipped"] if task.prepared else {}).items()
@@ -91,18 +80,10 @@ def _train_lm(args: argparse.Namespace) -> int:
             + (f"; files skipped: {skipped_s}" if skipped_s else ""),
             file=sys.stderr,
         )
-    result = train(model, task, settings.train, out, resume=args.resume, overwrite=args.overwrite)
+    result = train(model, task, spec.train, out, resume=args.resume, overwrite=args.overwrite)
     if main_rank:
-        _print_result(result, settings.train.eval_batches)
+        _print_result(result, spec.train.eval_batches)
     return 0
-
-
-def _check_backend(config: Any) -> None:
-    """Run the attention backend once on a tiny input: a bad backend fails before the corpus."""
-    if hasattr(config, "backend"):
-        from attnlab.attention.core import check_backend
-
-        check_backend(config.backend, config.backend_options, dropout_p=config.attn_dropout)
 
 
 def _print_result(result, eval_batches: int) -> None:
@@ -397,7 +378,7 @@ def _add_train_lm_parser(groups) -> None:
          "standard library's .py source), a text file or folder (prepared on the fly into the "
          "cache, streaming), or a directory written by 'attnlab prepare' (= --set task.data=...)",
          {"metavar": "CORPUS"}),
-        ("--arch", sorted(ARCHS), None,
+        ("--arch", sorted(LM.kind_names), None,
          "model family: transformer (DecoderLM, default), lstm or bigram baselines"),
         ("--preset", None, None,
          "size/style preset (default: a Transformer chosen by the budget rule; the "

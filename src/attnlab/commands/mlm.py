@@ -8,7 +8,7 @@ runs) and ``attnlab experiment bidirectional``.
 The CLI only parses and prints; the work is done by :mod:`attnlab.tasks.mlm` (masking, loss,
 ``fill_mask``), :mod:`attnlab.models.encoder`, :mod:`attnlab.train` and
 :mod:`attnlab.experiments.bidirectional`. Settings merge as for every ``attnlab train KIND``
-(:mod:`attnlab.commands.config_args`): defaults < ``--config FILE`` < typed flags < ``--set``; the
+(:func:`attnlab.runs.resolve`): defaults < ``--config FILE`` < typed flags < ``--set``; the
 model section starts from a preset (``tiny`` unless one is named), its vocabulary size comes from
 the tokenizer (plus the four specials) and its ``max_seq_len`` is ``task.seq_len``.
 """
@@ -21,105 +21,38 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from attnlab.commands.config_args import resolve_spec, train_flag_keys
 from attnlab.commands.flags import add_flags, at_least_one
 from attnlab.errors import RunDirError, UserError
+from attnlab.runspec import FAMILIES
 
+MLM = FAMILIES["mlm"]
 KIND = "encoder_mlm"
-#: task settings with their own flag (dest -> task field)
-TASK_FLAGS = ("data", "tokenizer", "vocab_size", "seq_len", "max_chars", "mask_prob")
-MODEL_FLAGS = {"preset": "model.preset", "backend": "model.backend"}
-_N_SPECIALS = 4
-
-
-def _settings(args: argparse.Namespace, base: dict[str, Any] | None) -> tuple[dict, Any, Any]:
-    """``(model fields without vocab_size, TrainConfig, MLMTaskConfig)`` of ``train mlm``.
-
-    Raises:
-        UserError: a config of another kind, ``vocab_size`` set by hand, disagreeing
-            ``seq_len`` / ``max_seq_len``, an unknown preset; ConfigError for bad values.
-    """
-    from attnlab.commands.config_args import explicit_dests, resolve_sections
-    from attnlab.commands.lm_settings import _file_model, _preset_fields
-    from attnlab.config import EncoderConfig, MLMTaskConfig
-    from attnlab.config.overrides import parse_overrides
-    from attnlab.config.train import TrainConfig
-
-    base = dict(base or {})
-    if base.get("kind", KIND) != KIND:
-        raise UserError(f"the config's kind {base['kind']!r} is not a masked-LM encoder ({KIND})")
-    file_model = dict(base.get("model") or {})
-    task_base = base.get("task") if isinstance(base.get("task"), dict) else {}
-    if file_model.get("vocab_size") == (task_base.get("vocab_size") or 0) + _N_SPECIALS:
-        del file_model["vocab_size"]  # a run's config.json: the tokenizer's, recomputed
-    file_model = _file_model({"model": file_model, "task": task_base}, EncoderConfig)
-    keys = {name: f"train.{name}" for name in TrainConfig.field_names()}
-    keys.update({dest: f"task.{dest}" for dest in TASK_FLAGS})
-    keys.update(MODEL_FLAGS)
-    sections = resolve_sections(args, keys, base={k: v for k, v in base.items() if k != "model"})
-    cli_model = dict(sections["model"])
-    cli_preset, file_preset = cli_model.pop("preset", None), file_model.pop("preset", None)
-    if file_preset is None and cli_preset is None:
-        file_preset = "tiny"
-    if "vocab_size" in {**file_model, **cli_model}:
-        raise UserError(
-            "the vocabulary size comes from the tokenizer: use --vocab-size (BPE), "
-            "not --set vocab_size"
-        )
-    model = {
-        **_preset_fields(EncoderConfig, file_preset),
-        **file_model,
-        **_preset_fields(EncoderConfig, cli_preset),
-        **cli_model,
-    }
-    task = dict(sections["task"])
-    given_len = {**file_model, **cli_model}.get("max_seq_len")
-    if given_len is not None and task.get("seq_len", given_len) != given_len:
-        raise UserError(
-            f"--seq-len {task['seq_len']} and --set max_seq_len={given_len} disagree "
-            "(task.seq_len and model.max_seq_len are the same thing: give one)"
-        )
-    task.setdefault("seq_len", model.get("max_seq_len", EncoderConfig().max_seq_len))
-    model["max_seq_len"] = task["seq_len"]
-    train = TrainConfig.from_dict(sections["train"])
-    set_seed = "task.seed" in parse_overrides(getattr(args, "set", None) or [])
-    if task.get("seed") is None or ("seed" in explicit_dests(args) and not set_seed):
-        task["seed"] = train.seed
-    return model, train, MLMTaskConfig.from_dict(task)
+#: the flags of ``train mlm`` that are settings -> ``section.key``
+_FLAG_KEYS = {
+    **train_flag_keys(),
+    **{name: f"task.{name}" for name in MLM.task_flags},
+    "preset": "model.preset",
+    "backend": "model.backend",
+}
 
 
 def _train_mlm(args: argparse.Namespace) -> int:
-    import torch
-
     from attnlab.commands.config_args import resumed_config
-    from attnlab.config import EncoderConfig
-    from attnlab.config.overrides import load_config_file
-    from attnlab.data.tokenizers import load_tokenizer
-    from attnlab.models.registry import build_model
-    from attnlab.tasks.mlm import MLMTask
+    from attnlab.runs import build_run
     from attnlab.train import train
     from attnlab.train.distributed import resolve_device
     from attnlab.train.stopping import completion
 
     out = Path(args.out)
-    saved = resumed_config(args, (KIND,), "mlm", "masked-LM")  # before reading the corpus
-    if saved is not None:
-        _, train_cfg, _ = _settings(args, saved)
-        done = completion(out, train_cfg)
-        if done:  # before the corpus is read
-            print(done)
-            return 0
-        resolve_device(train_cfg.device)  # a bad --device: one line, before the corpus
-        task = MLMTask.from_config(saved["task"], load_tokenizer(out))
-        model = build_model(KIND, saved["model"])
-    else:
-        model_fields, train_cfg, task_cfg = _settings(
-            args, load_config_file(args.config) if args.config else None
-        )
-        EncoderConfig.from_dict({**model_fields, "vocab_size": 256})  # fail before the corpus
-        resolve_device(train_cfg.device)
-        task = MLMTask.build(task_cfg)
-        torch.manual_seed(train_cfg.seed)
-        model = build_model(KIND, {**model_fields, "vocab_size": task.vocab_size})
+    saved = resumed_config(args, MLM.kinds, "mlm", "masked-LM")  # before reading the corpus
+    spec = resolve_spec(args, MLM, _FLAG_KEYS, saved)
+    done = completion(out, spec.train) if saved is not None else None
+    if done:  # before the corpus is read
+        print(done)
+        return 0
+    resolve_device(spec.train.device)  # a bad --device: one line, before the corpus
+    model, task = build_run(spec)
     main_rank = int(os.environ.get("RANK", "0")) == 0
     if main_rank:
         print(
@@ -128,7 +61,7 @@ def _train_mlm(args: argparse.Namespace) -> int:
             f"vocab {task.vocab_size} with [PAD] [CLS] [SEP] [MASK])",
             file=sys.stderr,
         )
-    result = train(model, task, train_cfg, out, resume=args.resume, overwrite=args.overwrite)
+    result = train(model, task, spec.train, out, resume=args.resume, overwrite=args.overwrite)
     if main_rank:
         last = next((r for r in reversed(result.history) if "val_acc" in r), {})
         acc = f", masked accuracy {last['val_acc']:.1%}" if last.get("val_acc") is not None else ""
