@@ -70,10 +70,12 @@ from attnlab.train.config import TrainConfig
 from attnlab.train.optim import LRSchedule, make_optimizer
 from attnlab.train.progress import open_bar
 from attnlab.train.resume import load_checkpoint, warn_about_settings
-from attnlab.train.rng import capture_rng, restore_rng, rng_preserved, seed_all
+from attnlab.train.rng import capture_rng, seed_all
 from attnlab.train.sharded import remove_sharded, save_sharded, write_consolidated
 from attnlab.train.signals import Interrupts, Terminated
+from attnlab.train.state import PendingStep, Session, StepOutput, TrainState
 from attnlab.train.stopping import StopInfo
+from attnlab.train.validation import validate
 
 __all__ = [
     "train",
@@ -230,10 +232,10 @@ def train(
             " (FSDP)" if sharded else "",
             f"{cfg.max_time:.0f} s" if cfg.timed else f"{cfg.steps} steps",
         )
-        loop = _Loop(model, task, cfg, run_dir, optimizer, schedule, prog, history, info, micro_bs)
-        loop.stop_after = stop_after
-        loop.start = started
-        loop.interrupts = interrupts
+        session = Session(
+            model, task, cfg, run_dir, info, micro_bs, started, interrupts, stop_after
+        )
+        loop = _Loop(session, TrainState(optimizer, schedule, prog, history))
         loop.run()
     return TrainResult(
         run_dir=run_dir,
@@ -250,38 +252,34 @@ def train(
 class _Loop:
     """The training loop of one :func:`train` call (a class only to share its state)."""
 
-    def __init__(
-        self, model, task, cfg, run_dir, optimizer, schedule, prog, history, info, micro_bs
-    ):
-        self.model: nn.Module = model
-        self.task: Task = task
-        self.cfg: TrainConfig = cfg
-        self.run_dir: Path = run_dir
-        self.optimizer = optimizer
-        self.schedule: LRSchedule = schedule
-        self.prog: Progress = prog
-        self.history: list[dict] = history
+    def __init__(self, session: Session, state: TrainState) -> None:
+        self.session = session
+        self.model, self.task, self.cfg = session.model, session.task, session.cfg
+        self.run_dir, self.micro_bs = session.run_dir, session.micro_bs
+        self.stop_after, self.interrupts = session.stop_after, session.interrupts
+        info = session.info
         self.device: torch.device = info.device
         self.rank, self.world, self.main = info.rank, info.world, info.is_main
-        self.micro_bs = micro_bs
-        self.pending: list[tuple[int, Tensor, Tensor | None, float, dict, int]] = []
+        self.optimizer, self.schedule = state.optimizer, state.schedule
+        self.prog: Progress = state.prog
+        self.history: list[dict] = state.history
+        self.pending: list[PendingStep] = []
         self.metrics_written_at = time.perf_counter()
         self.window_start = time.perf_counter()
-        self.start = time.perf_counter()
-        self.base_elapsed = prog.elapsed
-        self.budget = Budget.of(cfg, self.device, warn=info.is_main)  # None: counted in steps
+        self.start = session.started
+        self.base_elapsed = self.prog.elapsed
+        self.budget = Budget.of(self.cfg, self.device, warn=info.is_main)  # None: steps count
         self.bar = None
-        self.stop_after: int | None = None
-        self.interrupts = Interrupts()  # train() passes the installed one
 
+        model = self.model
         self.identity: tuple[str, dict] = _model_identity(model)
         self.sharded = fsdp.is_sharded(model)  # FSDP: every rank checkpoints, validates, evaluates
         self.memory: dict = {}  # this rank's bytes after the first step (TrainResult.memory)
         self.ddp = model if self.sharded else dist_utils.wrap_ddp(model, self.device)
-        self.train_model = torch.compile(self.ddp) if cfg.compile else self.ddp
+        self.train_model = torch.compile(self.ddp) if self.cfg.compile else self.ddp
         self.autocast = (
             (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16))
-            if cfg.amp == "bf16"
+            if self.cfg.amp == "bf16"
             else contextlib.nullcontext
         )
 
@@ -308,14 +306,14 @@ class _Loop:
                     break
                 step_start = time.perf_counter()
                 lr = self.schedule.apply(self.optimizer, prog.step, t)
-                loss, grad_norm, metrics, count = self._step(prog.step)
+                out = self._step(prog.step)
                 with self.interrupts.deferred():  # a signal now is raised after the update
                     updating = True
                     self.optimizer.step()
                     prog.step += 1
                     updating = False
                     rng_at_step_start = None
-                    self.pending.append((prog.step, loss, grad_norm, lr, metrics, count))
+                    self.pending.append(PendingStep(prog.step, lr, *out))
                 prog.finished = after_step(self.budget, cfg, prog.step, step_start)
                 if not self.memory:  # after a whole step: gradients and moments exist
                     self.memory = fsdp.log_memory(self.model, self.optimizer, self.rank, self.world)
@@ -339,7 +337,7 @@ class _Loop:
                 self.bar.close()
             self.model.eval()
 
-    def _step(self, step: int) -> tuple[Tensor, Tensor | None, dict, int]:
+    def _step(self, step: int) -> StepOutput:
         """Forward and backward over the micro-batches of one optimizer step; clip."""
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
@@ -377,7 +375,7 @@ class _Loop:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             grad_norm = fsdp.full_value(grad_norm)
         metrics = {k: v / cfg.grad_accum for k, v in metric_sums.items()}
-        return loss_sum / cfg.grad_accum, grad_norm, metrics, count
+        return StepOutput(loss_sum / cfg.grad_accum, grad_norm, metrics, count)
 
     # -- logging --------------------------------------------------------------------------------
 
@@ -385,13 +383,13 @@ class _Loop:
         """Average the pending step losses over ranks, check them, record one metrics line."""
         if not self.pending:
             return
-        steps = [p[0] for p in self.pending]
-        keys = sorted(self.pending[-1][4])
-        has_norm = self.pending[-1][2] is not None
+        steps = [p.step for p in self.pending]
+        keys = sorted(self.pending[-1].metrics)
+        has_norm = self.pending[-1].grad_norm is not None
         rows = []
-        for _, loss, grad_norm, _, metrics, count in self.pending:
-            row = [loss, grad_norm if has_norm else 0.0, float(count)]
-            row += [metrics.get(k, float("nan")) for k in keys]
+        for p in self.pending:
+            row = [p.loss, p.grad_norm if has_norm else 0.0, float(p.count)]
+            row += [p.metrics.get(k, float("nan")) for k in keys]
             rows.append(
                 torch.stack(
                     [torch.as_tensor(v, device=self.device).float().reshape(()) for v in row]
@@ -426,7 +424,7 @@ class _Loop:
         tokens = round(float(table[:, 2].sum()) * self.world)
         self.prog.tokens += tokens
         self.prog.train_loss = float(table[-1, 0])
-        rec = {"step": steps[-1], "loss": float(table[:, 0].mean()), "lr": self.pending[-1][3]}
+        rec = {"step": steps[-1], "loss": float(table[:, 0].mean()), "lr": self.pending[-1].lr}
         if grad_norms[-1] is not None:
             rec["grad_norm"] = grad_norms[-1]
         for j, k in enumerate(keys):
@@ -464,50 +462,17 @@ class _Loop:
 
     # -- validation and checkpoints -------------------------------------------------------------
 
-    @torch.no_grad()
     def _validate(self) -> dict:
-        """Mean task loss over the fixed validation batches (sharded over ranks) + evaluate()."""
-        cfg, task, model = self.cfg, self.task, self.model
-        rec: dict[str, Any] = {}
-        model.eval()
-        with rng_preserved():
-            if cfg.eval_batches > 0:
-                batches = list(task.eval_batches(self.micro_bs, cfg.eval_batches))
-                # shard the batches over ranks, unless there are too few to give each rank one
-                shard = self.world > 1 and len(batches) >= self.world
-                mine = batches[self.rank :: self.world] if shard else batches
-                # under FSDP each forward is a collective: a rank with fewer batches runs its
-                # last one again (not counted), so that all run as many forwards
-                runs_needed = -(-len(batches) // self.world) if shard and self.sharded else 0
-                sums: dict[str, Tensor] = {}
-                for i in range(max(len(mine), runs_needed)):
-                    batch = mine[min(i, len(mine) - 1)]
-                    with self.autocast():
-                        loss, metrics = task.loss(model, to_device(batch, self.device), cfg)
-                    if i >= len(mine):
-                        continue
-                    for k, v in {"loss": loss, **metrics}.items():
-                        v = torch.as_tensor(v, device=self.device).detach().float().reshape(())
-                        sums[k] = sums[k] + v if k in sums else v
-                if mine:
-                    keys = sorted(sums)
-                    vec = torch.stack(
-                        [sums[k] for k in keys]
-                        + [torch.tensor(float(len(mine)), device=self.device)]
-                    )  # (n_metrics + 1,)
-                    if shard:
-                        dist_utils.all_reduce_sum(vec)
-                    vec = vec.cpu()
-                    rec.update({f"val_{k}": float(vec[j] / vec[-1]) for j, k in enumerate(keys)})
-            if hasattr(task, "evaluate") and (self.main or self.sharded):
-                if self.sharded:  # all ranks run it (collectives), with rank 0's random state
-                    restore_rng(dist_utils.broadcast_object(capture_rng()))
-                with fsdp.whole_root(model):
-                    results = task.evaluate(model)
-                if self.main:
-                    rec.update({k: float(v) for k, v in results.items()})
-        model.train()
-        return rec
+        """The validation record (see :func:`attnlab.train.validation.validate`)."""
+        return validate(
+            self.model,
+            self.task,
+            self.cfg,
+            micro_bs=self.micro_bs,
+            info=self.session.info,
+            sharded=self.sharded,
+            autocast=self.autocast,
+        )
 
     def _validate_and_checkpoint(self) -> None:
         prog = self.prog
