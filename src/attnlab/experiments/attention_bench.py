@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from attnlab.config.base import Config
 from attnlab.experiments.sparse_bench import bench_attention_fn, estimate_extra_gb
 
 __all__ = [
@@ -41,7 +42,7 @@ DEFAULT_NS = (512, 1024, 2048, 4096, 8192, 16384)
 
 
 @dataclass
-class BenchConfig:
+class BenchConfig(Config):
     """What to measure.
 
     Attributes:

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from attnlab.config.base import Config
 from attnlab.errors import RunDirError, UserError
 from attnlab.experiments.training import train_settings
 from attnlab.fileio import atomic_write_text
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class BidirectionalConfig:
+class BidirectionalConfig(Config):
     """Settings of the bidirectional experiment.
 
     Args:

@@ -19,6 +19,7 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from attnlab.config.base import Config
 from attnlab.errors import RunDirError
 from attnlab.experiments.training import numbers_data, train_settings, translation_model
 
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class BottleneckConfig:
+class BottleneckConfig(Config):
     """Settings of the bottleneck experiment.
 
     Args:

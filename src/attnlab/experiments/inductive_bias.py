@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from attnlab.config.base import Config
 from attnlab.config.vision import ImageTaskConfig
 from attnlab.errors import RunDirError, UserError
 from attnlab.fileio import atomic_save, atomic_write_text
@@ -44,7 +45,7 @@ DATA_FIELDS = ("data", "data_path", "image_size", "channels", "shapes_n", "shape
 
 
 @dataclass
-class InductiveBiasSettings:
+class InductiveBiasSettings(Config):
     """What is compared and with which budget.
 
     Attributes:
@@ -74,7 +75,8 @@ class InductiveBiasSettings:
     cnn: dict[str, Any] = field(default_factory=dict)
     device: str = "auto"
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
+        super().validate()
         fr = [float(f) for f in self.fractions]
         if len(fr) < 3:
             raise ValueError(f"give at least three data fractions, got {fr}")

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab.config.base import Config
+
 __all__ = [
     "lm_results",
     "LMExperimentConfig",
@@ -47,7 +49,7 @@ DIVERGED_MEANS = (
 
 
 @dataclass
-class LMExperimentConfig:
+class LMExperimentConfig(Config):
     """The settings every LM experiment shares (each experiment's config adds its own).
 
     Args:

@@ -7,13 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from attnlab.config.base import Config
 from attnlab.config.train import TrainConfig
 
 __all__ = ["train_settings", "NumbersExperimentConfig", "numbers_data", "translation_model"]
 
 
 @dataclass
-class NumbersExperimentConfig:
+class NumbersExperimentConfig(Config):
     """The settings every translation experiment on the ``numbers`` task shares (each
     experiment's config adds its own, and may change these defaults).
 

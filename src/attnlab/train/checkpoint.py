@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab import runs
+from attnlab import dcp_files, fileio
 from attnlab.errors import RunDirError, UserError
 from attnlab.fileio import (
     PROBE_PREFIX,
@@ -200,7 +200,7 @@ def check_run_dir(
         raise _not_writable(run_dir, err) from None
     if resume:
         missing = [f for f in (CONFIG_FILE, LAST_FILE, STATE_FILE) if not (run_dir / f).exists()]
-        if runs.last_sharded(run_dir) is not None:  # an FSDP run's checkpoint
+        if dcp_files.last_sharded(run_dir) is not None:  # an FSDP run's checkpoint
             missing = [f for f in missing if f == CONFIG_FILE]
         if missing:
             raise RunDirError(
@@ -254,7 +254,7 @@ def lock_run_dir(run_dir: Path) -> DirectoryLock:
 
 def _remove_partial_sharded(run_dir: Path) -> None:
     """Delete the folders of sharded checkpoints whose writing a killed run left unfinished."""
-    root = run_dir / runs.SHARDED_DIR
+    root = run_dir / dcp_files.SHARDED_DIR
     if not root.is_dir():
         return
     for entry in root.iterdir():
@@ -310,7 +310,7 @@ def _weights_writer(model: nn.Module, step: int):
 
 def save_weights(model: nn.Module, path: Path, step: int) -> None:
     """Save ``model``'s weights (safetensors, atomically), with ``step`` in the metadata."""
-    runs.atomic_save(path, _weights_writer(model, step))
+    fileio.atomic_save(path, _weights_writer(model, step))
 
 
 class _WholeWrites:
@@ -387,7 +387,7 @@ def write_metrics(run_dir: Path, history: list[dict], kept: int) -> None:
         RunWriteError: it could not be written.
     """
     with writing("metrics", kept):
-        runs.atomic_write_text(run_dir / METRICS_FILE, _metrics_text(history))
+        fileio.atomic_write_text(run_dir / METRICS_FILE, _metrics_text(history))
 
 
 def start_run(run_dir: Path, task: Any, config: dict, resume: bool, kept: int) -> None:
@@ -397,7 +397,7 @@ def start_run(run_dir: Path, task: Any, config: dict, resume: bool, kept: int) -
         RunWriteError: a file could not be written (``kept``: the checkpoint on disk, -1: none).
     """
     with writing("run config", kept):
-        runs.atomic_write_text(run_dir / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+        fileio.atomic_write_text(run_dir / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
     if not resume:
         with writing("run file", kept):
             task.save_artifacts(run_dir)

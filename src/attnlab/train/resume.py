@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attnlab import runs
+from attnlab import dcp_files, runs
 from attnlab.errors import RunDirError
 from attnlab.train.checkpoint import (
     LAST_FILE,
@@ -83,7 +83,7 @@ def _load_whole(
 
     what = f"cannot resume {str(run_dir)!r}"
     step = state["progress"]["step"]
-    weights_step = runs.weights_step(run_dir / LAST_FILE)
+    weights_step = dcp_files.weights_step(run_dir / LAST_FILE)
     if weights_step != step:
         raise RunDirError(
             f"{what}: {LAST_FILE} is from step {weights_step} but {STATE_FILE} from step "
@@ -130,7 +130,7 @@ def load_checkpoint(
     """
     _check_identity(run_dir, model, kind, model_cfg)
     state = read_state(run_dir / STATE_FILE) if (run_dir / STATE_FILE).exists() else None
-    sharded = runs.last_sharded(run_dir)
+    sharded = dcp_files.last_sharded(run_dir)
     decay = [g["weight_decay"] for g in optimizer.param_groups]
     if sharded is not None and (state is None or sharded[0] > state["progress"]["step"]):
         what = f"cannot resume {str(run_dir)!r}"

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from attnlab import runs
+from attnlab import dcp_files
 from attnlab.errors import RunDirError
 from attnlab.fileio import atomic_save, atomic_write_text
 from attnlab.train import distributed as dist_utils
@@ -63,7 +63,7 @@ STATE_NAME = "state.pt"
 
 
 def _write_error(err: BaseException, path: Path, kept: int):
-    err = runs.first_failure(err)
+    err = dcp_files.first_failure(err)
     if isinstance(err, OSError):
         where = err.filename if err.filename is not None else path
         cause = err.strerror or str(err)
@@ -114,7 +114,7 @@ def _publish(tmp: Path, final: Path) -> None:
         os.replace(final, aside)
     os.replace(tmp, final)
     _fsync_dir(root)
-    for _step, folder in runs.sharded_checkpoints(root.parent):
+    for _step, folder in dcp_files.sharded_checkpoints(root.parent):
         if folder != final:
             _rmtree(folder)
     _rmtree(aside)
@@ -154,7 +154,7 @@ def save_sharded(
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    root = run_dir / runs.SHARDED_DIR
+    root = run_dir / dcp_files.SHARDED_DIR
     name = f"step-{meta['step']:08d}"
     tmp, final = root / f".{name}.tmp", root / name
     error: BaseException | None = None
@@ -168,7 +168,7 @@ def save_sharded(
     _agree(error, device, kept)
     model_state, optim_state = get_state_dict(model, optimizer)
     try:
-        with runs.single_process_dcp():
+        with dcp_files.single_process_dcp():
             dcp.save(
                 {"model": model_state, "optim": optim_state},
                 checkpoint_id=str(tmp),
@@ -181,7 +181,7 @@ def save_sharded(
         try:
             with writing("checkpoint", kept):
                 atomic_save(tmp / STATE_NAME, lambda t: _torch_save(state, t))
-                atomic_write_text(tmp / runs.SHARDED_META, json.dumps(meta, indent=1) + "\n")
+                atomic_write_text(tmp / dcp_files.SHARDED_META, json.dumps(meta, indent=1) + "\n")
                 atomic_write_text(run_dir / METRICS_FILE, _metrics_text(history))
                 _publish(tmp, final)
                 (run_dir / STATE_NAME).unlink(missing_ok=True)  # an unsharded phase's, now stale
@@ -196,7 +196,7 @@ def save_sharded(
 
 def _check_fit(folder: Path, model_state: dict, what: str) -> None:
     shapes = {k: tuple(v.shape) for k, v in model_state.items()}
-    problem = runs.sharded_mismatch(folder, shapes, "model.")
+    problem = dcp_files.sharded_mismatch(folder, shapes, "model.")
     if problem:
         raise RunDirError(
             f"{what}: the sharded checkpoint {folder} does not fit the model: {problem}"
@@ -224,17 +224,17 @@ def load_sharded(
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    runs.check_sharded_identity(folder, kind, model_cfg, what)
+    dcp_files.check_sharded_identity(folder, kind, model_cfg, what)
     state = read_state(folder / STATE_NAME)
     model_state, optim_state = get_state_dict(model, optimizer)
     _check_fit(folder, model_state, what)
     both = {"model": model_state, "optim": optim_state}
     try:
-        with runs.single_process_dcp():
+        with dcp_files.single_process_dcp():
             dcp.load(both, checkpoint_id=str(folder), no_dist=not dist.is_initialized())
     except (Exception, CheckpointException) as err:
         raise RunDirError(
-            f"{what}: cannot read the sharded checkpoint {folder}: {runs.first_failure(err)}"
+            f"{what}: cannot read the sharded checkpoint {folder}: {dcp_files.first_failure(err)}"
         ) from None
     set_state_dict(model, optimizer, model_state_dict=both["model"], optim_state_dict=both["optim"])
     return state
@@ -304,4 +304,4 @@ def write_consolidated(
 
 def remove_sharded(run_dir: Path) -> None:
     """Delete the sharded checkpoints (rank 0, once a whole checkpoint supersedes them)."""
-    _rmtree(run_dir / runs.SHARDED_DIR)
+    _rmtree(run_dir / dcp_files.SHARDED_DIR)

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab import runs
+from attnlab import dcp_files
 from attnlab.errors import UserError
 from attnlab.tasks.base import Task, to_device
 from attnlab.train import distributed as dist_utils
@@ -532,7 +532,7 @@ class _Loop:
         else:
             state["optimizer"] = self.optimizer.state_dict()
             write_checkpoint(self.run_dir, self.model, state, self.history, best=best, kept=kept)
-            if runs.last_sharded(self.run_dir) is not None:  # an earlier FSDP phase's, older
+            if dcp_files.last_sharded(self.run_dir) is not None:  # an earlier FSDP phase's, older
                 remove_sharded(self.run_dir)
         prog.last_ckpt_step = prog.step  # only now: Ctrl-C during the writes saves again
         self.metrics_written_at = time.perf_counter()
