@@ -58,6 +58,7 @@ class BlockConfig(Config):
             ``none``); ``t5`` is one bucketed relative-bias table shared by all layers.
         rope_theta: RoPE's base θ.
         qk_norm: normalise q and k per head (None | ``rmsnorm`` | ``layernorm``).
+        qk_norm_eps: the QK-norm's ε.
         bias: biases in the linear layers and LayerNorms.
         dropout: residual and embedding dropout. attn_dropout: on the attention weights.
         drop_path: stochastic depth: the largest rate, reached by the last block (linear in depth).
@@ -84,6 +85,7 @@ class BlockConfig(Config):
     position: PositionKind = "learned"
     rope_theta: float = 10000.0
     qk_norm: NormKind | None = None
+    qk_norm_eps: float = 1e-6
     bias: bool = True
     dropout: float = 0.0
     attn_dropout: float = 0.0
@@ -123,7 +125,7 @@ class BlockConfig(Config):
                 f"top_k ({self.top_k}) must be between 1 and n_experts ({self.n_experts})"
             )
         self.positive("moe_aux_coef", allow_zero=True)
-        self.positive("norm_eps", "rope_theta")
+        self.positive("norm_eps", "qk_norm_eps", "rope_theta")
         self.fraction("dropout", "attn_dropout", "drop_path")
         if self.linformer_k is not None:
             self.positive("linformer_k")

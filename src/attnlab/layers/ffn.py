@@ -43,7 +43,7 @@ class MLP(nn.Module):
         d_model: int,
         hidden: int | None = None,
         *,
-        activation: str = "gelu",
+        activation: str = "gelu_tanh",
         bias: bool = True,
         dropout: float = 0.0,
         device=None,

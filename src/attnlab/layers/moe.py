@@ -58,7 +58,7 @@ class MoE(nn.Module):
         top_k: int = 2,
         *,
         expert: str = "swiglu",
-        activation: str = "gelu",
+        activation: str = "gelu_tanh",
         device=None,
         dtype=None,
     ) -> None:
