@@ -136,9 +136,7 @@ def _train_image(args: argparse.Namespace) -> int:
 
 
 def _eval_image(args: argparse.Namespace) -> int:
-    import torch
 
-    from attnlab.metrics.classification import per_class_accuracy
     from attnlab.runs import load
     from attnlab.tasks.image import ImageClassificationTask
 
@@ -149,25 +147,12 @@ def _eval_image(args: argparse.Namespace) -> int:
         )
     run = load(args.run_dir, weights=args.weights, kinds=VISION_KINDS)
     task = ImageClassificationTask.for_run(run.task, run.tokenizer)
-    x, y = task.data.test
-    if args.max_batches is not None:
-        x, y = x[: args.max_batches * args.batch_size], y[: args.max_batches * args.batch_size]
-    with torch.no_grad():
-        logits = torch.cat(
-            [
-                run.model(task.prepare(x[i : i + args.batch_size])).float()
-                for i in range(0, len(y), args.batch_size)
-            ]
-        )
-    loss = float(torch.nn.functional.cross_entropy(logits, y))
-    pred = logits.argmax(-1)
-    acc = float((pred == y).float().mean())
+    res = task.evaluate_split(run.model, batch_size=args.batch_size, max_batches=args.max_batches)
     print(
-        f"{run.kind} on {task.data.name} test split: accuracy {acc:.4f} "
-        f"({int((pred == y).sum())}/{len(y)}), loss {loss:.4f}"
+        f"{run.kind} on {task.data.name} test split: accuracy {res['accuracy']:.4f} "
+        f"({res['correct']}/{res['n']}), loss {res['loss']:.4f}"
     )
-    per_class = per_class_accuracy(pred, y, len(task.classes))
-    shown = [f"{n}: {a:.3f}" for n, a in zip(task.classes, per_class) if a is not None]
+    shown = [f"{n}: {a:.3f}" for n, a in zip(task.classes, res["per_class"]) if a is not None]
     print("per class: " + ", ".join(shown))
     return 0
 

@@ -30,7 +30,7 @@ from attnlab.data.images import (
 )
 from attnlab.errors import RunDirError
 from attnlab.fileio import atomic_write_text
-from attnlab.metrics.classification import accuracy, evaluate_classifier
+from attnlab.metrics.classification import accuracy, evaluate_classifier, per_class_accuracy
 from attnlab.tasks.losses import cross_entropy
 
 __all__ = ["ImageClassificationTask", "load_task_data"]
@@ -231,6 +231,40 @@ class ImageClassificationTask:
         """``(accuracy, loss)`` on a whole split."""
         x, y = self.data.split(split)
         return evaluate_classifier(model, self.prepare(x), y, device=device)
+
+    @torch.no_grad()
+    def evaluate_split(
+        self,
+        model: nn.Module,
+        *,
+        split: str = "test",
+        batch_size: int = 32,
+        max_batches: int | None = None,
+    ) -> dict[str, Any]:
+        """What ``attnlab eval`` reports for a classifier: accuracy, loss and accuracy per class
+        on ``split`` (its first ``max_batches`` batches of ``batch_size`` images, or all).
+
+        Returns:
+            ``{"accuracy", "loss", "correct", "n", "per_class"}`` (``per_class``: one accuracy per
+            class, None for a class without an example).
+        """
+        x, y = self.data.split(split)
+        if max_batches is not None:
+            x, y = x[: max_batches * batch_size], y[: max_batches * batch_size]
+        logits = torch.cat(
+            [
+                model(self.prepare(x[i : i + batch_size])).float()
+                for i in range(0, len(y), batch_size)
+            ]
+        )
+        pred = logits.argmax(-1)
+        return {
+            "accuracy": float((pred == y).float().mean()),
+            "loss": float(torch.nn.functional.cross_entropy(logits, y)),
+            "correct": int((pred == y).sum()),
+            "n": len(y),
+            "per_class": per_class_accuracy(pred, y, len(self.classes)),
+        }
 
     def count(self, batch: tuple[Tensor, Tensor]) -> int:
         return int(batch[1].shape[0])
