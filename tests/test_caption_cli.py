@@ -151,7 +151,7 @@ def test_flags_and_set_override_the_config_file(cap_run, tmp_path):
     assert cfg["train"]["steps"] == 1 and cfg["train"]["lr"] == 5e-4
     assert cfg["task"]["n_train"] == 40 and cfg["task"]["scene"]["colour_bias"] == 0.5
     m = cfg["model"]
-    assert (m["position"], m["n_kv_heads"], m["qk_norm"], m["encoder"]) == (
+    assert (m["position"], m["n_kv_heads"], m["qk_norm"], m["encoder"]["kind"]) == (
         "rope",
         1,
         "rmsnorm",

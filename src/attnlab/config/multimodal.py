@@ -8,19 +8,132 @@ and every attention backend from the block fields; the LSTM variants read only `
     CaptionConfig.preset("tiny", arch="lstm", vocab_size=59)
     VQAConfig.preset("tiny", **VQA_MODELS["lstm-product"], vocab_size=59, n_answers=25)
 
+The image encoder is the vision family's own model and keeps its own config: ``encoder`` is a
+:class:`~attnlab.config.CNNConfig` or a :class:`~attnlab.config.ViTConfig` (config.json:
+``{"kind": "cnn", ...its fields}``). The first release described it by three flat keys
+(``encoder: "cnn" | "vit"``, ``encoder_width``, ``encoder_depth``, ``patch_size``) with the ViT's
+heads and FFN width fixed; ``from_dict`` still reads them (:func:`scene_encoder`), so presets,
+``--encoder vit`` and first-release runs build the same models.
+
 Defaults of the block fields are the first release's (tanh-free GELU, an MLP of 2·d_model), so a
 first-release ``config.json`` builds the same model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from attnlab.config.base import ConfigError
+from attnlab.config.base import Config, ConfigError
 from attnlab.config.block import Activation, BlockConfig
+from attnlab.config.vision import CNNConfig, ViTConfig
 
-__all__ = ["SceneModelConfig", "CaptionConfig", "VQAConfig", "VQA_MODELS"]
+__all__ = [
+    "SceneModelConfig",
+    "CaptionConfig",
+    "VQAConfig",
+    "VQA_MODELS",
+    "EncoderKind",
+    "scene_encoder",
+]
+
+EncoderKind = Literal["cnn", "vit"]
+ENCODER_CONFIGS: dict[str, type[Config]] = {"cnn": CNNConfig, "vit": ViTConfig}
+#: the first release's flat encoder keys, read into ``encoder``
+FLAT_ENCODER_KEYS = ("encoder_width", "encoder_depth", "patch_size")
+
+
+def scene_encoder(
+    kind: str = "cnn",
+    width: int = 32,
+    depth: int = 3,
+    patch_size: int = 4,
+    *,
+    image_size: int = 32,
+) -> CNNConfig | ViTConfig:
+    """The image encoder a scene model of ``width`` and ``depth`` had in the first release.
+
+    CNN: ``depth`` stages of one residual block, ``width // 2`` channels first and ``width``
+    after (each stage after the first halves the resolution). ViT: ``depth`` layers of width
+    ``width``, 4 heads (1 when the width does not divide by 4), an FFN of 2·width, mean pooling
+    and 2-D sin-cos positions. Both read RGB images of ``image_size`` and have no head (the model
+    adds one when it needs it).
+
+    Raises:
+        ConfigError: an unknown kind or sizes that do not fit (named).
+    """
+    if kind not in ENCODER_CONFIGS:
+        raise ConfigError(f"unknown encoder {kind!r}; choose from {sorted(ENCODER_CONFIGS)}")
+    for name, v in (("encoder_width", width), ("encoder_depth", depth), ("patch_size", patch_size)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+    if kind == "cnn":
+        return CNNConfig(
+            image_size=image_size,
+            in_channels=3,
+            num_classes=0,
+            channels=[max(1, width // 2)] + [width] * (depth - 1),
+            blocks=[1] * depth,
+        )
+    return ViTConfig(
+        image_size=image_size,
+        patch_size=patch_size,
+        in_channels=3,
+        num_classes=0,
+        d_model=width,
+        n_layers=depth,
+        n_heads=4 if width % 4 == 0 else 1,
+        ffn_hidden=2 * width,
+        pooling="mean",
+        position="sincos",
+    )
+
+
+def _encoder_kind(encoder: Config) -> str:
+    return "vit" if isinstance(encoder, ViTConfig) else "cnn"
+
+
+def _read_encoder(value: Any, flat: dict[str, Any], image_size: Any) -> Config:
+    """The nested encoder from config.json's ``encoder`` (a kind name, a mapping with ``kind``, or
+    a config) and the first release's flat keys (which override the mapping's sizes)."""
+    image_size = image_size if isinstance(image_size, int) else 32
+    if isinstance(value, (CNNConfig, ViTConfig)):
+        value = {"kind": _encoder_kind(value), **value.to_dict()}
+    if value is None or isinstance(value, str):
+        sizes = {
+            "width": flat.get("encoder_width", 32),
+            "depth": flat.get("encoder_depth", 3),
+            "patch_size": flat.get("patch_size", 4),
+        }
+        return scene_encoder(value or "cnn", **sizes, image_size=image_size)
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"encoder must be 'cnn', 'vit' or a mapping of fields, got {value!r}")
+    fields = dict(value)
+    kind = fields.pop("kind", None)
+    if kind not in ENCODER_CONFIGS:
+        raise ConfigError(
+            f"the encoder mapping needs kind: one of {sorted(ENCODER_CONFIGS)}, got {kind!r}"
+        )
+    base = scene_encoder(kind, image_size=fields.get("image_size", image_size))
+    if flat:  # first-release size keys on top of a nested encoder: they describe a new one
+        width = flat.get("encoder_width")
+        depth = flat.get("encoder_depth")
+        if kind == "cnn":
+            old = CNNConfig.from_dict({**base.to_dict(), **fields})
+            width = width or old.channels[-1]
+            depth = depth or len(old.channels)
+            fields.update(channels=[max(1, width // 2)] + [width] * (depth - 1), blocks=[1] * depth)
+        else:
+            if width is not None:
+                fields.update(d_model=width, n_heads=4 if width % 4 == 0 else 1)
+                fields.update(ffn_hidden=2 * width, head_dim=None)
+            if depth is not None:
+                fields["n_layers"] = depth
+            if "patch_size" in flat:
+                fields["patch_size"] = flat["patch_size"]
+    return type(base).from_dict({**base.to_dict(), **fields})
+
 
 _SIZES: dict[str, dict[str, Any]] = {
     # a few seconds of CPU per hundred steps on 32x32 scenes
@@ -44,12 +157,12 @@ class SceneModelConfig(BlockConfig):
     Attributes:
         arch: ``lstm`` or ``transformer``.
         vocab_size: words including the 4 special tokens.
-        image_size: side of the square input image.
-        encoder: ``cnn`` (the vision family's residual CNN: grid tokens of its last feature map)
-            or ``vit`` (its Vision Transformer: patch tokens).
-        encoder_width: CNN channels of the last stage / ViT d_model.
-        encoder_depth: CNN stages (each after the first halves the resolution) / ViT layers.
-        patch_size: ViT patch size.
+        image_size: side of the square input image (the encoder's ``image_size`` follows it).
+        encoder: the image encoder's own config: a :class:`~attnlab.config.CNNConfig` (the
+            vision family's residual CNN: grid tokens of its last feature map) or a
+            :class:`~attnlab.config.ViTConfig` (its Vision Transformer: patch tokens). Given as
+            ``"cnn"`` / ``"vit"`` (with the flat ``encoder_width``, ``encoder_depth`` and
+            ``patch_size`` of the first release), it is :func:`scene_encoder`'s.
         n_layers: LSTM layers / Transformer blocks.
         max_len: longest caption or question in tokens (``<start>`` and ``<end>`` included);
             the learned position table has this many rows.
@@ -60,10 +173,7 @@ class SceneModelConfig(BlockConfig):
     arch: Literal["lstm", "transformer"] = "transformer"
     vocab_size: int = 64
     image_size: int = 32
-    encoder: Literal["cnn", "vit"] = "cnn"
-    encoder_width: int = 32
-    encoder_depth: int = 3
-    patch_size: int = 4
+    encoder: CNNConfig | ViTConfig = field(default_factory=scene_encoder)
     n_layers: int = 2
     max_len: int = 24
     d_model: int = 128
@@ -74,27 +184,37 @@ class SceneModelConfig(BlockConfig):
         if self.ffn_hidden is None and self.ffn == "mlp":
             self.ffn_hidden = 2 * self.d_model
         super().validate()
-        self.positive(
-            "vocab_size",
-            "image_size",
-            "encoder_width",
-            "encoder_depth",
-            "patch_size",
-            "n_layers",
-            "max_len",
-        )
+        self.positive("vocab_size", "image_size", "n_layers", "max_len")
         if self.vocab_size < 5:
             raise ConfigError(
                 f"vocab_size={self.vocab_size} cannot hold the 4 special tokens and a word"
             )
-        if self.encoder == "vit" and self.image_size % self.patch_size:
-            raise ConfigError(
-                f"image_size={self.image_size} is not divisible by patch_size={self.patch_size}"
-            )
+        if (self.encoder.image_size, self.encoder.in_channels) != (self.image_size, 3):
+            # the scene decides: the encoder reads the model's RGB images
+            self.encoder = self.encoder.replace(image_size=self.image_size, in_channels=3)
         if self.arch == "transformer" and self.d_model % 4:
             raise ConfigError(
                 f"d_model={self.d_model} must be divisible by 4 (2-D sin-cos image positions)"
             )
+
+    @property
+    def encoder_kind(self) -> str:
+        """``cnn`` or ``vit``."""
+        return _encoder_kind(self.encoder)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = super().to_dict()
+        d["encoder"] = {"kind": self.encoder_kind, **d["encoder"]}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SceneModelConfig:
+        """Read config.json's model section, the first release's flat encoder keys included."""
+        if isinstance(d, Mapping):
+            d = dict(d)
+            flat = {k: d.pop(k) for k in FLAT_ENCODER_KEYS if k in d}
+            d["encoder"] = _read_encoder(d.get("encoder"), flat, d.get("image_size", 32))
+        return super().from_dict(d)
 
 
 @dataclass

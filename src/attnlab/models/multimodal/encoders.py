@@ -46,51 +46,29 @@ def token_grid(config: SceneModelConfig) -> tuple[int, int]:
     CNN: every stage after the first is a stride-2 3×3 convolution with padding 1, which maps a
     side s to ⌈s / 2⌉. ViT: ``image_size / patch_size`` patches per side.
     """
-    if config.encoder == "vit":
-        g = config.image_size // config.patch_size
+    enc = config.encoder
+    if isinstance(enc, ViTConfig):
+        g = enc.image_size // enc.patch_size
         return g, g
-    side = config.image_size
-    for _ in range(config.encoder_depth - 1):
+    side = enc.image_size
+    for _ in range(len(enc.channels) - 1):
         side = (side + 1) // 2
     return side, side
 
 
 def _build_net(config: SceneModelConfig, num_classes: int) -> nn.Module:
-    """The vision family's CNN or ViT, sized for small scenes."""
-    c, width, depth = config, config.encoder_width, config.encoder_depth
-    if c.encoder == "cnn":
-        channels = [max(1, width // 2)] + [width] * (depth - 1)
-        return ResidualCNN(
-            CNNConfig(
-                image_size=c.image_size,
-                in_channels=3,
-                num_classes=num_classes,
-                channels=channels,
-                blocks=[1] * depth,
-            )
-        )
-    return VisionTransformer(
-        ViTConfig(
-            image_size=c.image_size,
-            patch_size=c.patch_size,
-            in_channels=3,
-            num_classes=num_classes,
-            d_model=width,
-            n_layers=depth,
-            n_heads=4 if width % 4 == 0 else 1,
-            ffn_hidden=2 * width,
-            pooling="mean",
-            position="sincos",
-        )
-    )
+    """The vision family's CNN or ViT of ``config.encoder``, with a head of ``num_classes``."""
+    enc = config.encoder.replace(num_classes=num_classes, labels=[])
+    if isinstance(enc, CNNConfig):
+        return ResidualCNN(enc)
+    return VisionTransformer(enc)
 
 
 class ImageEncoder(nn.Module):
     """A CNN or ViT image encoder with its token grid stated.
 
     Args:
-        config: the model config (``encoder``, ``encoder_width``, ``encoder_depth``,
-            ``patch_size``, ``image_size``).
+        config: the model config (its ``encoder``: a CNN or ViT config, and ``image_size``).
         num_classes: classes of the encoder's own head (0: none).
         reads: what the model reads (``tokens``, ``vector`` or ``logits``); parameters that do not
             take part in it are frozen, since DDP needs every trainable parameter in the loss.
