@@ -38,7 +38,7 @@ _SHARED_KEYS = {
     "n_val": "task.n_val",
     "colour_bias": "task.scene.colour_bias",
     "preset": "model.preset",
-    "encoder": "model.encoder",
+    "encoder": "model.encoder.kind",
 }
 _CAPTION_KEYS = {
     "model": "model.arch",

@@ -68,15 +68,20 @@ def scene_encoder(
     for name, v in (("encoder_width", width), ("encoder_depth", depth), ("patch_size", patch_size)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ConfigError(f"{name} must be a positive integer, got {v!r}")
+    return ENCODER_CONFIGS[kind](**_scene_fields(kind, width, depth, patch_size, image_size))
+
+
+def _scene_fields(kind: str, width: int, depth: int, patch_size: int, image_size: int) -> dict:
+    """The fields :func:`scene_encoder` sets (the rest are the vision config's defaults)."""
     if kind == "cnn":
-        return CNNConfig(
+        return dict(
             image_size=image_size,
             in_channels=3,
             num_classes=0,
             channels=[max(1, width // 2)] + [width] * (depth - 1),
             blocks=[1] * depth,
         )
-    return ViTConfig(
+    return dict(
         image_size=image_size,
         patch_size=patch_size,
         in_channels=3,
@@ -115,24 +120,34 @@ def _read_encoder(value: Any, flat: dict[str, Any], image_size: Any) -> Config:
         raise ConfigError(
             f"the encoder mapping needs kind: one of {sorted(ENCODER_CONFIGS)}, got {kind!r}"
         )
-    base = scene_encoder(kind, image_size=fields.get("image_size", image_size))
+    cls = ENCODER_CONFIGS[kind]
+    base = _scene_fields(kind, 32, 3, 4, fields.get("image_size", image_size))
+    if set(fields) - set(cls.field_names()):  # the kind was switched (--encoder vit)
+        other = "vit" if kind == "cnn" else "cnn"
+        was = _read_encoder({**fields, "kind": other}, {}, image_size)
+        if isinstance(was, ViTConfig):
+            sizes = {"encoder_width": was.d_model, "encoder_depth": was.n_layers}
+            sizes["patch_size"] = was.patch_size
+        else:
+            sizes = {"encoder_width": was.channels[-1], "encoder_depth": len(was.channels)}
+        return _read_encoder(kind, {**sizes, **flat}, image_size)
     if flat:  # first-release size keys on top of a nested encoder: they describe a new one
         width = flat.get("encoder_width")
         depth = flat.get("encoder_depth")
         if kind == "cnn":
-            old = CNNConfig.from_dict({**base.to_dict(), **fields})
+            old = CNNConfig.from_dict({**base, **fields})
             width = width or old.channels[-1]
             depth = depth or len(old.channels)
             fields.update(channels=[max(1, width // 2)] + [width] * (depth - 1), blocks=[1] * depth)
         else:
             if width is not None:
                 fields.update(d_model=width, n_heads=4 if width % 4 == 0 else 1)
-                fields.update(ffn_hidden=2 * width, head_dim=None)
+                fields.update(ffn_hidden=2 * width, head_dim=None, n_kv_heads=None)
             if depth is not None:
                 fields["n_layers"] = depth
             if "patch_size" in flat:
                 fields["patch_size"] = flat["patch_size"]
-    return type(base).from_dict({**base.to_dict(), **fields})
+    return cls.from_dict({**base, **fields})
 
 
 _SIZES: dict[str, dict[str, Any]] = {
