@@ -70,3 +70,44 @@ def test_the_encoder_follows_the_scenes_image_size():
 def test_a_bad_encoder_says_what_is_wrong(encoder, match):
     with pytest.raises(ConfigError, match=match):
         CaptionConfig.from_dict({"vocab_size": 20, "encoder": encoder})
+
+
+# -- seq2seq: one block config per stack ------------------------------------------------------
+
+
+def test_seq2seq_stacks_can_have_their_own_block_config():
+    from attnlab.config import Seq2SeqConfig
+    from attnlab.layers.ffn import MLP, SwiGLU
+    from attnlab.layers.norm import RMSNorm
+    from attnlab.models.seq2seq import Seq2SeqTransformer
+
+    cfg = Seq2SeqConfig.preset(
+        "tiny", src_vocab_size=30, tgt_vocab_size=40, decoder={"ffn": "swiglu", "norm": "rmsnorm"}
+    )
+    assert cfg.encoder is None and cfg.encoder_block == cfg.block  # the shared fields
+    assert (cfg.decoder.ffn, cfg.decoder.n_heads, cfg.decoder.norm_position) == (
+        "swiglu",
+        4,
+        "post",
+    )
+    model = Seq2SeqTransformer(cfg)
+    assert all(isinstance(b.ffn, MLP) for b in model.encoder)
+    assert all(isinstance(b.ffn, SwiGLU) and isinstance(b.norm1, RMSNorm) for b in model.decoder)
+    assert Seq2SeqConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+
+
+def test_a_first_release_seq2seq_config_has_no_stack_of_its_own():
+    from attnlab.config import Seq2SeqConfig
+
+    model = json.loads((RUNS / "tr_transformer" / "config.json").read_text())["model"]
+    cfg = Seq2SeqConfig.from_dict(model)
+    assert cfg.encoder is None and cfg.decoder is None
+    assert cfg.encoder_block == cfg.decoder_block == cfg.block
+
+
+@pytest.mark.parametrize("field, value", [("d_model", 32), ("position", "rope")])
+def test_the_stacks_share_width_and_positions(field, value):
+    from attnlab.config import Seq2SeqConfig
+
+    with pytest.raises(ConfigError, match=f"decoder.{field}"):
+        Seq2SeqConfig.from_dict({"decoder": {field: value}})

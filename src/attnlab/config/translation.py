@@ -10,6 +10,7 @@ and the translation task's data settings, with their presets.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -54,6 +55,8 @@ RNN_PRESETS: dict[str, dict[str, Any]] = {
 }
 
 Seq2SeqPosition = Literal["sinusoidal", "learned", "rope", "alibi", "none"]
+#: the fields that hold one stack's own block config
+_STACKS = ("encoder", "decoder")
 
 
 @dataclass
@@ -63,7 +66,10 @@ class Seq2SeqConfig(BlockConfig):
     Defaults are the paper's base model: post-norm, sinusoidal positions, ReLU FFN of width
     4·d_model, dropout 0.1, embeddings scaled by √d_model and the target embedding tied to the
     output projection. Every block field (GQA, RoPE/ALiBi, QK-norm, SwiGLU, MoE, drop-path,
-    backends) applies to both stacks.
+    backends) applies to both stacks, unless a stack has its own block config: ``encoder`` and
+    ``decoder`` (a :class:`BlockConfig` each; given as a mapping, the fields it leaves out are
+    the shared ones: ``--set model.decoder.ffn=swiglu``). The residual width and the position
+    scheme are shared by both stacks (one embedding width, one position module).
 
     Attributes:
         src_vocab_size, tgt_vocab_size: vocabulary sizes (set from the data).
@@ -75,6 +81,7 @@ class Seq2SeqConfig(BlockConfig):
         tie_embeddings: share the target embedding with the output projection (paper §3.4).
         pad_id: padding id of both vocabularies.
         position: ``sinusoidal`` (paper) | ``learned`` | ``rope`` | ``alibi`` | ``none``.
+        encoder, decoder: the block config of one stack (None: the shared block fields).
     """
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = SEQ2SEQ_PRESETS
@@ -94,9 +101,41 @@ class Seq2SeqConfig(BlockConfig):
     scale_embeddings: bool = True
     tie_embeddings: bool = True
     pad_id: int = 0
+    encoder: BlockConfig | None = None
+    decoder: BlockConfig | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Seq2SeqConfig:
+        """Read a model section; a stack's block given as a mapping starts from the shared
+        block fields."""
+        if isinstance(d, Mapping) and any(isinstance(d.get(k), Mapping) for k in _STACKS):
+            shared = super().from_dict({k: v for k, v in d.items() if k not in _STACKS})
+            d = dict(d)
+            for name in _STACKS:
+                if isinstance(d.get(name), Mapping):
+                    fields = dict(d[name])
+                    derived = [k for k in ("n_kv_heads", "head_dim", "ffn_hidden") if k in fields]
+                    base = shared.block_fields()
+                    if set(fields) - set(derived) & {"n_heads", "d_model", "ffn", "activation"}:
+                        for k in ("n_kv_heads", "head_dim", "ffn_hidden"):
+                            if k not in fields:  # derive again from the stack's own sizes
+                                base[k] = None
+                    d[name] = BlockConfig.from_dict({**base, **fields})
+        return super().from_dict(d)
 
     def validate(self) -> None:
         super().validate()
+        for name in _STACKS:
+            block = getattr(self, name)
+            if block is None:
+                continue
+            for shared in ("d_model", "position"):
+                if getattr(block, shared) != getattr(self, shared):
+                    raise ConfigError(
+                        f"{name}.{shared}={getattr(block, shared)!r} differs from {shared}="
+                        f"{getattr(self, shared)!r}: both stacks share the embeddings' width and "
+                        "one position module"
+                    )
         self.positive("src_vocab_size", "tgt_vocab_size", "max_seq_len")
         if self.n_enc_layers < 1 or self.n_dec_layers < 1:
             raise ConfigError(
@@ -105,8 +144,18 @@ class Seq2SeqConfig(BlockConfig):
             )
         if not 0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size):
             raise ConfigError(f"pad_id {self.pad_id} is outside the vocabularies")
-        if self.norm_position == "pre":
+        if "pre" in {b.norm_position for b in (self.encoder_block, self.decoder_block)}:
             self.final_norm = True  # without it the residual stream is never normalised
+
+    @property
+    def encoder_block(self) -> BlockConfig:
+        """The block config of the encoder stack."""
+        return self.encoder if self.encoder is not None else self.block
+
+    @property
+    def decoder_block(self) -> BlockConfig:
+        """The block config of the decoder stack."""
+        return self.decoder if self.decoder is not None else self.block
 
 
 @dataclass

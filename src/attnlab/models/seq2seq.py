@@ -75,17 +75,25 @@ class Seq2SeqTransformer(nn.Module):
         self.tgt_emb = nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id)
         self.pos_emb = build_positions(c)
         self.drop = nn.Dropout(c.dropout)
-        enc_rates = drop_path_rates(c.drop_path, c.n_enc_layers)
-        dec_rates = drop_path_rates(c.drop_path, c.n_dec_layers)
+        enc, dec = c.encoder_block, c.decoder_block  # one block config per stack
+        enc_rates = drop_path_rates(enc.drop_path, c.n_enc_layers)
+        dec_rates = drop_path_rates(dec.drop_path, c.n_dec_layers)
         self.encoder = nn.ModuleList(
-            build_block(c, positions=self.pos_emb, drop_path=p) for p in enc_rates
+            build_block(enc, positions=self.pos_emb, drop_path=p, max_seq_len=c.max_seq_len)
+            for p in enc_rates
         )
         self.decoder = nn.ModuleList(
-            build_block(c, cross_attention=True, positions=self.pos_emb, drop_path=p)
+            build_block(
+                dec,
+                cross_attention=True,
+                positions=self.pos_emb,
+                drop_path=p,
+                max_seq_len=c.max_seq_len,
+            )
             for p in dec_rates
         )
-        self.enc_norm = build_final_norm(c, c.final_norm)
-        self.dec_norm = build_final_norm(c, c.final_norm)
+        self.enc_norm = build_final_norm(enc, c.final_norm)
+        self.dec_norm = build_final_norm(dec, c.final_norm)
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         self.apply(self._init_weights)
         if c.tie_embeddings:
