@@ -64,7 +64,7 @@ class Family:
 
     Attributes:
         name: the task's ``type`` in config.json (``lm``, ``mlm``).
-        what: the run's name in messages (``language-model``).
+        what: the family's name in messages (``language model``).
         kinds: the model kinds it trains; the first is the default.
         task_cls: the task config class (config.json's ``task``).
         task_type: the task class (``build(config)``, ``from_config(saved, tokenizer)``).
@@ -100,7 +100,7 @@ _CORPUS_FLAGS = {
     "max_chars": "--max-chars",
 }
 
-#: the families :func:`resolve` knows, by ``--family`` name (the task type)
+#: the families :func:`resolve` knows, by task type (config.json's ``task.type``)
 FAMILIES: dict[str, Family] = {
     "lm": Family(
         "lm",
