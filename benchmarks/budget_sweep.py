@@ -32,7 +32,6 @@ from pydoc_score import pydoc_task, score  # noqa: E402
 
 from attnlab.config import ModelConfig  # noqa: E402
 from attnlab.models.lm import DecoderLM  # noqa: E402
-from attnlab.train import TrainConfig, train  # noqa: E402
 from attnlab.runspec.budget import (  # noqa: E402
     ROWS,
     choose_lm_settings,
@@ -40,6 +39,7 @@ from attnlab.runspec.budget import (  # noqa: E402
     measure_ref_steps_per_s,
     row_cost,
 )
+from attnlab.train import TrainConfig, train  # noqa: E402
 
 MIN_STEPS = 50  # cells whose row would make fewer steps in the budget are skipped
 
