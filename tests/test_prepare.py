@@ -120,6 +120,28 @@ def test_bpe_piece_encoder_equals_the_library_on_random_text(mixed_bpe, chars):
     assert encoding.PieceEncoder(mixed_bpe)([text, text[::-1]]).tolist() == ref
 
 
+@pytest.mark.parametrize("bound", [1, 7, 60])
+def test_bpe_cache_eviction_keeps_every_id(mixed_bpe, monkeypatch, bound):
+    """With the caches bounded to a few entries, so that they are emptied in the middle of
+    batches whose other words and parts were found in them, every id still equals the uncached
+    encoding, on text of many distinct words that also repeat (the 1 GB corpus's ``KeyError``)."""
+    monkeypatch.setattr(encoding, "CACHE_ENTRIES", bound)
+    rng = np.random.default_rng(bound)
+    vocab = ["".join(rng.choice(list("abcdefgh"), size=rng.integers(1, 7))) for _ in range(400)]
+    pieces = [
+        " ".join(rng.choice(vocab, size=12)) + rng.choice(["\n", ".\n", "  x1(", "\t'é "])
+        for _ in range(120)
+    ]
+    enc = encoding.PieceEncoder(mixed_bpe)
+    cleared = 0
+    for i in range(0, len(pieces), 4):
+        batch = pieces[i : i + 4]
+        before = len(enc.words)
+        assert enc(batch).tolist() == [t for p in batch for t in mixed_bpe.encode(p)]
+        cleared += len(enc.words) < before
+    assert cleared > 3  # the bound was reached, more than once, with known words in the batch
+
+
 def test_worker_processes_give_the_same_ids(tmp_path, bpe, monkeypatch):
     monkeypatch.setattr(prepare, "POOL_MIN_BYTES", 0)
     monkeypatch.setattr(prepare, "BATCH_CHARS", 256)

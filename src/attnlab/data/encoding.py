@@ -96,15 +96,18 @@ class PieceEncoder:
         if None in found:
             new = {w for w, ids in zip(words, found) if ids is None}
             split = {w: [w] if w in odd else _PARTS.findall(w) for w in new}
-            missing = {p for parts in split.values() for p in parts if p not in self.cache}
+            parts = {p for ps in split.values() for p in ps}
+            missing = {p for p in parts if p not in self.cache}
             if len(self.cache) + len(missing) > CACHE_ENTRIES:
+                # emptied before this batch's parts are looked up: all of them are encoded anew
                 self.cache.clear()
+                missing = parts
             self._encode_parts(list(missing))
-            if len(self.words) + len(new) > CACHE_ENTRIES:
-                self.words.clear()
-            for w, parts in split.items():
-                self.words[w] = b"".join([self.cache[p] for p in parts])
-            found = list(map(self.words.__getitem__, words))
+            fresh = {w: b"".join([self.cache[p] for p in ps]) for w, ps in split.items()}
+            if len(self.words) + len(fresh) > CACHE_ENTRIES:
+                self.words.clear()  # the batch's known words were looked up already (``found``)
+            self.words.update(fresh)
+            found = [fresh[w] if ids is None else ids for w, ids in zip(words, found)]
         return np.frombuffer(b"".join(found), dtype=self.dtype)
 
     def _encode_parts(self, parts: list[str]) -> None:
