@@ -188,30 +188,17 @@ def test_model_rejects_wrong_channels_through_the_library():
 
 
 def test_inductive_bias_experiment_small(tmp_path, capsys):
+    """A budget of 1 s: the fewest steps (10), the same for every run (``--steps N`` is run by
+    test_cli_properties)."""
     out = tmp_path / "ib"
-    assert (
-        main(
-            [
-                "experiment",
-                "inductive-bias",
-                "--fractions",
-                "0.2,0.5,1",
-                "--steps",
-                "3",
-                "--batch-size",
-                "16",
-                "--warmup",
-                "1",
-                "--out",
-                str(out),
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    args = ["experiment", "inductive-bias", "--fractions", "0.2,0.5,1", "--max-time", "1"]
+    assert main([*args, "--batch-size", "8", "--out", str(out), "--no-progress"]) == 0
     text = capsys.readouterr().out
     assert "| fraction | train images | CNN test acc | ViT test acc" in text
     result = json.loads((out / "results.json").read_text())
+    assert len(result["runs"]) == 6 and {r["steps"] for r in result["runs"]} == {10}
+    assert result["steps"] == 10 and "10 steps × batch 8" in text
+    assert "max_time must be a positive" in _err(capsys, [*args[:2], "--max-time", "-1"])
     assert [r["fraction"] for r in result["table"]] == [0.2, 0.5, 1.0]
     n = [r["n_train"] for r in result["table"]]
     assert n[0] < n[1] < n[2]
@@ -229,6 +216,29 @@ def test_inductive_bias_experiment_small(tmp_path, capsys):
     assert "steps and batch_size must be at least 1, got 0" in _err(
         capsys, ["experiment", "inductive-bias", "--steps", "0", "--out", str(tmp_path / "z")]
     )
+
+
+def test_inductive_bias_max_time_sizes_equal_steps_from_measured_speed(monkeypatch):
+    """With --max-time every run gets the same steps: (1 - RESERVE) of the budget over the
+    (seed, fraction) pairs, divided by the CNN's plus the ViT's measured seconds per step."""
+    from attnlab.data.images import load_digits
+    from attnlab.experiments import common
+    from attnlab.experiments import inductive_bias as ib
+
+    speeds = iter([0.01, 0.03])  # the CNN, then the ViT
+    monkeypatch.setattr(common, "seconds_per_step", lambda *a, **k: next(speeds))
+    now = [0.0]
+    budget = common.Budget(100.0, clock=lambda: now[0])
+    now[0] = 4.0  # the data took 4 s
+    settings = ib.InductiveBiasSettings(max_time=100.0, seeds=[0, 1], warmup=30)
+    splits = load_digits()
+    models = {k: ib._build(k, splits, {}) for k in ("cnn", "vit")}
+    steps, warmup = ib._steps_within_budget(settings, budget, splits, models)
+    # (100 - 4 - 20) s left over 2 seeds x 4 fractions, 0.04 s per pair of steps
+    assert steps == int((100 - 4 - ib.RESERVE * 100) / 8 / 0.04) == 237
+    assert warmup == 30
+    with pytest.raises(ValueError, match="positive number of seconds"):
+        ib.InductiveBiasSettings(max_time=0)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -358,7 +358,8 @@ def _add_inductive_bias(groups) -> None:
         "inductive-bias",
         help="CNN vs ViT with the same budget on growing data fractions",
         description="Train a residual CNN and a ViT (similar size, same steps/batch/lr) on "
-        "growing fractions of the training set and compare test accuracy (table + plot).",
+        "growing fractions of the training set and compare test accuracy (table + plot). "
+        "Example: attnlab experiment inductive-bias --max-time 300 --out runs/inductive-bias.",
     )
     _add_data_args(e)
     # fmt: off
@@ -367,6 +368,9 @@ def _add_inductive_bias(groups) -> None:
          "comma-separated training-set fractions, ≥3 (default: %(default)s)"),
         ("--seeds", None, "0", "comma-separated seeds (default: %(default)s)"),
         ("--steps", int, 300, "steps per run (default: %(default)s)"),
+        ("--max-time", float, None,
+         "wall-clock seconds for the whole experiment, instead of --steps: both models' speed is "
+         "measured and every run gets the same steps, as many as fit", {"metavar": "SECONDS"}),
         ("--batch-size", int, 64, None),
         ("--lr", float, 1e-3, None),
         ("--warmup", int, 30, None),

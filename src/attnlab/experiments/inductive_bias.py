@@ -6,6 +6,11 @@ eventually reverses, at JFT-300M scale) as data grows. Here both models get the 
 schedule, batch size and number of steps, with similar parameter counts, on fractions of one
 training set, and are scored on the same full test split.
 
+The number of steps is ``steps``, or, with a wall-clock budget ``max_time`` for the whole
+experiment, as many as fit: both models' seconds per step are measured first, and every run
+(both models, every fraction and seed) gets the same steps, sized so that all of them together
+take ``1 - RESERVE`` of the budget (the rest is kept for loading, scoring and the plot).
+
 ``run_inductive_bias`` returns a table and writes ``results.json`` (updated after every run),
 ``table.md`` and ``inductive_bias.png`` (test accuracy against training-set size, one line per
 model). The test split is the same for every fraction (it changes with the seed).
@@ -25,6 +30,7 @@ import torch
 from attnlab.config.base import Config
 from attnlab.config.vision import ImageTaskConfig
 from attnlab.errors import RunDirError, UserError
+from attnlab.experiments import common
 from attnlab.fileio import atomic_save, atomic_write_text
 from attnlab.models.vision.factory import build_image_classifier
 from attnlab.tasks.image import ImageClassificationTask, load_task_data
@@ -42,6 +48,8 @@ __all__ = [
 
 #: the settings that choose the data: the same names and meaning as in :class:`ImageTaskConfig`
 DATA_FIELDS = ("data", "data_path", "image_size", "channels", "shapes_n", "shapes_label")
+#: share of ``max_time`` kept for loading data, scoring every run and writing the plot
+RESERVE = 0.2
 
 
 @dataclass
@@ -54,6 +62,8 @@ class InductiveBiasSettings(Config):
             :class:`~attnlab.config.vision.ImageTaskConfig`.
         fractions: shares of the training split, at least three, increasing.
         steps, batch_size, lr, warmup: the budget, identical for both models.
+        max_time: wall-clock seconds for the whole experiment (overrides ``steps``: every run
+            gets the same number of steps, as many as fit; see the module docstring).
         seeds: one run per seed (data subset, init and batch order change with it).
         vit, cnn: overrides of the ``tiny`` (≤ 16 px) or ``small`` presets.
     """
@@ -66,6 +76,7 @@ class InductiveBiasSettings(Config):
     shapes_label: str = "shape"
     fractions: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5, 1.0])
     steps: int = 300
+    max_time: float | None = None
     batch_size: int = 64
     lr: float = 1e-3
     warmup: int = 30
@@ -85,6 +96,8 @@ class InductiveBiasSettings(Config):
         self.fractions = fr
         if not self.seeds:
             raise ValueError("give at least one seed")
+        if self.max_time is not None and not self.max_time > 0:
+            raise ValueError(f"max_time must be a positive number of seconds, got {self.max_time}")
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError(
                 f"steps and batch_size must be at least 1, got {self.steps} and {self.batch_size}"
@@ -128,7 +141,7 @@ def run_inductive_bias(
 
     Returns:
         ``{"settings", "runs": [per-run dicts], "table": [per fraction: n_train, vit/cnn mean
-        and std accuracy], "params": {"vit": n, "cnn": n}, "elapsed"}``.
+        and std accuracy], "params": {"vit": n, "cnn": n}, "steps" (of every run), "elapsed"}``.
     """
     out = Path(out_dir)
     if (out / "results.json").exists() and not overwrite:
@@ -136,24 +149,29 @@ def run_inductive_bias(
             f"{str(out)!r} already holds inductive-bias results; pass --overwrite to replace them"
         )
     t0 = time.perf_counter()
+    budget = common.Budget(settings.max_time) if settings.max_time is not None else None
     runs: list[dict[str, Any]] = []
     params: dict[str, int] = {}
     n_test = 0
+    steps, warmup = settings.steps, settings.warmup
+    shared = ("batch_size", "lr", "weight_decay", "device")
     for seed in settings.seeds:
         splits = load_task_data(settings.data_config(), seed)
         if not runs:  # both models must build before anything is trained
-            _build("cnn", splits, settings.cnn), _build("vit", splits, settings.vit)
+            models = {k: _build(k, splits, getattr(settings, k)) for k in ("cnn", "vit")}
+            if budget is not None:
+                steps, warmup = _steps_within_budget(settings, budget, splits, models)
         for frac in settings.fractions:
             for kind in ("cnn", "vit"):
                 torch.manual_seed(seed)
                 model = _build(kind, splits, settings.vit if kind == "vit" else settings.cnn)
                 params[kind] = sum(p.numel() for p in model.parameters())
                 task = ImageClassificationTask(splits, seed=seed, train_fraction=frac)
-                shared = ("steps", "batch_size", "lr", "weight_decay", "device")
                 cfg = TrainConfig(
                     **{name: getattr(settings, name) for name in shared},
-                    warmup_steps=settings.warmup,
-                    eval_every=settings.steps,
+                    steps=steps,
+                    warmup_steps=warmup,
+                    eval_every=steps,
                     eval_batches=4,
                     seed=seed,
                     progress=progress,
@@ -175,6 +193,7 @@ def run_inductive_bias(
                         "test_loss": loss,
                         "train_acc_full_split": train_acc,
                         "final_train_loss": res.final_train_loss,
+                        "steps": steps,
                         "seconds": time.perf_counter() - t,
                     }
                 )
@@ -183,6 +202,25 @@ def run_inductive_bias(
                     settings, runs, params, n_test, time.perf_counter() - t0, out, final=False
                 )
     return write_results(settings, runs, params, n_test, time.perf_counter() - t0, out)
+
+
+def _steps_within_budget(
+    settings: InductiveBiasSettings, budget: common.Budget, splits: Any, models: dict[str, Any]
+) -> tuple[int, int]:
+    """The steps (and warm-up) of every run so that all runs fit ``budget``.
+
+    Both models' seconds per step are measured on the full training split; every run gets the
+    same steps, ``(1 - RESERVE)`` of what is left divided by the runs' summed step times.
+    """
+    task = ImageClassificationTask(splits, seed=settings.seeds[0])
+    probe_cfg = TrainConfig(
+        steps=1, batch_size=settings.batch_size, device=settings.device, progress=False
+    )
+    per_pair = sum(common.seconds_per_step(m, task, probe_cfg, steps=5) for m in models.values())
+    n_pairs = len(settings.seeds) * len(settings.fractions)
+    seconds = budget.share(n_pairs, reserve=RESERVE * budget.seconds)
+    steps = common.steps_within(seconds, per_pair, minimum=10)
+    return steps, common.warmup_within(steps, settings.warmup)
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -224,6 +262,7 @@ def write_results(
         "runs": runs,
         "table": summarize(runs),
         "params": params,
+        "steps": runs[0]["steps"] if runs else settings.steps,  # (sized by max_time when given)
         "n_test": n_test,
         "elapsed": elapsed,
         "complete": final,
@@ -241,7 +280,7 @@ def format_table(result: dict[str, Any]) -> str:
     s = result["settings"]
     p = result["params"]
     lines = [
-        f"data={s['data']}, {s['steps']} steps × batch {s['batch_size']}, lr {s['lr']}, "
+        f"data={s['data']}, {result.get('steps', s['steps'])} steps × batch {s['batch_size']}, lr {s['lr']}, "
         f"seeds {s['seeds']}; CNN {p.get('cnn', 0):,} params, ViT {p.get('vit', 0):,} params; "
         f"test set {result['n_test']} images",
         "",
