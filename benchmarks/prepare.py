@@ -1,7 +1,9 @@
-"""Corpus preparation: set-up time, MB/s and peak memory, streaming vs the first release's path.
+"""Corpus preparation: set-up time, MB/s and peak memory, streaming vs the first release's path,
+and a short training run on the largest corpus.
 
     python benchmarks/prepare.py                        # 50 MB, 200 MB and 1 GB; old path at 50/200
     python benchmarks/prepare.py --sizes 20 --old-sizes 20 --kinds char bpe
+    python benchmarks/prepare.py --sizes 200 --old-sizes --kinds bpe    # a busy machine: 200 MB
 
 The corpora are CPython's standard-library source (the ``.py`` files, each after a ``# path``
 line) repeated to the size asked, written as one file into a temporary directory that is deleted
@@ -20,6 +22,11 @@ the sum of their resident set sizes, sampled every 50 ms from ``/proc`` (Linux),
 largest single process's peak (``getrusage``). ``cpu s`` is the CPU time of the process tree
 (user + system; less sensitive than wall time to other work on the machine). BPE uses a vocabulary
 of 8192.
+
+- ``train``: at the sizes of ``--train-sizes`` (default: the largest of ``--sizes``), the whole
+  command a user runs, ``attnlab train lm --data FILE --tokenizer bpe --vocab-size 8192 --preset
+  tiny --steps 10`` (preparation on the fly into a fresh cache, then ten steps), in a fresh
+  process: its wall time from launch to exit, and the same peak memory of its process tree.
 """
 
 from __future__ import annotations
@@ -110,6 +117,32 @@ def measure(path: str, how: str, kind: str, vocab: int, work: Path) -> dict:
     return {**result, "peak_tree_mb": peak / 1e6}
 
 
+TRAIN = ["train", "lm", "--tokenizer", "bpe", "--preset", "tiny", "--steps", "10", "--no-progress"]
+
+
+def measure_train(path: str, vocab: int, work: Path) -> dict:
+    """``attnlab train lm --data path ...`` in a fresh process: wall time, exit and peak memory."""
+    cli = "import sys; from attnlab.cli import main; sys.exit(main(sys.argv[1:]))"
+    args = [*TRAIN, "--vocab-size", str(vocab), "--data", path, "--out", str(work / "run")]
+    env = {**os.environ, "ATTNLAB_CACHE": str(work / "cache")}
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "train.log"
+    with open(log, "wb") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen([sys.executable, "-c", cli, *args], env=env, stdout=out, stderr=out)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, _tree_rss(proc.pid))
+            time.sleep(0.05)
+        seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:]
+        return {"error": f"exit {proc.returncode}: {' '.join(tail)}"}
+    ids = work / "cache"
+    shard_bytes = sum(f.stat().st_size for f in ids.rglob("*") if f.is_file())
+    return {"seconds": seconds, "peak_tree_mb": peak / 1e6, "cache_mb": shard_bytes / 1e6}
+
+
 def child(how: str, kind: str, vocab: int, path: str, work: str) -> None:
     t0 = time.perf_counter()
     if how == "new":
@@ -135,6 +168,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=float, nargs="+", default=[50, 200, 1000], help="MB")
     ap.add_argument("--old-sizes", type=float, nargs="*", default=[50, 200], help="MB")
+    ap.add_argument(
+        "--train-sizes", type=float, nargs="*", default=None,
+        help="MB: also run 'attnlab train lm --data FILE' at these (default: the largest size)",
+    )  # fmt: skip
     ap.add_argument("--kinds", nargs="+", default=["char", "bpe"], choices=["char", "bpe"])
     ap.add_argument("--vocab-size", type=int, default=8192)
     ap.add_argument("--tmp", default=None, help="where to write the corpora (default: $TMPDIR)")
@@ -144,6 +181,7 @@ def main() -> None:
     if args.child:
         how, kind, vocab, path, work = args.child
         return child(how, kind, int(vocab), path, work)
+    train_sizes = [max(args.sizes)] if args.train_sizes is None else args.train_sizes
     rows = []
     print(f"{'corpus':>9} {'tok':>5} {'path':>4} {'set-up s':>9} {'cpu s':>7} {'MB/s':>7} "
           f"{'peak MB':>8} {'(1 proc)':>9} {'tokens':>13}", flush=True)  # fmt: skip
@@ -166,6 +204,21 @@ def main() -> None:
                         f"{r['cpu_s']:>7.1f} "
                         f"{size / 1e6 / r['seconds']:>7.1f} {r['peak_tree_mb']:>8.0f} "
                         f"{r['peak_single_mb']:>9.0f} {r['tokens']:>13,}",
+                        flush=True,
+                    )
+            if mb in train_sizes:
+                work = Path(tmp) / "work-train"
+                r = measure_train(str(corpus), args.vocab_size, work)
+                shutil.rmtree(work, ignore_errors=True)
+                rows.append({"mb": size / 1e6, "kind": "bpe", "path": "train", **r})
+                if "error" in r:
+                    print(f"{size / 1e6:>7.0f}MB   bpe train  {r['error']}", flush=True)
+                else:
+                    print(
+                        f"{size / 1e6:>7.0f}MB   bpe train {r['seconds']:>9.1f} {'':>7} "
+                        f"{size / 1e6 / r['seconds']:>7.1f} {r['peak_tree_mb']:>8.0f}"
+                        f"   (attnlab train lm --data FILE ... --steps 10; cache "
+                        f"{r['cache_mb']:.0f} MB)",
                         flush=True,
                     )
             corpus.unlink()
