@@ -81,6 +81,17 @@ def parse_overrides(items: Iterable[str], *, default_section: str = "model") -> 
     return out
 
 
+def _problem(err: Exception) -> str:
+    """A parser's error on one line: YAML's own spans several (the line quoted, a caret)."""
+    problem, mark = getattr(err, "problem", None), getattr(err, "problem_mark", None)
+    if problem is None or mark is None:
+        return str(err)
+    where = f"line {mark.line + 1}, column {mark.column + 1}"
+    if "could not determine a constructor" in problem:  # !!python/object... (safe_load)
+        problem += " (a tag that builds a Python object: a config holds plain values only)"
+    return f"{where}: {problem}"
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """Read a TOML, YAML or JSON config file into ``{"model": {...}, "train": {...}, ...}``.
 
@@ -115,7 +126,9 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     except ConfigError:
         raise
     except Exception as err:  # tomllib, yaml and json each raise their own error types
-        raise ConfigError(f"config file {path} is not valid {suffix[1:]}: {err}") from None
+        raise ConfigError(
+            f"config file {path} is not valid {suffix[1:]}: {_problem(err)}"
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
