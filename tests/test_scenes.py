@@ -138,11 +138,29 @@ def test_render_puts_each_colour_at_its_object():
 
 
 def test_shapes_are_told_apart_by_pixels():
-    areas = {}
-    for shape in ("circle", "square", "triangle"):
-        img = render_scene(make_scene(("red", shape, 16, 16)))
-        areas[shape] = int((img == COLOURS["red"]).all(-1).sum())
-    assert areas["triangle"] < areas["circle"] < areas["square"] or len(set(areas.values())) == 3
+    """At the scenes' size (32 px, radius 4) any two shapes differ in at least 16 pixels (the
+    triangle is the smallest, then the square, then the circle); drawn large, each covers its
+    continuous area within 2 %: a circle pi r^2, a square of half-side 0.85 r (1.7 r)^2, an
+    apex-up triangle of height and base 2 r: 2 r^2."""
+
+    def drawn(shape: str, size: int, r: float) -> np.ndarray:
+        scene = Scene((SceneObject("red", shape, size / 2, size / 2),), size, r)
+        return (render_scene(scene) == COLOURS["red"]).all(-1)
+
+    masks = {shape: drawn(shape, 32, 4.0) for shape in ("circle", "square", "triangle")}
+    for a, b in [("circle", "square"), ("circle", "triangle"), ("square", "triangle")]:
+        assert (masks[a] ^ masks[b]).sum() >= 16, (a, b)
+    area = {k: int(m.sum()) for k, m in masks.items()}
+    assert area["triangle"] < area["square"] < area["circle"]
+    r = 60.0
+    for shape, formula in [
+        ("circle", np.pi * r**2),
+        ("square", (1.7 * r) ** 2),
+        ("triangle", 2 * r**2),
+    ]:
+        assert drawn(shape, 256, r).sum() == pytest.approx(formula, rel=0.02), shape
+    rows = drawn("triangle", 256, r).sum(1)
+    assert rows[128 - 50] < rows[128] < rows[128 + 50]  # apex up: wider towards the base
 
 
 def test_splits_hold_out_combinations():
