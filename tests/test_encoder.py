@@ -113,8 +113,8 @@ _SMALL = [p for p in EncoderConfig.presets() if not p.startswith("bert-")]
 _BERT = [p for p in EncoderConfig.presets() if p.startswith("bert-")]
 
 
-def _sweep(name: str) -> None:
-    cfg = EncoderConfig.preset(name)
+def _sweep(name: str, **overrides) -> None:
+    cfg = EncoderConfig.preset(name, **overrides)
     model = EncoderMLM(cfg).train()
     ids = torch.randint(0, cfg.vocab_size, (2, 12))
     mask = torch.ones(2, 12, dtype=torch.bool)
@@ -131,19 +131,41 @@ def test_every_small_preset_runs_forward_and_backward(name):
     _sweep(name)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", _BERT)
-def test_every_bert_sized_preset_runs_forward_and_backward(name):
-    _sweep(name)
+def test_every_bert_sized_preset_runs_forward_and_backward_at_one_layer(name):
+    """At the preset's width, vocabulary and positions, one layer (the count of all of them is
+    checked below without allocating anything)."""
+    _sweep(name, n_layers=1)
 
 
-@pytest.mark.slow
-def test_bert_base_preset_has_the_size_of_huggingface_bert_base():
+#: the BERT papers' published sizes (Devlin et al. 2019; Turc et al. 2019), in millions
+_PUBLISHED = {"bert-mini": 11.3, "bert-small": 29.1, "bert-base": 110, "bert-large": 340}
+
+
+@pytest.mark.parametrize("name", _BERT)
+def test_every_bert_sized_preset_has_the_size_of_huggingface_bert(name):
+    """Parameters counted on the ``meta`` device (nothing allocated): exactly those of
+    transformers' BertForMaskedLM of the same sizes, and the published size within 2 %."""
     import transformers
 
-    hf = transformers.BertForMaskedLM(transformers.BertConfig())  # BERT-base defaults
+    cfg = EncoderConfig.preset(name)
+    hf_cfg = transformers.BertConfig(
+        hidden_size=cfg.d_model,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        intermediate_size=cfg.ffn_hidden,
+        vocab_size=cfg.vocab_size,
+        max_position_embeddings=cfg.max_seq_len,
+        type_vocab_size=cfg.type_vocab_size,
+    )
+    with torch.device("meta"):
+        hf = transformers.BertForMaskedLM(hf_cfg)
+        ours = EncoderMLM(cfg)
     n_hf = sum(p.numel() for p in hf.parameters())  # parameters() yields a tied one once
-    assert EncoderMLM(EncoderConfig.preset("bert-base")).num_parameters() == n_hf
+    assert ours.num_parameters() == n_hf
+    assert n_hf / 1e6 == pytest.approx(_PUBLISHED[name], rel=0.02)
+    if name == "bert-base":
+        assert transformers.BertConfig().to_dict() == hf_cfg.to_dict()  # BERT-base defaults
 
 
 # ---- tokenizers ---------------------------------------------------------------------------------

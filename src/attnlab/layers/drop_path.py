@@ -58,4 +58,4 @@ def drop_path_rates(max_rate: float, depth: int) -> list[float]:
     """Linearly increasing rates 0 … ``max_rate`` over ``depth`` blocks (DeiT/Swin)."""
     if depth <= 1:
         return [max_rate] * depth
-    return torch.linspace(0, max_rate, depth).tolist()
+    return torch.linspace(0, max_rate, depth, device="cpu").tolist()  # (also under a meta device)
