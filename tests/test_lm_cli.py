@@ -245,10 +245,22 @@ def test_demo_runs_and_can_run_again(tmp_path, capsys):
     ):
         assert (out / name).exists(), name
     report = json.loads((out / "report.json").read_text())
-    assert report["tokens"] == 2 * report["batch_size"] * report["seq_len"]
-    assert len(report["models"]) == 3 and report["budget_row"] == "xs"  # the rule at 2 steps
-    assert main(argv) == 0  # re-running overwrites its own demo directory
-    capsys.readouterr()
+    per_step = report["batch_size"] * report["seq_len"]
+    assert report["tokens_per_step"] == per_step and report["budget"] is None
+    assert [(m["steps"], m["tokens"]) for m in report["models"]] == [(2, 2 * per_step)] * 3
+    assert report["budget_row"] == "xs"  # the rule at 2 steps
+    # re-running overwrites its own demo directory; with a budget, each model gets the same
+    # wall-clock (its own run's max_time) and the table shows the tokens each one reached
+    timed = ["demo", "--out", str(out), "--budget", "2", "--val-batches", "1", "--no-progress"]
+    assert main(timed) == 0
+    text = capsys.readouterr().out
+    assert "2 s of training each" in text and "tokens" in text
+    report = json.loads((out / "report.json").read_text())
+    assert report["budget"] == 2
+    for m, sub in zip(report["models"], ("transformer", "lstm", "bigram")):
+        assert json.loads((out / sub / "config.json").read_text())["train"]["max_time"] == 2
+        assert m["tokens"] == m["steps"] * report["tokens_per_step"] and m["steps"] >= 1
+        assert f"{m['tokens']:,}" in text
 
 
 def test_generate_from_a_hugging_face_folder(tmp_path, capsys):

@@ -325,17 +325,22 @@ def _demo(args: argparse.Namespace) -> int:
         threads=args.threads,
         log=lambda s: print(s, file=sys.stderr, flush=True),
     )
+    same = (
+        f"{report['budget']:.0f} s of training each"
+        if report["budget"] is not None
+        else f"{report['models'][0]['steps']} steps each"
+    )
     print()
     print(
         f"Validation loss of the final models on the whole held-out pydoc split (the plot's "
-        f"stars; its circles read 4 batches during training) ({report['tokens']:,} training "
-        "tokens each, "
-        f"{report['tokenizer']} tokenizer):"
+        f"stars; its circles read 4 batches during training); {same}, the same batches of "
+        f"{report['batch_size']} windows of {report['seq_len']} characters "
+        f"({report['tokenizer']} tokenizer):"
     )
-    print(f"  {'model':<32}{'params':>10}{'val loss':>10}{'ppl':>9}{'time':>8}")
+    print(f"  {'model':<32}{'params':>10}{'tokens':>12}{'val loss':>10}{'ppl':>9}{'time':>8}")
     for row in report["models"]:
         print(
-            f"  {row['name']:<32}{row['params']:>10,}{row['val_loss']:>10.4f}"
+            f"  {row['name']:<32}{row['params']:>10,}{row['tokens']:>12,}{row['val_loss']:>10.4f}"
             f"{math.exp(row['val_loss']):>9.2f}{row['time']:>7.0f}s"
         )
     print()
@@ -462,25 +467,30 @@ def _add_generate_parser(groups) -> None:
 
 
 def _add_demo_parser(groups) -> None:
+    from attnlab.demo import DEFAULT_BUDGET
+
     d = groups["top"].add_parser(
         "demo",
         help="train a small Transformer LM on pydoc and compare it with LSTM and bigram "
-        "baselines (~3-4 minutes on 2 CPU cores)",
+        "baselines, 60 s each (about 4 minutes in all on 2 CPU cores)",
         description="Train a small GPT-style character model on CPython's pydoc topics for a "
         "wall-clock budget (its size, window, batch, learning rate and warm-up chosen for the "
         "budget and this machine's measured speed by the rule of 'attnlab train lm' without a "
-        "model), then an LSTM LM and a bigram model on the same number of tokens with "
-        "the same trainer; print validation losses and a sample; write loss curves and an "
-        "attention heatmap into the output directory (overwritten on re-runs).",
+        "model), then an LSTM LM and a bigram model for the same wall-clock on the same "
+        "batches with the same trainer (3 x 60 s by default, about 4 minutes in all with the "
+        "evaluation); print validation losses beside the tokens each model reached, and a "
+        "sample; write loss curves and an attention heatmap into the output directory "
+        "(overwritten on re-runs).",
     )
     # fmt: off
     add_flags(d, [
         ("--out", None, "runs/demo", "output directory (default runs/demo)"),
-        ("--budget", float, 140.0,
-         "seconds of Transformer training (default 140); the baselines then train on the same "
-         "number of tokens"),
+        ("--budget", float, DEFAULT_BUDGET,
+         "seconds of training for each of the three models, validation included (default "
+         "%(default)g)", {"metavar": "SECONDS"}),
         ("--steps", int, None,
-         "train every model for exactly this many steps instead of a time budget"),
+         "train every model for exactly this many steps (the same tokens) instead of a time "
+         "budget"),
         ("--threads", int, None,
          "CPU threads for the Transformer (default: torch's count or 1, whichever trains faster "
          "at the start; 1 is faster on a busy machine)"),
