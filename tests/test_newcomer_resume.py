@@ -102,7 +102,8 @@ def test_a_timed_run_resumes_to_its_own_budget(tmp_path, monkeypatch, capsys):
     import torch
 
     run = tmp_path / "run"
-    argv = ["train", "image", *KINDS["image"], "--max-time", "20", "--log-every", "1"]
+    budget = 8  # seconds: room for a step after the start-up and validation on a busy machine
+    argv = ["train", "image", *KINDS["image"], "--max-time", str(budget), "--log-every", "1"]
     # the start-up counts against the budget: import what a first run imports (torch's compiler,
     # matplotlib, scikit-learn: many seconds on a busy machine) before the clock starts
     assert (
@@ -111,11 +112,11 @@ def test_a_timed_run_resumes_to_its_own_budget(tmp_path, monkeypatch, capsys):
     with monkeypatch.context() as patch:  # (at the first step: how far a budget gets varies)
         _signal_at(patch, 0, signal.SIGINT)
         assert main([*argv, "--no-progress", "--out", str(run)]) == 130
-    assert "at step 0 (" in capsys.readouterr().err  # "(2 s of the 20 s budget)"
+    assert "at step 0 (" in capsys.readouterr().err  # "(2 s of the 8 s budget)"
     assert main(["train", "image", "--resume", "--out", str(run)]) == 0
     saved = json.loads((run / "config.json").read_text())["train"]
-    assert saved["max_time"] == 20  # (its own budget, not the default --steps)
+    assert saved["max_time"] == budget  # (its own budget, not the default --steps)
     progress = torch.load(run / "state.pt", weights_only=True)["progress"]
-    assert progress["step"] >= 1 and progress["elapsed"] <= 20.0 and progress["finished"]
+    assert progress["step"] >= 1 and progress["elapsed"] <= budget and progress["finished"]
     steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").open()) if "loss" in r]
     assert steps == list(range(1, progress["step"] + 1))
