@@ -10,6 +10,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,3 +45,20 @@ def test_make_refuses_an_older_python_with_one_line(tmp_path):
     assert proc.returncode != 0
     assert "attnlab needs Python 3.11 or newer" in proc.stdout and "3.10.13" in proc.stdout
     assert not (tmp_path / ".venv").exists()
+
+
+def test_the_repository_tracks_no_packages_or_large_binaries():
+    """Data is generated or read from installed packages; fixtures stay small (the old release's
+    runs, under 1 MB each); no wheel, archive or compiled object is committed."""
+    import shutil
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.split(b"\0")
+    names = [n.decode() for n in tracked if n]
+    packed = (".whl", ".tar.gz", ".zip", ".egg", ".so", ".pyd", ".dll", ".pt", ".bin", ".npy")
+    assert [n for n in names if n.endswith(packed)] == []
+    large = [n for n in names if (ROOT / n).is_file() and (ROOT / n).stat().st_size > 1 << 20]
+    assert large == []
