@@ -22,7 +22,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	@test -x $(CHROMIUM) || echo "make test: no Chromium at $(CHROMIUM): the browser tests will be SKIPPED (apt-get install chromium)"
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test-browser: $(STAMP)
 	$(PY) -m pytest -q -m browser

@@ -35,7 +35,22 @@ def _browser_missing() -> str | None:
     return None
 
 
+def _heavy_modules_first(items) -> None:
+    """Reorder whole test files (each keeps its own order): those with the most ``slow`` or
+    ``browser`` tests first. ``make test`` hands files to its two workers in this order
+    (``--dist loadfile --no-loadscope-reorder``): the long files start first and the many short
+    ones fill in at the end, instead of xdist's default (most tests first), which left the long
+    runs (the torchrun launches, the timed experiments) for the end, one after the other."""
+    weight: dict[str, int] = {}
+    for item in items:
+        heavy = item.get_closest_marker("slow") or item.get_closest_marker("browser")
+        weight[item.module.__name__] = weight.get(item.module.__name__, 0) + bool(heavy)
+    order = {name: i for i, name in enumerate(weight)}  # first appearance
+    items.sort(key=lambda it: (-weight[it.module.__name__], order[it.module.__name__]))
+
+
 def pytest_collection_modifyitems(config, items):
+    _heavy_modules_first(items)
     why = _browser_missing()
     if why is None:
         return
