@@ -27,8 +27,9 @@ test: $(STAMP)
 test-browser: $(STAMP)
 	$(PY) -m pytest -q -m browser
 
+# the tests not marked slow, on both cores, stopping at the first failure
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -x -m "not slow"
+	$(PY) -m pytest -q -x -n 2 --dist loadfile --no-loadscope-reorder -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/attention.py
