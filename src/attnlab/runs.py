@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab.checkpoint_check import check_run_weights, read_header, sharded_header
 # atomic writes and the sharded-checkpoint helpers live in fileio and dcp_files; their names
 # stay importable from here (earlier releases exported them)
 from attnlab.dcp_files import (
@@ -66,6 +67,8 @@ __all__ = [
     "LoadedRun",
     "load",
     "load_model",
+    "check_config",
+    "check_resumable",
     "save_model",
     "read_config",
     "atomic_write_bytes",
@@ -131,11 +134,51 @@ def _weights_path(run_dir: Path, weights: str) -> Path:
     return path
 
 
-def _build(run_dir: Path, cfg: dict) -> tuple[ModelKind, nn.Module]:
+def check_resumable(run_dir: str | os.PathLike) -> None:
+    """Before a ``--resume`` builds its model: config.json against the newest weights, as
+    :func:`check_config` (a run of a kind attnlab does not register is left to the trainer).
+
+    Raises:
+        RunDirError: a config that outgrows its weights or differs from them.
+    """
+    run_dir = Path(run_dir)
+    cfg = read_config(run_dir)
+    wpath = newest_weights(run_dir)
     try:
-        kind = get_kind(cfg["kind"])
+        get_kind(cfg["kind"])
+    except UserError:
+        return
+    if wpath.exists():
+        check_config(run_dir, cfg, wpath, what=f"cannot resume {str(run_dir)!r}")
+
+
+def check_config(run_dir: Path, cfg: dict, wpath: Path, *, what: str | None = None) -> None:
+    """Check config.json's model against the header of its weights ``wpath`` (a safetensors
+    file or a sharded checkpoint's folder) on the ``meta`` device, before anything real is
+    built (:mod:`attnlab.checkpoint_check`).
+
+    Raises:
+        RunDirError: unreadable weights, or a config that outgrows them or differs from them
+            (one line, naming the config field that explains it).
+    """
+    kind = _kind(run_dir, cfg)
+    if wpath.is_dir():
+        header = sharded_header(wpath, error=RunDirError)
+    else:
+        header = read_header([wpath], error=RunDirError)
+    what = what or f"cannot load {str(run_dir)!r}"
+    check_run_weights(kind, cfg["model"], header, what=what, error=RunDirError)
+
+
+def _kind(run_dir: Path, cfg: dict) -> ModelKind:
+    try:
+        return get_kind(cfg["kind"])
     except UserError as err:
         raise RunDirError(f"{run_dir / 'config.json'}: {err}") from None
+
+
+def _build(run_dir: Path, cfg: dict) -> tuple[ModelKind, nn.Module]:
+    kind = _kind(run_dir, cfg)
     try:
         model = kind.config_cls.from_dict(cfg["model"])
         model = kind.build(model)
@@ -184,6 +227,10 @@ def load_model(
 ) -> nn.Module:
     """Rebuild the model of a run directory from its config and weights (eval mode).
 
+    config.json is checked against the weights' header first, on the ``meta`` device
+    (:func:`check_config`): a config that disagrees with its weights, or asks for far more than
+    they hold, is refused before anything is allocated.
+
     Args:
         weights: ``last`` (model.safetensors), ``best`` (best.safetensors, or the last weights
             when no validation ran) or a file name in the run directory.
@@ -204,10 +251,14 @@ def load_model(
 
     run_dir = Path(run_dir)
     cfg = read_config(run_dir)
-    kind, model = _build(run_dir, cfg)
+    _kind(run_dir, cfg)  # an unknown kind is named before missing weights
     wpath = _weights_path(run_dir, weights)
+    what = f"cannot load {str(run_dir)!r}"
     if wpath.is_dir():  # the newest weights are a sharded checkpoint's
-        check_sharded_identity(wpath, cfg["kind"], cfg["model"], f"cannot load {str(run_dir)!r}")
+        check_sharded_identity(wpath, cfg["kind"], cfg["model"], what)
+    check_config(run_dir, cfg, wpath)  # before anything real is built
+    kind, model = _build(run_dir, cfg)
+    if wpath.is_dir():
         model.to(map_location)
         read_sharded_weights(model, wpath, f"cannot load {str(run_dir)!r}")
         return _cast(model, dtype, quantize).eval()

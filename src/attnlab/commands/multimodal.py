@@ -217,6 +217,9 @@ def _settings(args: argparse.Namespace, keys: dict[str, str], kinds: tuple[str, 
     saved = Path(args.out) / "config.json"
     base = None
     if args.resume and not args.config and saved.is_file():
+        from attnlab.runs import check_resumable
+
+        check_resumable(args.out)  # config.json against the weights, before the model is built
         base = load_config_file(saved)
     sections = resolve_sections(args, {**keys, **_SHARED_KEYS, **train_keys}, base=base)
     if sections.get("kind", kinds[0]) not in kinds:

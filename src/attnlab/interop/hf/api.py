@@ -2,8 +2,9 @@
 
 One path serves every family (:mod:`~attnlab.interop.hf.family`): the config.json's architecture
 picks a :class:`~attnlab.interop.hf.family.Family`; its key map, run on the shapes of the model
-the config describes, gives the names and shapes the files must hold, which are checked before
-any tensor is read; then the key map converts the tensors. Writing runs the same key map the
+the config describes (built on the ``meta`` device, within bounds from the safetensors header:
+:mod:`attnlab.checkpoint_check`), gives the names and shapes the files must hold, which are
+checked before anything is allocated or read; then the key map converts the tensors. Writing runs the same key map the
 other way. The families: GPT-2, Llama, Mixtral (:mod:`~attnlab.interop.hf.lm`), ViT, Swin
 (:mod:`~attnlab.interop.hf.vision`), BERT (:mod:`~attnlab.interop.hf.bert`).
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from attnlab.checkpoint_check import read_header
 from attnlab.errors import UserError
 from attnlab.interop.hf.bert import BERT, bert_export
 from attnlab.interop.hf.checkpoint import (
@@ -27,15 +29,14 @@ from attnlab.interop.hf.checkpoint import (
     load_hf_tokenizer,
     read_hf_config,
     read_hf_weights,
-    tensor_shapes,
     tokenizer_json,
     weight_files,
     write_checkpoint,
 )
-from attnlab.interop.hf.family import Family, expected_shapes, load_weights, prepare
+from attnlab.interop.hf.family import Family, check_config, load_weights, prepare
 from attnlab.interop.hf.lm import LM_FAMILIES, lm_export
 from attnlab.interop.hf.vision import SWIN, VIT, swin_export, vit_export
-from attnlab.interop.keymap import KeyMap, check_shapes
+from attnlab.interop.keymap import KeyMap
 
 __all__ = [
     "FAMILIES",
@@ -105,22 +106,22 @@ def from_hf(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None) 
 
     Raises:
         UserError: not a checkpoint folder, unsupported architecture, missing/extra tensors or
-            shape mismatches (named with both shapes). Nothing is returned half-loaded.
+            shape mismatches (named with both shapes, after the config.json field that explains
+            them), found from the safetensors header and a ``meta`` build of config.json's
+            model before anything is allocated (:mod:`attnlab.checkpoint_check`). Nothing is
+            returned half-loaded.
     """
     path = check_dir(path)
     hf = read_hf_config(path)
     family = family_of_config(hf)
     target_dtype = _resolve_dtype(dtype, hf)
-    shapes = tensor_shapes(weight_files(path))
+    files = weight_files(path)
+    header = read_header(sorted(set(files.values())))
+    # config.json against the header, on the meta device: nothing real is built before it fits
+    check_config(family, hf, header, what=f"cannot load {str(path)!r}")
+    shapes = header.shapes
     model, keymap = prepare(family, hf, list(shapes))
     canonical = keymap.canonical(shapes)  # current name -> name in the file
-    check_shapes(
-        expected_shapes(model, keymap),
-        {c: shapes[n] for c, n in canonical.items()},
-        given_names=canonical,
-        what=f"the weights in {str(path)!r}",
-        source="the file",
-    )
     raw = read_hf_weights(path, list(canonical.values()))
     model = load_weights(model, keymap, {c: raw[n] for c, n in canonical.items()}, target_dtype)
     model.hf_config = {**hf, **generation_token_ids(path)}

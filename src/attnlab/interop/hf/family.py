@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnlab.checkpoint_check import Header, build_on_meta, explain
 from attnlab.errors import UserError
 from attnlab.interop.keymap import KeyMap, check_shapes
 
@@ -36,6 +37,7 @@ __all__ = [
     "require",
     "require_plain_heads",
     "prepare",
+    "check_config",
     "expected_shapes",
     "load_weights",
     "model_from_state_dict",
@@ -149,6 +151,37 @@ def prepare(family: Family, hf: dict, names: Collection[str]) -> tuple[nn.Module
     return model, family.keymap(hf, cfg, names)
 
 
+def check_config(
+    family: Family, hf: dict, header: Header, *, what: str, source: str = "the file"
+) -> None:
+    """Check config.json against the weights' header before anything real is built.
+
+    The model config.json describes is built on the ``meta`` device under a budget taken from
+    the header (:func:`attnlab.checkpoint_check.build_on_meta`), then its tensors, through the
+    key map, are compared with the header's.
+
+    Raises:
+        UserError: a config that outgrows its weights, or missing, unexpected or misshapen
+            tensors (named with both shapes, after the config.json field that explains them).
+    """
+    names = list(header.shapes)
+    given: list[dict[str, str]] = []  # current name -> name in the file, of config.json's build
+
+    def shapes_of(cfg: dict) -> tuple[nn.Module, dict, dict]:
+        model, keymap = prepare(family, cfg, names)
+        canonical = keymap.canonical(names)
+        given.append(canonical)
+        found = {c: header.shapes[n] for c, n in canonical.items()}
+        return model, expected_shapes(model, keymap), found
+
+    built = build_on_meta(shapes_of, hf, header, what=what)
+    try:
+        check_shapes(built.expected, built.found, given_names=given[0], what="they", source=source)
+    except UserError as err:
+        why = explain(built.expected, built.found, hf, rebuild=built.rebuild)
+        raise UserError(f"{what}: {why} ({err})" if why else f"{what}: {err}") from None
+
+
 def expected_shapes(model: nn.Module, keymap: KeyMap) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every tensor the other side must hold for ``model`` (tied copies aside).
 
@@ -209,15 +242,15 @@ def model_from_state_dict(
         UserError: unsupported options; missing, unexpected or misshapen tensors (named, with
             both shapes), checked before anything is loaded.
     """
+    header = Header(
+        {n: tuple(t.shape) for n, t in state_dict.items()},
+        sum(t.numel() * t.element_size() for t in state_dict.values()),
+        "the state dict",
+    )
+    what = f"cannot convert the {family.name} state dict"
+    check_config(family, hf, header, what=what, source="the state dict")
     model, keymap = prepare(family, hf, list(state_dict))
     canonical = keymap.canonical(state_dict)
-    check_shapes(
-        expected_shapes(model, keymap),
-        {c: tuple(state_dict[n].shape) for c, n in canonical.items()},
-        given_names=canonical,
-        what=f"the {family.name} state dict's tensors",
-        source="the state dict",
-    )
     return load_weights(model, keymap, {c: state_dict[n] for c, n in canonical.items()}, dtype)
 
 
