@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from attnlab.checkpoint_check import check_run_weights, read_header, sharded_header
+
 # atomic writes and the sharded-checkpoint helpers live in fileio and dcp_files; their names
 # stay importable from here (earlier releases exported them)
 from attnlab.dcp_files import (

@@ -207,7 +207,9 @@ def check_run_dir(
                 f"cannot resume {str(run_dir)!r}: no checkpoint there (missing "
                 f"{', '.join(missing)})"
             )
-        runs.check_resumable(run_dir)  # config.json against the weights, before any build
+        from attnlab.runs import check_resumable
+
+        check_resumable(run_dir)  # config.json against the weights, before any build
         return
     if run_dir.exists() and _holds_files(run_dir):
         if not overwrite:
