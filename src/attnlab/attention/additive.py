@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.capture import report_attention
+from attnlab.layers.hook import HookPoint
 
 __all__ = ["AdditiveAttention"]
 
@@ -39,6 +40,9 @@ class AdditiveAttention(nn.Module):
         self.W_s = nn.Linear(query_dim, attn_dim, bias=False, **kw)
         self.W_h = nn.Linear(key_dim, attn_dim, bias=True, **kw)
         self.v = nn.Linear(attn_dim, 1, bias=False, **kw)
+        # hook points: energies e and weights α (B, T, S), context c (B, T, Dh); T = 1 per step
+        self.hook_attn_scores, self.hook_pattern = HookPoint(), HookPoint()
+        self.hook_context = HookPoint()
 
     def project_keys(self, keys: Tensor) -> Tensor:
         """``W_h h`` for all source positions ``(B, S, A)``; compute once per source sentence."""
@@ -80,10 +84,11 @@ class AdditiveAttention(nn.Module):
             e = e.masked_fill(~mask[:, None, :], float("-inf"))
             empty = ~mask.any(dim=-1)[:, None, None]  # (B, 1, 1)
             e = e.masked_fill(empty, 0.0)
-        weights = e.softmax(dim=-1)
+        weights = self.hook_attn_scores(e).softmax(dim=-1)
         if mask is not None:
             weights = weights.masked_fill(empty, 0.0)
-        context = weights @ keys  # (B, T, Dh)
+        weights = self.hook_pattern(weights)
+        context = self.hook_context(weights @ keys)  # (B, T, Dh)
         if single:
             context, weights = context[:, 0], weights[:, 0]  # (B, Dh), (B, S)
         report_attention(self, weights)

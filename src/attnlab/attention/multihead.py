@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention.cache import KVCache
@@ -22,9 +23,11 @@ from attnlab.attention.capture import capturing_attention, capturing_scores, rep
 from attnlab.attention.core import (
     attention_scores,
     backend_for_weights,
+    repeat_kv,
     scaled_dot_product_attention,
 )
 from attnlab.attention.linformer import LinformerProjection
+from attnlab.layers.hook import HookPoint, hooks_active
 from attnlab.layers.matvec import Linear
 from attnlab.layers.norm import make_norm
 from attnlab.layers.position import (
@@ -203,6 +206,13 @@ class MultiHeadAttention(nn.Module):
                     "use rope, learned, sinusoidal or none"
                 )
             self.linformer = LinformerProjection(linformer_k, max_seq_len, **kw)
+        # hook points (attnlab.layers.hook): q/k/v/z (B, T, H, D), scores/pattern (B, H, T, S)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_attn_scores, self.hook_pattern, self.hook_z = (
+            HookPoint(),
+            HookPoint(),
+            HookPoint(),
+        )
 
     def make_cache(
         self, batch_size: int, max_seq_len: int, *, device=None, dtype=None, static: bool = False
@@ -271,19 +281,19 @@ class MultiHeadAttention(nn.Module):
                         f"got {tuple(context.shape)}"
                     )
                 k, v = self.kv_proj(context).split(Hkv * D, dim=-1)
-                k = k.view(B, -1, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
-                v = v.view(B, -1, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
+                k = self.hook_k(k.view(B, -1, Hkv, D)).transpose(1, 2)  # (B, Hkv, S, D)
+                v = self.hook_v(v.view(B, -1, Hkv, D)).transpose(1, 2)  # (B, Hkv, S, D)
                 k = self.k_norm(k)
                 if cache is not None:
                     k, v = cache.update(k, v)
-            q = self.q_norm(q.view(B, T, H, D).transpose(1, 2))  # (B, H, T, D)
+            q = self.q_norm(self.hook_q(q.view(B, T, H, D)).transpose(1, 2))  # (B, H, T, D)
         else:
             if context is not None:
                 raise ValueError("self-attention takes no context; build with cross=True")
             q, k, v = self.qkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
-            q = self.q_norm(q.view(B, T, H, D).transpose(1, 2))  # (B, H, T, D)
-            k = self.k_norm(k.view(B, T, Hkv, D).transpose(1, 2))  # (B, Hkv, T, D)
-            v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+            q = self.q_norm(self.hook_q(q.view(B, T, H, D)).transpose(1, 2))  # (B, H, T, D)
+            k = self.k_norm(self.hook_k(k.view(B, T, Hkv, D)).transpose(1, 2))  # (B, Hkv, T, D)
+            v = self.hook_v(v.view(B, T, Hkv, D)).transpose(1, 2)  # (B, Hkv, T, D)
             relative = self.positions.relative
             if relative and positions is None:
                 past = 0 if cache is None else cache.length
@@ -305,6 +315,9 @@ class MultiHeadAttention(nn.Module):
                 pos_bias = self.positions.bias(positions, k_pos)  # (H, T, S) | (B, H, T, S)
                 if pos_bias is not None:
                     bias = pos_bias if bias is None else bias + pos_bias
+        if hooks_active(self.hook_attn_scores, self.hook_pattern):
+            out, weights = self._hooked_attention(q, k, v, mask, is_causal, bias)  # explicit path
+            return self.out_proj(self.hook_z(out.transpose(1, 2)).reshape(B, T, H * D)), weights
         need_weights = need_weights or capturing_attention()
         backend, options = self.backend, self.backend_options
         if need_weights and backend_for_weights(backend) != backend:
@@ -328,8 +341,29 @@ class MultiHeadAttention(nn.Module):
             if capturing_scores():
                 scores = attention_scores(q, k, mask=mask, is_causal=is_causal, bias=bias)
             report_attention(self, weights, scores)
-        out = out.transpose(1, 2).reshape(B, T, H * D)  # (B, T, H·D)
+        out = self.hook_z(out.transpose(1, 2)).reshape(B, T, H * D)  # (B, T, H·D)
         return self.out_proj(out), weights
+
+    def _hooked_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        bias: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
+        """The math path with the scores and the pattern passing through their hook points
+        (taken only while one of them has a hook): ``(out (B, H, T, D), weights (B, H, T, S))``."""
+        scores = attention_scores(q, k, mask=mask, is_causal=is_causal, bias=bias)  # (B, H, T, S)
+        scores = self.hook_attn_scores(scores)
+        empty = torch.isneginf(scores).all(dim=-1, keepdim=True)  # a row with no allowed key
+        weights = scores.masked_fill(empty, 0.0).softmax(dim=-1).masked_fill(empty, 0.0)
+        weights = self.hook_pattern(weights)
+        if capturing_attention():
+            report_attention(self, weights, scores if capturing_scores() else None)
+        attn = F.dropout(weights, p=self.dropout) if self.training and self.dropout else weights
+        return attn @ repeat_kv(v, self.n_heads // v.shape[-3]), weights  # (B, H, T, D)
 
     def _project_sequence(
         self,

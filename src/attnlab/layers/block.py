@@ -29,6 +29,7 @@ from attnlab.attention.core import check_backend
 from attnlab.attention.multihead import MultiHeadAttention
 from attnlab.layers.drop_path import DropPath
 from attnlab.layers.ffn import MLP, SwiGLU
+from attnlab.layers.hook import HookPoint
 from attnlab.layers.moe import MoE
 from attnlab.layers.norm import make_norm
 from attnlab.layers.position import Positions
@@ -76,6 +77,16 @@ class TransformerBlock(nn.Module):
         self.norm_position = norm_position
         self.dropout = nn.Dropout(dropout)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        # hook points (attnlab.layers.hook), all (B, T, C): the residual stream and what each
+        # sub-layer adds to it
+        self.hook_resid_pre, self.hook_resid_mid = HookPoint(), HookPoint()
+        self.hook_attn_out, self.hook_mlp_out, self.hook_resid_post = (
+            HookPoint(),
+            HookPoint(),
+            HookPoint(),
+        )
+        if self.has_cross:
+            self.hook_cross_attn_out, self.hook_resid_cross = HookPoint(), HookPoint()
 
     def _residual(self, x: Tensor, norm: nn.Module, sublayer) -> Tensor:
         if self.norm_position == "pre":
@@ -115,19 +126,21 @@ class TransformerBlock(nn.Module):
             out, _ = self.attn(
                 h, mask=mask, is_causal=is_causal, positions=positions, bias=attn_bias, cache=cache
             )
-            return out
+            return self.hook_attn_out(out)
 
-        x = self._residual(x, self.norm1, self_attention)
+        x = self.hook_resid_pre(x)
+        x = self.hook_resid_mid(self._residual(x, self.norm1, self_attention))
         if self.has_cross:
             if context is None and (cross_cache is None or cross_cache.length == 0):
                 raise ValueError("this block has cross-attention: pass context=(B, S, C)")
 
             def cross_attention(h: Tensor) -> Tensor:
                 out, _ = self.cross_attn(h, context, mask=context_mask, cache=cross_cache)
-                return out
+                return self.hook_cross_attn_out(out)
 
-            x = self._residual(x, self.norm_cross, cross_attention)
-        return self._residual(x, self.norm2, self.ffn)
+            x = self.hook_resid_cross(self._residual(x, self.norm_cross, cross_attention))
+        ffn = lambda h: self.hook_mlp_out(self.ffn(h))  # noqa: E731
+        return self.hook_resid_post(self._residual(x, self.norm2, ffn))
 
 
 _BLOCK_DEFAULTS: dict[str, Any] = dict(

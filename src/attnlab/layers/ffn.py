@@ -13,6 +13,7 @@ from typing import Literal
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.layers.hook import HookPoint
 from attnlab.layers.matvec import Linear
 
 __all__ = ["MLP", "SwiGLU", "ACTIVATIONS", "Activation"]
@@ -60,9 +61,10 @@ class MLP(nn.Module):
         self.act = ACTIVATIONS[activation]
         self.activation = activation
         self.dropout = nn.Dropout(dropout)
+        self.hook_pre, self.hook_post = HookPoint(), HookPoint()  # (..., hidden): before/after act
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.fc2(self.act(self.fc1(x))))
+        return self.dropout(self.fc2(self.hook_post(self.act(self.hook_pre(self.fc1(x))))))
 
 
 class SwiGLU(nn.Module):
@@ -94,9 +96,12 @@ class SwiGLU(nn.Module):
         self.up = Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
         self.down = Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
         self.dropout = nn.Dropout(dropout)
+        # hook points (..., hidden): x W₁ (gate), x W₂ (up), and SiLU(x W₁) ⊙ x W₂ (the neurons)
+        self.hook_pre, self.hook_pre_linear, self.hook_post = HookPoint(), HookPoint(), HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.down(F.silu(self.gate(x)) * self.up(x)))
+        gated = F.silu(self.hook_pre(self.gate(x))) * self.hook_pre_linear(self.up(x))
+        return self.dropout(self.down(self.hook_post(gated)))
 
 
 def _swiglu_hidden(d_model: int, multiple_of: int = 8) -> int:

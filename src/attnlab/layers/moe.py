@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from attnlab.attention.capture import report_aux_loss
 from attnlab.layers.ffn import ACTIVATIONS
+from attnlab.layers.hook import HookPoint
 
 __all__ = ["MoE", "load_balancing_loss"]
 
@@ -82,6 +83,9 @@ class MoE(nn.Module):
         self.act = ACTIVATIONS[activation]
         for w in (self.w_in, self.w_out):
             nn.init.normal_(w, std=w.shape[-1] ** -0.5)
+        # hook points: router logits (..., E); chosen experts and their weights (..., K)
+        self.hook_router_logits = HookPoint()
+        self.hook_expert_indices, self.hook_expert_weights = HookPoint(), HookPoint()
 
     def expert_forward(self, e: int, h: Tensor) -> Tensor:
         """Expert e on tokens ``h (n, C)``."""
@@ -94,11 +98,14 @@ class MoE(nn.Module):
         return F.linear(z, self.w_out[e])  # (n, C)
 
     def forward(self, x: Tensor) -> Tensor:
-        shape = x.shape
+        shape, E, K = x.shape, self.n_experts, self.top_k
         flat = x.reshape(-1, shape[-1])  # (N, C)
-        probs = self.router(flat).float().softmax(dim=-1)  # (N, E)
-        top_w, top_idx = probs.topk(self.top_k, dim=-1)  # (N, K)
+        logits = self.hook_router_logits(self.router(x)).reshape(-1, E)  # (N, E)
+        probs = logits.float().softmax(dim=-1)  # (N, E)
+        top_w, top_idx = probs.topk(K, dim=-1)  # (N, K)
+        top_idx = self.hook_expert_indices(top_idx.view(*shape[:-1], K)).reshape(-1, K)
         top_w = (top_w / top_w.sum(dim=-1, keepdim=True)).to(x.dtype)
+        top_w = self.hook_expert_weights(top_w.view(*shape[:-1], K)).reshape(-1, K)  # (N, K)
         out = torch.zeros_like(flat)
         # loop over experts (not tokens): each expert handles all of its tokens in one matmul
         for e in range(self.n_experts):

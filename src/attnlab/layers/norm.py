@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.layers.hook import HookPoint, hooks_active
+
 __all__ = ["LayerNorm", "RMSNorm", "make_norm", "NormName"]
 
 NormName = Literal["layernorm", "rmsnorm"]
@@ -35,8 +37,15 @@ class LayerNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
         self.bias = nn.Parameter(torch.zeros(dim, device=device, dtype=dtype)) if bias else None
+        # hook points: the scale σ = √(var + ε) (..., 1) and (x − mean) / σ (..., D), before γ, β
+        self.hook_scale, self.hook_normalized = HookPoint(), HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
+        if hooks_active(self.hook_scale, self.hook_normalized):  # the formula, step by step
+            x = x - x.mean(dim=-1, keepdim=True)
+            scale = self.hook_scale((x.pow(2).mean(dim=-1, keepdim=True) + self.eps).sqrt())
+            x = self.hook_normalized(x / scale)
+            return x * self.weight if self.bias is None else x * self.weight + self.bias
         return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
@@ -57,9 +66,14 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
+        # hook points: the scale √(mean(x²) + ε) (..., 1) and x / scale (..., D), before γ
+        self.hook_scale, self.hook_normalized = HookPoint(), HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
         xf = x.float()
+        if hooks_active(self.hook_scale, self.hook_normalized):
+            scale = self.hook_scale((xf.pow(2).mean(dim=-1, keepdim=True) + self.eps).sqrt())
+            return self.weight * self.hook_normalized(xf / scale).to(x.dtype)
         xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from attnlab.errors import UserError
+from attnlab.layers.hook import HookPoint
 
 __all__ = ["PatchEmbedding", "check_images"]
 
@@ -72,8 +73,9 @@ class PatchEmbedding(nn.Module):
             device=device,
             dtype=dtype,
         )
+        self.hook_embed = HookPoint()  # the patch embeddings (B, N, C)
 
     def forward(self, images: Tensor) -> Tensor:
         """``(B, Cin, H, W) -> (B, N, C)`` with patches numbered row by row."""
         x = self.proj(images)  # (B, C, Gh, Gw)
-        return x.flatten(2).transpose(1, 2)  # (B, Gh·Gw, C)
+        return self.hook_embed(x.flatten(2).transpose(1, 2))  # (B, Gh·Gw, C)

@@ -24,6 +24,7 @@ from attnlab.attention.capture import capture_attention
 from attnlab.config.encoder import EncoderConfig
 from attnlab.layers.block import build_block, build_final_norm
 from attnlab.layers.ffn import ACTIVATIONS
+from attnlab.layers.hook import HookPoint
 from attnlab.layers.norm import make_norm
 from attnlab.layers.position import build_positions
 from attnlab.models.registry import register_kind
@@ -100,6 +101,7 @@ class EncoderMLM(nn.Module):
             else nn.Identity()
         )
         self.drop = nn.Dropout(c.dropout)
+        self.hook_embed = HookPoint()  # token embeddings (B, T, C); see attnlab.inspect
         self.blocks = nn.ModuleList(
             build_block(c, positions=self.pos_emb) for _ in range(c.n_layers)
         )
@@ -172,7 +174,7 @@ class EncoderMLM(nn.Module):
         ):
             raise ValueError(f"token_type_ids must lie in [0, {c.type_vocab_size})")
         positions = torch.arange(T, device=input_ids.device)  # (T,)
-        x = self.pos_emb.embed(self.tok_emb(input_ids), positions)  # (B, T, C)
+        x = self.pos_emb.embed(self.hook_embed(self.tok_emb(input_ids)), positions)  # (B, T, C)
         x = self.drop(self.emb_norm(x + self.type_emb(token_type_ids)))  # (B, T, C)
         for block in self.blocks:
             x = block(x, mask=mask, is_causal=False, positions=positions)

@@ -33,6 +33,7 @@ from attnlab.attention.cache import DecodeState, KVCache
 from attnlab.attention.capture import capture_attention
 from attnlab.config.lm import ModelConfig
 from attnlab.layers.block import build_block, build_final_norm, run_blocks
+from attnlab.layers.hook import HookPoint
 from attnlab.layers.losses import LinearCEBuffer, cross_entropy, linear_cross_entropy
 from attnlab.layers.matvec import Linear
 from attnlab.layers.position import build_positions
@@ -93,6 +94,7 @@ class DecoderLM(nn.Module):
         )
         self.norm_f = build_final_norm(c)
         self.lm_head = Linear(c.d_model, c.vocab_size, bias=False)  # an nn.Linear
+        self.hook_embed = HookPoint()  # token embeddings (B, T, C); see attnlab.inspect
         self.reset_parameters()
         if c.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
@@ -305,7 +307,9 @@ class DecoderLM(nn.Module):
     ) -> Tensor:
         """Embeddings and the blocks: ``(B, T)`` ids -> ``(B, T, C)``."""
         c = self.config
-        x = self.drop(self.pos_emb.embed(self.tok_emb(idx), positions))  # (B, T, C)
+        x = self.drop(
+            self.pos_emb.embed(self.hook_embed(self.tok_emb(idx)), positions)
+        )  # (B, T, C)
         return run_blocks(
             self.blocks,
             x,

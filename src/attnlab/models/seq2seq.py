@@ -35,6 +35,7 @@ from attnlab.attention.capture import capture_attention
 from attnlab.config.translation import Seq2SeqConfig
 from attnlab.layers.block import build_block, build_final_norm, run_blocks
 from attnlab.layers.drop_path import drop_path_rates
+from attnlab.layers.hook import HookPoint
 from attnlab.layers.position import build_positions
 from attnlab.models.registry import register_kind
 
@@ -75,6 +76,8 @@ class Seq2SeqTransformer(nn.Module):
         self.tgt_emb = nn.Embedding(c.tgt_vocab_size, c.d_model, padding_idx=c.pad_id)
         self.pos_emb = build_positions(c)
         self.drop = nn.Dropout(c.dropout)
+        # hook points: scaled token embeddings (B, S, C) / (B, T, C); see attnlab.inspect
+        self.hook_src_embed, self.hook_tgt_embed = HookPoint(), HookPoint()
         enc, dec = c.encoder_block, c.decoder_block  # one block config per stack
         enc_rates = drop_path_rates(enc.drop_path, c.n_enc_layers)
         dec_rates = drop_path_rates(dec.drop_path, c.n_dec_layers)
@@ -123,7 +126,8 @@ class Seq2SeqTransformer(nn.Module):
         if self.config.scale_embeddings:
             x = x * math.sqrt(self.config.d_model)
         positions = torch.arange(offset, offset + T, device=ids.device)  # (T,)
-        return self.drop(self.pos_emb.embed(x, positions))
+        hook = self.hook_src_embed if emb is self.src_emb else self.hook_tgt_embed
+        return self.drop(self.pos_emb.embed(hook(x), positions))
 
     def embed_source(self, src: Tensor) -> Tensor:
         return self._embed(self.src_emb, src)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnlab.layers.hook import HookPoint
 from attnlab.layers.position.base import Positions
 
 __all__ = ["sinusoidal_table", "SinusoidalPositionalEmbedding", "LearnedPositionalEmbedding"]
@@ -42,13 +43,14 @@ class SinusoidalPositionalEmbedding(Positions):
         self.register_buffer(
             "table", sinusoidal_table(max_seq_len, dim, base=base), persistent=False
         )
+        self.hook_pos_embed = HookPoint()  # the added positions, (B, T, D)
 
     def forward(self, positions: Tensor) -> Tensor:
         _check_positions(positions, self.max_seq_len)
         return self.table[positions]
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
-        return x + self(positions).to(x.dtype)
+        return x + self.hook_pos_embed(self(positions).to(x.dtype).expand_as(x))
 
 
 class LearnedPositionalEmbedding(Positions):
@@ -61,13 +63,14 @@ class LearnedPositionalEmbedding(Positions):
         self.max_seq_len = max_seq_len
         self.weight = nn.Parameter(torch.zeros(max_seq_len, dim, device=device, dtype=dtype))
         nn.init.normal_(self.weight, std=0.02)
+        self.hook_pos_embed = HookPoint()  # the added positions, (B, T, D)
 
     def forward(self, positions: Tensor) -> Tensor:
         _check_positions(positions, self.max_seq_len)
         return self.weight[positions]
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
-        return x + self(positions)
+        return x + self.hook_pos_embed(self(positions).expand_as(x))
 
 
 def _check_positions(positions: Tensor, max_seq_len: int) -> None:

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from attnlab.attention.cache import KVCache
 from attnlab.config.multimodal import SceneModelConfig
 from attnlab.layers.block import build_block, build_final_norm, run_blocks
+from attnlab.layers.hook import HookPoint
 from attnlab.layers.position import build_positions
 from attnlab.layers.position.grid import sincos_2d
 from attnlab.models.multimodal.encoders import ImageEncoder
@@ -54,6 +55,7 @@ class ImageTextTransformer(nn.Module):
         self.tok_emb = nn.Embedding(c.vocab_size, c.d_model)
         self.pos_emb = build_positions(c, max_seq_len=c.max_len)
         self.drop = nn.Dropout(c.dropout)
+        self.hook_embed = HookPoint()  # text token embeddings (B, L, D); see attnlab.inspect
         self.blocks = nn.ModuleList(
             build_block(c, cross_attention=True, context_dim=c.d_model, positions=self.pos_emb)
             for _ in range(c.n_layers)
@@ -87,7 +89,7 @@ class ImageTextTransformer(nn.Module):
         """
         past = 0 if caches is None else caches[0].length
         positions = torch.arange(past, past + tokens.shape[1], device=tokens.device)  # (L,)
-        x = self.drop(self.pos_emb.embed(self.tok_emb(tokens), positions))  # (B, L, D)
+        x = self.drop(self.pos_emb.embed(self.hook_embed(self.tok_emb(tokens)), positions))
         x = run_blocks(
             self.blocks,
             x,
