@@ -152,5 +152,5 @@ def _module_path(model: nn.Module, hook_prefix: str) -> str:
 def _hook_prefix(model: nn.Module, module: nn.Module) -> str:
     for path, m in model.named_modules():
         if m is module:
-            return hook_name(path + ".x").rsplit(".", 1)[0]
+            return hook_name(path)
     raise ValueError("module not in model")

@@ -59,17 +59,17 @@ _ALIASES = [
     (re.compile(r"(^|\.)norm_cross\."), r"\1ln_cross."),
     (re.compile(r"(^|\.)ffn\."), r"\1mlp."),
     (re.compile(r"^norm_f\."), "ln_final."),
-    (re.compile(r"(^|\.)pos_emb\.hook_pos_embed$"), r"\1hook_pos_embed"),
+    (re.compile(r"(^|\.)pos_emb\.hook_pos_embed\.$"), r"\1hook_pos_embed."),
 ]
 
 
 def hook_name(module_path: str) -> str:
     """The hook name of the hook point at ``module_path`` (``blocks.0.norm1.hook_scale`` ->
     ``blocks.0.ln1.hook_scale``)."""
-    name = module_path
+    name = module_path + "."  # a module's own path is renamed like a prefix
     for pattern, repl in _ALIASES:
         name = pattern.sub(repl, name)
-    return name
+    return name[:-1]
 
 
 def hook_points(model: nn.Module) -> dict[str, HookPoint]:

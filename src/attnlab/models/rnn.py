@@ -33,6 +33,7 @@ from attnlab.attention.additive import AdditiveAttention
 from attnlab.attention.cache import DecodeState
 from attnlab.attention.capture import capture_attention
 from attnlab.config.translation import RNNSeq2SeqConfig
+from attnlab.layers.hook import HookPoint
 from attnlab.layers.rnn import stacked_rnn
 from attnlab.models.registry import register_kind
 
@@ -70,6 +71,10 @@ class RNNSeq2Seq(nn.Module):
         self.src_emb = nn.Embedding(c.src_vocab_size, c.emb_dim, padding_idx=c.pad_id)
         self.tgt_emb = nn.Embedding(c.tgt_vocab_size, c.emb_dim, padding_idx=c.pad_id)
         self.drop = nn.Dropout(c.dropout)
+        # hook points (attnlab.inspect): source embeddings (B, S, E), encoder states (B, S, Hk),
+        # and per decoder step the target embedding (B, E) and the new decoder state (B, hidden)
+        self.hook_src_embed, self.hook_encoder_out = HookPoint(), HookPoint()
+        self.hook_tgt_embed, self.hook_decoder_state = HookPoint(), HookPoint()
         self.encoder = stacked_rnn(
             c.cell,
             c.emb_dim,
@@ -90,10 +95,14 @@ class RNNSeq2Seq(nn.Module):
         """Encoder states ``(B, S, Hk)`` (zeros at padding) and the final state ``(B, Hk)``."""
         lengths = src_mask.sum(1).clamp(min=1).cpu()
         packed = pack_padded_sequence(
-            self.drop(self.src_emb(src)), lengths, batch_first=True, enforce_sorted=False
+            self.drop(self.hook_src_embed(self.src_emb(src))),
+            lengths,
+            batch_first=True,
+            enforce_sorted=False,
         )
         out, h = self.encoder(packed)
         keys, _ = pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
+        keys = self.hook_encoder_out(keys)
         h = h[0] if isinstance(h, tuple) else h  # LSTM: (h, c); the summary is h
         n_dir = 2 if self.config.bidirectional else 1
         last = h.view(self.config.n_layers, n_dir, src.shape[0], -1)[-1]  # (Dir, B, hidden)
@@ -120,11 +129,12 @@ class RNNSeq2Seq(nn.Module):
     def _step(self, prev: Tensor, state: RNNDecodeState) -> Tensor:
         """One decoder step on ``prev (B,)``: advances ``state``, returns logits ``(B, V)``."""
         context = self._context(state)  # (B, Hk)
-        x = torch.cat([self.drop(self.tgt_emb(prev)), context], dim=-1)  # (B, E + Hk)
+        x = torch.cat([self.drop(self.hook_tgt_embed(self.tgt_emb(prev))), context], dim=-1)
         if state.cell is None:
             state.s = self.cell(x, state.s)
         else:
             state.s, state.cell = self.cell(x, (state.s, state.cell))
+        state.s = self.hook_decoder_state(state.s)
         return self.out(torch.cat([state.s, context], dim=-1))
 
     def decode_step(self, tokens: Tensor, state: RNNDecodeState) -> tuple[Tensor, RNNDecodeState]:
