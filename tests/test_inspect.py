@@ -222,11 +222,10 @@ def test_patching_every_position_of_the_first_residual_restores_the_clean_output
 
 def test_diagnose_an_lm_gives_every_score_per_head():
     model, x = _lm()
-    loss = (
-        lambda out: torch.nn.functional.cross_entropy(  # noqa: E731
-            out[:, :-1].reshape(-1, 40), x[:, 1:].reshape(-1)
-        )
-    )
+
+    def loss(out):
+        return torch.nn.functional.cross_entropy(out[:, :-1].reshape(-1, 40), x[:, 1:].reshape(-1))
+
     heads = diagnose(model, x, repeated=repeated_tokens(40, 5), loss_fn=loss)
     assert len(heads) == 2 * 4
     h = heads[0]
