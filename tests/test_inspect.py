@@ -287,3 +287,57 @@ def test_bad_ablation_requests_are_clear_errors():
     with pytest.raises(ValueError, match="no MoE layer at 'blocks.0.mlp'"):
         with ablate_experts(model, {"blocks.0.mlp": [0]}):
             pass
+
+
+def test_date_fields_find_year_month_and_day_in_every_format():
+    from attnlab.inspect.alignment import date_fields, token_fields
+
+    def fields(src, iso):
+        s, _ = date_fields(src, iso)
+        words = src.replace(",", " ").split()
+        return token_fields(src, words, s)
+
+    assert fields("the 3rd of march 2021", "2021-03-03") == [None, "day", None, "month", "year"]
+    assert fields("03.03.21", "2021-03-03") == ["day"]  # one word: its first labelled char
+    s, t = date_fields("03.04.21", "2021-04-03")
+    assert "".join("dmy"[["day", "month", "year"].index(f)] if f else "." for f in s) == "dd.mm.yy"
+    assert t == ["year"] * 4 + [None] + ["month"] * 2 + [None] + ["day"] * 2
+    s, _ = date_fields("2021/04/03", "2021-04-03")
+    assert s[:4] == ["year"] * 4 and s[5:7] == ["month"] * 2 and s[8:] == ["day"] * 2
+    assert fields("tue apr 3 2021", "2021-04-03") == [None, "month", "day", "year"]
+
+
+def test_translation_probe_on_dates_gives_the_alignment_and_diagnose_scores_it():
+    from types import SimpleNamespace
+
+    from attnlab.config.translation import Seq2SeqConfig, TranslationTaskConfig
+    from attnlab.data.translation.pairs import make_dates
+    from attnlab.data.translation.vocab import TranslationVocabs, Vocab, normalizer_for
+    from attnlab.inspect.probe import probe_for
+    from attnlab.models.seq2seq import Seq2SeqTransformer
+
+    task = TranslationTaskConfig(task="dates", src_level="char", tgt_level="char")
+    pairs = make_dates(200, seed=0)
+    src, tgt = (
+        Vocab.build((s for s, _ in pairs), "char"),
+        Vocab.build((t for _, t in pairs), "char"),
+    )
+    vocabs = TranslationVocabs(src, tgt, normalizer_for(task))
+    torch.manual_seed(0)
+    cfg = Seq2SeqConfig.preset("tiny", src_vocab_size=len(src), tgt_vocab_size=len(tgt))
+    run = SimpleNamespace(
+        model=Seq2SeqTransformer(cfg).eval(),
+        tokenizer=vocabs,
+        kind="transformer",
+        task=task.to_dict(),
+    )
+    probe = probe_for(run, batch=3)
+    a = probe.alignment
+    B, S = probe.inputs[0].shape
+    assert a.shape == (B, probe.inputs[2].shape[1], S)
+    assert a[:, :4].any(-1).all()  # the year's four digits are aligned to something
+    assert not a[:, 4].any()  # the hyphen to nothing
+    heads = diagnose(run.model, probe.inputs, loss_fn=probe.loss_fn, alignment=a)
+    cross = [h for h in heads if h.attention == "cross"]
+    assert cross and all(0.0 <= h.alignment <= 1.0 for h in cross)
+    assert all(h.alignment is None for h in heads if h.attention == "self")

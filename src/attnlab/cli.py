@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "attnlab.commands.experiments",
     "attnlab.commands.explore",
     "attnlab.commands.mlm",
+    "attnlab.commands.inspect",
 ]
 
 

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from attnlab.attention.additive import AdditiveAttention
 from attnlab.inspect.ablation import ablate_heads
 from attnlab.inspect.families import find_stacks
-from attnlab.inspect.hooks import run_model, run_with_cache
+from attnlab.inspect.hooks import hooks, run_model, run_with_cache
 from attnlab.layers.hook import hook_name
 from attnlab.layers.modes import evaluating
 
@@ -248,15 +248,20 @@ def diagnose(
                             hs.loss_delta = loss - base
                         hs.flags = flag_head(hs)
                         results.append(hs)
-        results += _additive_heads(model, cache, inputs, alignment)
+        results += _additive_heads(model, cache, inputs, alignment, loss_fn, base)
     return results
 
 
 def _additive_heads(
-    model: nn.Module, cache: Any, inputs: Any, alignment: Tensor | None
+    model: nn.Module,
+    cache: Any,
+    inputs: Any,
+    alignment: Tensor | None,
+    loss_fn: Callable[[Any], Tensor] | None,
+    base: float | None,
 ) -> list[HeadScores]:
     """Bahdanau attention (one head, called once per decoder step): its steps' weights
-    ``(B, 1, S)`` stacked into one ``(B, 1, T, S)`` pattern."""
+    ``(B, 1, S)`` stacked into one ``(B, 1, T, S)`` pattern; ablating it zeroes its context."""
     out = []
     for path, module in model.named_modules():
         if not isinstance(module, AdditiveAttention):
@@ -272,6 +277,10 @@ def _additive_heads(
         hs = HeadScores(
             hook_name(path), 0, 0, "cross", False, **{k: float(v[0]) for k, v in scores.items()}
         )
+        if loss_fn is not None:
+            zero = [(f"{hook_name(path)}.hook_context", lambda a, n: torch.zeros_like(a))]
+            with hooks(model, zero):
+                hs.loss_delta = float(loss_fn(run_model(model, inputs))) - base
         hs.flags = flag_head(hs)
         out.append(hs)
     return out
