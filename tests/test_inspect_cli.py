@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from cli_harness import check_refused, invoke
 
 FIXTURES = Path(__file__).parent / "fixtures" / "release_0_1" / "runs"
