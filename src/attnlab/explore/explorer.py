@@ -20,6 +20,7 @@ import torch
 
 from attnlab.errors import UserError
 from attnlab.explore import caption, mlm, text, translation, vision, vqa
+from attnlab.explore.heads import ablated, add_head_rows
 from attnlab.explore.payload import check_size
 from attnlab.runs import load, read_config
 
@@ -151,21 +152,26 @@ class Explorer:
         elif inp.question:
             raise UserError(f"{what} takes no question (questions are for VQA runs)")
 
-    def explain(self, inp: ExploreInput) -> dict:
-        """The payload for ``inp`` (see :mod:`attnlab.explore.payload`).
+    def explain(self, inp: ExploreInput, *, ablate: dict[str, list[int]] | None = None) -> dict:
+        """The payload for ``inp`` (see :mod:`attnlab.explore.payload`), with per-head
+        diagnostics (``heads``, :mod:`attnlab.explore.heads`).
+
+        Args:
+            ablate: heads to zero-ablate for this input, ``{layer name: [head, ...]}``.
 
         Raises:
             UserError: a bad input (see :meth:`check` and the family's own checks) or a page too
                 large to hold.
         """
         self.check(inp)
-        with self._lock, torch.no_grad():
-            payload = self.family.explain(self.run, inp)
+        with self._lock, torch.no_grad(), ablated(self.run.model, ablate):
+            payload = add_head_rows(self.family.explain(self.run, inp), self.run.model)
         check_size(payload["views"])
         return {
             "version": 1,
             "kind": self.kind,
             "run": str(self.run.run_dir),
             "question": inp.question,
+            "ablated": ablate or None,
             **payload,
         }

@@ -49,7 +49,11 @@ def render_page(payload: dict | None, *, serve: dict | None = None) -> str:
         "__CONNECT__": "'self'" if serve else "'none'",
         "__TITLE__": html.escape(title[:200]),
         "__CSS__": _static("explorer.css"),
-        "__JS__": _static("explorer.js") + "\n" + _static("explorer_form.js"),
+        "__JS__": _static("explorer.js")
+        + "\n"
+        + _static("explorer_form.js")
+        + "\n"
+        + _static("heads.js"),
         "__CONFIG__": _json_for_script(config),
         "__DATA__": _json_for_script(payload),
     }

@@ -3,9 +3,9 @@ attention for new input.
 
 The server listens on 127.0.0.1 only and answers two things: ``GET /`` (the page, with the input
 form, showing the given input or the run's default one) and ``POST /api/explore`` (JSON
-``{"text"}`` or ``{"image": data URL, "image_name"}``, plus ``"question"`` for VQA) with the new
-payload. Every bad request gets a 4xx status and ``{"error": message}`` (a body that is not a JSON
-object, unknown fields, wrong types, a missing or oversized body, an unknown path or method, input
+``{"text"}`` or ``{"image": data URL, "image_name"}``, plus ``"question"`` for VQA, and
+``"ablate": {layer: [head, ...]}`` to zero-ablate heads) with the new payload. Every bad request
+gets a 4xx status and ``{"error": message}`` (a body that is not a JSON object, unknown fields, wrong types, a missing or oversized body, an unknown path or method, input
 the model cannot read), and the server keeps serving; a 500 is a bug in attnlab. Bodies are
 bounded; requests whose ``Host`` is not this machine's loopback name are refused (a web page
 cannot reach the server through a rebound domain name). Nothing is written anywhere: the model
@@ -26,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from attnlab.errors import UserError
 from attnlab.explore.explorer import ExploreInput, Explorer
+from attnlab.explore.heads import ablation_from_json
 from attnlab.explore.images import MAX_IMAGE_BYTES
 from attnlab.explore.page import render_page
 from attnlab.explore.text import MAX_CHARS
@@ -200,13 +201,14 @@ class _Handler(BaseHTTPRequestHandler):
             if self.path.split("?", 1)[0] != "/api/explore":
                 raise BadRequest(HTTPStatus.NOT_FOUND, f"not found: {self.path[:100]}")
             body = parse_body(self._read_body())
-            inp = _input_from_json(body)
+            ablate = ablation_from_json(body)  # (attnlab.explore.heads)
+            inp = _input_from_json({k: v for k, v in body.items() if k != "ablate"})
         except BadRequest as err:
             return self._refuse(err)
         except UserError as err:
             return self._json(HTTPStatus.BAD_REQUEST, {"error": str(err)})
         try:
-            payload = self.server.explorer.explain(inp)
+            payload = self.server.explorer.explain(inp, ablate=ablate)
         except (UserError, ValueError) as err:
             return self._json(HTTPStatus.BAD_REQUEST, {"error": str(err)})
         except Exception as err:  # a bug: say so on the page, keep serving
