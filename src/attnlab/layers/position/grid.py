@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.layers.hook import HookPoint
 from attnlab.layers.position.absolute import sinusoidal_table
 from attnlab.layers.position.base import Positions
 
@@ -101,6 +102,7 @@ class PatchGridPositions(Positions):
         dtype=None,
     ) -> None:
         super().__init__()
+        self.hook_pos_embed = HookPoint()  # the added positions (B, T, C)
         self.grid, self.dim, self.kind, self.n_prefix = (
             (int(grid[0]), int(grid[1])),
             dim,
@@ -138,7 +140,7 @@ class PatchGridPositions(Positions):
     ) -> Tensor:
         """``x (B, n_prefix + Gh·Gw, C)`` plus the table of its patch ``grid`` (``positions`` is
         unused: a grid's tokens are numbered row by row)."""
-        return x + self.table(grid)
+        return x + self.hook_pos_embed(self.table(grid).expand_as(x))
 
     def extra_repr(self) -> str:
         return f"grid={self.grid}, dim={self.dim}, kind={self.kind!r}, n_prefix={self.n_prefix}"
