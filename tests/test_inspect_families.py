@@ -224,3 +224,34 @@ def test_rnn_bahdanau_weights_are_hooked_once_per_step_and_diagnosed():
     e = cache_energies.stacked("attention.hook_attn_scores", 1)
     torch.testing.assert_close(e.softmax(-1), weights)
     assert energies is cache_energies
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_docs_list_every_hook_name(family):
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "inspect.md").read_text(encoding="utf-8")
+    model, _ = build(family)
+    stacks = find_stacks(model)
+    missing = []
+    for name in list_hook_names(model):
+        prefix, _, leaf = name.rpartition(".")
+        m = next(
+            (
+                re.match(rf"^(?P<stack>{re.escape(st)})\.\d+(\.block)?\.(?P<rest>.+)$", name)
+                for st in stacks
+                if name.startswith(st + ".")
+            ),
+            None,
+        )
+        if m:
+            part = m["rest"].rpartition(".")[0]
+            documented = f"{{stack}}.{{i}}.{part + '.' if part else ''}" in doc and leaf in doc
+            stack_doc = re.sub(r"\.\d+\.", ".{s}.", m["stack"] + ".")[:-1]  # stages.{s}.blocks
+            documented = documented and f"`{stack_doc}" in doc
+        else:
+            documented = leaf in doc and (not prefix or f"{prefix}." in doc)
+        if not documented:
+            missing.append(name)
+    assert not missing, f"docs/inspect.md does not list {missing}"

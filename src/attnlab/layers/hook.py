@@ -67,7 +67,7 @@ _ALIASES = [
     (re.compile(r"(^|\.)norm_cross\."), r"\1ln_cross."),
     (re.compile(r"(^|\.)ffn\."), r"\1mlp."),
     (re.compile(r"^norm_f\."), "ln_final."),
-    (re.compile(r"(^|\.)pos_embed?\.hook_pos_embed\.$"), r"\1hook_pos_embed."),
+    (re.compile(r"(^|\.)pos_emb(ed)?\.hook_pos_embed\.$"), r"\1hook_pos_embed."),
 ]
 
 
