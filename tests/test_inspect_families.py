@@ -218,7 +218,8 @@ def test_rnn_bahdanau_weights_are_hooked_once_per_step_and_diagnosed():
     assert len(cache.calls("attention.hook_pattern")) == tgt.shape[1]
     torch.testing.assert_close(cache.stacked("attention.hook_pattern", 1), weights)
     (head,) = diagnose(model, x)
-    assert head.attention == "cross" and 0 <= head.uniformity <= 1
+    assert head.attention == "additive" and head.name == "attention.head0"
+    assert 0 <= head.uniformity <= 1
     # the energies are the pattern's logits
     energies = cache_energies = run_with_cache(model, x, names="attention.hook_attn_scores")[1]
     e = cache_energies.stacked("attention.hook_attn_scores", 1)

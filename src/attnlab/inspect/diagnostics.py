@@ -137,7 +137,7 @@ class HeadScores:
     stack: str
     layer: int
     head: int
-    attention: str  # "self" or "cross"
+    attention: str  # "self", "cross" or "additive" (Bahdanau)
     causal: bool
     entropy: float
     uniformity: float
@@ -153,6 +153,8 @@ class HeadScores:
 
     @property
     def name(self) -> str:
+        if self.attention == "additive":  # Bahdanau: one head, no stack of blocks
+            return f"{self.stack}.head{self.head}"
         attn = "attn" if self.attention == "self" else "cross_attn"
         return f"{self.stack}.{self.layer}.{attn}.head{self.head}"
 
@@ -275,7 +277,7 @@ def _additive_heads(
         if alignment is not None:
             scores["alignment"] = alignment_agreement(pat, alignment)
         hs = HeadScores(
-            hook_name(path), 0, 0, "cross", False, **{k: float(v[0]) for k, v in scores.items()}
+            hook_name(path), 0, 0, "additive", False, **{k: float(v[0]) for k, v in scores.items()}
         )
         if loss_fn is not None:
             zero = [(f"{hook_name(path)}.hook_context", lambda a, n: torch.zeros_like(a))]
