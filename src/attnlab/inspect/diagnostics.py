@@ -207,6 +207,9 @@ def diagnose(
         One :class:`HeadScores` per head, stack by stack, layer by layer, with ``flags`` set.
     """
     stacks = find_stacks(model)
+    device = next((p.device for p in model.parameters()), None)
+    if repeated is not None and device is not None:
+        repeated = repeated.to(device)
     with evaluating(model), torch.no_grad():
         _, cache = run_with_cache(model, inputs, names=lambda n: n.endswith(".hook_pattern"))
         rep_cache = None
