@@ -174,7 +174,7 @@ def ablate_experts(
             for e in units:
                 ys = sums.get((id(moe), e))
                 means[(id(moe), e)] = (
-                    torch.cat(ys).mean(0) if ys else torch.zeros(moe.d_model)
+                    torch.cat(ys).mean(0) if ys else moe.w_out.new_zeros(moe.d_model)
                 )  # (C,): an expert no token chose adds nothing
 
     def replace(key: tuple[int, int], y: Tensor) -> Tensor:
