@@ -5,11 +5,11 @@ The server listens on 127.0.0.1 only and answers two things: ``GET /`` (the page
 form, showing the given input or the run's default one) and ``POST /api/explore`` (JSON
 ``{"text"}`` or ``{"image": data URL, "image_name"}``, plus ``"question"`` for VQA, and
 ``"ablate": {layer: [head, ...]}`` to zero-ablate heads) with the new payload. Every bad request
-gets a 4xx status and ``{"error": message}`` (a body that is not a JSON object, unknown fields, wrong types, a missing or oversized body, an unknown path or method, input
-the model cannot read), and the server keeps serving; a 500 is a bug in attnlab. Bodies are
-bounded; requests whose ``Host`` is not this machine's loopback name are refused (a web page
-cannot reach the server through a rebound domain name). Nothing is written anywhere: the model
-only reads.
+gets a 4xx status and ``{"error": message}`` (a body that is not a JSON object, unknown fields,
+wrong types, a missing or oversized body, an unknown path or method, input the model cannot
+read), and the server keeps serving; a 500 is a bug in attnlab. Bodies are bounded; requests
+whose ``Host`` is not this machine's loopback name are refused (a web page cannot reach the
+server through a rebound domain name). Nothing is written anywhere: the model only reads.
 """
 
 from __future__ import annotations
