@@ -5,6 +5,8 @@
     attnlab experiment extrapolation --max-time 240 --out runs/extrapolation
     attnlab experiment norm-placement --max-time 240 --out runs/norm-placement
     attnlab experiment warmup --max-time 240 --out runs/warmup
+    attnlab experiment grokking --max-time 120 --out runs/grokking
+    attnlab experiment induction-heads --max-time 120 --out runs/induction-heads
 
 Every experiment here takes ``--max-time SECONDS`` for the whole experiment (it splits the budget
 over its runs) or ``--steps N`` per run (repeatable), writes ``table.md``, ``results.json`` and a
@@ -169,6 +171,60 @@ def _experiments() -> list[dict]:
             "lm": {"lr": None, "context": 32},
             "func": _run_warmup,
         },
+        {
+            "name": "grokking",
+            "help": "a + b mod p with a one-layer Transformer, with and without weight decay: "
+            "train acc saturates, test acc rises much later (with decay only)",
+            "description": "Train a one-layer DecoderLM on a fraction of all pairs of a + b mod p "
+            "(inputs a, b, '=' = token p; the answer read at the last position), full-batch "
+            "AdamW, once per weight decay from the same initial weights for the same number of "
+            "steps (fitted into --max-time by the first run, or --steps). Report train/test "
+            "accuracy and loss over steps (log-scale plot), the steps where train accuracy "
+            "passes 99 %% and test accuracy 95 %%, and the share of the embedding's squared "
+            "norm in its --top-k largest Fourier frequencies at the start, at memorisation, "
+            "at generalisation and at the end.",
+            "max_time": 120.0,
+            "flags": [
+                ("--p", int, 31, "the modulus (default 31; Nanda et al. use 113)"),
+                ("--train-fraction", float, 0.6, "share of the p² pairs that trains "
+                 "(default 0.6; Nanda et al. use 0.3, which groks far later)"),
+                ("--weight-decays", _floats, (2.0, 0.0),
+                 "comma-separated AdamW weight decays, one run each (default 2,0)"),
+                ("--d-model", int, 32, None),
+                ("--ffn-hidden", int, 128, None),
+                ("--lr", float, 1e-2, "AdamW learning rate (default %(default)s)"),
+                ("--top-k", int, 4, "frequencies counted as the few largest (default 4)"),
+            ],
+            "func": _run_grokking,
+        },
+        {
+            "name": "induction-heads",
+            "help": "attention-only Transformers of 1 and 2 layers on repeated random spans: "
+            "prefix-matching and previous-token scores, second-copy loss, ablation",
+            "description": "Train attention-only DecoderLMs (ffn none) of each depth on windows "
+            "of random tokens with one repeated span each (same seed, the same steps, fitted "
+            "into --max-time by the deepest, or --steps). Measure over training, on repeated "
+            "random tokens [r, r]: each head's prefix-matching score, the layer-1 heads' "
+            "previous-token scores, the loss on the second copy against ln V and the "
+            "in-context-learning score; at the end zero-ablate the 2-layer model's "
+            "previous-token head (and a control head) and measure again.",
+            "max_time": 120.0,
+            "flags": [
+                ("--layers", _ints, (1, 2), "comma-separated depths (default 1,2)"),
+                ("--vocab-size", int, 32, "random tokens (default 32)"),
+                ("--seq-len", int, 32, "window T, even (default 32)"),
+                ("--d-model", int, 64, None),
+                ("--n-heads", int, 2, "heads per layer (default 2)"),
+                ("--batch-size", int, 32, None),
+                ("--lr", float, 3e-3, "AdamW learning rate (default %(default)s)"),
+                ("--position", ["learned", "rope", "alibi"], "rope", None),
+                ("--max-span", float, 0.25,
+                 "longest repeated span as a fraction of the window (default 0.25)"),
+                ("--threshold", float, 0.3,
+                 "prefix-matching score of an induction head (default 0.3)"),
+            ],
+            "func": _run_induction,
+        },
     ]
 
 
@@ -277,3 +333,15 @@ def _run_warmup(args: argparse.Namespace) -> int:
     from attnlab.experiments.warmup import WarmupConfig, run_warmup
 
     return _experiment(run_warmup, WarmupConfig, args, norm_position=args.norm)
+
+
+def _run_grokking(args: argparse.Namespace) -> int:
+    from attnlab.experiments.grokking import GrokkingConfig, run_grokking
+
+    return _experiment(run_grokking, GrokkingConfig, args)
+
+
+def _run_induction(args: argparse.Namespace) -> int:
+    from attnlab.experiments.induction import InductionConfig, run_induction
+
+    return _experiment(run_induction, InductionConfig, args)

@@ -26,7 +26,7 @@ __all__ = [
     "Activation",
 ]
 
-FFNKind = Literal["mlp", "swiglu", "moe"]
+FFNKind = Literal["mlp", "swiglu", "moe", "none"]
 NormKind = Literal["layernorm", "rmsnorm"]
 NormPosition = Literal["pre", "post"]
 Activation = Literal["gelu_tanh", "gelu", "relu", "silu"]
@@ -49,7 +49,8 @@ class BlockConfig(Config):
         n_heads: query heads H.
         n_kv_heads: key/value heads (None = n_heads; fewer = grouped-query attention, 1 = MQA).
         head_dim: per-head width (None = d_model // n_heads).
-        ffn: ``mlp`` | ``swiglu`` | ``moe``.
+        ffn: ``mlp`` | ``swiglu`` | ``moe`` | ``none`` (attention-only blocks, as in the
+            induction-head models of Olsson et al. 2022).
         ffn_hidden: inner width (None = 4·d for mlp, ≈ 8/3·d for gated FFNs).
         activation: MLP activation; MoE experts are SwiGLU when ``silu``.
         n_experts, top_k, moe_aux_coef: mixture of experts (``ffn == "moe"``).

@@ -44,7 +44,8 @@ class TransformerBlock(nn.Module):
 
     Args:
         attn: self-attention module (a :class:`MultiHeadAttention`).
-        ffn: position-wise FFN (``MLP``, ``SwiGLU`` or ``MoE``).
+        ffn: position-wise FFN (``MLP``, ``SwiGLU`` or ``MoE``), or None for an attention-only
+            block (no FFN sub-layer: ``ffn`` and ``norm2`` are ``nn.Identity``).
         norm1, norm2: norms around the attention and FFN sub-layers.
         cross_attn, norm_cross: cross-attention and its norm (decoders of encoder–decoders).
         norm_position: ``pre`` or ``post``.
@@ -55,7 +56,7 @@ class TransformerBlock(nn.Module):
     def __init__(
         self,
         attn: MultiHeadAttention,
-        ffn: nn.Module,
+        ffn: nn.Module | None,
         norm1: nn.Module,
         norm2: nn.Module,
         *,
@@ -70,6 +71,9 @@ class TransformerBlock(nn.Module):
             raise ValueError(f"norm_position must be 'pre' or 'post', got {norm_position!r}")
         if (cross_attn is None) != (norm_cross is None):
             raise ValueError("cross_attn and norm_cross go together")
+        self.has_ffn = ffn is not None
+        if not self.has_ffn:
+            ffn = norm2 = nn.Identity()
         self.attn, self.ffn, self.norm1, self.norm2 = attn, ffn, norm1, norm2
         self.has_cross = cross_attn is not None
         self.cross_attn = cross_attn if cross_attn is not None else nn.Identity()
@@ -139,6 +143,8 @@ class TransformerBlock(nn.Module):
                 return self.hook_cross_attn_out(out)
 
             x = self.hook_resid_cross(self._residual(x, self.norm_cross, cross_attention))
+        if not self.has_ffn:  # an attention-only block (ffn="none")
+            return self.hook_resid_post(x)
         ffn = lambda h: self.hook_mlp_out(self.ffn(h))  # noqa: E731
         return self.hook_resid_post(self._residual(x, self.norm2, ffn))
 
@@ -229,7 +235,7 @@ def build_block(
         drop_path: this block's stochastic-depth rate (default: the config's ``drop_path``).
         max_seq_len: the longest sequence N (Linformer's ``linformer_k`` needs it; default the
             config's ``max_seq_len`` if it has one).
-        **options: keyword form: ``ffn`` (``mlp`` | ``swiglu`` | ``moe``), ``ffn_hidden``,
+        **options: keyword form: ``ffn`` (``mlp`` | ``swiglu`` | ``moe`` | ``none``), ``ffn_hidden``,
             ``activation``, ``n_experts``, ``top_k``, ``norm`` (``layernorm`` | ``rmsnorm``),
             ``norm_eps``, ``norm_position``, ``bias``, ``qk_norm``, ``position`` (``none`` |
             ``rope`` | ``alibi`` | ``t5``), ``rope_theta``, ``dropout``, ``attn_dropout``,
@@ -278,8 +284,9 @@ def build_block(
         **attn_kw,
     )
     ffn_hidden = c.ffn_hidden
+    ffn_mod: nn.Module | None = None  # ffn == "none": an attention-only block
     if c.ffn == "mlp":
-        ffn_mod: nn.Module = MLP(c.d_model, ffn_hidden, activation=c.activation, bias=c.bias, **kw)
+        ffn_mod = MLP(c.d_model, ffn_hidden, activation=c.activation, bias=c.bias, **kw)
     elif c.ffn == "swiglu":
         ffn_mod = SwiGLU(c.d_model, ffn_hidden, bias=c.bias, **kw)
     elif c.ffn == "moe":
@@ -292,8 +299,8 @@ def build_block(
             activation=c.activation,
             **kw,
         )
-    else:
-        raise ValueError(f"unknown ffn {c.ffn!r}; choose 'mlp', 'swiglu' or 'moe'")
+    elif c.ffn != "none":
+        raise ValueError(f"unknown ffn {c.ffn!r}; choose 'mlp', 'swiglu', 'moe' or 'none'")
 
     def make() -> nn.Module:
         return make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias, **kw)
