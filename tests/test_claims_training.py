@@ -77,8 +77,9 @@ def test_weight_decay_groks_and_no_decay_stays_memorised(one_thread):
     # both memorise the training pairs; only weight decay then generalises, much later
     assert wd["memorised_at"] is not None and plain["memorised_at"] is not None
     assert wd["generalised_at"] is not None and wd["generalised_at"] > wd["memorised_at"]
-    assert wd["history"][-1]["test_acc"] >= 0.95
-    assert plain["generalised_at"] is None and plain["history"][-1]["test_acc"] < 0.85
+    assert max(r["test_acc"] for r in wd["history"]) >= 0.95
+    assert plain["generalised_at"] is None
+    assert max(r["test_acc"] for r in plain["history"]) < 0.85
     # after grokking the embedding sits in a few Fourier frequencies; memorised, it does not
     f = wd["fourier"]
     assert f["end"]["fraction"] > f["start"]["fraction"] + 0.2

@@ -65,8 +65,8 @@ class GrokkingConfig:
 
     max_time: float = 120.0
     steps: int | None = None
-    p: int = 31
-    train_fraction: float = 0.6
+    p: int = 23
+    train_fraction: float = 0.7
     weight_decays: tuple[float, ...] = (2.0, 0.0)
     d_model: int = 32
     n_heads: int = 4

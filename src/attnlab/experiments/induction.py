@@ -66,7 +66,7 @@ class InductionConfig:
         d_model, n_heads: the model.
         batch_size, lr: AdamW at a constant rate.
         eval_every: steps between measurements (None: about 40 over the run).
-        position: the position scheme (``rope``: a previous-token head is a fixed offset).
+        position: the position scheme (Olsson et al.'s small models: learned).
         max_span: the longest repeated span, as a fraction of T.
         threshold: the prefix-matching score above which a head counts as an induction head.
         device, seed, progress: as for training.
@@ -83,8 +83,8 @@ class InductionConfig:
     lr: float = 3e-3
     eval_every: int | None = None
     threshold: float = 0.3
-    position: str = "rope"
-    max_span: float = 0.25
+    position: str = "learned"
+    max_span: float = 0.5
     device: str = "cpu"
     seed: int = 0
     progress: bool = True
