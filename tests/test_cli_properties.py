@@ -214,6 +214,15 @@ CASES: dict[tuple, tuple[list[str], list]] = {
         )
         for name in ("extrapolation", "norm-placement", "warmup")
     },
+    ("experiment", "grokking"): (
+        ["--p", "5", "--d-model", "8", "--ffn-hidden", "16", "--steps", "2", "--no-progress"]
+        + [*CPU, "--out", OUT],
+        [],
+    ),
+    ("experiment", "induction-heads"): (
+        ["--seq-len", "8", "--d-model", "8", "--steps", "2", "--no-progress", *CPU, "--out", OUT],
+        [],
+    ),
     ("prepare",): (["--data", "inputs/small.txt", "--workers", "1", "--out", OUT], ["--data"]),
     ("generate",): (
         ["runs/lm_gpt2", "--prompt", "The ", "-n", "5", "--temperature", "0"],

@@ -5,7 +5,7 @@
     attnlab experiment extrapolation --max-time 240 --out runs/extrapolation
     attnlab experiment norm-placement --max-time 240 --out runs/norm-placement
     attnlab experiment warmup --max-time 240 --out runs/warmup
-    attnlab experiment grokking --max-time 120 --out runs/grokking
+    attnlab experiment grokking --max-time 150 --out runs/grokking
     attnlab experiment induction-heads --max-time 120 --out runs/induction-heads
 
 Every experiment here takes ``--max-time SECONDS`` for the whole experiment (it splits the budget
@@ -183,16 +183,16 @@ def _experiments() -> list[dict]:
             "passes 99 %% and test accuracy 95 %%, and the share of the embedding's squared "
             "norm in its --top-k largest Fourier frequencies at the start, at memorisation, "
             "at generalisation and at the end.",
-            "max_time": 120.0,
+            "max_time": 150.0,
             "flags": [
                 ("--p", int, 23, "the modulus (default 23; Nanda et al. use 113)"),
                 ("--train-fraction", float, 0.7, "share of the p² pairs that trains "
                  "(default 0.7; Nanda et al. use 0.3, which groks far later)"),
-                ("--weight-decays", _floats, (2.0, 0.0),
-                 "comma-separated AdamW weight decays, one run each (default 2,0)"),
+                ("--weight-decays", _floats, (1.0, 0.0),
+                 "comma-separated AdamW weight decays, one run each (default 1,0)"),
                 ("--d-model", int, 32, None),
                 ("--ffn-hidden", int, 128, None),
-                ("--lr", float, 1e-2, "AdamW learning rate (default %(default)s)"),
+                ("--lr", float, 3e-3, "AdamW learning rate (default %(default)s)"),
                 ("--top-k", int, 4, "frequencies counted as the few largest (default 4)"),
                 ("--threads", int, 1, "torch CPU threads (default 1: tiny models, and much "
                  "faster than all cores on a busy machine)"),

@@ -63,15 +63,15 @@ class GrokkingConfig:
         device, seed, progress: as for training.
     """
 
-    max_time: float = 120.0
+    max_time: float = 150.0
     steps: int | None = None
     p: int = 23
     train_fraction: float = 0.7
-    weight_decays: tuple[float, ...] = (2.0, 0.0)
+    weight_decays: tuple[float, ...] = (1.0, 0.0)
     d_model: int = 32
     n_heads: int = 4
     ffn_hidden: int = 128
-    lr: float = 1e-2
+    lr: float = 3e-3
     beta1: float = 0.9
     beta2: float = 0.98
     top_k: int = 4
