@@ -278,8 +278,8 @@ def run_grokking(cfg: GrokkingConfig, out_dir: str | Path, *, overwrite: bool = 
     if cfg.steps is not None and cfg.steps < 1:
         raise UserError(f"--steps must be at least 1, got {cfg.steps}")
     budget = common.Budget(cfg.max_time)
+    data = modular_addition(cfg.p, cfg.train_fraction, seed=cfg.seed)  # checks p, the fraction
     out = common.prepare_out_dir(out_dir, overwrite=overwrite)
-    data = modular_addition(cfg.p, cfg.train_fraction, seed=cfg.seed)
     runs = []
     for i, wd in enumerate(cfg.weight_decays):
         model = grokking_model(cfg)
