@@ -246,6 +246,10 @@ CASES: dict[tuple, tuple[list[str], list]] = {
         [0, "--input"],
     ),
     ("fill-mask",): (["runs/mlm", "the [MASK] fox"], [0]),
+    ("inspect",): (
+        ["runs/lm_gpt2", "--batch", "2", "--length", "4", "--no-ablation", "--out", OUT],
+        [0],
+    ),
     ("eval",): (["runs/lm_gpt2", "--max-batches", "1", "--batch-size", "2"], [0]),
 }
 
