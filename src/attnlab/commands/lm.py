@@ -119,11 +119,23 @@ def _stop_list(stop_ids: int | list[int] | None) -> list[int]:
     return [] if stop_ids is None else [stop_ids] if isinstance(stop_ids, int) else list(stop_ids)
 
 
+def _check_sampling(args: argparse.Namespace) -> None:
+    """The sampling options, in the command line's words, before anything is loaded or printed
+    (the library checks them too, but only once the prompt is already on the screen)."""
+    if args.temperature is not None and not args.temperature >= 0:
+        raise UserError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise UserError(f"--top-k must be at least 1, got {args.top_k}")
+    if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
+        raise UserError(f"--top-p must be in (0, 1] (1 = off), got {args.top_p}")
+
+
 def _generate(args: argparse.Namespace) -> int:
     import torch
 
     if args.n < 0:
         raise UserError(f"-n must be >= 0, got {args.n}")
+    _check_sampling(args)
     if args.beam is not None:
         sampling = [
             flag

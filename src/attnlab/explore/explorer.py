@@ -37,12 +37,15 @@ FAMILIES: tuple[ModuleType, ...] = (text, mlm, translation, vision, caption, vqa
 
 #: kinds with nothing to show, and what to train instead
 NO_ATTENTION = {
-    "lstm_lm": "an LSTM language model has no attention (train decoder_lm: 'attnlab train lm')",
-    "bigram_lm": "a bigram model has no attention (train decoder_lm: 'attnlab train lm')",
-    "rnn": "the plain RNN translator has no attention (train the rnn-attn model)",
-    "cnn": "a CNN has no attention (train a vit or swin classifier)",
-    "caption_lstm": "the LSTM captioner has no attention over the image (train caption_transformer)",
-    "vqa_lstm": "the LSTM VQA model has no attention (train vqa_transformer)",
+    "lstm_lm": "an LSTM language model has no attention (train one with 'attnlab train lm')",
+    "bigram_lm": "a bigram model has no attention (train one with 'attnlab train lm')",
+    "rnn": "the plain RNN translator has no attention "
+    "(train one with 'attnlab train translate --model rnn-attn' or '--model transformer')",
+    "cnn": "a CNN has no attention (train one with 'attnlab train image --model vit' or swin)",
+    "caption_lstm": "the LSTM captioner has no attention over the image "
+    "(train one with 'attnlab train caption --model transformer')",
+    "vqa_lstm": "the LSTM VQA models have no attention "
+    "(train one with 'attnlab train vqa --model transformer')",
 }
 
 MAX_QUESTION_CHARS = 500

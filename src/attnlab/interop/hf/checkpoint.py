@@ -255,7 +255,7 @@ def check_writable(path: Path, overwrite: bool) -> None:
         raise UserError(f"{str(path)!r} exists and is not a directory")
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise UserError(
-            f"{str(path)!r} is not empty; pass overwrite=True (--overwrite) to replace it"
+            f"{str(path)!r} is not empty; add --overwrite (overwrite=True in Python) to replace it"
         )
 
 
