@@ -45,6 +45,10 @@ def parse_size(text: str) -> int:
     return int(value * _SIZE_UNITS[unit])
 
 
+#: the key of an exported config.json that holds the attnlab run's task section
+TASK_KEY = "attnlab_task"
+
+
 def _n_params(model) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
@@ -65,6 +69,8 @@ def _from_hf(args: argparse.Namespace) -> int:
     config = {
         "kind": model.kind,
         "model": model.config.to_dict(),
+        # a folder attnlab exported keeps the run's task (corpus, split): eval works again
+        **({"task": hf[TASK_KEY]} if isinstance(hf.get(TASK_KEY), dict) else {}),
         "source": {
             "format": "huggingface",
             "path": str(src.resolve()),
@@ -104,12 +110,15 @@ def _to_hf(args: argparse.Namespace) -> int:
     model = load_model(run, weights=weights)
     source = cfg.get("source") or {}
     extra = {k: source[k] for k in HF_GENERATION_KEYS if k in source}
-    tok, note = None, ""
+    if isinstance(cfg.get("task"), dict):  # read back by --from-hf (transformers ignores it)
+        extra[TASK_KEY] = cfg["task"]
+    tok, note = None, "; the run has no tokenizer.json, so none was written"
     if (run / TOKENIZER_NAME).exists():
         tok = run / TOKENIZER_NAME  # copied verbatim when it is a Hugging Face tokenizer.json
         plain = load_tokenizer(run)
+        note = " with its tokenizer"
         if isinstance(getattr(plain, "base", plain), CharTokenizer):  # with specials, or not
-            tok, note = None, " (character tokenizer not exported: it has no tokenizer.json form)"
+            tok, note = plain, " with its character tokenizer (a tokenizers WordLevel model)"
     out = to_hf(
         model,
         args.out,

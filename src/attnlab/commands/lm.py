@@ -306,7 +306,11 @@ def _eval_lm(args: argparse.Namespace) -> int:
         raise UserError(f"--max-batches must be >= 1, got {args.max_batches}")
     loaded = load_lm(args.run_dir, args.weights, _device(getattr(args, "device", None)))
     if loaded.task.get("type") != "lm":
-        raise RunDirError(f"{str(args.run_dir)!r}: config.json has no language-modelling task")
+        raise RunDirError(
+            f"{str(args.run_dir)!r}: config.json has no language-modelling task, so there is no "
+            "held-out split to evaluate (a run converted from a Hugging Face folder that attnlab "
+            "did not export)"
+        )
     task = LMTask.from_config(loaded.task, loaded.tokenizer)
     res = task.val_loss(loaded.model, batch_size=args.batch_size, n_batches=args.max_batches)
     print(
