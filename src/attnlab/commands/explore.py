@@ -48,9 +48,10 @@ def register(groups) -> None:
     p.add_argument("--port", type=int, default=8000, help="--serve: port (default 8000)")
     p.add_argument(
         "--weights",
-        choices=["last", "best"],
-        default="last",
-        help="which checkpoint of the run (default last)",
+        choices=["best", "last"],
+        default="best",
+        help="best: the checkpoint with the lowest validation loss (default, as in every "
+        "command); last: the final one",
     )
     p.set_defaults(func=_run_explore)
 
@@ -82,6 +83,7 @@ def _run_explore(args: argparse.Namespace) -> int:
     if args.out and Path(args.out).is_dir():
         raise UserError(f"--out {args.out!r} is a directory; give a file name such as page.html")
     explorer = Explorer(args.run_dir, weights=args.weights)
+    print(f"{args.run_dir}: {explorer.run.checkpoint}", file=sys.stderr)
     first = _input(explorer, args.input, args.question)
     if args.out:
         payload = explorer.explain(first)

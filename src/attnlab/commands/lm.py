@@ -317,7 +317,7 @@ def _eval_lm(args: argparse.Namespace) -> int:
         f"{args.run_dir}: val loss {res['loss']:.4f}, perplexity {res['perplexity']:.3f} "
         f"({res['tokens']:,} tokens of {task.data!r}: "
         f"{'the whole validation split' if args.max_batches is None else f'{args.max_batches} batches'}"
-        f", {args.weights} weights)"
+        f"; {loaded.checkpoint})"
     )
     return 0
 

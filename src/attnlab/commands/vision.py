@@ -150,7 +150,7 @@ def _eval_image(args: argparse.Namespace) -> int:
     res = task.evaluate_split(run.model, batch_size=args.batch_size, max_batches=args.max_batches)
     print(
         f"{run.kind} on {task.data.name} test split: accuracy {res['accuracy']:.4f} "
-        f"({res['correct']}/{res['n']}), loss {res['loss']:.4f}"
+        f"({res['correct']}/{res['n']}), loss {res['loss']:.4f}; {run.checkpoint}"
     )
     shown = [f"{n}: {a:.3f}" for n, a in zip(task.classes, res["per_class"]) if a is not None]
     print("per class: " + ", ".join(shown))
@@ -172,6 +172,7 @@ def _classify(args: argparse.Namespace) -> int:
             f"{args.run_dir!r} lacks labels.json (classes, image shape, normalisation): it was "
             "converted from a checkpoint; write one to classify with it"
         )
+    print(f"{args.run_dir}: {run.checkpoint}", file=sys.stderr)
     c, h, w = settings.image_shape
     image = read_image(args.image, image_size=None if args.no_resize else h, channels=c)
     if args.no_resize and tuple(image.shape[1:]) != (h, w):

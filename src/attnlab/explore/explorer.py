@@ -82,13 +82,13 @@ class Explorer:
 
     Args:
         run_dir: a run directory (``attnlab train ...``); nothing is written to it.
-        weights: ``last`` or ``best``.
+        weights: ``best`` (default, as in every command) or ``last``.
 
     Raises:
         UserError: a missing run, or a kind the explorer cannot show (checked before loading).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, *, weights: str = "last") -> None:
+    def __init__(self, run_dir: str | os.PathLike, *, weights: str = "best") -> None:
         kind = read_config(run_dir)["kind"]
         self.family = family_for(kind)
         self.run = load(run_dir, weights=weights)
