@@ -21,6 +21,7 @@ from typing import Any
 
 from attnlab.commands.config_args import explicit_dests, resolve_spec, train_flag_keys
 from attnlab.commands.flags import add_flags
+from attnlab.data.detokenize import StreamDecoder
 from attnlab.errors import RunDirError, UserError
 from attnlab.runspec import FAMILIES
 
@@ -216,7 +217,26 @@ def _beam_text(model, tok, idx, args: argparse.Namespace, stop_ids: list[int]) -
         0
     ]
     new = [t for t in hyp.ids if t not in stop_ids]  # the end-of-text id ends the beam
-    return _cut_at_stop_text(tok.decode(new), args.stop)[0]
+    dec = StreamDecoder(tok)
+    text = "".join(dec.push(t) for t in new) + dec.finish()
+    _say_invalid(dec)
+    return _cut_at_stop_text(text, args.stop)[0]
+
+
+def _say_invalid(dec: StreamDecoder) -> None:
+    """A note on stderr when the model's bytes were not UTF-8 (shown as ``\\xNN``)."""
+    if dec.invalid:
+        print(
+            f"note: the model produced {dec.invalid} byte(s) that are not valid UTF-8 text; "
+            "they are shown as \\xNN",
+            file=sys.stderr,
+        )
+    if dec.unfinished:
+        print(
+            f"note: generation stopped inside a multi-byte character; its first "
+            f"{dec.unfinished} byte(s) are not shown",
+            file=sys.stderr,
+        )
 
 
 def _stream_sample(model, tok, idx, args: argparse.Namespace, stop_ids: list[int]) -> None:
@@ -232,8 +252,9 @@ def _stream_sample(model, tok, idx, args: argparse.Namespace, stop_ids: list[int
     if stream:
         out.write(args.prompt)
         out.flush()
-    new: list[int] = []
-    shown = text = ""
+    dec = StreamDecoder(tok)  # holds back the bytes of an incomplete character
+    shown = text = raw = ""
+    stopped = False
     for nxt in stream_generate(
         model,
         idx,
@@ -248,17 +269,19 @@ def _stream_sample(model, tok, idx, args: argparse.Namespace, stop_ids: list[int
     ):
         if int(nxt[0]) in stop_ids:
             break  # end of text
-        new.append(int(nxt[0]))
-        text, stopped = _cut_at_stop_text(tok.decode(new), args.stop)
-        # byte-level BPE can end mid-character: wait for the rest of it before printing
-        if stream and (stopped or not text.endswith("\ufffd")):
+        raw += dec.push(int(nxt[0]))
+        text, stopped = _cut_at_stop_text(raw, args.stop)
+        if stream and len(text) > len(shown):
             out.write(text[len(shown) :])
             out.flush()
             shown = text
         if stopped:
             break
+    if not stopped:
+        text = _cut_at_stop_text(raw + dec.finish(), args.stop)[0]
     out.write((text[len(shown) :] if stream else args.prompt + text) + "\n")
     out.flush()
+    _say_invalid(dec)
 
 
 # ----------------------------------------------------------------------------------------------
