@@ -83,18 +83,24 @@ def _run_explore(args: argparse.Namespace) -> int:
     if args.out and Path(args.out).is_dir():
         raise UserError(f"--out {args.out!r} is a directory; give a file name such as page.html")
     explorer = Explorer(args.run_dir, weights=args.weights)
-    print(f"{args.run_dir}: {explorer.run.checkpoint}", file=sys.stderr)
     first = _input(explorer, args.input, args.question)
     if args.out:
         payload = explorer.explain(first)
         write_page(payload, args.out)
         size = Path(args.out).stat().st_size
-        print(f"wrote {args.out} ({size / 1024:.0f} kB): open it in a browser")
+        print(
+            f"wrote {args.out} ({size / 1024:.0f} kB) from the {explorer.run.checkpoint}: "
+            "open it in a browser"
+        )
         return 0
     if first is not None and first.text is None and first.image is None:
         first = explorer.default_input(first.question)  # only a question: the default image
     server = make_server(explorer, port=args.port, first=first)
-    print(f"explorer for {args.run_dir} on {server.url} (Ctrl-C stops it)", flush=True)
+    print(
+        f"explorer for {args.run_dir} ({explorer.run.checkpoint}) on {server.url} "
+        "(Ctrl-C stops it)",
+        flush=True,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -172,7 +172,6 @@ def _classify(args: argparse.Namespace) -> int:
             f"{args.run_dir!r} lacks labels.json (classes, image shape, normalisation): it was "
             "converted from a checkpoint; write one to classify with it"
         )
-    print(f"{args.run_dir}: {run.checkpoint}", file=sys.stderr)
     c, h, w = settings.image_shape
     image = read_image(args.image, image_size=None if args.no_resize else h, channels=c)
     if args.no_resize and tuple(image.shape[1:]) != (h, w):
@@ -192,6 +191,7 @@ def _classify(args: argparse.Namespace) -> int:
     x = settings.prepare(image[None])
     with torch.no_grad():
         probs = model(x).softmax(-1)[0]
+    print(f"{args.run_dir}: {run.checkpoint}", file=sys.stderr)  # (once the input is accepted)
     k = min(args.top_k, len(settings.classes))
     top = probs.topk(k)
     for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True):
