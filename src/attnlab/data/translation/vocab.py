@@ -198,8 +198,7 @@ class Vocab:
             if unknown:
                 words = [t for t in self.stoi if t.strip() and not t.startswith("<")]
                 shown = ", ".join(
-                    repr(u) + did_you_mean(u, words)
-                    for u in list(dict.fromkeys(unknown))[:10]
+                    repr(u) + did_you_mean(u, words) for u in list(dict.fromkeys(unknown))[:10]
                 )
                 raise UnknownTokens(
                     f"unknown {self.level} token(s) in {text!r}: {shown} "
