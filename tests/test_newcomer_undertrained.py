@@ -72,3 +72,18 @@ def test_extrapolation_needs_the_trained_length_learnt_first():
     short = extrapolation.summarise(results(3.3))
     assert short.startswith("Undertrained") and "--steps" in short
     assert "Loss at L = 64 → 256" in extrapolation.summarise(results(2.03))
+
+
+def test_inductive_bias_reads_no_gap_from_models_that_cannot_read_digits():
+    from attnlab.experiments import inductive_bias
+
+    def result(acc):
+        row = {"fraction": 1.0, "n_train": 1257, "gap": 0.0}
+        for k in ("cnn", "vit"):
+            row.update({f"{k}_acc": acc, f"{k}_std": 0.0, f"{k}_n": 1})
+        settings = {"data": "digits", "steps": 50, "batch_size": 64, "lr": 1e-3, "seeds": 1}
+        return {"settings": settings, "params": {}, "n_test": 180, "table": [row]}
+
+    assert "Undertrained" in inductive_bias.format_table(result(0.12))
+    assert "--steps" in inductive_bias.format_table(result(0.12))
+    assert "Undertrained" not in inductive_bias.format_table(result(0.95))
