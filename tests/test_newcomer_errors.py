@@ -63,3 +63,22 @@ def test_no_python_wording_in_cli_errors(tmp_path):
     outcome = invoke(["convert", "--to-hf", LM, "--out", "taken"], cwd)
     check_refused(outcome, writes=["taken"])
     assert "add --overwrite" in outcome.err and "pass overwrite=True" not in outcome.err
+
+
+@pytest.mark.parametrize(
+    "run, flag",
+    [
+        ("vqa_lstm", "attnlab train vqa --model transformer"),
+        ("cap_lstm", "--model transformer"),
+        ("lm_lstm", "attnlab train lm"),
+        ("tr_rnn", "--model rnn-attn"),
+        ("img_cnn", "--model vit"),
+    ],
+)
+def test_the_explorer_names_the_command_that_trains_a_model_it_can_show(run, flag, tmp_path):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    outcome = invoke(["explore", str(RUNS / run), "--input", "x", "--out", "p.html"], cwd)
+    check_refused(outcome)
+    assert "no attention" in outcome.err and flag in outcome.err, outcome
+    assert "vqa_transformer" not in outcome.err and "caption_transformer" not in outcome.err
