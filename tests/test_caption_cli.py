@@ -171,17 +171,24 @@ def test_caption_bad_images(cap_run, tmp_path, capsys):
     Image.fromarray(np.zeros((40, 40, 3), np.uint8)).save(big)
     bad = tmp_path / "bad.jpg"
     bad.write_bytes(b"\x00\x01garbage")
+    strict = ["--no-resize"]  # (by default another size is resized, as classify does: issue 26)
     for path, msg in ((big, "40x40"), (bad, "cannot read"), (tmp_path / "no.png", "not exist")):
         capsys.readouterr()
-        assert main(["caption", str(cap_run / "tr"), str(path)]) == 2
+        assert main(["caption", str(cap_run / "tr"), str(path), *strict]) == 2
         assert msg in capsys.readouterr().err
     assert main(["caption", str(cap_run / "tr"), str(big), "--beam", "0"]) == 2
     # every image is checked before any caption is printed
     good = str(cap_run / "scenes" / "scene_0.png")
     capsys.readouterr()
-    assert main(["caption", str(cap_run / "tr"), good, str(big)]) == 2
+    assert main(["caption", str(cap_run / "tr"), good, str(big), *strict]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "40x40" in err
+    # resized, an enlarged copy of a scene gets the scene's own caption
+    x8 = tmp_path / "scene_0_x8.png"
+    Image.open(good).resize((256, 256), Image.NEAREST).save(x8)
+    assert main(["caption", str(cap_run / "tr"), good, str(x8), str(big)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and lines[0].split(": ", 1)[1] == lines[1].split(": ", 1)[1]
 
 
 @pytest.mark.parametrize(

@@ -281,8 +281,9 @@ def test_convert_a_bert_folder_to_a_run_and_an_mlm_run_back(tmp_path, capsys, mo
     assert main(["train", "mlm", *args, "--no-progress", "--out", str(mlm)]) == 0
     capsys.readouterr()
     assert main(["convert", "--to-hf", str(mlm), "--out", str(tmp_path / "back")]) == 0
-    assert "character tokenizer not exported" in capsys.readouterr().out
-    assert not (tmp_path / "back" / "tokenizer.json").exists()
+    assert "with its character tokenizer" in capsys.readouterr().out
+    auto = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")  # (issue 26)
+    assert auto.mask_token == "[MASK]" and auto.mask_token_id == attnlab.load(mlm)[1].mask_id
     back = transformers.BertForMaskedLM.from_pretrained(tmp_path / "back").eval()
     mine, _ = attnlab.load(mlm)
     ids = torch.randint(0, mine.config.vocab_size, (2, 16))

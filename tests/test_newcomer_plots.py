@@ -128,5 +128,5 @@ def test_heatmaps_have_colour_bars_readable_ticks_and_named_queries(tmp_path, fi
     overlay_attention(torch.rand(1, 8, 8), {"rollout": torch.rand(4, 4)}, tmp_path / "v.png")
     fig = figures[-1]
     assert "rollout (per patch)" in [a.get_title() for a in fig.axes]
-    assert fig.axes[1].images[1].get_interpolation() == "nearest"  # patches, not smoothed
+    assert fig.axes[1].images[0].get_interpolation() == "nearest"  # patches, not smoothed
     assert any(a.get_label() == "<colorbar>" for a in fig.axes)

@@ -226,8 +226,14 @@ def test_read_scene_image_errors(tmp_path):
     Image.fromarray(render_scene(LAYOUT)).save(good)
     x = read_scene_image(good, 32)
     assert x.shape == (1, 3, 32, 32) and float(x.max()) <= 1.0
-    with pytest.raises(UserError, match="64x64"):
-        read_scene_image(good, 64)
+    with pytest.raises(UserError, match="64x64.*drop --no-resize"):
+        read_scene_image(good, 64, resize=False)
+    # another size is resized as classify resizes; an 8x enlarged copy reads back as the scene
+    Image.fromarray(render_scene(LAYOUT)).resize((256, 256), Image.NEAREST).save(
+        tmp_path / "x8.png"
+    )
+    torch.testing.assert_close(read_scene_image(tmp_path / "x8.png", 32), x)
+    assert read_scene_image(good, 48).shape == (1, 3, 48, 48)
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"not an image")
     with pytest.raises(UserError, match="cannot read"):

@@ -94,13 +94,13 @@ def test_bad_input_exits_nonzero_with_a_clear_message(vqa_run, tmp_path, capsys,
     expect = {
         "missing": "does not exist",
         "not-an-image": "cannot read",
-        "wrong-size": "64x64",
+        "wrong-size": "64x64",  # (with --no-resize: by default it is resized, issue 26)
         "a-directory": "not an image file",
         "not-a-run": "run directory",
         "empty": "empty",
         "top": "--top",
     }[case]
-    extra = ["--top", "0"] if case == "top" else []
+    extra = {"top": ["--top", "0"], "wrong-size": ["--no-resize"]}.get(case, [])
     if case == "missing":
         image = str(tmp_path / "nope.png")
     elif case == "not-an-image":

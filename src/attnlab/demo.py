@@ -301,8 +301,8 @@ def _run(
 
     text_ids = next(task.eval_batches(1, 1))[0][:, :32].to(dev)  # (1, 32) held-out characters
     with torch.no_grad():
-        _, weights = transformer(text_ids, need_weights=True)  # one (1, H, T, T) per block
-    weights = weights[-1][0]  # (H, T, T)
+        _, weights_all = transformer(text_ids, need_weights=True)  # one (1, H, T, T) per block
+    weights = weights_all[-1][0]  # (H, T, T)
     chars = [_display(c) for c in task.tokenizer.decode(text_ids[0].tolist())]
     files = {
         "attention heatmap": out / "attention.png",
@@ -314,8 +314,9 @@ def _run(
         files["attention heatmap"],
         rows=chars,
         cols=chars,
-        title=f"Transformer, last layer: attention over {len(chars)} held-out "
-        "characters (rows: queries)",
+        title=f"Transformer, last layer ({len(weights_all)} of {len(weights_all)}), "
+        f"{weights.shape[0]} heads and their mean: attention over {len(chars)} held-out "
+        f"characters, {''.join(chars)!r} (rows: queries)",
     )
     final = {row["name"]: row["val_loss"] for row in rows}
     same = f"{budget:.0f} s each" if steps is None else f"{steps} steps each"

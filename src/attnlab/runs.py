@@ -65,6 +65,7 @@ __all__ = [
     "RunSpec",
     "resolve",
     "build_run",
+    "describe_weights",
     "LoadedRun",
     "load",
     "load_model",
@@ -133,6 +134,44 @@ def _weights_path(run_dir: Path, weights: str) -> Path:
     if not path.exists():
         raise RunDirError(f"{str(run_dir)!r} has no weights file {name}")
     return path
+
+
+def describe_weights(run_dir: str | os.PathLike, weights: str = "best") -> str:
+    """One line saying which checkpoint ``weights`` reads: ``best checkpoint (best.safetensors,
+    step 480, val loss 1.2345)``; the step and the validation numbers come from the file's
+    metadata and ``metrics.jsonl`` where they were recorded.
+
+    Raises:
+        RunDirError: the run has no such weights.
+    """
+    run_dir = Path(run_dir)
+    path = _weights_path(run_dir, weights)
+    if path.is_dir():
+        return f"last checkpoint (sharded, {path.name})"
+    which = {v: k for k, v in WEIGHT_FILES.items()}.get(path.name, path.name)
+    parts = [path.name]
+    note = "; the run has no best.safetensors" if weights != which == "last" else ""
+    try:
+        step = weights_step(path)
+    except Exception:  # (read again, with a clear error, when the weights are loaded)
+        step = None
+    if step is not None:
+        parts.append(f"step {step}")
+        metrics = run_dir / "metrics.jsonl"
+        for line in metrics.read_text().splitlines() if metrics.exists() else []:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and rec.get("step") == step:
+                vals = {k: v for k, v in rec.items() if k.startswith("val_") and _number(v)}
+                if vals:
+                    parts[2:] = [f"{k.replace('_', ' ')} {v:.4g}" for k, v in vals.items()]
+    return f"{which} checkpoint ({', '.join(parts)}{note})"
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def check_resumable(run_dir: str | os.PathLike) -> None:
@@ -221,7 +260,7 @@ def resolve_dtype(
 def load_model(
     run_dir: str | os.PathLike,
     *,
-    weights: str = "last",
+    weights: str = "best",
     map_location: str | torch.device = "cpu",
     dtype: torch.dtype | str | None = None,
     quantize: str | None = None,
@@ -233,8 +272,9 @@ def load_model(
     they hold, is refused before anything is allocated.
 
     Args:
-        weights: ``last`` (model.safetensors), ``best`` (best.safetensors, or the last weights
-            when no validation ran) or a file name in the run directory.
+        weights: ``best`` (best.safetensors: the lowest validation loss; the last weights
+            when no validation ran; the default, as in every command) or ``last``
+            (model.safetensors), or a file name in the run directory.
         map_location: device for the weights.
         dtype: convert floating-point parameters to this dtype (``torch.bfloat16`` or
             ``"bfloat16"``...).
@@ -370,6 +410,12 @@ class LoadedRun:
     kind: str
     run_dir: Path
     config: dict = field(repr=False)
+    weights: str = "best"
+
+    @property
+    def checkpoint(self) -> str:
+        """Which checkpoint was read, in one line (:func:`describe_weights`)."""
+        return describe_weights(self.run_dir, self.weights)
 
     def __iter__(self) -> Iterator[Any]:
         return iter((self.model, self.tokenizer))
@@ -398,7 +444,8 @@ def load(
 
     Args:
         run_dir: a directory written by ``attnlab train ...`` or ``attnlab convert``.
-        weights: ``last``, ``best`` or a weights file name in the run directory.
+        weights: ``best`` (the default, as in every command: the lowest validation loss, or the
+            last weights when no validation ran), ``last`` or a weights file name.
         map_location: device for the model.
         dtype: convert floating-point parameters (``torch.bfloat16`` or ``"bfloat16"`` for
             fast decoding: half the bytes to read per token).
@@ -423,7 +470,7 @@ def load(
     model = load_model(run_dir, **options)
     kind = get_kind(cfg["kind"])
     tokenizer = _ARTIFACT_READERS[kind.artifacts](run_dir, cfg)
-    return LoadedRun(model, tokenizer, cfg["kind"], run_dir, cfg)
+    return LoadedRun(model, tokenizer, cfg["kind"], run_dir, cfg, options.get("weights", "best"))
 
 
 # load's options are load_model's (plus kinds): show them in help() and IDEs

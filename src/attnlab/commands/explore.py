@@ -48,9 +48,10 @@ def register(groups) -> None:
     p.add_argument("--port", type=int, default=8000, help="--serve: port (default 8000)")
     p.add_argument(
         "--weights",
-        choices=["last", "best"],
-        default="last",
-        help="which checkpoint of the run (default last)",
+        choices=["best", "last"],
+        default="best",
+        help="best: the checkpoint with the lowest validation loss (default, as in every "
+        "command); last: the final one",
     )
     p.set_defaults(func=_run_explore)
 
@@ -87,12 +88,19 @@ def _run_explore(args: argparse.Namespace) -> int:
         payload = explorer.explain(first)
         write_page(payload, args.out)
         size = Path(args.out).stat().st_size
-        print(f"wrote {args.out} ({size / 1024:.0f} kB): open it in a browser")
+        print(
+            f"wrote {args.out} ({size / 1024:.0f} kB) from the {explorer.run.checkpoint}: "
+            "open it in a browser"
+        )
         return 0
     if first is not None and first.text is None and first.image is None:
         first = explorer.default_input(first.question)  # only a question: the default image
     server = make_server(explorer, port=args.port, first=first)
-    print(f"explorer for {args.run_dir} on {server.url} (Ctrl-C stops it)", flush=True)
+    print(
+        f"explorer for {args.run_dir} ({explorer.run.checkpoint}) on {server.url} "
+        "(Ctrl-C stops it)",
+        flush=True,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

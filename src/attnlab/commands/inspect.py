@@ -49,9 +49,10 @@ def register(groups) -> None:
     p.add_argument("--seed", type=int, default=1234, help="seed of the probe batch")
     p.add_argument(
         "--weights",
-        choices=["last", "best"],
-        default="last",
-        help="which checkpoint (default last)",
+        choices=["best", "last"],
+        default="best",
+        help="best: the checkpoint with the lowest validation loss (default, as in every "
+        "command); last: the final one",
     )
     p.set_defaults(func=_run_inspect)
 

@@ -45,6 +45,10 @@ def parse_size(text: str) -> int:
     return int(value * _SIZE_UNITS[unit])
 
 
+#: the key of an exported config.json that holds the attnlab run's task section
+TASK_KEY = "attnlab_task"
+
+
 def _n_params(model) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
@@ -65,6 +69,8 @@ def _from_hf(args: argparse.Namespace) -> int:
     config = {
         "kind": model.kind,
         "model": model.config.to_dict(),
+        # a folder attnlab exported keeps the run's task (corpus, split): eval works again
+        **({"task": hf[TASK_KEY]} if isinstance(hf.get(TASK_KEY), dict) else {}),
         "source": {
             "format": "huggingface",
             "path": str(src.resolve()),
@@ -94,22 +100,23 @@ def _from_hf(args: argparse.Namespace) -> int:
 def _to_hf(args: argparse.Namespace) -> int:
     from attnlab.data.tokenizers import CharTokenizer, load_tokenizer
     from attnlab.interop.hf import HF_GENERATION_KEYS, TOKENIZER_NAME, to_hf
-    from attnlab.runs import load_model, read_config
+    from attnlab.runs import describe_weights, load_model, read_config
 
     run = Path(args.to_hf)
     cfg = read_config(run)
-    weights = "best.safetensors" if args.weights == "best" else "model.safetensors"
-    if not (run / weights).exists():
-        weights = "model.safetensors"
-    model = load_model(run, weights=weights)
+    model = load_model(run, weights=args.weights)
+    weights = describe_weights(run, args.weights)
     source = cfg.get("source") or {}
     extra = {k: source[k] for k in HF_GENERATION_KEYS if k in source}
-    tok, note = None, ""
+    if isinstance(cfg.get("task"), dict):  # read back by --from-hf (transformers ignores it)
+        extra[TASK_KEY] = cfg["task"]
+    tok, note = None, "; the run has no tokenizer.json, so none was written"
     if (run / TOKENIZER_NAME).exists():
         tok = run / TOKENIZER_NAME  # copied verbatim when it is a Hugging Face tokenizer.json
         plain = load_tokenizer(run)
+        note = " with its tokenizer"
         if isinstance(getattr(plain, "base", plain), CharTokenizer):  # with specials, or not
-            tok, note = None, " (character tokenizer not exported: it has no tokenizer.json form)"
+            tok, note = plain, " with its character tokenizer (a tokenizers WordLevel model)"
     out = to_hf(
         model,
         args.out,
@@ -146,7 +153,7 @@ def _consolidate(args: argparse.Namespace) -> int:
             )
             return 0
         step = last_sharded(run)[0]
-        model = load_model(run)  # reads the sharded checkpoint: DCP reassembles every tensor
+        model = load_model(run, weights="last")  # the sharded checkpoint: DCP reassembles it
         save_weights(model, run / LAST_FILE, step)
     finally:
         lock.release()
@@ -193,8 +200,9 @@ def register(groups) -> None:
         ("--overwrite", "store_true", None, "replace an existing output"),
         ("--dtype", ["float32", "bfloat16", "float16", "auto"], "float32",
          "--from-hf: parameter dtype (auto = the checkpoint's; default float32)"),
-        ("--weights", ["last", "best"], "last",
-         "--to-hf: which checkpoint of the run (default last)"),
+        ("--weights", ["best", "last"], "best",
+         "--to-hf: which checkpoint of the run: best (the lowest validation loss; default, as in "
+         "every command) or last"),
         ("--moe-layout", ["per_expert", "fused"], "per_expert",
          "--to-hf, Mixtral: block_sparse_moe.experts.N.w1/w2/w3 (default, what save_pretrained "
          "writes) or fused mlp.experts.gate_up_proj"),

@@ -21,6 +21,7 @@ from typing import Any
 
 from attnlab.commands.config_args import explicit_dests, resolve_spec, train_flag_keys
 from attnlab.commands.flags import add_flags
+from attnlab.data.detokenize import StreamDecoder
 from attnlab.errors import RunDirError, UserError
 from attnlab.runspec import FAMILIES
 
@@ -119,11 +120,23 @@ def _stop_list(stop_ids: int | list[int] | None) -> list[int]:
     return [] if stop_ids is None else [stop_ids] if isinstance(stop_ids, int) else list(stop_ids)
 
 
+def _check_sampling(args: argparse.Namespace) -> None:
+    """The sampling options, in the command line's words, before anything is loaded or printed
+    (the library checks them too, but only once the prompt is already on the screen)."""
+    if args.temperature is not None and not args.temperature >= 0:
+        raise UserError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise UserError(f"--top-k must be at least 1, got {args.top_k}")
+    if args.top_p is not None and not 0.0 < args.top_p <= 1.0:
+        raise UserError(f"--top-p must be in (0, 1] (1 = off), got {args.top_p}")
+
+
 def _generate(args: argparse.Namespace) -> int:
     import torch
 
     if args.n < 0:
         raise UserError(f"-n must be >= 0, got {args.n}")
+    _check_sampling(args)
     if args.beam is not None:
         sampling = [
             flag
@@ -204,7 +217,26 @@ def _beam_text(model, tok, idx, args: argparse.Namespace, stop_ids: list[int]) -
         0
     ]
     new = [t for t in hyp.ids if t not in stop_ids]  # the end-of-text id ends the beam
-    return _cut_at_stop_text(tok.decode(new), args.stop)[0]
+    dec = StreamDecoder(tok)
+    text = "".join(dec.push(t) for t in new) + dec.finish()
+    _say_invalid(dec)
+    return _cut_at_stop_text(text, args.stop)[0]
+
+
+def _say_invalid(dec: StreamDecoder) -> None:
+    """A note on stderr when the model's bytes were not UTF-8 (shown as ``\\xNN``)."""
+    if dec.invalid:
+        print(
+            f"note: the model produced {dec.invalid} byte(s) that are not valid UTF-8 text; "
+            "they are shown as \\xNN",
+            file=sys.stderr,
+        )
+    if dec.unfinished:
+        print(
+            f"note: generation stopped inside a multi-byte character; its first "
+            f"{dec.unfinished} byte(s) are not shown",
+            file=sys.stderr,
+        )
 
 
 def _stream_sample(model, tok, idx, args: argparse.Namespace, stop_ids: list[int]) -> None:
@@ -220,8 +252,9 @@ def _stream_sample(model, tok, idx, args: argparse.Namespace, stop_ids: list[int
     if stream:
         out.write(args.prompt)
         out.flush()
-    new: list[int] = []
-    shown = text = ""
+    dec = StreamDecoder(tok)  # holds back the bytes of an incomplete character
+    shown = text = raw = ""
+    stopped = False
     for nxt in stream_generate(
         model,
         idx,
@@ -236,17 +269,19 @@ def _stream_sample(model, tok, idx, args: argparse.Namespace, stop_ids: list[int
     ):
         if int(nxt[0]) in stop_ids:
             break  # end of text
-        new.append(int(nxt[0]))
-        text, stopped = _cut_at_stop_text(tok.decode(new), args.stop)
-        # byte-level BPE can end mid-character: wait for the rest of it before printing
-        if stream and (stopped or not text.endswith("\ufffd")):
+        raw += dec.push(int(nxt[0]))
+        text, stopped = _cut_at_stop_text(raw, args.stop)
+        if stream and len(text) > len(shown):
             out.write(text[len(shown) :])
             out.flush()
             shown = text
         if stopped:
             break
+    if not stopped:
+        text = _cut_at_stop_text(raw + dec.finish(), args.stop)[0]
     out.write((text[len(shown) :] if stream else args.prompt + text) + "\n")
     out.flush()
+    _say_invalid(dec)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,14 +329,18 @@ def _eval_lm(args: argparse.Namespace) -> int:
         raise UserError(f"--max-batches must be >= 1, got {args.max_batches}")
     loaded = load_lm(args.run_dir, args.weights, _device(getattr(args, "device", None)))
     if loaded.task.get("type") != "lm":
-        raise RunDirError(f"{str(args.run_dir)!r}: config.json has no language-modelling task")
+        raise RunDirError(
+            f"{str(args.run_dir)!r}: config.json has no language-modelling task, so there is no "
+            "held-out split to evaluate (a run converted from a Hugging Face folder that attnlab "
+            "did not export)"
+        )
     task = LMTask.from_config(loaded.task, loaded.tokenizer)
     res = task.val_loss(loaded.model, batch_size=args.batch_size, n_batches=args.max_batches)
     print(
         f"{args.run_dir}: val loss {res['loss']:.4f}, perplexity {res['perplexity']:.3f} "
         f"({res['tokens']:,} tokens of {task.data!r}: "
         f"{'the whole validation split' if args.max_batches is None else f'{args.max_batches} batches'}"
-        f", {args.weights} weights)"
+        f"; {loaded.checkpoint})"
     )
     return 0
 

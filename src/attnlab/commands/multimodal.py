@@ -96,17 +96,20 @@ def _use_commands() -> list[dict]:
         {
             "name": "caption",
             "help": "caption an image with a trained captioner",
-            "description": "Print a caption for scene images (PNGs of the training size, e.g. "
-            "from 'attnlab scene'); all images are captioned as one batch.",
+            "description": "Print a caption for scene images (e.g. from 'attnlab scene'; other "
+            "sizes are resized to the model's, as classify does); all images are captioned as "
+            "one batch.",
             "flags": [
                 ("run_dir", None, None, "a run of 'attnlab train caption'"),
-                ("image", None, None, "image file(s) of the size the model was trained on",
-                 {"nargs": "+"}),
+                ("image", None, None, "image file(s); other sizes are resized to the model's "
+                 "(as classify does)", {"nargs": "+"}),
                 ("--beam", int, 1, "beam width (1 = greedy)"),
                 ("--attention", None, None,
                  "transformer: write per-word cross-attention maps of the first image",
                  {"metavar": "PNG"}),
                 ("--weights", ["best", "last"], "best", WEIGHTS_HELP),
+                ("--no-resize", "store_true", None, "refuse images whose size differs from the "
+                 "model's"),
             ],
             "func": _run_caption,
         },
@@ -117,11 +120,13 @@ def _use_commands() -> list[dict]:
             "vocabulary are reported and read as <unk>.",
             "flags": [
                 ("run_dir", None, None, "a run of 'attnlab train vqa'"),
-                ("image", None, None, "image file of the size the model was trained on"),
+                ("image", None, None, "image file; another size is resized to the model's"),
                 ("question", None, None, 'e.g. "what colour is the circle?"'),
                 ("--top", int, 3,
                  "also show the N most likely answers with probabilities on stderr (default 3)"),
                 ("--weights", ["best", "last"], "best", WEIGHTS_HELP),
+                ("--no-resize", "store_true", None, "refuse an image whose size differs from the "
+                 "model's"),
             ],
             "func": _run_ask,
         },
@@ -375,7 +380,9 @@ def _run_caption(args: argparse.Namespace) -> int:
             "the image)"
         )
     size = model.config.image_size
-    images = torch.cat([read_scene_image(path, size) for path in args.image])  # all read first
+    images = torch.cat(
+        [read_scene_image(path, size, resize=not args.no_resize) for path in args.image]
+    )  # all read first
     hyps = decode_captions(model, images, beam_size=args.beam, attention=bool(args.attention))
     for k, (path, h) in enumerate(zip(args.image, hyps)):
         ended = bool(h.ids) and h.ids[-1] == Vocab.END
@@ -398,7 +405,7 @@ def _run_ask(args: argparse.Namespace) -> int:
     if args.top < 1:
         raise UserError(f"--top must be >= 1, got {args.top}")
     model, vocab = runs.load(args.run_dir, weights=args.weights, kinds=VQA_KINDS)
-    x = read_scene_image(args.image, model.config.image_size)
+    x = read_scene_image(args.image, model.config.image_size, resize=not args.no_resize)
     ids, unknown = vocab.encode(args.question)
     if not ids:
         raise UserError("the question is empty")

@@ -5,17 +5,19 @@
 hold everywhere, without code in the commands:
 
 - a flag means exactly what is typed: abbreviations are off (``--step`` is not ``--steps``);
-- a mistake is reported by the sub-command that did not understand it, with that sub-command's
-  usage (``attnlab train lm: error: ...``), not the top-level one;
+- a mistake is one line, ``attnlab: error: ...``, found by the sub-command that did not
+  understand it (its flags are the ones suggested; the usage block is ``--help``'s job);
 - an unknown flag or sub-command name that is close to a known one gets a suggestion:
-  ``unrecognized arguments: --stpes 100 (did you mean --steps?)``.
+  ``attnlab: error: unknown flag --stpes (did you mean --steps?)``.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
+import sys
 from collections.abc import Sequence
+
+from attnlab.errors import closest
 
 __all__ = ["Parser", "suggest"]
 
@@ -27,12 +29,7 @@ def suggest(word: str, known: Sequence[str]) -> str | None:
         word: what was typed (``--stpes``; ``--stpes=100`` is compared without its value).
         known: the valid words (option strings or sub-command names).
     """
-    word = word.split("=", 1)[0]
-    prefixed = [k for k in known if k.startswith(word)] if len(word) > 3 else []
-    if len(prefixed) == 1:  # an abbreviation of exactly one flag
-        return prefixed[0]
-    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
-    return close[0] if close else None
+    return closest(word.split("=", 1)[0], known)
 
 
 class Parser(argparse.ArgumentParser):
@@ -74,17 +71,33 @@ class Parser(argparse.ArgumentParser):
         return []
 
     def _unrecognized(self, extras: list[str]) -> str:
-        message = f"unrecognized arguments: {' '.join(extras)}"
+        """``unknown flag --stesp (did you mean --steps?)``; words that are not flags (the value
+        after an unknown flag is not named) as ``unexpected argument(s)``."""
+        flags = [w for w in extras if w.startswith("-") and len(w) > 1]
+        if not flags:
+            return f"unexpected argument(s): {' '.join(extras)}"
         options = [s for s in self._option_string_actions if s.startswith("--")]
         hints = []
-        for word in extras:
-            if word.startswith("--"):
-                close = suggest(word, options)
-                if close is not None and close not in hints:
-                    hints.append(close)
+        for word in flags:
+            close = suggest(word, options) if word.startswith("--") else None
+            if close is not None and close not in hints:
+                hints.append(close)
+        what = "unknown flag" if len(flags) == 1 else "unknown flags"
+        message = f"{what} {' '.join(w.split('=', 1)[0] for w in flags)}"
         if hints:
-            message += f" (did you mean {' or '.join(hints)}?)"
-        return message
+            return message + f" (did you mean {' or '.join(hints)}?)"
+        return message + f" (see '{self.prog} --help')"
+
+    def error(self, message: str):
+        """One line on stderr, ``attnlab: error: MESSAGE``, and exit status 2 (argparse would
+        print the usage block first: 21 lines for one mistyped flag)."""
+        if "did you mean" not in message and "--help" not in message:
+            message += f" (see '{self.prog} --help')"
+        self.exit(2, f"attnlab: error: {message}\n")
+
+    def print_usage(self, file=None) -> None:  # (argparse calls it before error)
+        if file is not sys.stderr:
+            super().print_usage(file)
 
     def _check_value(self, action: argparse.Action, value) -> None:
         """An unknown sub-command or choice: the argparse message plus the closest valid one."""
@@ -93,6 +106,10 @@ class Parser(argparse.ArgumentParser):
         except argparse.ArgumentError as err:
             choices = [str(c) for c in action.choices or ()]
             close = suggest(str(value), choices) if isinstance(value, str) else None
+            hint = f" (did you mean {close}?)" if close is not None else ""
+            if isinstance(action, argparse._SubParsersAction):  # `attnlab trian`
+                known = hint or f"; choose from {', '.join(choices)}"
+                raise argparse.ArgumentError(None, f"unknown command {value!r}{known}") from None
             if close is None:
                 raise
-            raise argparse.ArgumentError(action, f"{err.message} (did you mean {close}?)") from None
+            raise argparse.ArgumentError(action, f"{err.message}{hint}") from None

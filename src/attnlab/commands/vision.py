@@ -150,7 +150,7 @@ def _eval_image(args: argparse.Namespace) -> int:
     res = task.evaluate_split(run.model, batch_size=args.batch_size, max_batches=args.max_batches)
     print(
         f"{run.kind} on {task.data.name} test split: accuracy {res['accuracy']:.4f} "
-        f"({res['correct']}/{res['n']}), loss {res['loss']:.4f}"
+        f"({res['correct']}/{res['n']}), loss {res['loss']:.4f}; {run.checkpoint}"
     )
     shown = [f"{n}: {a:.3f}" for n, a in zip(task.classes, res["per_class"]) if a is not None]
     print("per class: " + ", ".join(shown))
@@ -191,6 +191,7 @@ def _classify(args: argparse.Namespace) -> int:
     x = settings.prepare(image[None])
     with torch.no_grad():
         probs = model(x).softmax(-1)[0]
+    print(f"{args.run_dir}: {run.checkpoint}", file=sys.stderr)  # (once the input is accepted)
     k = min(args.top_k, len(settings.classes))
     top = probs.topk(k)
     for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True):

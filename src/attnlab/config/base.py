@@ -29,7 +29,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin
 
-from attnlab.errors import UserError
+from attnlab.errors import UserError, did_you_mean
 
 __all__ = ["Config", "ConfigError"]
 
@@ -187,8 +187,9 @@ class Config:
             except _Mismatch:
                 choices = _literal_choices(tp)
                 if choices:
+                    hint = did_you_mean(value, map(str, choices)) if isinstance(value, str) else ""
                     raise ConfigError(
-                        f"unknown {f.name} {value!r}; choose from {choices}"
+                        f"unknown {f.name} {value!r}{hint}; choose from {choices}"
                     ) from None
                 raise ConfigError(f"{f.name} must be {_describe(tp)}, got {value!r}") from None
 
@@ -236,8 +237,10 @@ class Config:
         names = cls.field_names()
         unknown = sorted(set(d) - set(names))
         if unknown:
+            hints = [did_you_mean(k, names) for k in unknown]
+            hint = f" {' '.join(h.strip() for h in hints if h)}" if any(hints) else ""
             raise ConfigError(
-                f"unknown {cls.__name__} field(s) {unknown}; valid fields: {', '.join(names)}"
+                f"unknown {cls.__name__} field(s) {unknown}{hint}; valid fields: {', '.join(names)}"
             )
         return cls(**d)
 
@@ -255,7 +258,8 @@ class Config:
         """
         if name not in cls.PRESETS:
             raise ConfigError(
-                f"unknown {cls.__name__} preset {name!r}; choose from {cls.presets()}"
+                f"unknown {cls.__name__} preset {name!r}{did_you_mean(name, cls.presets())}; "
+                f"choose from {cls.presets()}"
             )
         return cls.from_dict({**cls.PRESETS[name], **overrides})
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlab.config.base import ConfigError
+from attnlab.errors import did_you_mean
 
 __all__ = [
     "SECTIONS",
@@ -72,7 +73,7 @@ def parse_overrides(items: Iterable[str], *, default_section: str = "model") -> 
             section, name = default_section, key
         if section not in SECTIONS:
             raise ConfigError(
-                f"--set {key}: unknown section {section!r}; use one of {list(SECTIONS)} "
+                f"--set {key}: unknown section {section!r}{did_you_mean(section, SECTIONS)}; use one of {list(SECTIONS)} "
                 "(model.n_heads=8, train.lr=3e-4, task.data=stdlib)"
             )
         if not name:

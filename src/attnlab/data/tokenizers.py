@@ -9,6 +9,11 @@ token ids are keyed by the exact tokenizer). :func:`load_tokenizer` reads either
 - Byte-level BPE (GPT-2's scheme): text is UTF-8 bytes mapped to 256 printable symbols, and merges
   of frequent pairs are learned up to ``vocab_size``. Every string can be encoded.
 
+:func:`as_hf_tokenizer` gives either kind as a Hugging Face ``tokenizers.Tokenizer`` (a character
+tokenizer becomes a ``WordLevel`` model over one-character pieces with a ``Fuse`` decoder), so
+``attnlab convert --to-hf`` writes a ``tokenizer.json`` that ``transformers.AutoTokenizer`` opens;
+:func:`tokenizer_from_json` reads that form back as a :class:`CharTokenizer`.
+
 Masked-LM runs add BERT's special tokens ``[PAD] [CLS] [SEP] [MASK]`` (:data:`SPECIAL_TOKENS`) with
 :class:`TokenizerWithSpecials` (``train_tokenizer(..., specials=True)``): the four tokens get the
 ids after the plain vocabulary, so text without them encodes exactly as before, and a
@@ -30,6 +35,7 @@ from attnlab.fileio import atomic_write_text
 __all__ = [
     "CharTokenizer",
     "ByteBPETokenizer",
+    "as_hf_tokenizer",
     "TokenizerWithSpecials",
     "SPECIAL_TOKENS",
     "load_tokenizer",
@@ -281,6 +287,46 @@ class TokenizerWithSpecials(_SavedTokenizer):
         return json.dumps(data, ensure_ascii=False)
 
 
+def as_hf_tokenizer(tok: CharTokenizer | ByteBPETokenizer | TokenizerWithSpecials):
+    """The tokenizer as a Hugging Face ``tokenizers.Tokenizer`` with the same ids.
+
+    A character tokenizer becomes a ``WordLevel`` model whose vocabulary is the alphabet, a
+    pre-tokenizer that splits text into single characters and a ``Fuse`` decoder (ids -> the
+    characters joined); BERT's specials, if any, are added special tokens with their ids. A BPE
+    tokenizer is its own ``tokenizers`` object.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    base = tok.base if isinstance(tok, TokenizerWithSpecials) else tok
+    if isinstance(base, ByteBPETokenizer):
+        return Tokenizer.from_str(tok.to_json())
+    hf = Tokenizer(models.WordLevel(dict(base.stoi), unk_token=None))
+    hf.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    hf.decoder = decoders.Fuse()
+    if isinstance(tok, TokenizerWithSpecials):
+        hf.add_special_tokens(list(SPECIAL_TOKENS))  # ids base.vocab_size + 0 ... 3
+    return hf
+
+
+def _hf_char_tokenizer(data: dict) -> CharTokenizer | TokenizerWithSpecials | None:
+    """The character tokenizer that :func:`as_hf_tokenizer` wrote as ``data``, or None when
+    ``data`` is another kind of ``tokenizers`` JSON."""
+    model, pre, dec = data.get("model") or {}, data.get("pre_tokenizer"), data.get("decoder")
+    vocab = model.get("vocab")
+    if model.get("type") != "WordLevel" or not isinstance(vocab, dict) or not vocab:
+        return None
+    if (pre or {}).get("type") != "Split" or (dec or {}).get("type") != "Fuse":
+        return None
+    chars = sorted(vocab, key=vocab.get)
+    if any(len(c) != 1 for c in chars) or sorted(vocab.values()) != list(range(len(chars))):
+        return None
+    added = [a.get("content") for a in data.get("added_tokens") or [] if isinstance(a, dict)]
+    if added not in ([], list(SPECIAL_TOKENS)):
+        return None
+    tok = CharTokenizer(chars)
+    return TokenizerWithSpecials(tok) if added else tok
+
+
 def _bpe_specials(data: dict) -> bool:
     """Whether a BPE tokenizer.json lists exactly the specials, after its plain vocabulary
     (then they are removed from ``data``: :class:`TokenizerWithSpecials` adds them back)."""
@@ -336,6 +382,9 @@ def tokenizer_from_json(
         tok = CharTokenizer(data["chars"])
         return tok if specials is None else TokenizerWithSpecials(tok)
     if isinstance(data.get("model"), dict):
+        char = _hf_char_tokenizer(data)  # a character tokenizer exported for Hugging Face
+        if char is not None:
+            return char
         specials = _bpe_specials(data)
         try:
             bpe = ByteBPETokenizer.from_json(json.dumps(data) if specials else text)

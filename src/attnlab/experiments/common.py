@@ -18,7 +18,7 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ __all__ = [
     "prepare_out_dir",
     "Table",
     "write_outputs",
+    "undertrained",
     "TABLE_FILE",
     "RESULTS_FILE",
 ]
@@ -252,3 +253,61 @@ def write_outputs(
         draw(results, out / name)
         written["plot"] = out / name
     return written
+
+
+def undertrained(
+    scores: Mapping[str, float | None],
+    *,
+    threshold: float,
+    what: str,
+    higher_is_better: bool = True,
+    max_time: float | None = None,
+    steps: int | None = None,
+    fmt: Callable[[float], str] = lambda v: f"{v:.3g}",
+) -> str | None:
+    """The paragraph that replaces an experiment's conclusion when its runs trained too little.
+
+    A comparison between conditions means something only once every run has learnt the task
+    where it is easiest (the shortest sources, the most images...): a model at chance there
+    loses everywhere for want of training, not for the reason the experiment tests.
+
+    Args:
+        scores: run name -> its score on the easiest condition (None: not measured).
+        threshold: the score every run must pass (stated in the message).
+        what: the score in words (``"exact match on 1-4-word sources"``).
+        higher_is_better: accuracy-like (True) or loss-like (False).
+        max_time: the budget used (seconds), to suggest a longer one; or ``steps``.
+        fmt: how a score is written.
+
+    Returns:
+        ``"Undertrained: ... no conclusion is drawn; train longer (--max-time N)."``, or None
+        when every run passed the threshold.
+    """
+    short = {
+        k: v
+        for k, v in scores.items()
+        if v is None or (v < threshold if higher_is_better else v > threshold)
+    }
+    if not short:
+        return None
+    worst = [v for v in short.values() if v is not None]
+    if worst and all(v > 0 for v in worst) and not higher_is_better:
+        gap = max(worst) / threshold
+    elif worst and higher_is_better:
+        gap = threshold / max(min(worst), threshold / 8)
+    else:
+        gap = 4.0
+    factor = min(8.0, max(2.0, 2.0 * gap))
+    if max_time is not None:
+        longer = f"--max-time {int(math.ceil(max_time * factor / 10) * 10)}"
+    elif steps is not None:
+        longer = f"--steps {int(math.ceil(steps * factor / 100) * 100)}"
+    else:
+        longer = "a longer budget"
+    got = ", ".join(f"{k} {'n/a' if v is None else fmt(v)}" for k, v in short.items())
+    need = "at least" if higher_is_better else "at most"
+    return (
+        f"Undertrained: {what} is {got}, where every run needs {need} {fmt(threshold)} before "
+        "the comparison says anything about the claim; no conclusion is drawn from this run. "
+        f"Train longer ({longer})."
+    )

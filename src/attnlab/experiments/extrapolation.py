@@ -255,6 +255,11 @@ def _table(results: dict) -> common.Table:
     return table
 
 
+#: every scheme must read the trained length this well (nats per character; letter frequencies
+#: alone give about 3.2, the README's runs 2.03-2.08) before its loss past L is compared
+MAX_LOSS_AT_L = 2.6
+
+
 def summarise(results: dict) -> str:
     """How much each scheme's loss rises from L to the longest length, best first."""
     L = results["data"]["context"]
@@ -270,6 +275,18 @@ def summarise(results: dict) -> str:
         elif at_l is not None:
             parts.append((far - at_l, r["position"], at_l, far))
     parts.sort()
+    cfg = results.get("config") or {}
+    short = common.undertrained(  # a model that has not learnt L extrapolates nothing
+        {r["position"]: (r["lengths"].get(str(L)) or {}).get("loss") for r in results["runs"]},
+        threshold=MAX_LOSS_AT_L,
+        what=f"the loss at the trained length L = {L} (nats per character)",
+        higher_is_better=False,
+        max_time=cfg.get("max_time"),
+        steps=cfg.get("steps"),
+        fmt=lambda v: f"{v:.2f}",
+    )
+    if short is not None:
+        return short
     text = "; ".join(f"{p}: {a:.3f} → {b:.3f} ({d:+.3f})" for d, p, a, b in parts)
     out = f"Loss at L = {L} → {longest}: {text}." if parts else ""
     if refused:

@@ -37,12 +37,15 @@ FAMILIES: tuple[ModuleType, ...] = (text, mlm, translation, vision, caption, vqa
 
 #: kinds with nothing to show, and what to train instead
 NO_ATTENTION = {
-    "lstm_lm": "an LSTM language model has no attention (train decoder_lm: 'attnlab train lm')",
-    "bigram_lm": "a bigram model has no attention (train decoder_lm: 'attnlab train lm')",
-    "rnn": "the plain RNN translator has no attention (train the rnn-attn model)",
-    "cnn": "a CNN has no attention (train a vit or swin classifier)",
-    "caption_lstm": "the LSTM captioner has no attention over the image (train caption_transformer)",
-    "vqa_lstm": "the LSTM VQA model has no attention (train vqa_transformer)",
+    "lstm_lm": "an LSTM language model has no attention (train one with 'attnlab train lm')",
+    "bigram_lm": "a bigram model has no attention (train one with 'attnlab train lm')",
+    "rnn": "the plain RNN translator has no attention "
+    "(train one with 'attnlab train translate --model rnn-attn' or '--model transformer')",
+    "cnn": "a CNN has no attention (train one with 'attnlab train image --model vit' or swin)",
+    "caption_lstm": "the LSTM captioner has no attention over the image "
+    "(train one with 'attnlab train caption --model transformer')",
+    "vqa_lstm": "the LSTM VQA models have no attention "
+    "(train one with 'attnlab train vqa --model transformer')",
 }
 
 MAX_QUESTION_CHARS = 500
@@ -79,13 +82,13 @@ class Explorer:
 
     Args:
         run_dir: a run directory (``attnlab train ...``); nothing is written to it.
-        weights: ``last`` or ``best``.
+        weights: ``best`` (default, as in every command) or ``last``.
 
     Raises:
         UserError: a missing run, or a kind the explorer cannot show (checked before loading).
     """
 
-    def __init__(self, run_dir: str | os.PathLike, *, weights: str = "last") -> None:
+    def __init__(self, run_dir: str | os.PathLike, *, weights: str = "best") -> None:
         kind = read_config(run_dir)["kind"]
         self.family = family_for(kind)
         self.run = load(run_dir, weights=weights)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnlab.data.images.readers import resize_image
 from attnlab.errors import UserError
 
 __all__ = [
@@ -79,8 +80,7 @@ def decode_image(
                 raise UserError(f"{name} is {im.size[0]}×{im.size[1]} pixels: too large")
             im = im.convert("L" if channels == 1 else "RGB")
             h, w = size
-            if im.size != (w, h):
-                im = im.resize((w, h), Image.BILINEAR)
+            im = resize_image(im, w, h)  # as classify and caption do
             arr = np.asarray(im, dtype=np.float32) / 255.0
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError) as err:
         raise UserError(f"cannot read {name} as an image: {err}") from None

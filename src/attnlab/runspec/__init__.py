@@ -41,7 +41,7 @@ from attnlab.config.base import Config
 from attnlab.config.overrides import apply_overrides, load_config_file, parse_overrides
 from attnlab.config.train import TrainConfig
 from attnlab.data.tokenizers import load_tokenizer
-from attnlab.errors import UserError
+from attnlab.errors import UserError, did_you_mean
 from attnlab.models.registry import build_model, get_kind
 from attnlab.runspec.budget import LMBudgetChoice, choose_lm_settings, fastest_ref_steps_per_s
 from attnlab.tasks.lm import LMTask
@@ -226,7 +226,10 @@ def _preset_fields(cls: type[Config], name: str | None) -> dict[str, Any]:
     if name is None:
         return {}
     if name not in cls.PRESETS:
-        raise ConfigError(f"unknown {cls.__name__} preset {name!r}; choose from {cls.presets()}")
+        raise ConfigError(
+            f"unknown {cls.__name__} preset {name!r}{did_you_mean(name, cls.presets())}; "
+            f"choose from {cls.presets()}"
+        )
     return dict(cls.PRESETS[name])
 
 

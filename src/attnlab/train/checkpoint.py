@@ -186,7 +186,7 @@ def check_run_dir(
     """
     run_dir = Path(run_dir)
     if resume and overwrite:
-        raise UserError("choose one of resume (continue the run) and overwrite (start again)")
+        raise UserError("choose one of --resume (continue the run) and --overwrite (start again)")
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"run directory {str(run_dir)!r} exists and is not a directory")
     # under torchrun only rank 0 looks at (and later takes) the lock

@@ -82,8 +82,9 @@ def plot_curves(
             ax.plot(*zip(*train), label="train (per step)", linewidth=1.0, alpha=0.8)
         if val:
             n = train_cfg.get("eval_batches")
-            what = f"validation ({n} batches)" if n else "validation"
-            ax.plot(*zip(*val), "o-", label=what, linewidth=1.5, markersize=3)
+            what = f"validation ({n} batch{'es' if n != 1 else ''})" if n else "validation"
+            # only at the evaluated steps (markers): nothing is drawn before the first one
+            ax.plot(*zip(*val), "o-", label=what, linewidth=1.5, markersize=4)
         eps = float(train_cfg.get("label_smoothing") or 0.0)
         vocab = model_cfg.get("tgt_vocab_size") or model_cfg.get("vocab_size")
         if eps > 0 and vocab and (train or val):

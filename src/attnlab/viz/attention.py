@@ -1,7 +1,9 @@
 """Attention heatmaps: one matrix of weights, query tokens as rows and key tokens as columns.
 
-Tick labels stay readable: horizontal when a row of them fits (slanted otherwise), at a legible
-size, and only every k-th one when there are more than :data:`MAX_TICKS` (the axis label says so). Every map has a colour bar (a grid shares one scale and one bar).
+Tick labels stay readable: horizontal (on the x axis upright where a row would overlap, never
+slanted), at 9 pt, spaces and newlines shown as ``␣ ↵`` (:func:`visible`), and only every k-th one
+when there are more than :data:`MAX_TICKS` (the axis label says so). Every map has a colour bar
+(a grid shares one scale and one bar); a grid of heads is laid out three panels to a row.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 
 from attnlab.runs import atomic_save
 
-__all__ = ["plot_attention", "plot_attention_grid", "MAX_TICKS", "tick_labels"]
+__all__ = ["plot_attention", "plot_attention_grid", "MAX_TICKS", "tick_labels", "visible"]
 
 #: at most this many tick labels on an axis; longer inputs show every k-th token
 MAX_TICKS = 40
@@ -27,27 +29,40 @@ def tick_labels(tokens: Sequence[str], limit: int = MAX_TICKS) -> tuple[list[int
     return positions, [str(tokens[i]) for i in positions], k
 
 
+#: how a token that prints as nothing (or moves the cursor) is labelled
+VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "": "∅"}
+
+
+def visible(token: str) -> str:
+    """A token as a tick label a person can read: spaces, newlines and tabs as ``␣ ↵ ⇥``
+    (a leading space of a longer token too: ``␣the``)."""
+    token = str(token)
+    if token in VISIBLE:
+        return VISIBLE[token]
+    return "".join(VISIBLE.get(c, c) if c in "\n\t" else c for c in token).replace(" ", "␣")
+
+
 def _label_axis(ax, axis: str, tokens: Sequence[str] | None, n: int, name: str, size: int) -> None:
-    """Ticks of one axis (``x`` or ``y``) from ``tokens`` (or none), and its label."""
+    """Ticks of one axis (``x`` or ``y``) from ``tokens`` (or none), and its label.
+
+    Labels are horizontal; on the x axis, where a row of them would overlap, they stand upright
+    (rotated 90°, still read from the bottom), never slanted.
+    """
     setter = ax.set_xticks if axis == "x" else ax.set_yticks
     label = ax.set_xlabel if axis == "x" else ax.set_ylabel
     if tokens is None or len(tokens) != n:
         setter([])
         label(name)
         return
-    positions, labels, k = tick_labels(tokens)
-    room = 60 if size >= 9 else 24  # characters a row of labels fits in (figure or one panel)
-    long = axis == "x" and len(labels) * max((len(t) for t in labels), default=0) > room
+    positions, labels, k = tick_labels([visible(t) for t in tokens])
+    width_in = ax.get_position().width * ax.figure.get_figwidth()  # the axis's width, inches
+    per_label = width_in * 72 / max(len(labels), 1)  # points per label
+    longest = max((len(t) for t in labels), default=0)
+    upright = axis == "x" and longest * size * 0.65 > per_label
     if axis == "x":
-        ax.set_xticks(
-            positions,
-            labels,
-            fontsize=size,
-            rotation=45 if long else 0,
-            ha="right" if long else "center",
-        )
+        ax.set_xticks(positions, labels, fontsize=size, rotation=90 if upright else 0)
     else:
-        ax.set_yticks(positions, labels, fontsize=size)
+        ax.set_yticks(positions, labels, fontsize=size, rotation=0)
     label(name if k == 1 else f"{name} (1 in {k} of {n} labelled)")
 
 
@@ -121,17 +136,28 @@ def _grid(w: torch.Tensor, path, rows, cols, title) -> None:
     panels = [*w, w.mean(0)]
     names = [f"head {i}" for i in range(w.shape[0])] + ["mean of the heads"]
     n = len(panels)
+    n_cols = min(n, 3)
+    n_rows = -(-n // n_cols)
+    side = min(max(3.2, 0.17 * min(max(w.shape[1:]), MAX_TICKS) + 1.0), 7.0)  # inches a panel
     fig, axes = plt.subplots(
-        1, n, figsize=(min(3.2 * n + 1, 26), 3.6), squeeze=False, layout="constrained"
+        n_rows,
+        n_cols,
+        figsize=(side * n_cols + 1.2, side * n_rows + 0.8),
+        squeeze=False,
+        layout="constrained",
     )
     top = float(w.max()) if w.numel() else 1.0
-    for ax, p, name in zip(axes[0], panels, names):
+    for k, ax in enumerate(axes.flat):
+        if k >= n:
+            ax.axis("off")
+            continue
+        p = panels[k]
         im = ax.imshow(p.numpy(), cmap="viridis", aspect="auto", vmin=0.0, vmax=top)
-        ax.set_title(name, fontsize=9)
-        _label_axis(ax, "x", cols, p.shape[1], "keys", 7)
-        first = ax is axes[0][0]
-        _label_axis(ax, "y", rows if first else None, p.shape[0], "queries" if first else "", 7)
-    fig.colorbar(im, ax=list(axes[0]), fraction=0.02, pad=0.01, label="attention weight")
+        ax.set_title(names[k], fontsize=10)
+        bottom, left = k // n_cols == n_rows - 1 or k + n_cols >= n, k % n_cols == 0
+        _label_axis(ax, "x", cols, p.shape[1], "keys (attended to)" if bottom else "", 9)
+        _label_axis(ax, "y", rows if left else None, p.shape[0], "queries" if left else "", 9)
+    fig.colorbar(im, ax=list(axes.flat), fraction=0.02, pad=0.01, label="attention weight")
     if title:
         fig.suptitle(title, wrap=True)
     atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))

@@ -73,11 +73,17 @@ def attention_rollout(weights: list[Tensor], *, n_prefix: int = 1, residual: flo
     return rows[:, n_prefix:]
 
 
+#: one hue from dark (no attention) to bright (the most): what the colour bar shows is what the
+#: panels show
+ATTENTION_CMAP = "magma"
+
+
 def overlay_attention(
     image: Tensor, maps: dict[str, Tensor], path: str | os.PathLike, *, title: str | None = None
 ) -> None:
-    """Write a PNG: the image, then each ``(Gh, Gw)`` map overlaid on it, one block per patch
-    (not smoothed), on one colour scale (each map divided by its maximum) with a colour bar.
+    """Write a PNG: the image, then each ``(Gh, Gw)`` map beside it on the same pixel grid, one
+    block per patch (not smoothed), in one single-hue colour scale (each map scaled to 0..1)
+    whose colour bar reads the panels exactly.
 
     Args:
         image: ``(C, H, W)`` in [0, 1] (1 or 3 channels).
@@ -102,11 +108,11 @@ def overlay_attention(
     for ax, (name, m) in zip(axes[0][1:], maps.items()):
         m = m.detach().float().cpu()
         m = (m - m.min()) / (m.max() - m.min() + 1e-12)
-        ax.imshow(shown, cmap="gray" if img.shape[0] == 1 else None, interpolation="nearest")
-        im = ax.imshow(  # one block per patch, not smoothed
+        # beside the image, not blended over it: a blend of colours over grey shows neither,
+        # and its colours no longer match the bar
+        im = ax.imshow(  # one block per patch, not smoothed, on the image's grid
             m.numpy(),
-            cmap="jet",
-            alpha=0.5,
+            cmap=ATTENTION_CMAP,
             interpolation="nearest",
             extent=(-0.5, W - 0.5, H - 0.5, -0.5),
             vmin=0.0,

@@ -24,6 +24,7 @@ from attnlab.data.images.readers import (
     load_image_folder,
     load_mnist,
     read_image,
+    resize_image,
 )
 from attnlab.data.images.settings import LABELS_FILE, ImageSettings
 from attnlab.data.images.shapes import COLOUR_NAMES, SHAPE_NAMES, make_shapes
@@ -51,6 +52,7 @@ __all__ = [
     "split_images",
     "hold_out_val",
     "read_image",
+    "resize_image",
     "random_crop",
     "random_flip",
     "normalize",

@@ -22,6 +22,7 @@ from attnlab.errors import UserError
 __all__ = [
     "IMAGE_EXTENSIONS",
     "read_image",
+    "resize_image",
     "load_image_folder",
     "load_digits",
     "load_mnist",
@@ -51,12 +52,29 @@ def load_digits(*, seed: int = 0) -> ImageSplits:
     return split_images(images, labels, [str(i) for i in range(10)], "digits", seed)
 
 
+def resize_image(im, width: int, height: int):
+    """A PIL image resized to ``width × height`` the one way every command reads images.
+
+    A whole-number reduction (the 8× copies ``attnlab samples`` and ``attnlab scene`` write) is
+    a box filter: each output pixel is the mean of its block, so an enlarged copy reads back as
+    the original. Any other size is bilinear (PIL's, which widens the filter when shrinking).
+    """
+    from PIL import Image
+
+    if im.size == (width, height):
+        return im
+    fx, fy = im.size[0] / width, im.size[1] / height
+    whole = fx == fy and fx >= 1 and fx == int(fx)
+    return im.resize((width, height), Image.BOX if whole else Image.BILINEAR)
+
+
 def read_image(path: str | Path, *, image_size: int | None = None, channels: int = 3) -> Tensor:
     """One image file as ``(C, H, W)`` float32 in [0, 1], optionally resized to a square.
 
     Args:
         path: an image file PIL can read.
-        image_size: resize to ``image_size × image_size`` (bilinear); None keeps the size.
+        image_size: resize to ``image_size × image_size`` (:func:`resize_image`); None keeps
+            the size.
         channels: 1 (grey) or 3 (RGB); the file is converted.
 
     Raises:
@@ -75,8 +93,8 @@ def read_image(path: str | Path, *, image_size: int | None = None, channels: int
     try:
         with Image.open(path) as im:
             im = im.convert("L" if channels == 1 else "RGB")
-            if image_size is not None and im.size != (image_size, image_size):
-                im = im.resize((image_size, image_size), Image.BILINEAR)
+            if image_size is not None:
+                im = resize_image(im, image_size, image_size)
             arr = np.asarray(im, dtype=np.float32) / 255.0
     except (
         UnidentifiedImageError,

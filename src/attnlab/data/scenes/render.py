@@ -51,13 +51,19 @@ def images_to_tensor(images: np.ndarray) -> Tensor:
     return t.permute(0, 3, 1, 2).float().div_(255.0).contiguous()  # (N, 3, H, W)
 
 
-def read_scene_image(path: str | Path, image_size: int) -> Tensor:
-    """Read an RGB image file as ``(1, 3, H, W)`` floats, checking it is ``image_size`` square.
+def read_scene_image(path: str | Path, image_size: int, *, resize: bool = True) -> Tensor:
+    """Read an RGB image file as ``(1, 3, H, W)`` floats of ``image_size`` square.
+
+    An image of another size is resized as ``attnlab classify`` resizes
+    (:func:`attnlab.data.images.resize_image`: the 8× copies ``attnlab scene`` writes read back
+    as the scene), unless ``resize`` is False.
 
     Raises:
-        UserError: the file is missing, not an image, or of the wrong size.
+        UserError: the file is missing, not an image, or of the wrong size and not ``resize``.
     """
     from PIL import Image, UnidentifiedImageError
+
+    from attnlab.data.images.readers import resize_image
 
     path = Path(path)
     if not path.exists():
@@ -67,13 +73,13 @@ def read_scene_image(path: str | Path, image_size: int) -> Tensor:
     try:
         with Image.open(path) as im:
             # The header gives the size: a wrong-sized (or huge) image is refused undecoded.
-            if im.size != (image_size, image_size):
+            if not resize and im.size != (image_size, image_size):
                 raise UserError(
                     f"image {str(path)!r} is {im.size[0]}x{im.size[1]} pixels; this model "
-                    f"was trained on {image_size}x{image_size} scenes "
-                    f"(write one with 'attnlab scene --out DIR --image-size {image_size}')"
+                    f"was trained on {image_size}x{image_size} scenes (drop --no-resize to "
+                    "resize it)"
                 )
-            arr = np.asarray(im.convert("RGB"), dtype=np.uint8)
+            arr = np.asarray(resize_image(im.convert("RGB"), image_size, image_size))
     except (UnidentifiedImageError, Image.DecompressionBombError, OSError) as err:
         raise UserError(f"cannot read {str(path)!r} as an image: {err}") from None
     return images_to_tensor(arr)

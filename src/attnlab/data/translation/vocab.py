@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from attnlab.config.translation import VOCAB_LEVELS, TranslationTaskConfig
-from attnlab.errors import UserError
+from attnlab.errors import UserError, did_you_mean
 from attnlab.fileio import atomic_write_text
 
 __all__ = [
@@ -196,7 +196,10 @@ class Vocab:
                     or unknown
                 )
             if unknown:
-                shown = ", ".join(repr(u) for u in list(dict.fromkeys(unknown))[:10])
+                words = [t for t in self.stoi if t.strip() and not t.startswith("<")]
+                shown = ", ".join(
+                    repr(u) + did_you_mean(u, words) for u in list(dict.fromkeys(unknown))[:10]
+                )
                 raise UnknownTokens(
                     f"unknown {self.level} token(s) in {text!r}: {shown} "
                     f"(not in the {len(self)}-token training vocabulary)",

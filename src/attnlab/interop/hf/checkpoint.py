@@ -208,7 +208,7 @@ def load_hf_tokenizer(path: str | os.PathLike):
     Raises:
         UserError: the file is not a readable ``tokenizers`` JSON.
     """
-    from attnlab.data.tokenizers import ByteBPETokenizer
+    from attnlab.data.tokenizers import tokenizer_from_json
 
     tok_path = check_dir(path) / TOKENIZER_NAME
     if not tok_path.exists():
@@ -218,7 +218,7 @@ def load_hf_tokenizer(path: str | os.PathLike):
         data = json.loads(text)
         if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
             raise ValueError("no 'model' section")
-        return ByteBPETokenizer.from_json(text)
+        return tokenizer_from_json(text, str(tok_path))  # (a character tokenizer comes back one)
     except Exception as err:  # tokenizers raises its own exception type
         raise UserError(f"{tok_path} is not a Hugging Face tokenizer.json: {err}") from None
 
@@ -229,20 +229,49 @@ def load_hf_tokenizer(path: str | os.PathLike):
 def tokenizer_json(tokenizer) -> str | None:
     """The ``tokenizer.json`` text of a tokenizer given to ``to_hf`` (None for none).
 
+    attnlab's own tokenizers (character or byte-level BPE, with or without BERT's specials) are
+    written in the ``tokenizers`` form (:func:`attnlab.data.tokenizers.as_hf_tokenizer`); a path
+    is copied as it is.
+
     Raises:
-        UserError: a tokenizer with no ``tokenizer.json`` form (attnlab's character tokenizer).
+        UserError: something that is neither a tokenizer nor a tokenizer.json path.
     """
+    from attnlab.data.tokenizers import (
+        ByteBPETokenizer,
+        CharTokenizer,
+        TokenizerWithSpecials,
+        as_hf_tokenizer,
+    )
+
     if tokenizer is None:
         return None
     if isinstance(tokenizer, (str, os.PathLike)):
         return Path(tokenizer).read_text(encoding="utf-8")
-    inner = getattr(tokenizer, "tokenizer", tokenizer)  # attnlab's BPE wraps a tokenizers object
-    if hasattr(inner, "to_str"):
-        return inner.to_str()
+    if isinstance(tokenizer, (CharTokenizer, ByteBPETokenizer, TokenizerWithSpecials)):
+        return as_hf_tokenizer(tokenizer).to_str()
+    if hasattr(tokenizer, "to_str"):  # a tokenizers.Tokenizer
+        return tokenizer.to_str()
     raise UserError(
         f"a {type(tokenizer).__name__} has no Hugging Face tokenizer.json form; pass a "
-        "tokenizers.Tokenizer, an attnlab byte-level BPE tokenizer or a tokenizer.json path"
+        "tokenizers.Tokenizer, an attnlab tokenizer or a tokenizer.json path"
     )
+
+
+#: what ``AutoTokenizer.from_pretrained`` reads next to tokenizer.json: without it, transformers
+#: builds the model type's own tokenizer class (Llama's, GPT-2's) and rebuilds its pipeline
+#: instead of reading the file as written
+TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
+
+
+def tokenizer_config(tokenizer_text: str) -> dict:
+    """``tokenizer_config.json`` for a ``tokenizer.json``: the generic fast tokenizer, and
+    BERT's special tokens when the file has them (``[MASK]`` for a fill-mask pipeline)."""
+    config: dict = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    added = {a.get("content") for a in json.loads(tokenizer_text).get("added_tokens") or []}
+    for name, token in (("pad", "[PAD]"), ("cls", "[CLS]"), ("sep", "[SEP]"), ("mask", "[MASK]")):
+        if token in added:
+            config[f"{name}_token"] = token
+    return config
 
 
 def check_writable(path: Path, overwrite: bool) -> None:
@@ -255,7 +284,7 @@ def check_writable(path: Path, overwrite: bool) -> None:
         raise UserError(f"{str(path)!r} exists and is not a directory")
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise UserError(
-            f"{str(path)!r} is not empty; pass overwrite=True (--overwrite) to replace it"
+            f"{str(path)!r} is not empty; add --overwrite (overwrite=True in Python) to replace it"
         )
 
 
@@ -314,6 +343,7 @@ def write_checkpoint(
         *path.glob("model*.safetensors*"),
         path / GENERATION_CONFIG_NAME,
         path / TOKENIZER_NAME,
+        path / TOKENIZER_CONFIG_NAME,
     ]
     for old in stale:
         old.unlink(missing_ok=True)
@@ -332,5 +362,7 @@ def write_checkpoint(
         atomic_write_text(path / INDEX_NAME, json.dumps(index, indent=2) + "\n")
     if tokenizer_text is not None:
         atomic_write_text(path / TOKENIZER_NAME, tokenizer_text)
+        tok_config = json.dumps(tokenizer_config(tokenizer_text), indent=2) + "\n"
+        atomic_write_text(path / TOKENIZER_CONFIG_NAME, tok_config)
     atomic_write_text(path / CONFIG_NAME, json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
     return path

@@ -14,7 +14,7 @@ from torch import nn
 
 from attnlab.config.base import Config, ConfigError
 from attnlab.config.vision import CNNConfig, SwinConfig, ViTConfig
-from attnlab.errors import UserError
+from attnlab.errors import UserError, did_you_mean
 from attnlab.models.registry import build_model
 
 __all__ = ["IMAGE_CLASSIFIERS", "build_image_classifier"]
@@ -46,14 +46,19 @@ def build_image_classifier(
             images, or values that do not fit together (e.g. a patch size not dividing the image).
     """
     if kind not in IMAGE_CLASSIFIERS:
-        raise UserError(f"unknown model {kind!r}; choose from {', '.join(IMAGE_CLASSIFIERS)}")
+        raise UserError(
+            f"unknown model {kind!r}{did_you_mean(kind, IMAGE_CLASSIFIERS)}; choose from {', '.join(IMAGE_CLASSIFIERS)}"
+        )
     cfg_cls = IMAGE_CLASSIFIERS[kind]
     c, h, w = image_shape
     if h != w:
         raise UserError(f"images must be square, got {h}×{w}")
     preset = preset or ("tiny" if h <= 16 else "small")
     if preset not in cfg_cls.PRESETS:
-        raise UserError(f"unknown {kind} preset {preset!r}; known: {', '.join(cfg_cls.PRESETS)}")
+        raise UserError(
+            f"unknown {kind} preset {preset!r}{did_you_mean(preset, cfg_cls.PRESETS)}; "
+            f"known: {', '.join(cfg_cls.PRESETS)}"
+        )
     overrides = dict(overrides or {})
     known = cfg_cls.field_names()
     unknown = sorted(set(overrides) - set(known) - set(cfg_cls.RENAMED))
