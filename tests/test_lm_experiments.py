@@ -2,7 +2,8 @@
 
 - extrapolation: a learned table refuses lengths past its rows (and the table says so), the
   relative schemes read 2L and 4L; the loss by position is the per-token cross-entropy of windows
-  read independently (checked against a loop over windows);
+  read independently (checked against a loop over windows); seeded (slow): ALiBi's loss stays flat
+  from L to 4L while RoPE's and a learned table's rise;
 - norm-placement: at initialisation, post-norm's per-block gradient norms are very uneven (the
   first block's far above the rest) and pre-norm's even — deterministic, measured margins noted;
 - divergence as the experiments define it (non-finite, blew up, no progress), on scripted losses;
