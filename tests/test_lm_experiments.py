@@ -2,7 +2,8 @@
 
 - extrapolation: a learned table refuses lengths past its rows (and the table says so), the
   relative schemes read 2L and 4L; the loss by position is the per-token cross-entropy of windows
-  read independently (checked against a loop over windows);
+  read independently (checked against a loop over windows); seeded (slow): ALiBi's loss stays flat
+  from L to 4L while RoPE's and a learned table's rise;
 - norm-placement: at initialisation, post-norm's per-block gradient norms are very uneven (the
   first block's far above the rest) and pre-norm's even — deterministic, measured margins noted;
 - divergence as the experiments define it (non-finite, blew up, no progress), on scripted losses;
@@ -257,3 +258,37 @@ def test_a_high_peak_rate_blows_up_without_warm_up_and_not_with_it(tmp_path):
     assert min(rise[0]) > 1.0 and max(rise[10]) < 0.6, rise
     no_warmup, warmup = res["settings"]
     assert (no_warmup["diverged"], warmup["diverged"]) == (3, 0)
+
+
+@pytest.mark.slow
+def test_alibi_stays_flat_past_L_while_rope_and_learned_rise(tmp_path):
+    """Seeded: trained on windows of L = 16 characters (d_model 32, 400 steps, lr 1e-2), read on
+    windows of 4L. Measured (one thread, shared busy machine) loss @ 4L − loss @ L: ALiBi +0.020,
+    RoPE +0.295, a learned table of 4L rows (rows past L never trained) +0.095."""
+    from attnlab.experiments.extrapolation import _eval_windows
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        L16 = 16
+        t = lm_task("pydoc", L16, max_chars=50_000, seed=0)
+        idx, tgt = _eval_windows(t, 4 * L16, 32)
+        rise = {}
+        for position in ("alibi", "rope", "learned"):
+            model = lm_model(
+                "tiny", t.vocab_size, seed=0, max_seq_len=4 * L16, position=position, d_model=32
+            )
+            cfg = TrainConfig(
+                steps=400, batch_size=16, lr=1e-2, warmup_steps=10, eval_batches=0,
+                log_every=1, seed=0, progress=False,
+            )  # fmt: skip
+            res = train_run(model, t, cfg, tmp_path / position)
+            assert not res["diverged"], (position, res["how"])
+            at_l = loss_by_position(model, idx, tgt, L16).mean().item()
+            at_4l = loss_by_position(model, idx, tgt, 4 * L16).mean().item()
+            rise[position] = at_4l - at_l
+    finally:
+        torch.set_num_threads(threads)
+    assert abs(rise["alibi"]) < 0.06, rise
+    assert rise["rope"] > 0.15 and rise["rope"] > rise["alibi"] + 0.1, rise
+    assert rise["learned"] > 0.05 and rise["learned"] > rise["alibi"] + 0.03, rise

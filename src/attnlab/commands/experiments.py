@@ -113,8 +113,8 @@ def _experiments() -> list[dict]:
             "L: its cells say 'n/a: table has L rows'.",
             "max_time": 240.0,
             "flags": [
-                ("--positions", _split, ("learned", "sinusoidal", "rope", "alibi"),
-                 "comma-separated schemes (default learned,sinusoidal,rope,alibi)"),
+                ("--positions", _split, ("learned", "sinusoidal", "rope", "alibi", "t5"),
+                 "comma-separated schemes (default learned,sinusoidal,rope,alibi,t5)"),
                 ("--context", int, 64, "training window L (default 64)"),
                 ("--lengths", _ints, (1, 2, 4),
                  "evaluated lengths as multiples of L (default 1,2,4)"),

@@ -8,6 +8,7 @@ language-model training (config.json's ``"task"``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -59,6 +60,14 @@ PRESETS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+#: fields every recorded model section of the first release has (and no preset or ``--set``
+#: gives all of): such a section without ``embed_scale`` predates it
+_RECORDED_BEFORE_SCALE = frozenset(
+    {"activation_checkpointing", "init_std", "backend", "backend_options", "rope_theta",
+     "n_experts", "moe_aux_coef", "attn_dropout", "norm_eps", "qk_norm", "top_k"}
+)  # fmt: skip
+
+
 @dataclass
 class ModelConfig(TextStackConfig):
     """A decoder-only Transformer language model: the block and stack fields
@@ -70,11 +79,29 @@ class ModelConfig(TextStackConfig):
 
     Attributes:
         activation_checkpointing: recompute each block in backward (saves memory).
+        embed_scale: the token embeddings are multiplied by this before positions are added
+            (None: √d_model for ``sinusoidal`` positions, as in the Transformer paper §3.4, so
+            that sinusoids of amplitude 1 do not drown embeddings initialised at ``init_std``;
+            1.0 otherwise). A run records the resolved value; a model section recorded before
+            this field existed reads as 1.0, the behaviour it was trained with.
     """
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
 
     activation_checkpointing: bool = False
+    embed_scale: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
+        if isinstance(d, Mapping) and "embed_scale" not in d and _RECORDED_BEFORE_SCALE <= set(d):
+            d = {**d, "embed_scale": 1.0}  # recorded by an earlier release: no scale then
+        return super().from_dict(d)
+
+    def validate(self) -> None:
+        super().validate()
+        if self.embed_scale is None:
+            self.embed_scale = math.sqrt(self.d_model) if self.position == "sinusoidal" else 1.0
+        self.positive("embed_scale")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Length extrapolation, measured: LMs with learned, sinusoidal, RoPE and ALiBi positions trained
+"""Length extrapolation, measured: LMs with learned, sinusoidal, RoPE, ALiBi and T5 positions trained
 on windows of L tokens and evaluated on windows of L, 2L and 4L.
 
 The claim (the lecture's section on positions; Press et al. 2022 for ALiBi): a learned table has
@@ -44,7 +44,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: the position schemes compared by default
-POSITIONS = ("learned", "sinusoidal", "rope", "alibi")
+POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "t5")
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Decoder-only Transformer language model: GPT-2, Llama and Mixtral styles from one config.
 
-    h⁰ = E[idx] (+ P[positions])                 token (+ absolute position) embeddings
+    h⁰ = s·E[idx] (+ P[positions])               token (+ absolute position) embeddings, s = embed_scale
     hˡ = Block_l(hˡ⁻¹), causal self-attention   l = 1 … L
     logits = norm_f(hᴸ) W_outᵀ                   W_out = E when embeddings are tied
 
@@ -307,9 +307,8 @@ class DecoderLM(nn.Module):
     ) -> Tensor:
         """Embeddings and the blocks: ``(B, T)`` ids -> ``(B, T, C)``."""
         c = self.config
-        x = self.drop(
-            self.pos_emb.embed(self.hook_embed(self.tok_emb(idx)), positions)
-        )  # (B, T, C)
+        x = self.hook_embed(self.tok_emb(idx)) * c.embed_scale  # (B, T, C); √d for sinusoids
+        x = self.drop(self.pos_emb.embed(x, positions))  # (B, T, C)
         return run_blocks(
             self.blocks,
             x,
