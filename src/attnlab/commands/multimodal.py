@@ -17,7 +17,6 @@ The commands parse and print; the work is done by :mod:`attnlab.tasks.caption`,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -384,11 +383,7 @@ def _run_ask(args: argparse.Namespace) -> int:
 
 
 def _run_scene(args: argparse.Namespace) -> int:
-    import numpy as np
-    from PIL import Image
-
     from attnlab.data.scenes import SceneConfig, SceneSet
-    from attnlab.fileio import atomic_save, atomic_write_text
 
     if args.n < 1:
         raise UserError(f"--n must be >= 1, got {args.n}")
@@ -396,34 +391,9 @@ def _run_scene(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {str(out)!r} is a file, not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    for k, scene in enumerate(sset.scenes):
-        img = sset.images[k]
-        big = np.kron(img, np.ones((8, 8, 1), dtype=np.uint8))
-        for name, im in ((f"scene_{k}.png", img), (f"scene_{k}_x8.png", big)):
-            atomic_save(out / name, lambda tmp, im=im: Image.fromarray(im).save(tmp, format="PNG"))
-        info = {
-            "objects": [
-                {"colour": o.colour, "shape": o.shape, "x": round(o.x, 1), "y": round(o.y, 1)}
-                for o in scene.objects
-            ],
-            "captions": sset.captions[k],
-            "questions": [
-                {"type": q.qtype, "question": q.question, "answer": q.answer}
-                for q in sset.questions[k]
-            ],
-        }
-        atomic_write_text(out / f"scene_{k}.json", json.dumps(info, indent=1) + "\n")
-        n_caps = len(sset.captions[k])
-        lines = (
-            [f"scene_{k}.png ({args.split} split, {len(scene.objects)} objects)", "captions:"]
-            + [f"  {c}" for c in sset.captions[k]]
-            + ["questions:"]
-            + [f"  [{q.qtype}] {q.question} -> {q.answer}" for q in sset.questions[k]]
-        )
-        atomic_write_text(out / f"scene_{k}.txt", "\n".join(lines) + "\n")
-        if k == 0:
-            print("\n".join(lines[: 2 + n_caps] + lines[2 + n_caps : 2 + n_caps + 9]))
+    lines = sset.write_samples(out)[0]
+    n_caps = len(sset.captions[0])
+    print("\n".join(lines[: 2 + n_caps] + lines[2 + n_caps : 2 + n_caps + 9]))
     print(f"wrote {args.n} scene(s) to {out} (PNG, x8 PNG, JSON, TXT)")
     return 0
 
