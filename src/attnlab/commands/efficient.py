@@ -214,15 +214,9 @@ def _linformer_errors(args: argparse.Namespace) -> dict:
     """Measure Linformer's error for each N and input kind; print and save the table."""
     from attnlab.experiments.sparse_bench import run_linformer_errors
 
+    sizes = {name: getattr(args, name) for name in ("heads", "head_dim", "fit_steps", "threads")}
     table, files = run_linformer_errors(
-        args.n,
-        args.linformer_k,
-        args.out,
-        heads=args.heads,
-        head_dim=args.head_dim,
-        fit_steps=args.fit_steps,
-        threads=args.threads,
-        progress=lambda line: print(line, flush=True),
+        args.n, args.linformer_k, args.out, progress=lambda line: print(line, flush=True), **sizes
     )
     print()
     print(table)

@@ -46,7 +46,7 @@ from attnlab.errors import UserError
 from attnlab.models.registry import build_model, get_kind
 from attnlab.runspec.budget import choose_lm_settings, fastest_ref_steps_per_s
 from attnlab.runspec.scenes import CAPTION, VQA
-from attnlab.runspec.spec import Family, RunSpec, merge_sections, refuse_resume_changes
+from attnlab.runspec.spec import Family, Given, RunSpec, merge_sections, refuse_resume_changes
 from attnlab.runspec.translation import TRANSLATION
 from attnlab.runspec.vision import IMAGE
 from attnlab.tasks.lm import LMTask
@@ -178,7 +178,8 @@ def resolve(
     flags = dict(flags or {})
     sets = list(sets)
     if fam.resolver is not None:
-        return fam.resolver(fam, config_file, flags, sets, defaults, resume, run_dir)
+        given = Given(config_file, flags, tuple(sets), dict(defaults or {}), resume, run_dir)
+        return fam.resolver(fam, given)
     if resume is not None:
         base = dict(resume)
     elif isinstance(config_file, Mapping):

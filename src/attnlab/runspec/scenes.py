@@ -9,8 +9,7 @@ task's seed follows the training's unless set.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -19,11 +18,10 @@ from torch import nn
 from attnlab.config import ConfigError
 from attnlab.config.base import Config
 from attnlab.config.multimodal import CaptionConfig, VQAConfig
-from attnlab.config.overrides import load_config_file
 from attnlab.config.train import TrainConfig
 from attnlab.models.multimodal.captioner import build_captioner
 from attnlab.models.multimodal.vqa import build_vqa
-from attnlab.runspec.spec import Family, RunSpec, merge_sections
+from attnlab.runspec.spec import Family, Given, RunSpec
 from attnlab.tasks.caption import CaptionTask, CaptionTaskConfig
 from attnlab.tasks.scenes import SceneTask
 from attnlab.tasks.vqa import VQATask, VQATaskConfig
@@ -31,15 +29,7 @@ from attnlab.tasks.vqa import VQATask, VQATaskConfig
 __all__ = ["CAPTION", "VQA", "resolve_scene", "scene_model_config"]
 
 
-def resolve_scene(
-    fam: Family,
-    config_file: str | os.PathLike | Mapping[str, Any] | None,
-    flags: Mapping[str, Any],
-    sets: Iterable[str],
-    defaults: Mapping[str, Any] | None,
-    resume: Mapping[str, Any] | None,
-    run_dir: str | os.PathLike | None,
-) -> RunSpec:
+def resolve_scene(fam: Family, given: Given) -> RunSpec:
     """The :class:`RunSpec` of a captioner or a VQA model (see :func:`attnlab.runspec.resolve`).
 
     The kind is the file's (or the run's), else the family's first; the model's ``arch`` picks
@@ -48,15 +38,7 @@ def resolve_scene(
     Raises:
         ConfigError: a file holding a run of another family; bad values.
     """
-    if resume is not None:
-        base = resume
-    elif isinstance(config_file, Mapping):
-        base = config_file
-    else:
-        base = load_config_file(config_file) if config_file else None
-    flags = dict(flags)
-    flags.pop("kind", None)
-    sections = merge_sections(defaults, base, flags, sets)
+    sections = given.merged(given.base)
     kind = sections.get("kind", fam.kinds[0])
     if kind not in fam.kinds:
         raise ConfigError(f"--config holds a {kind!r} run; this command trains {list(fam.kinds)}")
@@ -70,9 +52,9 @@ def resolve_scene(
         dict(sections["model"]),
         train,
         fam.task_cls.from_dict(task),
-        typed=frozenset(flags),
-        resume=resume,
-        run_dir=run_dir,
+        typed=frozenset(given.flags),
+        resume=given.resume,
+        run_dir=given.run_dir,
     )
 
 

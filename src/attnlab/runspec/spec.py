@@ -7,18 +7,19 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
 
 from attnlab.config.base import Config
-from attnlab.config.overrides import apply_overrides, parse_overrides
+from attnlab.config.overrides import apply_overrides, load_config_file, parse_overrides
 from attnlab.config.train import TrainConfig
 from attnlab.errors import UserError
 from attnlab.models.registry import get_kind
 from attnlab.runspec.budget import LMBudgetChoice
 
-__all__ = ["Family", "RunSpec", "merge_sections", "refuse_resume_changes"]
+__all__ = ["Family", "RunSpec", "Given", "merge_sections", "refuse_resume_changes"]
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,8 @@ class Family:
         n_specials: tokens the task adds to the tokenizer's vocabulary.
         budget_rule: a decoder-only model given no size is chosen by the budget rule.
         default_preset: the model preset when none is named.
-        resolver: the family's own ``resolve(family, base, flags, sets, defaults, resume,
-            run_dir) -> RunSpec`` (None: :func:`attnlab.runspec.resolve`'s corpus families).
+        resolver: the family's own ``resolve(family, given: Given) -> RunSpec`` (None:
+            :func:`attnlab.runspec.resolve`'s corpus families).
         builder: the family's own ``build(spec) -> (model, task)`` (None: the corpus families').
     """
 
@@ -58,6 +59,45 @@ class Family:
 
     def describe_kind_error(self, kind: str) -> str:
         return f"the config's kind {kind!r} is not a {self.what} ({', '.join(self.kinds)})"
+
+
+@dataclass(frozen=True)
+class Given:
+    """The settings :func:`attnlab.runspec.resolve` hands a family's own resolver.
+
+    Attributes:
+        config_file: a config file (or its parsed sections); None: none. Read by :attr:`file`.
+        flags: ``{"section.key": value}`` typed on the command line (``"kind"``: the kind).
+        sets: ``--set KEY=VALUE`` items.
+        defaults: ``{"section.key": value}``: the command's flag defaults.
+        resume: the resumed run's config.json (None for a new run).
+        run_dir: the resumed run's directory as given.
+    """
+
+    config_file: str | os.PathLike | Mapping[str, Any] | None
+    flags: Mapping[str, Any]
+    sets: tuple[str, ...]
+    defaults: Mapping[str, Any]
+    resume: Mapping[str, Any] | None = None
+    run_dir: str | os.PathLike | None = None
+
+    @cached_property
+    def file(self) -> Mapping[str, Any] | None:
+        """The config file's sections (read on first use; None without a file)."""
+        if isinstance(self.config_file, Mapping):
+            return self.config_file
+        return load_config_file(self.config_file) if self.config_file else None
+
+    @property
+    def base(self) -> Mapping[str, Any] | None:
+        """What the settings start from: the resumed run's config.json, else the file."""
+        return self.resume if self.resume is not None else self.file
+
+    def merged(self, base: Mapping[str, Any] | None) -> dict[str, Any]:
+        """:func:`merge_sections` of the defaults, ``base``, the typed flags but the kind and
+        ``--set``."""
+        flags = {k: v for k, v in self.flags.items() if k != "kind"}
+        return merge_sections(self.defaults, base, flags, self.sets)
 
 
 @dataclass

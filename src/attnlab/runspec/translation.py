@@ -11,22 +11,21 @@ contradict them are refused, each named (another vocabulary would scramble the e
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from attnlab.config.overrides import load_config_file, parse_overrides
+from attnlab.config.overrides import parse_overrides
 from attnlab.config.train import TrainConfig
 from attnlab.config.translation import TranslationTaskConfig
 from attnlab.data.translation import build_data
 from attnlab.errors import UserError
 from attnlab.models.registry import get_kind
 from attnlab.models.translation import translation_config
-from attnlab.runspec.spec import Family, RunSpec, merge_sections, refuse_resume_changes
+from attnlab.runspec.spec import Family, Given, RunSpec, refuse_resume_changes
 from attnlab.tasks.translation import TranslationTask, train_defaults
 
 __all__ = ["TRANSLATION", "MODEL_KINDS", "resolve_translation", "build_translation"]
@@ -48,15 +47,7 @@ _DATA_FLAGS = {
 }
 
 
-def resolve_translation(
-    fam: Family,
-    config_file: str | os.PathLike | Mapping[str, Any] | None,
-    flags: Mapping[str, Any],
-    sets: Iterable[str],
-    defaults: Mapping[str, Any] | None,
-    resume: Mapping[str, Any] | None,
-    run_dir: str | os.PathLike | None,
-) -> RunSpec:
+def resolve_translation(fam: Family, given: Given) -> RunSpec:
     """The :class:`RunSpec` of a translation model (see :func:`attnlab.runspec.resolve`).
 
     On a resume the spec's model is the run's saved config and its task the run's.
@@ -65,29 +56,22 @@ def resolve_translation(
         UserError: a kind that is not a translation model, a resume whose settings contradict
             the run (each named).
     """
-    flags = dict(flags)
-    sets = list(sets)
-    typed_kind = flags.pop("kind", None)
-    if isinstance(config_file, Mapping):
-        file = config_file
-    else:
-        file = load_config_file(config_file) if config_file else None
+    typed_kind = given.flags.get("kind")
+    resume = given.resume
     if resume is not None:
-        kind = _translation_kind(resume["kind"], run_dir)
-        changes = merge_sections(defaults, file, flags, sets)
-        _check_resume(kind, typed_kind, resume, changes, run_dir)
-        base = {k: resume.get(k) or {} for k in ("model", "train", "task")}
-        sections = merge_sections(defaults, base, flags, sets)
+        kind = _translation_kind(resume["kind"], given.run_dir)
+        _check_resume(kind, typed_kind, resume, given.merged(given.file), given.run_dir)
+        sections = given.merged({k: resume.get(k) or {} for k in ("model", "train", "task")})
         task_cfg = TranslationTaskConfig.from_dict(resume["task"])
         model = dict(resume["model"])
     else:
-        sections = merge_sections(defaults, file, flags, sets)
-        source = "--model" if typed_kind else config_file
+        sections = given.merged(given.file)
+        source = "--model" if typed_kind else given.config_file
         kind = _translation_kind(typed_kind or sections.get("kind") or "transformer", source)
         task = dict(sections["task"])
         # --seed seeds the data as well as the training, unless the task's seed is set apart
-        if "train.seed" in flags and "task.seed" not in parse_overrides(sets):
-            task["seed"] = flags["train.seed"]
+        if "train.seed" in given.flags and "task.seed" not in parse_overrides(given.sets):
+            task["seed"] = given.flags["train.seed"]
         task.setdefault("seed", sections["train"].get("seed", 0))
         task_cfg = TranslationTaskConfig.from_dict(task)
         model = dict(sections["model"])
@@ -98,9 +82,9 @@ def resolve_translation(
         model,
         train,
         task_cfg,
-        typed=frozenset(flags) | ({"kind"} if typed_kind else set()),
+        typed=frozenset(given.flags),
         resume=resume,
-        run_dir=run_dir,
+        run_dir=given.run_dir,
     )
 
 

@@ -9,19 +9,14 @@ shape and the classes come from the data.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable, Mapping
-from typing import Any
-
 import torch
 from torch import nn
 
-from attnlab.config.overrides import load_config_file
 from attnlab.config.train import TrainConfig
 from attnlab.config.vision import ImageTaskConfig
 from attnlab.errors import UserError
 from attnlab.models.vision.factory import build_image_classifier
-from attnlab.runspec.spec import Family, RunSpec, merge_sections
+from attnlab.runspec.spec import Family, Given, RunSpec
 from attnlab.tasks.image import ImageClassificationTask
 
 __all__ = ["IMAGE", "VISION_KINDS", "resolve_image", "build_image"]
@@ -36,33 +31,20 @@ _ONLY_FOR = {
 }
 
 
-def resolve_image(
-    fam: Family,
-    config_file: str | os.PathLike | Mapping[str, Any] | None,
-    flags: Mapping[str, Any],
-    sets: Iterable[str],
-    defaults: Mapping[str, Any] | None,
-    resume: Mapping[str, Any] | None,
-    run_dir: str | os.PathLike | None,
-) -> RunSpec:
+def resolve_image(fam: Family, given: Given) -> RunSpec:
     """The :class:`RunSpec` of an image classifier (see :func:`attnlab.runspec.resolve`).
 
     Raises:
         UserError: a typed kind that contradicts the file's (or the run's), a kind that is not
             an image classifier, a model option another architecture's (named by its flag).
     """
-    flags = dict(flags)
-    typed = flags.pop("kind", None)
-    if resume is not None:
-        base = resume
-    elif isinstance(config_file, Mapping):
-        base = config_file
-    else:
-        base = load_config_file(config_file) if config_file else None
-    sections = merge_sections(defaults, base, flags, sets)
+    typed = given.flags.get("kind")
+    sections = given.merged(given.base)
     stored = sections.pop("kind", None)
     if typed and stored and typed != stored:
-        source = f"the run in {run_dir!r}" if resume is not None else repr(config_file)
+        source = (
+            f"the run in {given.run_dir!r}" if given.resume is not None else repr(given.config_file)
+        )
         raise UserError(
             f"--model {typed}, but {source} holds a {stored!r} model; drop --model, or start "
             "from another config"
@@ -70,9 +52,9 @@ def resolve_image(
     kind = typed or stored or fam.kinds[0]
     if kind not in fam.kinds:
         raise UserError(f"{kind!r} is not an image classifier ({', '.join(fam.kinds)})")
-    given = {**(defaults or {}), **flags}  # the flags' values: a file may hold any field
+    values = {**given.defaults, **given.flags}  # the flags' values: a file may hold any field
     for name, kinds in _ONLY_FOR.items():
-        if given.get(f"model.{name}") is not None and kind not in kinds:
+        if values.get(f"model.{name}") is not None and kind not in kinds:
             raise UserError(
                 f"--{name.replace('_', '-')} applies to --model {' or '.join(kinds)} only "
                 f"(got --model {kind})"
@@ -83,9 +65,9 @@ def resolve_image(
         dict(sections["model"]),
         TrainConfig.from_dict(sections["train"]),
         ImageTaskConfig.from_dict(sections["task"]),
-        typed=frozenset(flags) | ({"kind"} if typed else set()),
-        resume=resume,
-        run_dir=run_dir,
+        typed=frozenset(given.flags),
+        resume=given.resume,
+        run_dir=given.run_dir,
     )
 
 
