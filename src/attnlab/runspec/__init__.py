@@ -71,7 +71,7 @@ _CORPUS_FLAGS = {
     "max_chars": "--max-chars",
 }
 
-#: the families :func:`resolve` knows, by task type (config.json's ``task.type``)
+#: the families :func:`resolve` knows, by the name of their ``attnlab train NAME``
 FAMILIES: dict[str, Family] = {
     "lm": Family(
         "lm",
