@@ -210,14 +210,12 @@ def _build(args: argparse.Namespace, family: str, keys: dict[str, str], **fields
             like typed flags when it was typed, like defaults otherwise.
     """
     from attnlab.config.overrides import load_config_file
-    from attnlab.runs import build_run
+    from attnlab.runs import build_run, check_resumable
     from attnlab.train.stopping import completion
 
     saved = Path(args.out) / "config.json"
     base = None
     if args.resume and not args.config and saved.is_file():
-        from attnlab.runs import check_resumable
-
         check_resumable(args.out)  # config.json against the weights, before the model is built
         base = load_config_file(saved)
     typed = "model" in explicit_dests(args)
