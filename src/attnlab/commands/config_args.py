@@ -142,14 +142,20 @@ def resolve_spec(
     saved: Mapping[str, Any] | None,
     *,
     kind: str | None = None,
+    typed: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> RunSpec:
     """:func:`attnlab.runs.resolve` on parsed flags: ``--config``, the typed flags and their
     defaults, ``--set``, and (``saved``, on ``--resume``) the run's own config.json.
 
     Args:
         kind: the model kind a typed flag chose (``--arch``); None when none was typed.
+        typed, defaults: more ``{"section.key": value}`` settings, as if typed or defaults
+            (those of a flag that stands for several fields).
     """
-    typed, defaults = flag_settings(args, flag_keys)
+    typed_flags, flag_defaults = flag_settings(args, flag_keys)
+    typed = {**typed_flags, **(typed or {})}
+    defaults = {**flag_defaults, **(defaults or {})}
     if kind is not None:
         typed["kind"] = kind
     return resolve(

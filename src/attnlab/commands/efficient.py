@@ -212,44 +212,14 @@ def _block_sparse_options(args: argparse.Namespace) -> dict:
 
 def _linformer_errors(args: argparse.Namespace) -> dict:
     """Measure Linformer's error for each N and input kind; print and save the table."""
-    import json
-    from pathlib import Path
+    from attnlab.experiments.sparse_bench import run_linformer_errors
 
-    import torch
-
-    from attnlab.experiments.sparse_bench import linformer_error, linformer_error_table
-    from attnlab.fileio import atomic_write_text
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    rows = []
-    for n in args.n:
-        for inputs in ("iid", "smooth"):
-            row = linformer_error(
-                n,
-                args.linformer_k,
-                inputs=inputs,
-                heads=args.heads,
-                head_dim=args.head_dim,
-                fit_steps=args.fit_steps,
-            )
-            print(
-                f"  linformer N={n} k={args.linformer_k} {inputs}: random {row['random']:.3f}, "
-                f"fitted {row['fitted']:.3f} ({row['fit_s']:.0f} s)",
-                flush=True,
-            )
-            rows.append(row)
-    table = linformer_error_table(rows)
+    sizes = {name: getattr(args, name) for name in ("heads", "head_dim", "fit_steps", "threads")}
+    table, files = run_linformer_errors(
+        args.n, args.linformer_k, args.out, progress=lambda line: print(line, flush=True), **sizes
+    )
     print()
     print(table)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    files = {
-        "linformer_table": out / "linformer_error.md",
-        "linformer_json": out / "linformer_error.json",
-    }
-    atomic_write_text(files["linformer_table"], table)
-    atomic_write_text(files["linformer_json"], json.dumps(rows, indent=1))
     return files
 
 

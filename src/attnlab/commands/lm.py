@@ -21,7 +21,7 @@ from typing import Any
 
 from attnlab.commands.config_args import explicit_dests, resolve_spec, train_flag_keys
 from attnlab.commands.flags import add_flags
-from attnlab.data.detokenize import StreamDecoder
+from attnlab.decoding.text import beam_text, encode_prompt, stop_list, stream_sample
 from attnlab.errors import RunDirError, UserError
 from attnlab.runspec import FAMILIES
 
@@ -103,23 +103,6 @@ def _print_result(result, eval_batches: int) -> None:
 # attnlab generate
 
 
-def _encode_prompt(tok, prompt: str) -> list[int]:
-    if prompt:
-        return tok.encode(prompt)
-    for start in ("\n", " "):
-        try:
-            ids = tok.encode(start)
-        except UserError:
-            continue
-        if ids:
-            return ids
-    return [0]
-
-
-def _stop_list(stop_ids: int | list[int] | None) -> list[int]:
-    return [] if stop_ids is None else [stop_ids] if isinstance(stop_ids, int) else list(stop_ids)
-
-
 def _check_sampling(args: argparse.Namespace) -> None:
     """The sampling options, in the command line's words, before anything is loaded or printed
     (the library checks them too, but only once the prompt is already on the screen)."""
@@ -186,7 +169,7 @@ def _generate(args: argparse.Namespace) -> int:
         stop_ids = (loaded.config.get("source") or {}).get("eos_token_id")
     else:
         raise UserError("give a run directory (or --from-hf DIR)")
-    ids = _encode_prompt(tok, args.prompt)
+    ids = encode_prompt(tok, args.prompt)
     ctx = model.config.max_seq_len
     if len(ids) > ctx:
         raise UserError(
@@ -195,93 +178,12 @@ def _generate(args: argparse.Namespace) -> int:
         )
     idx = torch.tensor([ids], device=next(model.parameters()).device)
     if args.beam is not None:
-        text = _beam_text(model, tok, idx, args, _stop_list(stop_ids))
+        text = beam_text(model, tok, idx, args, stop_list(stop_ids))
         sys.stdout.write(args.prompt + text + "\n")
         sys.stdout.flush()
         return 0
-    _stream_sample(model, tok, idx, args, _stop_list(stop_ids))
+    stream_sample(model, tok, idx, args, stop_list(stop_ids))
     return 0
-
-
-def _cut_at_stop_text(text: str, stop: str | None) -> tuple[str, bool]:
-    if stop and stop in text:
-        return text[: text.index(stop)], True
-    return text, False
-
-
-def _beam_text(model, tok, idx, args: argparse.Namespace, stop_ids: list[int]) -> str:
-    """The best beam's continuation (``--beam N``), cut at an end-of-text id or ``--stop``."""
-    from attnlab.decoding import beam_generate
-
-    hyp = beam_generate(model, idx, args.n, beam=args.beam, stop=stop_ids[0] if stop_ids else None)[
-        0
-    ]
-    new = [t for t in hyp.ids if t not in stop_ids]  # the end-of-text id ends the beam
-    dec = StreamDecoder(tok)
-    text = "".join(dec.push(t) for t in new) + dec.finish()
-    _say_invalid(dec)
-    return _cut_at_stop_text(text, args.stop)[0]
-
-
-def _say_invalid(dec: StreamDecoder) -> None:
-    """A note on stderr when the model's bytes were not UTF-8 (shown as ``\\xNN``)."""
-    if dec.invalid:
-        print(
-            f"note: the model produced {dec.invalid} byte(s) that are not valid UTF-8 text; "
-            "they are shown as \\xNN",
-            file=sys.stderr,
-        )
-    if dec.unfinished:
-        print(
-            f"note: generation stopped inside a multi-byte character; its first "
-            f"{dec.unfinished} byte(s) are not shown",
-            file=sys.stderr,
-        )
-
-
-def _stream_sample(model, tok, idx, args: argparse.Namespace, stop_ids: list[int]) -> None:
-    """Sample (or greedy with ``--temperature 0``), printing as tokens arrive."""
-    import torch
-
-    from attnlab.decoding import stream_generate
-
-    gen = torch.Generator(device=idx.device)
-    gen.manual_seed(args.seed)
-    stream = not args.no_stream
-    out = sys.stdout
-    if stream:
-        out.write(args.prompt)
-        out.flush()
-    dec = StreamDecoder(tok)  # holds back the bytes of an incomplete character
-    shown = text = raw = ""
-    stopped = False
-    for nxt in stream_generate(
-        model,
-        idx,
-        args.n,
-        temperature=0.8 if args.temperature is None else args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        use_cache=not args.no_cache,
-        generator=gen,
-        stop=stop_ids or None,
-        compile=args.compile,
-    ):
-        if int(nxt[0]) in stop_ids:
-            break  # end of text
-        raw += dec.push(int(nxt[0]))
-        text, stopped = _cut_at_stop_text(raw, args.stop)
-        if stream and len(text) > len(shown):
-            out.write(text[len(shown) :])
-            out.flush()
-            shown = text
-        if stopped:
-            break
-    if not stopped:
-        text = _cut_at_stop_text(raw + dec.finish(), args.stop)[0]
-    out.write((text[len(shown) :] if stream else args.prompt + text) + "\n")
-    out.flush()
-    _say_invalid(dec)
 
 
 # ----------------------------------------------------------------------------------------------

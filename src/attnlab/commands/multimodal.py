@@ -17,16 +17,17 @@ The commands parse and print; the work is done by :mod:`attnlab.tasks.caption`,
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from attnlab.commands.config_args import explicit_dests, resolve_spec, train_flag_keys
 from attnlab.commands.flags import add_command, add_flags
 from attnlab.errors import UserError
+from attnlab.runspec import FAMILIES
 
-CAPTION_KINDS = ("caption_lstm", "caption_transformer")
-VQA_KINDS = ("vqa_lstm", "vqa_transformer")
+CAPTION_KINDS = FAMILIES["caption"].kinds
+VQA_KINDS = FAMILIES["vqa"].kinds
 WEIGHTS_HELP = "best: the checkpoint with the lowest validation loss (default); last: the final one"
 #: --model of 'attnlab train caption' is the captioner's arch
 CAPTION_MODELS = ("lstm", "transformer")
@@ -204,90 +205,47 @@ def _caption_model_args(m) -> None:
 # train
 
 
-def _settings(args: argparse.Namespace, keys: dict[str, str], kinds: tuple[str, ...]):
-    """The ``model``, ``train`` and ``task`` sections: defaults < --config < flags < --set.
+def _build(args: argparse.Namespace, family: str, keys: dict[str, str], **fields: Any):
+    """The model, task and RunSpec of a train sub-command (None: a resumed run that is complete
+    already, which it says). On ``--resume`` without ``--config`` the run's own config.json takes
+    the place of the file.
 
-    On ``--resume`` without ``--config`` the run's own config.json takes the place of the file,
-    so a run resumes with its settings unless flags change them. ``--model`` of ``train vqa``
-    stands for two model fields (arch, fusion): it applies like a typed flag when typed, like a
-    default otherwise.
+    Args:
+        fields: model fields a flag stands for (``--model`` of ``train vqa``: arch and fusion):
+            like typed flags when it was typed, like defaults otherwise.
     """
-    from attnlab.commands.config_args import explicit_dests, resolve_sections
-    from attnlab.config import ConfigError
-    from attnlab.config.multimodal import VQA_MODELS
-    from attnlab.config.overrides import apply_overrides, load_config_file, parse_overrides
-    from attnlab.config.train import TrainConfig
+    from attnlab.config.overrides import load_config_file
+    from attnlab.runs import build_run, check_resumable
+    from attnlab.train.stopping import completion
 
-    train_keys = {f: f"train.{f}" for f in TrainConfig.field_names() if hasattr(args, f)}
     saved = Path(args.out) / "config.json"
     base = None
     if args.resume and not args.config and saved.is_file():
-        from attnlab.runs import check_resumable
-
         check_resumable(args.out)  # config.json against the weights, before the model is built
         base = load_config_file(saved)
-    sections = resolve_sections(args, {**keys, **_SHARED_KEYS, **train_keys}, base=base)
-    if sections.get("kind", kinds[0]) not in kinds:
-        raise ConfigError(
-            f"--config holds a {sections['kind']!r} run; this command trains {list(kinds)}"
-        )
-    if "model" not in keys:  # train vqa
-        fields = VQA_MODELS[args.model]
-        if "model" in explicit_dests(args):
-            sections["model"].update(fields)
-            sections = apply_overrides(sections, parse_overrides(args.set))  # --set still wins
-        else:
-            for k, v in fields.items():
-                sections["model"].setdefault(k, v)
-    train = TrainConfig.from_dict(sections["train"])
-    task = dict(sections["task"])
-    task.setdefault("seed", train.seed)
-    task.setdefault("n_unseen", 100)
-    return sections["model"], train, task
-
-
-def _model_config(cls, section: dict[str, Any], **derived: Any):
-    """``cls`` from the model section (``preset`` first, then the other keys) and the values the
-    data decide (vocabulary and image size)."""
-    fields = {k: v for k, v in section.items() if k != "preset"}
-    fields.update(derived)
-    preset = section.get("preset")
-    return cls.preset(preset, **fields) if preset else cls.from_dict(fields)
-
-
-def _build(args, keys, kinds, task_cls, config_cls, build, **per_task):
-    """The model, task and TrainConfig of a train sub-command (None: a resumed run that is
-    complete already, which it says).
-
-    Args:
-        per_task: model fields the task decides besides the vocabulary and image size, as
-            functions of the task (``n_answers`` of VQA).
-    """
-    import torch
-
-    from attnlab.train.stopping import completion
-
-    model_section, train_cfg, task_section = _settings(args, keys, kinds)
-    done = completion(args.out, train_cfg) if args.resume else None
+    typed = "model" in explicit_dests(args)
+    settings = {f"model.{k}": v for k, v in fields.items()}
+    spec = resolve_spec(
+        args,
+        FAMILIES[family],
+        {**keys, **_SHARED_KEYS, **train_flag_keys()},
+        base,
+        typed=settings if typed else None,
+        defaults=None if typed else settings,
+    )
+    done = completion(args.out, spec.train) if args.resume else None
     if done:  # before the scenes are generated
         print(done)
         return None
-    task = task_cls(task_cls.config_cls.from_dict(task_section))
-    derived = {k: f(task) for k, f in per_task.items()}
-    derived.update(vocab_size=len(task.vocab), image_size=task.config.scene.image_size)
-    config = _model_config(config_cls, model_section, **derived)
-    torch.manual_seed(train_cfg.seed)  # the same weights for the same settings
-    return build(config), task, train_cfg
+    model, task = build_run(spec)
+    return model, task, spec.train
 
 
 def _run_train_caption(args: argparse.Namespace) -> int:
-    from attnlab.config.multimodal import CaptionConfig
     from attnlab.experiments.scene_runs import pretrain_encoder
-    from attnlab.models.multimodal.captioner import build_captioner
-    from attnlab.tasks.caption import CaptionTask
     from attnlab.train import check_run_dir, train
 
-    built = _build(args, _CAPTION_KEYS, CAPTION_KINDS, CaptionTask, CaptionConfig, build_captioner)
+    built = _build(args, "caption", _CAPTION_KEYS)
     if built is None:
         return 0
     model, task, cfg = built
@@ -314,14 +272,10 @@ def _run_train_caption(args: argparse.Namespace) -> int:
 
 
 def _run_train_vqa(args: argparse.Namespace) -> int:
-    from attnlab.config.multimodal import VQAConfig
-    from attnlab.models.multimodal.vqa import build_vqa
-    from attnlab.tasks.vqa import VQATask
+    from attnlab.config.multimodal import VQA_MODELS
     from attnlab.train import train
 
-    built = _build(
-        args, {}, VQA_KINDS, VQATask, VQAConfig, build_vqa, n_answers=lambda t: len(t.vocab.answers)
-    )
+    built = _build(args, "vqa", {}, **VQA_MODELS[args.model])
     if built is None:
         return 0
     model, task, cfg = built
@@ -434,11 +388,7 @@ def _run_ask(args: argparse.Namespace) -> int:
 
 
 def _run_scene(args: argparse.Namespace) -> int:
-    import numpy as np
-    from PIL import Image
-
     from attnlab.data.scenes import SceneConfig, SceneSet
-    from attnlab.fileio import atomic_save, atomic_write_text
 
     if args.n < 1:
         raise UserError(f"--n must be >= 1, got {args.n}")
@@ -446,34 +396,9 @@ def _run_scene(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {str(out)!r} is a file, not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    for k, scene in enumerate(sset.scenes):
-        img = sset.images[k]
-        big = np.kron(img, np.ones((8, 8, 1), dtype=np.uint8))
-        for name, im in ((f"scene_{k}.png", img), (f"scene_{k}_x8.png", big)):
-            atomic_save(out / name, lambda tmp, im=im: Image.fromarray(im).save(tmp, format="PNG"))
-        info = {
-            "objects": [
-                {"colour": o.colour, "shape": o.shape, "x": round(o.x, 1), "y": round(o.y, 1)}
-                for o in scene.objects
-            ],
-            "captions": sset.captions[k],
-            "questions": [
-                {"type": q.qtype, "question": q.question, "answer": q.answer}
-                for q in sset.questions[k]
-            ],
-        }
-        atomic_write_text(out / f"scene_{k}.json", json.dumps(info, indent=1) + "\n")
-        n_caps = len(sset.captions[k])
-        lines = (
-            [f"scene_{k}.png ({args.split} split, {len(scene.objects)} objects)", "captions:"]
-            + [f"  {c}" for c in sset.captions[k]]
-            + ["questions:"]
-            + [f"  [{q.qtype}] {q.question} -> {q.answer}" for q in sset.questions[k]]
-        )
-        atomic_write_text(out / f"scene_{k}.txt", "\n".join(lines) + "\n")
-        if k == 0:
-            print("\n".join(lines[: 2 + n_caps] + lines[2 + n_caps : 2 + n_caps + 9]))
+    lines = sset.write_samples(out)[0]
+    n_caps = len(sset.captions[0])
+    print("\n".join(lines[: 2 + n_caps] + lines[2 + n_caps : 2 + n_caps + 9]))
     print(f"wrote {args.n} scene(s) to {out} (PNG, x8 PNG, JSON, TXT)")
     return 0
 
@@ -482,33 +407,14 @@ def _run_scene(args: argparse.Namespace) -> int:
 # eval
 
 
-def _loaded_task(loaded, task_cls):
-    """The task a run was trained on, from its config.json."""
-    from attnlab.config import ConfigError
-
-    try:
-        return task_cls(task_cls.config_cls.from_dict(loaded.task))
-    except ConfigError as err:
-        raise UserError(f"{loaded.run_dir}/config.json: task settings do not fit: {err}") from None
-
-
 def _run_eval_caption(args: argparse.Namespace) -> int:
     from attnlab import runs
-    from attnlab.tasks.caption import CaptionTask, caption_metrics
+    from attnlab.tasks.caption import CaptionTask
 
     loaded = runs.load(args.run_dir, weights=args.weights, kinds=CAPTION_KINDS)
-    task = _loaded_task(loaded, CaptionTask)
+    task = CaptionTask.for_run(loaded.task, loaded.run_dir)
     n = args.max_batches * args.batch_size if args.max_batches else 200
-    train_caps = task.sets("train").caption_set()
-    for split in ("val", "unseen"):
-        sset = task.sets(split)
-        m = caption_metrics(
-            loaded.model,
-            loaded.tokenizer,
-            sset,
-            range(min(n, len(sset))),
-            train_captions=train_caps,
-        )
+    for split, m in task.evaluate_splits(loaded.model, loaded.tokenizer, n).items():
         print(
             f"{split}: BLEU {m['bleu']:.1f}, object precision {m['object_precision']:.1%} "
             f"(same captions on other scenes {m['other_object_precision']:.1%}, random pair "
@@ -521,23 +427,20 @@ def _run_eval_caption(args: argparse.Namespace) -> int:
 
 def _run_eval_vqa(args: argparse.Namespace) -> int:
     from attnlab import runs
-    from attnlab.experiments.vqa_bias import BASELINES
     from attnlab.tasks.vqa import VQATask
 
     loaded = runs.load(args.run_dir, weights=args.weights, kinds=VQA_KINDS)
-    task = _loaded_task(loaded, VQATask)
+    task = VQATask.for_run(loaded.task, loaded.run_dir)
     per_type = max(1, args.max_batches * args.batch_size // 7) if args.max_batches else 100
+    res = task.evaluate_splits(loaded.model, per_type=per_type)
     for split in ("val", "unseen"):
-        acc = task.accuracy_by_type(loaded.model, split, per_type=per_type)
+        acc = res[split]
         print(
             f"{split}: accuracy {acc['all']:.1%} — "
             + ", ".join(f"{t} {v:.0%}" for t, v in acc.items() if t != "all")
         )
     print(
         "answer-frequency baselines (val): "
-        + ", ".join(
-            f"majority {name} {task.answer_frequency_baseline(by=by, per_type=per_type):.1%}"
-            for name, by in BASELINES
-        )
+        + ", ".join(f"majority {name} {acc:.1%}" for name, acc in res["baselines"].items())
     )
     return 0

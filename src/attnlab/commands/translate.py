@@ -15,10 +15,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from attnlab.commands.config_args import resolve_spec, train_flag_keys
 from attnlab.commands.flags import add_command, add_flags, at_least_one
 from attnlab.errors import UserError
-
-MODEL_KINDS = ("rnn", "rnn-attn", "transformer")
+from attnlab.runspec import FAMILIES
+from attnlab.runspec.translation import MODEL_KINDS
 
 
 def register(groups) -> None:
@@ -143,22 +144,9 @@ def register(groups) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-# TranslationTaskConfig field -> the flag that sets it (for messages)
-_DATA_FLAGS = {
-    "task": "--task",
-    "lang": "--lang",
-    "low": "--low",
-    "high": "--high",
-    "n_examples": "--n-examples",
-    "path": "--data",
-    "src_level": "--src-level",
-    "tgt_level": "--tgt-level",
-    "bpe_vocab_size": "--bpe-vocab",
-    "max_len": "--max-len",
-    "lowercase": "--keep-case",
-}
 # flag dest -> "section.key" (see attnlab.commands.config_args); --model is the kind
-_SETTING_FLAGS = {
+_FLAG_KEYS = {
+    **train_flag_keys(),
     "task": "task.task",
     "lang": "task.lang",
     "low": "task.low",
@@ -177,75 +165,26 @@ _SETTING_FLAGS = {
 }
 
 
-def _flag_keys(args: argparse.Namespace) -> dict[str, str]:
-    from attnlab.train import TrainConfig
-
-    train = {f: f"train.{f}" for f in TrainConfig.field_names() if hasattr(args, f)}
-    return {**train, **_SETTING_FLAGS}
-
-
 def _run_train(args: argparse.Namespace) -> int:
-    import torch
-
-    from attnlab.commands.config_args import explicit_dests, resolve_sections
-    from attnlab.config.overrides import parse_overrides
-    from attnlab.config.translation import TranslationTaskConfig
-    from attnlab.data.translation import build_data
-    from attnlab.models.registry import get_kind
-    from attnlab.models.translation import translation_config
-    from attnlab.runs import read_config
-    from attnlab.tasks.translation import TranslationTask, train_defaults
-    from attnlab.train import TrainConfig, check_run_dir, train
+    from attnlab.runs import build_run, read_config
+    from attnlab.train import check_run_dir, train
     from attnlab.train.stopping import completion
 
     check_run_dir(args.out, args.resume, args.overwrite)  # before generating the data
-    flag_keys = _flag_keys(args)
-    if args.resume:
-        saved = read_config(args.out)
-        kind = _translation_kind(saved["kind"], args.out)
-        _check_resume(args, kind, saved, resolve_sections(args, flag_keys))
-        base = {k: saved.get(k) or {} for k in ("model", "train", "task")}
-        sections = resolve_sections(args, flag_keys, base=base)
-        task_cfg = TranslationTaskConfig.from_dict(saved["task"])
-        model_cfg = get_kind(kind).config_cls.from_dict(saved["model"])
-    else:
-        sections = resolve_sections(args, flag_keys)
-        source = "--model" if args.model else args.config
-        kind = _translation_kind(args.model or sections.get("kind") or "transformer", source)
-        task = dict(sections["task"])
-        # --seed seeds the data as well as the training, unless the task's seed is set apart
-        if "seed" in explicit_dests(args) and "task.seed" not in parse_overrides(args.set):
-            task["seed"] = args.seed
-        task.setdefault("seed", sections["train"].get("seed", 0))
-        task_cfg = TranslationTaskConfig.from_dict(task)
-    train_cfg = TrainConfig.from_dict({**train_defaults(kind), **sections["train"]})
-    done = completion(args.out, train_cfg) if args.resume else None
+    saved = read_config(args.out) if args.resume else None
+    spec = resolve_spec(args, FAMILIES["translate"], _FLAG_KEYS, saved, kind=args.model)
+    done = completion(args.out, spec.train) if args.resume else None
     if done:  # before the data is generated
         print(done)
         return 0
-    data = build_data(task_cfg)
-    if not args.resume:
-        model_options = dict(sections["model"])
-        preset = model_options.pop("preset", None)
-        longest = max(data.stats["max_src_len"], data.stats["max_tgt_len"])
-        max_seq_len = model_options.pop("max_seq_len", 2 * longest + 16)  # a file's value wins
-        model_cfg = translation_config(
-            kind,
-            len(data.src_vocab),
-            len(data.tgt_vocab),
-            preset=preset,
-            max_seq_len=max_seq_len,
-            **model_options,
-        )
-    torch.manual_seed(train_cfg.seed)  # the same initial weights for the same settings
-    model = get_kind(kind).build(model_cfg)
-    task = TranslationTask(data)
-    result = train(model, task, train_cfg, args.out, resume=args.resume, overwrite=args.overwrite)
+    model, task = build_run(spec)
+    data = task.data
+    result = train(model, task, spec.train, args.out, resume=args.resume, overwrite=args.overwrite)
     last = result.history[-1] if result.history else {}
     extra = "".join(f", {k} {last[k]:.3f}" for k in ("val_exact", "val_bleu") if k in last)
     val = "n/a" if result.val_loss is None else f"{result.val_loss:.3f}"
     print(
-        f"trained {kind} ({sum(p.numel() for p in model.parameters()):,} parameters) "
+        f"trained {spec.kind} ({sum(p.numel() for p in model.parameters()):,} parameters) "
         f"for {result.steps} steps in {result.elapsed:.0f}s: train loss "
         f"{result.final_train_loss:.3f}, val loss {val}{extra}"
     )
@@ -254,56 +193,6 @@ def _run_train(args: argparse.Namespace) -> int:
         f'"{data.splits["test"][0][0]}"'
     )
     return 0
-
-
-def _translation_kind(kind: str, where: str | None) -> str:
-    if kind not in MODEL_KINDS:
-        where = f"{where}: " if where else ""
-        raise UserError(f"{where}{kind!r} is not a translation model ({', '.join(MODEL_KINDS)})")
-    return kind
-
-
-def _check_resume(args: argparse.Namespace, kind: str, saved: dict, changes: dict) -> None:
-    """A resume continues the run as saved: refuse data or model settings that contradict it
-    (a different vocabulary would silently scramble the trained embeddings).
-
-    Args:
-        changes: the settings typed now (flags and ``--set``), by section.
-    """
-    from attnlab.commands.config_args import refuse_resume_changes
-    from attnlab.config.translation import TranslationTaskConfig
-    from attnlab.models.registry import get_kind
-    from attnlab.models.translation import translation_config
-
-    diffs = []
-    stored_task = TranslationTaskConfig.from_dict(saved["task"]).to_dict()
-    task_changes = changes["task"]
-    wanted_task = TranslationTaskConfig.from_dict({**stored_task, **task_changes}).to_dict()
-    for key in task_changes:
-        stored, value = stored_task[key], wanted_task[key]
-        if key == "path" and stored is not None and Path(value).resolve() == Path(stored).resolve():
-            continue
-        if value != stored:
-            flag = _DATA_FLAGS.get(key, f"task.{key}")
-            shown = "given" if key == "lowercase" else repr(value)
-            diffs.append(f"{flag} {shown} (the run has {key}={stored!r})")
-    saved_model = saved["model"]
-    options = dict(changes["model"])
-    preset = options.pop("preset", None)
-    if args.model is not None and args.model != kind:
-        diffs.append(f"--model {args.model!r} (the run has {kind!r})")
-    elif preset is not None or options:
-        if preset is not None:  # a preset names every field
-            sizes = {k: saved_model[k] for k in ("src_vocab_size", "tgt_vocab_size")}
-            wanted = translation_config(
-                kind, **sizes, preset=preset, max_seq_len=saved_model.get("max_seq_len"), **options
-            ).to_dict()
-        else:
-            wanted = get_kind(kind).config_cls.from_dict({**saved_model, **options}).to_dict()
-        keys = wanted if preset is not None else options
-        for key in sorted(k for k in keys if wanted[k] != saved_model.get(k)):
-            diffs.append(f"model {key}={wanted[key]!r} (the run has {saved_model.get(key)!r})")
-    refuse_resume_changes(args.out, diffs)
 
 
 def _load(run_dir: str, weights: str):
@@ -389,17 +278,13 @@ def _unknown_hint(err, vocab) -> str:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
-    from attnlab.data.translation import read_tsv
-    from attnlab.metrics.translation import evaluate_pairs
-    from attnlab.tasks.translation import HELDOUT_FILE
+    from attnlab.tasks.translation import evaluate_heldout
 
     at_least_one(args, "batch_size", "max_batches")
     model, vocabs = _load(args.run_dir, args.weights)
-    path = Path(args.run_dir) / HELDOUT_FILE
-    pairs = read_tsv(path)
-    if args.max_batches is not None:
-        pairs = pairs[: args.max_batches * args.batch_size]
-    res = evaluate_pairs(model, vocabs, pairs, batch_size=args.batch_size)
+    res = evaluate_heldout(
+        model, vocabs, args.run_dir, batch_size=args.batch_size, max_batches=args.max_batches
+    )
     b = "n/a (targets shorter than 4 tokens)" if res["bleu"] is None else f"{res['bleu']:.2f}"
     print(
         f"held-out ({res['n']} sentences, greedy): exact match {res['exact_match']:.4f}, "

@@ -13,41 +13,37 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from attnlab.commands.config_args import explicit_dests, resolve_spec, train_flag_keys
 from attnlab.commands.flags import add_flags, at_least_one
 from attnlab.commands.image_samples import add_samples_parser
 from attnlab.errors import RunDirError, UserError
+from attnlab.runspec import FAMILIES
+from attnlab.runspec.vision import VISION_KINDS
 
-VISION_KINDS = ("vit", "swin", "cnn")
 DATA_CHOICES = ("digits", "shapes", "folder", "cifar10", "mnist")
 AUGMENT = {"auto": None, "on": True, "off": False}
 
 #: flags of ``train image`` that are settings, and where they go in config.json
-_MODEL_FLAGS = {
+_FLAG_KEYS = {
+    **train_flag_keys(),
     "preset": "model.preset",
     "patch_size": "model.patch_size",
     "window_size": "model.window_size",
     "pooling": "model.pooling",
     "position": "model.position",
-}
-_TASK_FLAGS = {
-    name: f"task.{name}"
-    for name in (
-        "data",
-        "data_path",
-        "image_size",
-        "channels",
-        "shapes_n",
-        "shapes_label",
-        "train_fraction",
-        "augment",
-    )
-}
-#: model flags that only some architectures have
-_ONLY_FOR = {
-    "patch_size": ("vit", "swin"),
-    "window_size": ("swin",),
-    "pooling": ("vit",),
-    "position": ("vit",),
+    **{
+        name: f"task.{name}"
+        for name in (
+            "data",
+            "data_path",
+            "image_size",
+            "channels",
+            "shapes_n",
+            "shapes_label",
+            "train_fraction",
+            "augment",
+        )
+    },
 }
 
 
@@ -55,72 +51,31 @@ _ONLY_FOR = {
 # attnlab train image
 
 
-def _resolve(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    """``(kind, sections)``: flags, ``--config`` (or the run itself on --resume) and ``--set``."""
-    from attnlab.commands.config_args import explicit_dests, resolve_sections
-    from attnlab.config.train import TrainConfig
-    from attnlab.runs import read_config
-
-    if args.augment is not None:
-        args.augment = AUGMENT[args.augment]
-    if args.data_path:
-        args.data_path = str(Path(args.data_path).resolve())
-    train_flags = {f: f"train.{f}" for f in TrainConfig.field_names() if hasattr(args, f)}
-    base = read_config(args.out) if args.resume else None
-    sections = resolve_sections(args, {**train_flags, **_MODEL_FLAGS, **_TASK_FLAGS}, base=base)
-    stored = sections.pop("kind", None)
-    typed = args.model if "model" in explicit_dests(args) else None
-    if typed and stored and typed != stored:
-        source = f"the run in {args.out!r}" if args.resume else repr(args.config)
-        raise UserError(
-            f"--model {typed}, but {source} holds a {stored!r} model; drop --model, or start "
-            "from another config"
-        )
-    kind = typed or stored or "vit"
-    if kind not in VISION_KINDS:
-        raise UserError(f"{kind!r} is not an image classifier ({', '.join(VISION_KINDS)})")
-    for flag, kinds in _ONLY_FOR.items():
-        if getattr(args, flag) is not None and kind not in kinds:
-            raise UserError(
-                f"--{flag.replace('_', '-')} applies to --model {' or '.join(kinds)} only "
-                f"(got --model {kind})"
-            )
-    return kind, sections
-
-
 def _train_image(args: argparse.Namespace) -> int:
-    import torch
-
-    from attnlab.config.train import TrainConfig
-    from attnlab.config.vision import ImageTaskConfig
-    from attnlab.models.vision.factory import build_image_classifier
-    from attnlab.tasks.image import ImageClassificationTask
+    from attnlab.runs import build_run, read_config
     from attnlab.train import check_run_dir, train
     from attnlab.train.stopping import completion
 
     check_run_dir(args.out, args.resume, args.overwrite)  # before the data is read
-    kind, sections = _resolve(args)
-    cfg = TrainConfig.from_dict(sections["train"])
-    done = completion(args.out, cfg) if args.resume else None
+    if args.augment is not None:
+        args.augment = AUGMENT[args.augment]
+    if args.data_path:
+        args.data_path = str(Path(args.data_path).resolve())
+    saved = read_config(args.out) if args.resume else None
+    kind = args.model if "model" in explicit_dests(args) else None
+    spec = resolve_spec(args, FAMILIES["image"], _FLAG_KEYS, saved, kind=kind)
+    done = completion(args.out, spec.train) if args.resume else None
     if done:  # before the data is read
         print(done)
         return 0
-    task = ImageClassificationTask.from_config(
-        ImageTaskConfig.from_dict(sections["task"]), cfg.seed
-    )
-    model_fields = dict(sections["model"])
-    preset = model_fields.pop("preset", None)
-    torch.manual_seed(cfg.seed)
-    model = build_image_classifier(
-        kind, task.image_shape, task.classes, preset=preset, overrides=model_fields
-    )
+    model, task = build_run(spec)
     n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"{kind}: {n_params:,} parameters; {task.data.name} "
+        f"{spec.kind}: {n_params:,} parameters; {task.data.name} "
         f"{'×'.join(map(str, task.image_shape))}, {task.num_classes} classes, "
         f"{len(task.train_y)} training images (augment={task.augment})"
     )
-    res = train(model, task, cfg, args.out, resume=args.resume, overwrite=args.overwrite)
+    res = train(model, task, spec.train, args.out, resume=args.resume, overwrite=args.overwrite)
     device = next(model.parameters()).device
     acc, loss = task.test_accuracy(model, split="val", device=device)
     print(

@@ -5,7 +5,9 @@
 - :mod:`~attnlab.decoding.search`: greedy decoding and batched beam search (GNMT length penalty);
 - :mod:`~attnlab.decoding.sampling`: sampling from LMs (temperature, top-k, top-p, stop ids,
   streaming, left-padded batches) and LM beam search;
-- :mod:`~attnlab.decoding.compiled`: a compiled single-token step over static KV caches.
+- :mod:`~attnlab.decoding.compiled`: a compiled single-token step over static KV caches;
+- :mod:`~attnlab.decoding.text`: prompts, end-of-text ids, stop texts and streaming text
+  (``attnlab generate``).
 """
 
 from attnlab.decoding.compiled import compiled_forward, start_static

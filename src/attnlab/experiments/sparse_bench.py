@@ -20,10 +20,16 @@ Shape legend: B batch, H heads, N sequence length, d head dim, k projected rows.
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
+
+import torch
+
+from attnlab.fileio import atomic_write_text
 
 __all__ = [
     "BENCH_ONLY_BACKENDS",
@@ -31,6 +37,7 @@ __all__ = [
     "estimate_extra_gb",
     "linformer_error",
     "linformer_error_table",
+    "run_linformer_errors",
 ]
 
 #: names ``attnlab bench attention`` accepts besides the registered backends
@@ -182,3 +189,51 @@ def linformer_error_table(rows: list[dict[str, Any]]) -> str:
             f"| {r['fit_steps']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def run_linformer_errors(
+    ns: Iterable[int],
+    k: int,
+    out: str | Path,
+    *,
+    heads: int,
+    head_dim: int,
+    fit_steps: int,
+    threads: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[str, dict[str, Path]]:
+    """:func:`linformer_error` for each N and input kind; the table, written with the rows.
+
+    Args:
+        ns: sequence lengths N; k: projected rows.
+        out: the directory of ``linformer_error.md`` and ``linformer_error.json``.
+        threads: CPU threads for torch (None: torch's).
+        progress: called with one line per measured row.
+
+    Returns:
+        ``(table, {"linformer_table": path, "linformer_json": path})``.
+    """
+    if threads:
+        torch.set_num_threads(threads)
+    rows = []
+    for n in ns:
+        for inputs in ("iid", "smooth"):
+            row = linformer_error(
+                n, k, inputs=inputs, heads=heads, head_dim=head_dim, fit_steps=fit_steps
+            )
+            if progress is not None:
+                progress(
+                    f"  linformer N={n} k={k} {inputs}: random {row['random']:.3f}, "
+                    f"fitted {row['fitted']:.3f} ({row['fit_s']:.0f} s)"
+                )
+            rows.append(row)
+    table = linformer_error_table(rows)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = {
+        "linformer_table": out / "linformer_error.md",
+        "linformer_json": out / "linformer_error.json",
+    }
+    atomic_write_text(files["linformer_table"], table)
+    atomic_write_text(files["linformer_json"], json.dumps(rows, indent=1))
+    return table, files

@@ -30,11 +30,9 @@ from attnlab.experiments.scene_runs import (
 )
 from attnlab.fileio import atomic_write_text
 from attnlab.models.multimodal.vqa import build_vqa
-from attnlab.tasks.vqa import VQATask
+from attnlab.tasks.vqa import BASELINES, VQATask
 
 __all__ = ["VQABiasConfig", "run", "format_table", "vqa_config_for"]
-
-BASELINES = (("answer", "answer"), ("per type", "type"), ("per question", "question"))
 
 
 def vqa_config_for(name: str, vocab: Vocab, *, preset: str = "tiny", **fields) -> VQAConfig:

@@ -21,7 +21,9 @@ the run as saved: settings that contradict it are refused, each named.
     train(model, task, spec.train, "runs/exp")
 
 Families: ``lm`` (decoder-only Transformer, LSTM and bigram LMs) and ``mlm`` (the BERT-style
-encoder) — see :data:`FAMILIES`.
+encoder), resolved here; ``image`` (:mod:`attnlab.runspec.vision`), ``caption`` and ``vqa``
+(:mod:`attnlab.runspec.scenes`) and ``translate`` (:mod:`attnlab.runspec.translation`) bring
+their own resolver and builder — see :data:`FAMILIES`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,16 @@ from torch import nn
 
 from attnlab.config import ConfigError, LMTaskConfig, MLMTaskConfig
 from attnlab.config.base import Config
-from attnlab.config.overrides import apply_overrides, load_config_file, parse_overrides
+from attnlab.config.overrides import load_config_file, parse_overrides
 from attnlab.config.train import TrainConfig
 from attnlab.data.tokenizers import load_tokenizer
 from attnlab.errors import UserError, did_you_mean
 from attnlab.models.registry import build_model, get_kind
-from attnlab.runspec.budget import LMBudgetChoice, choose_lm_settings, fastest_ref_steps_per_s
+from attnlab.runspec.budget import choose_lm_settings, fastest_ref_steps_per_s
+from attnlab.runspec.scenes import CAPTION, VQA
+from attnlab.runspec.spec import Family, Given, RunSpec, merge_sections, refuse_resume_changes
+from attnlab.runspec.translation import TRANSLATION
+from attnlab.runspec.vision import IMAGE
 from attnlab.tasks.lm import LMTask
 from attnlab.tasks.mlm import MLMTask
 
@@ -58,40 +63,6 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
-class Family:
-    """How the settings of one ``attnlab train NAME`` become a run.
-
-    Attributes:
-        name: the task's ``type`` in config.json (``lm``, ``mlm``).
-        what: the family's name in messages (``language model``).
-        kinds: the model kinds it trains; the first is the default.
-        task_cls: the task config class (config.json's ``task``).
-        task_type: the task class (``build(config)``, ``from_config(saved, tokenizer)``).
-        task_flags: task fields with a flag of their own, as messages name them.
-        kind_flag: the flag that chooses the kind (named in messages).
-        kind_names: the values of ``kind_flag`` -> kinds (``{"transformer": "decoder_lm"}``).
-        n_specials: tokens the task adds to the tokenizer's vocabulary.
-        budget_rule: a decoder-only model given no size is chosen by the budget rule.
-        default_preset: the model preset when none is named.
-    """
-
-    name: str
-    what: str
-    kinds: tuple[str, ...]
-    task_cls: type[Config]
-    task_type: type
-    task_flags: Mapping[str, str]
-    kind_flag: str | None = None
-    kind_names: Mapping[str, str] = field(default_factory=dict)
-    n_specials: int = 0
-    budget_rule: bool = False
-    default_preset: str = "tiny"
-
-    def describe_kind_error(self, kind: str) -> str:
-        return f"the config's kind {kind!r} is not a {self.what} ({', '.join(self.kinds)})"
-
-
 _CORPUS_FLAGS = {
     "data": "--data",
     "tokenizer": "--tokenizer",
@@ -100,7 +71,7 @@ _CORPUS_FLAGS = {
     "max_chars": "--max-chars",
 }
 
-#: the families :func:`resolve` knows, by task type (config.json's ``task.type``)
+#: the families :func:`resolve` knows, by the name of their ``attnlab train NAME``
 FAMILIES: dict[str, Family] = {
     "lm": Family(
         "lm",
@@ -122,6 +93,10 @@ FAMILIES: dict[str, Family] = {
         {**_CORPUS_FLAGS, "mask_prob": "--mask-prob"},
         n_specials=4,
     ),
+    "image": IMAGE,
+    "caption": CAPTION,
+    "vqa": VQA,
+    "translate": TRANSLATION,
 }
 
 #: model keys that leave the choice of the model to the budget rule
@@ -131,95 +106,6 @@ _RULE_KEYS = ("train.batch_size", "task.seq_len", "train.lr", "train.warmup_step
 #: fields a run's config.json records although they follow from others
 _DERIVED = ("n_kv_heads", "head_dim", "ffn_hidden")
 _DERIVED_FROM = ("d_model", "n_heads", "ffn", "activation")
-
-
-@dataclass
-class RunSpec:
-    """What one training run is: its kind, model fields, task and training settings.
-
-    Attributes:
-        family: the :class:`Family` it belongs to.
-        kind: the model kind (``decoder_lm``, ``encoder_mlm``, ...).
-        model: the model config's fields, every key but ``vocab_size`` (the tokenizer's).
-        train: the :class:`~attnlab.config.TrainConfig`.
-        task: the family's task config (``seed`` filled in).
-        auto: what the budget rule still has to choose (``"model"`` and the ``section.key`` of
-            each setting not given); empty when the run names its model.
-        typed: the ``section.key`` of every setting typed on the command line.
-        resume: the resumed run's config.json (None for a new run).
-        run_dir: the resumed run's directory as given (its tokenizer is read back).
-        choice: what the budget rule chose, once :func:`build_run` applied it.
-    """
-
-    family: Family
-    kind: str
-    model: dict[str, Any]
-    train: TrainConfig
-    task: Any
-    auto: frozenset[str] = frozenset()
-    typed: frozenset[str] = frozenset()
-    resume: Mapping[str, Any] | None = None
-    run_dir: str | os.PathLike | None = None
-    choice: LMBudgetChoice | None = field(default=None, repr=False)
-
-    def model_config(self, vocab_size: int) -> Config:
-        """The model config for a tokenizer of ``vocab_size`` tokens (specials included)."""
-        return get_kind(self.kind).config_cls.from_dict({**self.model, "vocab_size": vocab_size})
-
-    def describe_choice(self) -> str:
-        """One line: the budget rule's choice (budget, row and the settings the run uses)."""
-        if self.choice is None:
-            return ""
-        train, choice = self.train, self.choice
-        row = choice.row
-        budget = (
-            f"{train.max_time:g} s = {choice.reference_steps:,.0f} reference steps, "
-            f"{torch.get_num_threads()} thread(s)"
-            if train.timed
-            else f"{train.steps} steps"
-        )
-        return (
-            f"budget rule ({budget}): row {row.name}, {row.n_layers} layers x {row.d_model} "
-            f"(RoPE, dropout {choice.dropout:g}); seq {self.task.seq_len}, batch "
-            f"{train.batch_size}, lr {train.lr:g}, warm-up {train.warmup_steps}; about "
-            f"{choice.steps:,} steps, {choice.epochs:.1f} passes over the corpus"
-        )
-
-
-# -- merging ------------------------------------------------------------------------------------
-
-
-def merge_sections(
-    defaults: Mapping[str, Any] | None = None,
-    base: Mapping[str, Any] | None = None,
-    typed: Mapping[str, Any] | None = None,
-    sets: Iterable[str] = (),
-) -> dict[str, Any]:
-    """Merge settings, lowest priority first, into ``{"model", "train", "task"}`` sections.
-
-    Args:
-        defaults: ``{"section.key": value}``: the command's flag defaults.
-        base: a config file's sections (or a run's config.json); ``kind`` is kept.
-        typed: ``{"section.key": value}``: flags typed on the command line. A typed
-            ``train.steps`` without ``train.max_time`` replaces a base's ``max_time`` (the run's
-            length is one choice).
-        sets: ``--set KEY=VALUE`` items (a key without a section is a model field).
-
-    Raises:
-        ConfigError: a bad ``--set`` item.
-    """
-    typed = dict(typed or {})
-    if "train.steps" in typed and "train.max_time" not in typed:
-        typed["train.max_time"] = None  # --steps N is the new length, not a budget's fallback
-    sections: dict[str, Any] = {"model": {}, "train": {}, "task": {}}
-    sections = apply_overrides(sections, dict(defaults or {}))
-    for name, section in (base or {}).items():
-        if isinstance(section, Mapping):
-            sections[name] = {**sections.get(name, {}), **section}
-        else:
-            sections[name] = section
-    sections = apply_overrides(sections, typed)
-    return apply_overrides(sections, parse_overrides(list(sets)))
 
 
 def _preset_fields(cls: type[Config], name: str | None) -> dict[str, Any]:
@@ -294,6 +180,9 @@ def resolve(
     fam = FAMILIES[family] if isinstance(family, str) else family
     flags = dict(flags or {})
     sets = list(sets)
+    if fam.resolver is not None:
+        given = Given(config_file, flags, tuple(sets), dict(defaults or {}), resume, run_dir)
+        return fam.resolver(fam, given)
     if resume is not None:
         base = dict(resume)
     elif isinstance(config_file, Mapping):
@@ -391,24 +280,6 @@ def _kind_name(fam: Family, kind: str) -> str:
 
 
 # -- resume -------------------------------------------------------------------------------------
-
-
-def refuse_resume_changes(out: str, diffs: list[str]) -> None:
-    """Refuse a ``--resume`` whose settings disagree with the run's, naming each.
-
-    Args:
-        out: the run directory as the message shows it.
-        diffs: one ``"--flag value (the run has other)"`` item per disagreement; none: no error.
-
-    Raises:
-        UserError: when ``diffs`` is not empty.
-    """
-    if diffs:
-        raise UserError(
-            f"--resume continues {out} as it was configured, but "
-            + "; ".join(diffs)
-            + ". Drop these options, or start a new run (another --out, or --overwrite)"
-        )
 
 
 def _check_resume(spec: RunSpec, saved: Mapping[str, Any]) -> None:
@@ -532,6 +403,8 @@ def build_run(spec: RunSpec, *, ref_steps_per_s: float | None = None) -> tuple[n
             tokenizer contradicts the settings.
     """
     fam = spec.family
+    if fam.builder is not None:
+        return fam.builder(spec)
     if spec.resume is not None:
         if spec.run_dir is None:
             raise UserError("a resumed RunSpec needs run_dir (the run's directory)")

@@ -104,6 +104,24 @@ class CaptionTask(SceneTask):
         m = caption_metrics(model, self.vocab, sset, range(n), beam_size=1)
         return {"bleu": m["bleu"], "object_precision": m["object_precision"]}
 
+    def evaluate_splits(
+        self, model: nn.Module, vocab: Vocab, n: int = 200
+    ) -> dict[str, dict[str, float]]:
+        """``attnlab eval``: :func:`caption_metrics` of greedy captions on the first ``n`` scenes
+        of the validation and the unseen-combination splits, against the training captions.
+
+        Returns:
+            ``{"val": metrics, "unseen": metrics}``.
+        """
+        train_caps = self.sets("train").caption_set()
+        out = {}
+        for split in ("val", "unseen"):
+            sset = self.sets(split)
+            out[split] = caption_metrics(
+                model, vocab, sset, range(min(n, len(sset))), train_captions=train_caps
+            )
+        return out
+
 
 @torch.no_grad()
 def decode_captions(

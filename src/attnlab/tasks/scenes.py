@@ -16,8 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.capture import collect_aux_losses
-from attnlab.config.base import Config
+from attnlab.config.base import Config, ConfigError
 from attnlab.data.scenes import SPLITS, SceneConfig, SceneSet, Vocab, build_vocab
+from attnlab.errors import UserError
 
 __all__ = ["SceneTaskConfig", "SceneTask", "batch_rng", "pad_ids", "forward_with_aux"]
 
@@ -91,6 +92,18 @@ class SceneTask:
         self.config = config
         self.vocab = build_vocab()
         self._sets: dict[str, SceneSet] = {}
+
+    @classmethod
+    def for_run(cls, section: dict[str, Any], run_dir: str | Path) -> SceneTask:
+        """The task a run was trained on, from its config.json's ``task`` section.
+
+        Raises:
+            UserError: settings that do not fit this task (named, with the run's directory).
+        """
+        try:
+            return cls(cls.config_cls.from_dict(section))
+        except ConfigError as err:
+            raise UserError(f"{run_dir}/config.json: task settings do not fit: {err}") from None
 
     def sets(self, split: str) -> SceneSet:
         """The scenes of ``split`` (generated on first use)."""

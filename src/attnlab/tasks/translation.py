@@ -22,13 +22,20 @@ from torch import Tensor, nn
 
 from attnlab.attention.capture import collect_aux_losses
 from attnlab.config.translation import ScheduledSamplingConfig
-from attnlab.data.translation import PAD_ID, Batch, TranslationData, collate, write_tsv
+from attnlab.data.translation import (
+    PAD_ID,
+    Batch,
+    TranslationData,
+    collate,
+    read_tsv,
+    write_tsv,
+)
 from attnlab.errors import UserError
 from attnlab.metrics.translation import evaluate_pairs
 from attnlab.tasks.losses import cross_entropy
 from attnlab.tasks.scheduled_sampling import decoder_inputs, draw_gold_mask
 
-__all__ = ["TranslationTask", "train_defaults", "HELDOUT_FILE"]
+__all__ = ["TranslationTask", "train_defaults", "evaluate_heldout", "HELDOUT_FILE"]
 
 #: the test split of a run, ``source<TAB>target`` (what ``attnlab eval`` scores)
 HELDOUT_FILE = "heldout.tsv"
@@ -174,3 +181,24 @@ class TranslationTask:
         if res["bleu"] is not None:
             out["val_bleu"] = res["bleu"]
         return out
+
+
+def evaluate_heldout(
+    model: nn.Module,
+    vocabs: Any,
+    run_dir: str | Path,
+    *,
+    batch_size: int = 32,
+    max_batches: int | None = None,
+) -> dict[str, Any]:
+    """``attnlab eval``: greedy exact match, BLEU and chrF on a run's held-out split
+    (:data:`HELDOUT_FILE`, the first ``max_batches * batch_size`` pairs when given).
+
+    Returns:
+        :func:`attnlab.metrics.translation.evaluate_pairs`'s result (``n``, ``exact_match``,
+        ``bleu`` (None for targets shorter than 4 tokens), ``chrf``).
+    """
+    pairs = read_tsv(Path(run_dir) / HELDOUT_FILE)
+    if max_batches is not None:
+        pairs = pairs[: max_batches * batch_size]
+    return evaluate_pairs(model, vocabs, pairs, batch_size=batch_size)

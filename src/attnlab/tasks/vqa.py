@@ -27,7 +27,10 @@ from attnlab.tasks.scenes import (
     pad_ids,
 )
 
-__all__ = ["VQATaskConfig", "VQATask"]
+__all__ = ["VQATaskConfig", "VQATask", "BASELINES"]
+
+#: the answer-frequency baselines: ``(name, by)`` of :meth:`VQATask.answer_frequency_baseline`
+BASELINES = (("answer", "answer"), ("per type", "type"), ("per question", "question"))
 
 Pairs = list[tuple[int, QA]]  # (scene index, question)
 
@@ -192,6 +195,23 @@ class VQATask(SceneTask):
                 )
                 hits += (logits.argmax(-1).cpu() == batch["answers"]).tolist()
         return accuracy_by_group([qa.qtype for _, qa in pairs], hits, QUESTION_TYPES)
+
+    def evaluate_splits(self, model: nn.Module, per_type: int = 100) -> dict[str, Any]:
+        """``attnlab eval``: accuracy by question type on the validation and unseen-combination
+        splits (``per_type`` questions of each type), and the validation answer-frequency
+        baselines.
+
+        Returns:
+            ``{"val": by_type, "unseen": by_type, "baselines": {name: accuracy}}``.
+        """
+        out: dict[str, Any] = {
+            split: self.accuracy_by_type(model, split, per_type=per_type)
+            for split in ("val", "unseen")
+        }
+        out["baselines"] = {
+            name: self.answer_frequency_baseline(by=by, per_type=per_type) for name, by in BASELINES
+        }
+        return out
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """Accuracy on (up to 50 per type of) the fixed validation questions."""

@@ -5,12 +5,16 @@ Shape legend: N scenes, H = W image size.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
 from attnlab.data.scenes.captions import scene_captions
 from attnlab.data.scenes.questions import scene_questions
 from attnlab.data.scenes.render import render_scene
 from attnlab.data.scenes.world import SPLITS, SceneConfig, generate_scene
+from attnlab.fileio import atomic_save, atomic_write_text
 
 __all__ = ["MAX_SCENE_BYTES", "SceneSet"]
 
@@ -53,3 +57,46 @@ class SceneSet:
     def caption_set(self) -> set[str]:
         """Every reference caption of every scene."""
         return {c for caps in self.captions for c in caps}
+
+    def write_samples(self, out: str | Path) -> list[list[str]]:
+        """Write ``scene_K.png`` (and an 8x enlarged ``scene_K_x8.png``), ``scene_K.json`` (the
+        objects, reference captions and every question with its answer) and ``scene_K.txt``
+        into ``out`` (created; files in it are replaced).
+
+        Returns:
+            Each scene's text lines: a header, ``captions:``, the captions, ``questions:``, one
+            ``[type] question -> answer`` line each.
+        """
+        from PIL import Image  # (Pillow: only where images are written or read)
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        texts = []
+        for k, scene in enumerate(self.scenes):
+            img = self.images[k]
+            big = np.kron(img, np.ones((8, 8, 1), dtype=np.uint8))
+            for name, im in ((f"scene_{k}.png", img), (f"scene_{k}_x8.png", big)):
+                atomic_save(
+                    out / name, lambda tmp, im=im: Image.fromarray(im).save(tmp, format="PNG")
+                )
+            info = {
+                "objects": [
+                    {"colour": o.colour, "shape": o.shape, "x": round(o.x, 1), "y": round(o.y, 1)}
+                    for o in scene.objects
+                ],
+                "captions": self.captions[k],
+                "questions": [
+                    {"type": q.qtype, "question": q.question, "answer": q.answer}
+                    for q in self.questions[k]
+                ],
+            }
+            atomic_write_text(out / f"scene_{k}.json", json.dumps(info, indent=1) + "\n")
+            lines = (
+                [f"scene_{k}.png ({self.split} split, {len(scene.objects)} objects)", "captions:"]
+                + [f"  {c}" for c in self.captions[k]]
+                + ["questions:"]
+                + [f"  [{q.qtype}] {q.question} -> {q.answer}" for q in self.questions[k]]
+            )
+            atomic_write_text(out / f"scene_{k}.txt", "\n".join(lines) + "\n")
+            texts.append(lines)
+        return texts
