@@ -69,13 +69,13 @@ def test_other_tokenizers_are_decoded_whole():
 
 def _generate_with(monkeypatch, tokens: list[int]):
     """Make generation emit ``tokens`` (whatever the model would sample)."""
-    import attnlab.decoding
+    import attnlab.decoding.text
 
     def fake(model, idx, n, **kw):
         for t in tokens[:n]:
             yield torch.tensor([t])
 
-    monkeypatch.setattr(attnlab.decoding, "stream_generate", fake)
+    monkeypatch.setattr(attnlab.decoding.text, "stream_generate", fake)
 
 
 @pytest.mark.parametrize("stream", [True, False])
