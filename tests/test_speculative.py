@@ -206,7 +206,9 @@ def test_seeded_samples_pass_a_chi_square_test_against_the_target():
     target = _lm(vocab=3, d=16, heads=2, ctx=16, init_std=0.5, position="alibi")
     draft = _lm(vocab=3, d=8, layers=1, heads=2, ctx=16, seed=1, init_std=0.5, position="alibi")
     prompt = [1, 2, 0, 1, 2]
-    want = torch.tensor(list(_target_joint(target.double(), prompt, dict(temperature=0.9)).values()))
+    want = torch.tensor(
+        list(_target_joint(target.double(), prompt, dict(temperature=0.9)).values())
+    )
     target.float()
     n = 1500
     limit = chi2.ppf(0.999, df=len(want) - 1)

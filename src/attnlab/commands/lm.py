@@ -21,6 +21,12 @@ from typing import Any
 
 from attnlab.commands.config_args import explicit_dests, resolve_spec, train_flag_keys
 from attnlab.commands.flags import add_flags
+from attnlab.commands.lm_speculative import (
+    check_speculative_flags,
+    load_draft,
+    report_speculation,
+    speculative_settings,
+)
 from attnlab.errors import RunDirError, UserError
 from attnlab.runspec import FAMILIES
 
@@ -147,7 +153,7 @@ def _generate(args: argparse.Namespace) -> int:
         raise UserError("--compile decodes over the KV cache; drop --no-cache")
     if args.compile and args.beam is not None:
         raise UserError("--compile is for sampling and greedy decoding; drop it or --beam")
-    _check_speculative_flags(args)
+    check_speculative_flags(args)
     if args.from_hf:
         if args.run_dir:
             raise UserError("give either a run directory or --from-hf DIR, not both")
@@ -182,7 +188,7 @@ def _generate(args: argparse.Namespace) -> int:
             "tokens; shorten the prompt"
         )
     idx = torch.tensor([ids], device=next(model.parameters()).device)
-    args.draft_model = _load_draft(args, model, tok) if args.draft else None
+    args.draft_model = load_draft(args, model, tok) if args.draft else None
     if args.beam is not None:
         text = _beam_text(model, tok, idx, args, _stop_list(stop_ids))
         sys.stdout.write(args.prompt + text + "\n")
@@ -190,63 +196,6 @@ def _generate(args: argparse.Namespace) -> int:
         return 0
     _stream_sample(model, tok, idx, args, _stop_list(stop_ids))
     return 0
-
-
-def _check_speculative_flags(args: argparse.Namespace) -> None:
-    given = [f for f, v in (("--draft", args.draft), ("--prompt-lookup", args.prompt_lookup)) if v]
-    if len(given) == 2:
-        raise UserError("give --draft RUN or --prompt-lookup N, not both")
-    if not given:
-        for flag, value in (
-            ("--speculate", args.speculate),
-            ("--no-adapt", args.no_adapt),
-            ("--draft-dtype", args.draft_dtype),
-            ("--draft-quantize", args.draft_quantize),
-        ):
-            if value:
-                raise UserError(f"{flag} is for speculative decoding: add --draft RUN")
-        return
-    if args.beam is not None:
-        raise UserError(f"{given[0]} speeds up sampling and greedy decoding; drop it or --beam")
-    if args.no_cache:
-        raise UserError(f"{given[0]} decodes over the KV caches; drop --no-cache")
-    if args.speculate is not None and args.speculate < 1:
-        raise UserError(f"--speculate must be >= 1, got {args.speculate}")
-    if args.prompt_lookup is not None and args.prompt_lookup < 1:
-        raise UserError(f"--prompt-lookup must be >= 1, got {args.prompt_lookup}")
-    if args.prompt_lookup and (args.draft_dtype or args.draft_quantize):
-        raise UserError("--draft-dtype and --draft-quantize are for --draft RUN")
-
-
-def _load_draft(args: argparse.Namespace, model, tok):
-    """The ``--draft`` run, refused unless its tokenizer is the model's."""
-    from attnlab.decoding.speculative import check_draft, check_tokenizers
-
-    device = str(next(model.parameters()).device)
-    draft, draft_tok = load_lm(
-        args.draft,
-        args.weights,
-        device,
-        dtype=args.draft_dtype or args.dtype,
-        quantize=args.draft_quantize or args.quantize,
-    )
-    check_tokenizers(tok, draft_tok)
-    check_draft(model, draft)
-    return draft
-
-
-def _speculative_settings(args: argparse.Namespace) -> dict:
-    if args.draft_model is None and args.prompt_lookup is None:
-        return {}
-    from attnlab.decoding.speculative import SpeculativeStats
-
-    return {
-        "draft": args.draft_model,
-        "prompt_lookup": args.prompt_lookup,
-        "speculate": 5 if args.speculate is None else args.speculate,
-        "adapt": not args.no_adapt,
-        "stats": SpeculativeStats(),
-    }
 
 
 def _cut_at_stop_text(text: str, stop: str | None) -> tuple[str, bool]:
@@ -281,7 +230,7 @@ def _stream_sample(model, tok, idx, args: argparse.Namespace, stop_ids: list[int
         out.flush()
     new: list[int] = []
     shown = text = ""
-    spec = _speculative_settings(args)
+    spec = speculative_settings(args)
     for nxt in stream_generate(
         model,
         idx,
@@ -309,12 +258,7 @@ def _stream_sample(model, tok, idx, args: argparse.Namespace, stop_ids: list[int
     out.write((text[len(shown) :] if stream else args.prompt + text) + "\n")
     out.flush()
     if spec:
-        st = spec["stats"]
-        sys.stderr.write(
-            f"speculative decoding: {st.tokens} tokens in {st.rounds} forwards of the model "
-            f"({st.tokens_per_round:.2f} per forward), {st.accepted}/{st.drafted} drafted "
-            f"tokens accepted ({100 * st.acceptance_rate:.0f} %)\n"
-        )
+        report_speculation(spec["stats"])
 
 
 # ----------------------------------------------------------------------------------------------

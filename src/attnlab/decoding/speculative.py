@@ -33,8 +33,9 @@ recover. The choice depends only on the tokens, not on timings: seeded sampling 
 reproducible. ``adapt=False`` drafts K every round.
 
 With ``compile=True`` both models decode over static caches with compiled steps
-(:mod:`attnlab.decoding.compiled`): the draft's single-token step and the target's (k + 1)-token
-forward, one graph per k (prompt lookup pads its proposal to K + 1 tokens so that it has one).
+(:mod:`attnlab.decoding.compiled`): the draft's single-token step, and the target's single-token
+step and (K + 1)-token forward (a round of k < K drafts is padded to K + 1 tokens, the padding
+cropped with the rejected positions, so that adapting k compiles no new graph).
 
 Rows of a batch are decoded one after another (their accepted lengths differ).
 
@@ -153,8 +154,7 @@ def best_k(alpha: float, k_max: int, draft_cost: float, verify_cost: float = VER
     """The k in 0 … ``k_max`` maximising tokens per unit of time,
     ``expected_tokens(α, k) / (1 + k·draft_cost + k·verify_cost)``."""
     rates = [
-        expected_tokens(alpha, k) / (1.0 + k * (draft_cost + verify_cost))
-        for k in range(k_max + 1)
+        expected_tokens(alpha, k) / (1.0 + k * (draft_cost + verify_cost)) for k in range(k_max + 1)
     ]
     return max(range(k_max + 1), key=lambda k: (rates[k], -k))
 
@@ -402,8 +402,8 @@ class _Row:
         t = self.target
         fed = self.tokens[t.cached : L] + drafts
         pad = 0
-        if self.index is not None and t.compile and k > 0:
-            # one compiled graph for every proposal length: pad to K + 1 tokens (cropped below)
+        if t.compile and k > 0:
+            # one compiled graph for every number of drafts: pad to K + 1 tokens (cropped below)
             pad = max(0, min(self.k_max + 1 - (k + 1), t.room - len(fed)))
             if len(fed) + pad > self.k_max + 1:
                 pad = 0
@@ -507,8 +507,20 @@ def speculative_stream(
     stops = set(stop_ids)
     with evaluating(model), evaluating(draft if draft is not None else model):
         if len(prompts) == 1:
-            yield from _one_row(model, prompts[0], max_new_tokens, draft, speculate, adapt,
-                                prompt_lookup, sampling, generator, compile, stats, stops)
+            yield from _one_row(
+                model,
+                prompts[0],
+                max_new_tokens,
+                draft,
+                speculate,
+                adapt,
+                prompt_lookup,
+                sampling,
+                generator,
+                compile,
+                stats,
+                stops,
+            )
             return
         rows = [
             list(_one_row(model, p, max_new_tokens, draft, speculate, adapt, prompt_lookup,
