@@ -117,11 +117,14 @@ def measure(methods: dict, prompts: list[list[int]], reps: int) -> dict[str, dic
     return res
 
 
-def ours(model, n: int, compile: bool, **kw):
+def ours(model, n: int, compile: bool, temperature: float = 0.0, **kw):
     def fn(prompt, stats):
         idx = torch.tensor([prompt])
         extra = {"stats": stats} if ("draft" in kw or "prompt_lookup" in kw) else {}
-        out = generate(model, idx, n, temperature=0, compile=compile, **kw, **extra)
+        gen = torch.Generator().manual_seed(0)
+        out = generate(
+            model, idx, n, temperature=temperature, generator=gen, compile=compile, **kw, **extra
+        )
         return out[0, len(prompt) :].tolist()
 
     return fn
@@ -187,6 +190,7 @@ def main() -> None:
     ap.add_argument("--speculate", type=int, default=8, help="K of the adaptive runs")
     ap.add_argument("--lookup", type=int, default=3, help="prompt lookup's n-gram size")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.8, help="the sampling rows")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
@@ -231,8 +235,21 @@ def main() -> None:
     for k, r in res.items():
         print(row(k, r, total, base, ref))
 
+    # the draft in its own fastest setting (a small model is Python-bound: int8 may not pay)
+    d_plain = {s: ours(drafts[s], n, compile) for s in settings}
+    if compile:
+        for fn in d_plain.values():
+            fn(docs[0], None)
+    res_d = measure(d_plain, docs[:1], args.reps)
+    d_setting = min(res_d, key=lambda k: res_d[k]["s"])
+    print(
+        "\nplain decoding of the draft: "
+        + ", ".join(f"{k} {n / r['s']:.0f} tok/s" for k, r in res_d.items())
+        + f" (draft runs in {d_setting})"
+    )
+
     # speculative decoding with the draft, in the best plain setting
-    tgt, dft = models[setting], drafts[setting]
+    tgt, dft = models[setting], drafts[d_setting]
     spec = {"plain (best)": plain[best]}
     for k in args.ks:
         spec[f"draft K={k}"] = ours(tgt, n, compile, draft=dft, speculate=k, adapt=False)
@@ -252,6 +269,24 @@ def main() -> None:
     print(HEAD)
     for k, r in res_s.items():
         print(row(k, r, total, base_s, ref_s))
+
+    # sampling: the same methods at temperature 0.8 (exact: the target's distribution)
+    temp = args.temperature
+    samp = {
+        "plain (best)": ours(tgt, n, compile, temp),
+        f"draft adaptive K<={args.speculate}": ours(
+            tgt, n, compile, temp, draft=dft, speculate=args.speculate
+        ),
+        f"lookup N={args.lookup} K={args.speculate}": ours(
+            tgt, n, compile, temp, prompt_lookup=args.lookup, speculate=args.speculate
+        ),
+    }
+    res_t = measure(samp, docs, args.reps)
+    base_t = total / res_t["plain (best)"]["s"]
+    print(f"\nsampling at temperature {temp:g}, held-out prompts")
+    print(HEAD)
+    for k, r in res_t.items():
+        print(row(k, r, total, base_t, None))
 
     # prompt lookup on prompts with nothing to look up
     look = {

@@ -69,10 +69,11 @@ __all__ = [
     "VERIFY_COST",
 ]
 
-#: what each extra token of a verifying forward costs, in single-token target steps (β); the
-#: forward reads the weights once however many tokens it carries (benchmarks/speculative.py
-#: prints the measured value)
-VERIFY_COST = 0.08
+#: what each extra token of a verifying forward costs, in single-token target steps (β). A
+#: forward reads the weights once however many tokens it carries, but on a CPU without bf16/int8
+#: matrix instructions a 7-row bf16 or int8 product costs 2.5-3x the one-row kernel's (measured
+#: for a 2048 x 512 layer on the project's machine: beta ~ 0.25-0.3); on a GPU it is near 0
+VERIFY_COST = 0.25
 #: with adaptive k: a round that would draft nothing drafts one token every PROBE_EVERY rounds
 PROBE_EVERY = 8
 _DECAY = 0.9  # weight of the past in the acceptance estimate, per round
