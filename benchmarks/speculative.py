@@ -48,7 +48,7 @@ from attnlab.decoding import generate  # noqa: E402
 from attnlab.decoding.speculative import SpeculativeStats, check_tokenizers  # noqa: E402
 
 TARGET = {"d_model": 512, "n_layers": 4, "n_heads": 8}
-DRAFT = {"d_model": 128, "n_layers": 2, "n_heads": 4}
+DRAFT = {"d_model": 128, "n_layers": 1, "n_heads": 4}
 
 
 # ----------------------------------------------------------------------------------------------

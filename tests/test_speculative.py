@@ -274,7 +274,10 @@ def test_ngram_index_proposes_what_followed_the_latest_occurrence():
     index.extend([4])
     assert index.propose(2) == ([7, 1], 3)  # "1 2 4"
     assert NgramIndex(2, [1, 2, 3]).propose(4) == ([], 0)
-    assert NgramIndex(2, [1, 1, 1]).propose(4) == ([1], 2)  # runs up to the end of the context
+    # a copy that reaches the end continues periodically: "3 4" last followed by "5 3 4" (the
+    # end), so the run 5 3 4 5 3 4 ... goes on
+    assert NgramIndex(2, [3, 4, 5, 3, 4]).propose(5) == ([5, 3, 4, 5, 3], 2)
+    assert NgramIndex(2, [1, 1, 1]).propose(4) == ([1, 1, 1, 1], 2)
 
 
 # ----------------------------------------------------------------------------------------------

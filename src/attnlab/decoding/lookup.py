@@ -50,8 +50,9 @@ class NgramIndex:
             toks.append(int(tok))
 
     def propose(self, k: int) -> tuple[list[int], int]:
-        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix
-        n-gram that occurred before.
+        """``k`` tokens that followed the latest earlier occurrence of the longest suffix n-gram
+        that occurred before (where they run into the end of the context, the copy continues
+        with the tokens it copied: the continuation of a periodic run).
 
         Returns:
             ``(tokens, n)``: the proposal (empty when no suffix n-gram occurred before, or
@@ -63,5 +64,10 @@ class NgramIndex:
         for n in range(min(self.max_ngram, len(toks)), 0, -1):
             j = self.tables[n - 1].get(tuple(toks[len(toks) - n :]))
             if j is not None:
-                return toks[j : j + k], n
+                # a copy that reaches the end of the context goes on copying itself: in a run
+                # of period p (a repeated line, "    "), the proposal continues the run
+                L, out = len(toks), toks[j : j + k]
+                while len(out) < k:
+                    out.append(out[j + len(out) - L])
+                return out, n
         return [], 0
