@@ -323,6 +323,8 @@ def test_cli_speculates_and_refuses_a_draft_with_another_tokenizer(tmp_path, cap
     assert out.out == plain and "drafted tokens accepted" in out.err
     assert main([*common, "--prompt-lookup", "2"]) == 0
     assert capsys.readouterr().out == plain
+    assert main([*common, "--no-stream", "--draft", draft, "--draft-dtype", "bfloat16"]) == 0
+    assert capsys.readouterr().out == plain  # another dtype drafts, the model decides
     for argv, message in (
         ([*common, "--draft", other], "other tokens"),
         ([*common, "--draft", draft, "--prompt-lookup", "2"], "not both"),

@@ -14,6 +14,11 @@ __all__ = ["check_speculative_flags", "load_draft", "speculative_settings", "rep
 
 
 def check_speculative_flags(args: argparse.Namespace) -> None:
+    """Refuse speculative flags that do not go together (or with ``--beam``/``--no-cache``).
+
+    Raises:
+        UserError: naming the flags.
+    """
     given = [f for f, v in (("--draft", args.draft), ("--prompt-lookup", args.prompt_lookup)) if v]
     if len(given) == 2:
         raise UserError("give --draft RUN or --prompt-lookup N, not both")
@@ -49,8 +54,12 @@ def load_draft(args: argparse.Namespace, model, tok):
         args.draft,
         args.weights,
         device,
-        dtype=args.draft_dtype or args.dtype,
-        quantize=args.draft_quantize or args.quantize,
+        # the draft's own settings when given (either one), the model's otherwise
+        **(
+            {"dtype": args.draft_dtype, "quantize": args.draft_quantize}
+            if args.draft_dtype or args.draft_quantize
+            else {"dtype": args.dtype, "quantize": args.quantize}
+        ),
     )
     check_tokenizers(tok, draft_tok)
     check_draft(model, draft)
@@ -58,6 +67,8 @@ def load_draft(args: argparse.Namespace, model, tok):
 
 
 def speculative_settings(args: argparse.Namespace) -> dict:
+    """The speculative keywords of :func:`attnlab.decoding.stream_generate` (``{}`` without
+    ``--draft`` or ``--prompt-lookup``), with a fresh stats record under ``"stats"``."""
     if args.draft_model is None and args.prompt_lookup is None:
         return {}
     from attnlab.decoding.speculative import SpeculativeStats
