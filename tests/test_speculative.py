@@ -230,9 +230,13 @@ def test_acceptance_rule_and_k_choice_by_hand():
     assert torch.allclose(residual_probs(p[0], q[0]), torch.tensor([0.25, 0.0, 0.05]) / 0.3)
     assert expected_tokens(0.5, 2) == 1.75
     assert best_k(0.0, 5, 0.1) == 0 and best_k(0.95, 5, 0.0, 0.08) == 5
-    # α = 0.8, draft cost 0.1, β = 0.08: E(k)/(1 + 0.18k) peaks at k = 4 (3.362 / 1.72 = 1.955)
-    rates = [expected_tokens(0.8, k) / (1 + 0.18 * k) for k in range(6)]
-    assert best_k(0.8, 5, 0.1, 0.08) == max(range(6), key=rates.__getitem__) == 4
+    # α = 0.8, draft cost 0.1, β = 0.08, round cost 0.1: E(k)/(1.1 + 0.18k) peaks at k = 4
+    # (3.362 / 1.82 = 1.847; k = 3: 2.952 / 1.64 = 1.800; k = 5: 3.689 / 2.0 = 1.845)
+    rates = [expected_tokens(0.8, k) / (1 + 0.18 * k + 0.1 * (k > 0)) for k in range(6)]
+    assert best_k(0.8, 5, 0.1, 0.08, 0.1) == max(range(6), key=rates.__getitem__) == 4
+    # a round must gain more than its fixed cost: α = 0.12 gains 1.12 / 1.08 without one, and
+    # loses 1.12 / 1.18 with it
+    assert best_k(0.12, 5, 0.0, 0.08, 0.0) == 1 and best_k(0.12, 5, 0.0, 0.08, 0.1) == 0
 
 
 # ----------------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@
 - :mod:`~attnlab.decoding.search`: greedy decoding and batched beam search (GNMT length penalty);
 - :mod:`~attnlab.decoding.sampling`: sampling from LMs (temperature, top-k, top-p, stop ids,
   streaming, left-padded batches) and LM beam search;
-- :mod:`~attnlab.decoding.compiled`: a compiled single-token step over static KV caches.
+- :mod:`~attnlab.decoding.compiled`: a compiled single-token step over static KV caches;
+- :mod:`~attnlab.decoding.speculative`, :mod:`~attnlab.decoding.lookup`: speculative decoding
+  with a draft model or prompt lookup (``generate(..., draft=..., prompt_lookup=...)``).
 """
 
 from attnlab.decoding.compiled import compiled_forward, start_static
@@ -18,6 +20,7 @@ from attnlab.decoding.sampling import (
     stream_generate,
 )
 from attnlab.decoding.search import Hypothesis, beam_search, greedy_search, length_penalty
+from attnlab.decoding.speculative import SpeculativeStats
 
 __all__ = [
     "DecodeState",
@@ -34,4 +37,5 @@ __all__ = [
     "length_penalty",
     "compiled_forward",
     "start_static",
+    "SpeculativeStats",
 ]

@@ -22,13 +22,13 @@ After a round both KV caches are cropped (:meth:`attnlab.attention.cache.KVCache
 accepted tokens; the rejected positions are overwritten by the next round.
 
 How many tokens to draft (``speculate`` = K, the most): with per-token acceptance rate α, a round
-of k drafts yields ``E(k) = (1 − α^(k+1)) / (1 − α)`` tokens and costs ``1 + k·c + k·β`` target
-steps, c the draft's cost per token relative to the target's (:func:`step_cost`: the bytes of
-weights each reads plus a fixed cost per block; 0 for prompt lookup) and β what each extra verified token adds to a forward
-(:data:`VERIFY_COST`). With ``adapt=True`` every round takes the k in 0 … K maximising
-``E(k) / cost(k)``, α estimated from the recent rounds (accepted / (accepted + rejections),
-exponentially decayed, from a prior of 0.6 with weight 2; prompt lookup keeps one estimate per
-n-gram size). k = 0 is a plain step; then every 8th round drafts one token, so the estimate can
+of k drafts yields ``E(k) = (1 − α^(k+1)) / (1 − α)`` tokens and costs ``1 + k·c + k·β + r``
+target steps (r = :data:`ROUND_COST` when k > 0), c the draft's cost per token relative to the
+target's (:func:`step_cost`: the bytes of weights each reads plus a fixed cost per block; 0 for
+prompt lookup) and β what each extra verified token adds to a forward (:data:`VERIFY_COST`).
+With ``adapt=True`` every round takes the k in 0 … K maximising ``E(k) / cost(k)``, α estimated
+from the recent rounds (accepted / (accepted + rejections), exponentially decayed, from a prior of
+0.6 with weight 2; prompt lookup keeps one estimate per n-gram size). k = 0 is a plain step; then every 8th round drafts one token, so the estimate can
 recover. The choice depends only on the tokens, not on timings: seeded sampling stays
 reproducible. ``adapt=False`` drafts K every round.
 
@@ -64,6 +64,7 @@ __all__ = [
     "expected_tokens",
     "best_k",
     "step_cost",
+    "ROUND_COST",
     "check_draft",
     "check_tokenizers",
     "speculative_stream",
@@ -72,9 +73,12 @@ __all__ = [
 
 #: what each extra token of a verifying forward costs, in single-token target steps (β). A
 #: forward reads the weights once however many tokens it carries, but on a CPU without bf16/int8
-#: matrix instructions a 7-row bf16 or int8 product costs 2.5-3x the one-row kernel's (measured
-#: for a 2048 x 512 layer on the project's machine: beta ~ 0.25-0.3); on a GPU it is near 0
-VERIFY_COST = 0.25
+#: matrix instructions the products of a few rows cost more than the one-row kernel's: fitted
+#: to benchmarks/speculative.py's fixed-K rows on the project's machine, β ~ 0.2 (near 0 on a GPU)
+VERIFY_COST = 0.2
+#: a drafting round's fixed cost (its bookkeeping, the verification's extra work), in target
+#: steps: a round drafts only where it is predicted to gain more than this
+ROUND_COST = 0.1
 #: with adaptive k: a round that would draft nothing drafts one token every PROBE_EVERY rounds
 PROBE_EVERY = 8
 _DECAY = 0.9  # weight of the past in the acceptance estimate, per round
@@ -152,11 +156,18 @@ def expected_tokens(alpha: float, k: int) -> float:
     return float(sum(alpha**i for i in range(k + 1)))
 
 
-def best_k(alpha: float, k_max: int, draft_cost: float, verify_cost: float = VERIFY_COST) -> int:
+def best_k(
+    alpha: float,
+    k_max: int,
+    draft_cost: float,
+    verify_cost: float = VERIFY_COST,
+    round_cost: float = ROUND_COST,
+) -> int:
     """The k in 0 … ``k_max`` maximising tokens per unit of time,
-    ``expected_tokens(α, k) / (1 + k·draft_cost + k·verify_cost)``."""
+    ``expected_tokens(α, k) / (1 + k·(draft_cost + verify_cost) + round_cost·[k > 0])``."""
     rates = [
-        expected_tokens(alpha, k) / (1.0 + k * (draft_cost + verify_cost)) for k in range(k_max + 1)
+        expected_tokens(alpha, k) / (1.0 + k * (draft_cost + verify_cost) + round_cost * (k > 0))
+        for k in range(k_max + 1)
     ]
     return max(range(k_max + 1), key=lambda k: (rates[k], -k))
 
@@ -213,18 +224,20 @@ def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
 # one model's KV-cached view of one row
 
 
-#: a block's fixed cost per step (Python, kernel launches), in bytes of weights read in the same
-#: time: eager, about 0.15 ms per block on a CPU reading ~14 GB/s
-LAYER_OVERHEAD_BYTES = 2_000_000
+#: the fixed cost per step of a block (and of the embedding and head together): Python and
+#: kernel launches, in bytes of weights read in the same time (eager, ~0.2 ms on a CPU reading
+#: ~12 GB/s; fitted so that a 1 x 128 draft of a 4 x 512 bf16 target costs the measured 15 %)
+LAYER_OVERHEAD_BYTES = 2_500_000
 
 
 def step_cost(model: nn.Module) -> float:
     """A model's cost per decoding step, in bytes: the weights it reads plus
-    :data:`LAYER_OVERHEAD_BYTES` per block (what makes a small draft dearer than its size)."""
+    :data:`LAYER_OVERHEAD_BYTES` per block and once for the embedding and head (what makes a
+    small draft dearer than its size)."""
     seen = {id(p): p for p in model.parameters()}
     seen.update({id(b): b for name, b in model.named_buffers() if "weight" in name})
     weights = sum(t.numel() * t.element_size() for t in seen.values())
-    return float(weights + LAYER_OVERHEAD_BYTES * len(getattr(model, "blocks", ())))
+    return float(weights + LAYER_OVERHEAD_BYTES * (len(getattr(model, "blocks", ())) + 1))
 
 
 class _Stream:
