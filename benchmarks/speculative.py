@@ -312,27 +312,27 @@ def main() -> None:
         hf[f"HF {name} prompt lookup K={args.speculate}"] = hf_fn(
             t_hf, n, prompt_lookup_num_tokens=args.speculate
         )
-    hf["attnlab plain (best)"] = plain[best]
+    hf["ours: plain (best)"] = plain[best]
     adaptive = f"draft adaptive K<={args.speculate}"
-    hf[f"attnlab {adaptive}"] = spec[adaptive]
+    hf[f"ours: {adaptive}"] = spec[adaptive]
     lookup = f"lookup N={args.lookup} K={args.speculate}"
-    hf[f"attnlab {lookup}"] = spec[lookup]
+    hf[f"ours: {lookup}"] = spec[lookup]
     res_h = measure(hf, docs, args.reps)
-    base_h = total / res_h["attnlab plain (best)"]["s"]
+    base_h = total / res_h["ours: plain (best)"]["s"]
     print("\nHugging Face, same weights, held-out prompts (vs attnlab plain best)")
     print(HEAD)
     for k, r in res_h.items():
         print(row(k, r, total, base_h, ref))
     best_lookup = min((r["s"] for k, r in res_h.items() if "HF" in k and "lookup" in k))
     print(
-        f"attnlab prompt lookup / HF prompt lookup (best dtype): "
-        f"{best_lookup / res_h[f'attnlab {lookup}']['s']:.2f}x"
+        f"ours: prompt lookup / HF prompt lookup (best dtype): "
+        f"{best_lookup / res_h[f'ours: {lookup}']['s']:.2f}x"
     )
     best_assisted = min((r["s"] for k, r in res_h.items() if "assisted" in k))
-    ours_s = res_h[f"attnlab {adaptive}"]["s"]
+    ours_s = res_h[f"ours: {adaptive}"]["s"]
     print(
-        f"\nattnlab speculative (adaptive) / HF assisted (best dtype): {best_assisted / ours_s:.2f}x;"
-        f" / attnlab plain (best): {res_h['attnlab plain (best)']['s'] / ours_s:.2f}x"
+        f"\nours: speculative (adaptive) / HF assisted (best dtype): {best_assisted / ours_s:.2f}x;"
+        f" / attnlab plain (best): {res_h['ours: plain (best)']['s'] / ours_s:.2f}x"
     )
 
 

@@ -188,7 +188,7 @@ def _generate(args: argparse.Namespace) -> int:
             "tokens; shorten the prompt"
         )
     idx = torch.tensor([ids], device=next(model.parameters()).device)
-    args.draft_model = load_draft(args, model, tok) if args.draft else None
+    args.draft_model = load_draft(args, model, tok, load_lm) if args.draft else None
     if args.beam is not None:
         text = _beam_text(model, tok, idx, args, _stop_list(stop_ids))
         sys.stdout.write(args.prompt + text + "\n")

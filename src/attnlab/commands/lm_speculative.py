@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from attnlab.errors import UserError
 
@@ -44,9 +46,9 @@ def check_speculative_flags(args: argparse.Namespace) -> None:
         raise UserError("--draft-dtype and --draft-quantize are for --draft RUN")
 
 
-def load_draft(args: argparse.Namespace, model, tok):
-    """The ``--draft`` run, refused unless its tokenizer is the model's."""
-    from attnlab.commands.lm import load_lm
+def load_draft(args: argparse.Namespace, model, tok, load_lm: Callable[..., Any]):
+    """The ``--draft`` run, read by ``load_lm`` (``attnlab generate``'s loader), refused unless
+    its tokenizer is the model's."""
     from attnlab.decoding.speculative import check_draft, check_tokenizers
 
     device = str(next(model.parameters()).device)

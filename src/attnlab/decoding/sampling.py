@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from attnlab.decoding.compiled import capacity_bucket, start_static
 from attnlab.decoding.interface import supports_decoding
+from attnlab.decoding.probs import next_token_probs
 from attnlab.decoding.search import Hypothesis, beam_search
 from attnlab.errors import UserError
 from attnlab.layers import evaluating
@@ -42,38 +43,6 @@ __all__ = [
     "left_pad",
     "beam_generate",
 ]
-
-
-def next_token_probs(
-    logits: Tensor,
-    *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-) -> Tensor:
-    """The distribution :func:`sample_next` samples from: ``softmax(logits / temperature)``
-    restricted to the ``top_k`` likeliest tokens and to the ``top_p`` nucleus, renormalised.
-
-    Args:
-        logits: ``(..., V)``.
-        temperature: > 0.
-        top_k, top_p: as in :func:`sample_next`.
-
-    Returns:
-        ``(..., V)`` float32 probabilities (zero outside the kept tokens).
-    """
-    logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (..., 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        # drop a token when the tokens before it already reach top_p (the first is always kept)
-        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits.softmax(dim=-1)
 
 
 def sample_next(

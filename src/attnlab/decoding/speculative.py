@@ -14,7 +14,7 @@ too, so if something cheap guesses the next k tokens, the target can check all o
 Every round yields between 1 and k + 1 tokens, and each token is distributed exactly as the
 target's (the papers' theorem: P(x) = min(p, q)(x) + (1 − Σ min(p, q)) · norm(p − q)⁺(x) = p(x)).
 ``p`` and ``q`` are the *processed* distributions (temperature, top-k, top-p:
-:func:`~attnlab.decoding.sampling.next_token_probs`), so sampling with those settings keeps the
+:func:`~attnlab.decoding.probs.next_token_probs`), so sampling with those settings keeps the
 target's processed distribution. Greedy decoding accepts xᵢ when it is the target's argmax and
 then emits the target's argmax: the tokens of plain greedy decoding (the logits of a k + 1 token
 forward equal those of k + 1 single steps up to float rounding, so only a near-tie can differ).
@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from attnlab.decoding.compiled import capacity_bucket, start_static
 from attnlab.decoding.lookup import NgramIndex
-from attnlab.decoding.sampling import next_token_probs
+from attnlab.decoding.probs import next_token_probs
 from attnlab.errors import UserError
 from attnlab.layers import evaluating
 
