@@ -121,6 +121,20 @@ class KVCache(nn.Module):
         self.k = self.k.index_select(0, index)
         self.v = self.v.index_select(0, index)
 
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` cached tokens and forget the rest (speculative decoding rolls
+        back the positions it rejected; the next update overwrites them).
+
+        Raises:
+            ValueError: ``length`` negative or beyond the tokens cached.
+        """
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a KV cache of {self.length} tokens to {length}")
+        if self.static:
+            self.cursor.fill_(length)  # in place: a compiled step reads this very tensor
+        else:
+            self._length = length
+
     def reset(self) -> None:
         """Forget the cached tokens (the buffers are kept and overwritten)."""
         self._length = 0

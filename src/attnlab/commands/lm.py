@@ -21,6 +21,12 @@ from typing import Any
 
 from attnlab.commands.config_args import explicit_dests, resolve_spec, train_flag_keys
 from attnlab.commands.flags import add_flags
+from attnlab.commands.lm_speculative import (
+    check_speculative_flags,
+    load_draft,
+    report_speculation,
+    speculative_settings,
+)
 from attnlab.decoding.text import beam_text, encode_prompt, stop_list, stream_sample
 from attnlab.errors import RunDirError, UserError
 from attnlab.runspec import FAMILIES
@@ -143,6 +149,7 @@ def _generate(args: argparse.Namespace) -> int:
         raise UserError("--compile decodes over the KV cache; drop --no-cache")
     if args.compile and args.beam is not None:
         raise UserError("--compile is for sampling and greedy decoding; drop it or --beam")
+    check_speculative_flags(args)
     if args.from_hf:
         if args.run_dir:
             raise UserError("give either a run directory or --from-hf DIR, not both")
@@ -177,12 +184,16 @@ def _generate(args: argparse.Namespace) -> int:
             "tokens; shorten the prompt"
         )
     idx = torch.tensor([ids], device=next(model.parameters()).device)
+    args.draft_model = load_draft(args, model, tok, load_lm) if args.draft else None
     if args.beam is not None:
         text = beam_text(model, tok, idx, args, stop_list(stop_ids))
         sys.stdout.write(args.prompt + text + "\n")
         sys.stdout.flush()
         return 0
-    stream_sample(model, tok, idx, args, stop_list(stop_ids))
+    spec = speculative_settings(args)  # {} unless --draft or --prompt-lookup
+    stream_sample(model, tok, idx, args, stop_list(stop_ids), **spec)
+    if spec:
+        report_speculation(spec["stats"])
     return 0
 
 
@@ -399,6 +410,21 @@ def _add_generate_parser(groups) -> None:
         ("--compile", "store_true", None,
          "decode over a static KV cache with a torch.compile'd step (CUDA graphs on a GPU); the "
          "first run compiles for tens of seconds on a CPU, so it pays for long outputs"),
+        ("--draft", None, None,
+         "speculative decoding: a smaller LM run with the same tokenizer drafts tokens that "
+         "the model checks several at a time (greedy output equals plain greedy decoding; "
+         "sampling keeps the model's distribution exactly)", {"metavar": "DRAFT_RUN"}),
+        ("--speculate", int, None,
+         "the most tokens drafted per round (default 5); each round drafts 0..K, chosen from "
+         "the recent acceptance rate unless --no-adapt", {"metavar": "K"}),
+        ("--prompt-lookup", int, None,
+         "speculative decoding without a draft model: propose the tokens that followed the "
+         "latest earlier occurrence of the last n-gram (n = N..1) of the context",
+         {"metavar": "N"}),
+        ("--no-adapt", "store_true", None, "draft exactly K tokens every round"),
+        ("--draft-dtype", ["float32", "bfloat16"], None,
+         "the draft's dtype (without it and --draft-quantize: the model's --dtype/--quantize)"),
+        ("--draft-quantize", ["int8"], None, "quantise the draft's linear layers to int8"),
         ("--no-cache", "store_true", None, "recompute the context every step"),
         ("--no-stream", "store_true", None, "print only when finished"),
         ("--device", None, "cpu", "cpu (default), cuda, or auto"),

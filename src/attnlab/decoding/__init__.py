@@ -8,6 +8,8 @@
 - :mod:`~attnlab.decoding.compiled`: a compiled single-token step over static KV caches;
 - :mod:`~attnlab.decoding.text`: prompts, end-of-text ids, stop texts and streaming text
   (``attnlab generate``).
+- :mod:`~attnlab.decoding.speculative`, :mod:`~attnlab.decoding.lookup`: speculative decoding
+  with a draft model or prompt lookup (``generate(..., draft=..., prompt_lookup=...)``).
 """
 
 from attnlab.decoding.compiled import compiled_forward, start_static
@@ -20,6 +22,7 @@ from attnlab.decoding.sampling import (
     stream_generate,
 )
 from attnlab.decoding.search import Hypothesis, beam_search, greedy_search, length_penalty
+from attnlab.decoding.speculative import SpeculativeStats
 
 __all__ = [
     "DecodeState",
@@ -36,4 +39,5 @@ __all__ = [
     "length_penalty",
     "compiled_forward",
     "start_static",
+    "SpeculativeStats",
 ]

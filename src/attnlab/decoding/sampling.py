@@ -30,11 +30,19 @@ from torch import Tensor, nn
 
 from attnlab.decoding.compiled import capacity_bucket, start_static
 from attnlab.decoding.interface import supports_decoding
+from attnlab.decoding.probs import next_token_probs
 from attnlab.decoding.search import Hypothesis, beam_search
 from attnlab.errors import UserError
 from attnlab.layers import evaluating
 
-__all__ = ["generate", "stream_generate", "sample_next", "left_pad", "beam_generate"]
+__all__ = [
+    "generate",
+    "stream_generate",
+    "sample_next",
+    "next_token_probs",
+    "left_pad",
+    "beam_generate",
+]
 
 
 def sample_next(
@@ -56,18 +64,7 @@ def sample_next(
     if temperature == 0:
         # the same index (bf16/fp16 -> fp32 is exact), and a CPU's fp32 argmax is twice as fast
         return logits.float().argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (B, 1)
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        # drop a token when the tokens before it already reach top_p (the first is always kept)
-        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    probs = logits.softmax(dim=-1)
+    probs = next_token_probs(logits, temperature=temperature, top_k=top_k, top_p=top_p)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -135,6 +132,11 @@ def stream_generate(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     compile: bool = False,
+    draft: nn.Module | None = None,
+    speculate: int = 5,
+    adapt: bool = True,
+    prompt_lookup: int | None = None,
+    stats: Any = None,
 ) -> Iterator[Tensor]:
     """Yield the next token of every row, ``(B,)``, one step at a time (see :func:`generate`)."""
     ctx = _check(model, idx, max_new_tokens, temperature, top_k, top_p, attention_mask)
@@ -142,6 +144,32 @@ def stream_generate(
         raise UserError("compiled decoding runs over the KV cache: drop use_cache=False")
     device = next(model.parameters()).device
     stop_list = [] if stop is None else [stop] if isinstance(stop, int) else list(stop)
+    if draft is not None or prompt_lookup is not None:
+        if not use_cache:
+            raise UserError("speculative decoding runs over the KV caches: drop use_cache=False")
+        from attnlab.decoding.speculative import speculative_stream
+
+        rows = idx.tolist() if attention_mask is None else [
+            [t for t, real in zip(r, m) if real]
+            for r, m in zip(idx.tolist(), attention_mask.bool().tolist())
+        ]  # fmt: skip
+        yield from speculative_stream(
+            model,
+            rows,
+            max_new_tokens,
+            draft=draft,
+            speculate=speculate,
+            adapt=adapt,
+            prompt_lookup=prompt_lookup,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            stop_ids=stop_list,
+            generator=generator,
+            compile=compile,
+            stats=stats,
+        )
+        return
     stop_ids = torch.as_tensor(stop_list, dtype=torch.long, device=device)
     tokens = idx.to(device)
     mask = (
@@ -225,6 +253,17 @@ def generate(
         compile: decode over static KV caches with a ``torch.compile``d step (CUDA graphs on a
             GPU); the first call compiles (tens of seconds on a CPU, cached on disk after), so it
             pays for long generations. A :class:`attnlab.DecoderLM` only.
+        draft: a smaller :class:`attnlab.DecoderLM` with the same tokenizer: speculative
+            decoding (:mod:`attnlab.decoding.speculative`): the draft proposes up to
+            ``speculate`` tokens, the model checks them in one forward; greedy output equals
+            plain greedy decoding, sampled output has exactly the model's distribution.
+        speculate: K, the most tokens drafted per round (default 5).
+        adapt: choose each round's number of drafts (0 … K) from the recent acceptance rate;
+            False drafts K every round.
+        prompt_lookup: N: draft by copying what followed the latest earlier occurrence of the
+            context's last n-gram (n = N … 1) instead of running a draft model.
+        stats: a :class:`attnlab.decoding.speculative.SpeculativeStats` to fill in (acceptance
+            rate, tokens per round) when speculating.
 
     Returns:
         ``(B, T + n)`` token ids: the prompts (as given, padding included) and the new tokens.

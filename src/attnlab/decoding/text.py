@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import torch
 
@@ -82,8 +83,14 @@ def say_invalid(dec: StreamDecoder) -> None:
         )
 
 
-def stream_sample(model, tok, idx, args: argparse.Namespace, stop_ids: list[int]) -> None:
-    """Sample (or greedy with ``--temperature 0``), printing as tokens arrive."""
+def stream_sample(
+    model, tok, idx, args: argparse.Namespace, stop_ids: list[int], **options: Any
+) -> None:
+    """Sample (or greedy with ``--temperature 0``), printing as tokens arrive.
+
+    ``options`` go to :func:`~attnlab.decoding.stream_generate` as they are (speculative
+    decoding's ``draft=``, ``speculate=``, ``prompt_lookup=``, ``stats=``).
+    """
     gen = torch.Generator(device=idx.device)
     gen.manual_seed(args.seed)
     stream = not args.no_stream
@@ -105,6 +112,7 @@ def stream_sample(model, tok, idx, args: argparse.Namespace, stop_ids: list[int]
         generator=gen,
         stop=stop_ids or None,
         compile=args.compile,
+        **options,
     ):
         if int(nxt[0]) in stop_ids:
             break  # end of text

@@ -1,0 +1,584 @@
+"""Speculative decoding (Leviathan et al. 2023; Chen et al. 2023) and prompt lookup: several
+tokens per read of the target's weights, with the target's output distribution exactly.
+
+Batch-1 decoding reads every weight once per token. A forward over k + 1 tokens reads them once
+too, so if something cheap guesses the next k tokens, the target can check all of them at once:
+
+    draft   x₁ … x_k ~ q(· | prefix) one at a time       (a small LM with its own KV cache, or
+                                                          prompt lookup: copied from the context)
+    target  p₁ … p_{k+1} = p(· | prefix, x<ᵢ)            (one forward of k + 1 tokens, KV cache)
+    accept  xᵢ with probability min(1, pᵢ(xᵢ) / qᵢ(xᵢ)), left to right, until one is rejected
+    then    at the first rejection i: a token ~ norm(max(0, pᵢ − qᵢ))   (the correction)
+            all accepted: a token ~ p_{k+1}                               (the bonus)
+
+Every round yields between 1 and k + 1 tokens, and each token is distributed exactly as the
+target's (the papers' theorem: P(x) = min(p, q)(x) + (1 − Σ min(p, q)) · norm(p − q)⁺(x) = p(x)).
+``p`` and ``q`` are the *processed* distributions (temperature, top-k, top-p:
+:func:`~attnlab.decoding.probs.next_token_probs`), so sampling with those settings keeps the
+target's processed distribution. Greedy decoding accepts xᵢ when it is the target's argmax and
+then emits the target's argmax: the tokens of plain greedy decoding (the logits of a k + 1 token
+forward equal those of k + 1 single steps up to float rounding, so only a near-tie can differ).
+After a round both KV caches are cropped (:meth:`attnlab.attention.cache.KVCache.crop`) to the
+accepted tokens; the rejected positions are overwritten by the next round.
+
+How many tokens to draft (``speculate`` = K, the most): with per-token acceptance rate α, a round
+of k drafts yields ``E(k) = (1 − α^(k+1)) / (1 − α)`` tokens and costs ``1 + k·c + k·β + r``
+target steps (r = :data:`ROUND_COST` when k > 0), c the draft's cost per token relative to the
+target's (:func:`step_cost`: the bytes of weights each reads plus a fixed cost per block; 0 for
+prompt lookup) and β what each extra verified token adds to a forward (:data:`VERIFY_COST`).
+With ``adapt=True`` every round takes the k in 0 … K maximising ``E(k) / cost(k)``, α estimated
+from the recent rounds (accepted / (accepted + rejections), exponentially decayed, from a prior of
+0.6 with weight 2; prompt lookup keeps one estimate per n-gram size). k = 0 is a plain step; then every 8th round drafts one token, so the estimate can
+recover. The choice depends only on the tokens, not on timings: seeded sampling stays
+reproducible. ``adapt=False`` drafts K every round.
+
+With ``compile=True`` both models decode over static caches with compiled steps
+(:mod:`attnlab.decoding.compiled`): the draft's single-token step, and the target's single-token
+step and (K + 1)-token forward (a round of k < K drafts is padded to K + 1 tokens, the padding
+cropped with the rejected positions, so that adapting k compiles no new graph).
+
+Rows of a batch are decoded one after another (their accepted lengths differ).
+
+Shape legend: V vocab, k drafted tokens.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.decoding.compiled import capacity_bucket, start_static
+from attnlab.decoding.lookup import NgramIndex
+from attnlab.decoding.probs import next_token_probs
+from attnlab.errors import UserError
+from attnlab.layers import evaluating
+
+__all__ = [
+    "SpeculativeStats",
+    "acceptance_probs",
+    "residual_probs",
+    "expected_tokens",
+    "best_k",
+    "step_cost",
+    "ROUND_COST",
+    "check_draft",
+    "check_tokenizers",
+    "speculative_stream",
+    "VERIFY_COST",
+]
+
+#: what each extra token of a verifying forward costs, in single-token target steps (β). A
+#: forward reads the weights once however many tokens it carries, but on a CPU without bf16/int8
+#: matrix instructions the products of a few rows cost more than the one-row kernel's: fitted
+#: to benchmarks/speculative.py's fixed-K rows on the project's machine, β ~ 0.2 (near 0 on a GPU)
+VERIFY_COST = 0.2
+#: a drafting round's fixed cost (its bookkeeping, the verification's extra work), in target
+#: steps: a round drafts only where it is predicted to gain more than this
+ROUND_COST = 0.1
+#: with adaptive k: a round that would draft nothing drafts one token every PROBE_EVERY rounds
+PROBE_EVERY = 8
+_DECAY = 0.9  # weight of the past in the acceptance estimate, per round
+_PRIOR = (1.2, 0.8)  # (accepted, rejections) pseudo-counts: α = 0.6 with weight 2
+
+
+@dataclass
+class SpeculativeStats:
+    """What speculative decoding did (pass one as ``stats=`` to fill it in).
+
+    Attributes:
+        rounds: target forwards (one per round).
+        drafted: tokens proposed, over all rounds.
+        accepted: proposed tokens accepted.
+        tokens: tokens emitted.
+        k_used: how many rounds drafted k tokens, per k.
+    """
+
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    k_used: Counter = field(default_factory=Counter)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed tokens (0 when nothing was proposed)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Accepted tokens per round that drafted (0 when none did)."""
+        drafting = sum(n for k, n in self.k_used.items() if k > 0)
+        return self.accepted / drafting if drafting else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Tokens emitted per target forward."""
+        return self.tokens / self.rounds if self.rounds else 0.0
+
+
+# ----------------------------------------------------------------------------------------------
+# the rule of the papers (pure functions: the exactness test enumerates with them)
+
+
+def acceptance_probs(p: Tensor, q: Tensor, drafts: Tensor) -> Tensor:
+    """``min(1, pᵢ(xᵢ) / qᵢ(xᵢ))``: the probability of accepting each drafted token.
+
+    Args:
+        p: ``(k, V)`` the target's processed distributions at the drafted positions.
+        q: ``(k, V)`` the distributions the drafts were sampled from (one-hot for lookup).
+        drafts: ``(k,)`` the drafted tokens (``q`` gives each a positive probability).
+
+    Returns:
+        ``(k,)``.
+    """
+    rows = torch.arange(drafts.shape[0], device=p.device)
+    pd, qd = p[rows, drafts], q[rows, drafts]
+    return (pd / qd.clamp(min=torch.finfo(qd.dtype).tiny)).clamp(max=1.0)
+
+
+def residual_probs(p: Tensor, q: Tensor) -> Tensor:
+    """``norm(max(0, p − q))``: where the token comes from after a rejection ``(V,)``.
+
+    A rejection implies ``p(x) < q(x)`` for the drafted x, so the residual has mass; should
+    rounding leave none, ``p`` itself is returned."""
+    r = (p - q).clamp(min=0.0)
+    total = r.sum()
+    return r / total if float(total) > 0 else p
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens a round of ``k`` drafts yields when each is accepted with probability α:
+    ``1 + α + … + α^k = (1 − α^(k+1)) / (1 − α)``."""
+    return float(sum(alpha**i for i in range(k + 1)))
+
+
+def best_k(
+    alpha: float,
+    k_max: int,
+    draft_cost: float,
+    verify_cost: float = VERIFY_COST,
+    round_cost: float = ROUND_COST,
+) -> int:
+    """The k in 0 … ``k_max`` maximising tokens per unit of time,
+    ``expected_tokens(α, k) / (1 + k·(draft_cost + verify_cost) + round_cost·[k > 0])``."""
+    rates = [
+        expected_tokens(alpha, k) / (1.0 + k * (draft_cost + verify_cost) + round_cost * (k > 0))
+        for k in range(k_max + 1)
+    ]
+    return max(range(k_max + 1), key=lambda k: (rates[k], -k))
+
+
+# ----------------------------------------------------------------------------------------------
+# checks
+
+
+def check_draft(model: nn.Module, draft: nn.Module) -> None:
+    """Refuse a draft that cannot speak for ``model``: both must be KV-cache Transformer LMs
+    (:class:`~attnlab.DecoderLM`) with the same vocabulary size.
+
+    Raises:
+        UserError: naming what differs.
+    """
+    for name, m in (("the model", model), ("the draft", draft)):
+        if not (callable(getattr(m, "make_caches", None)) and hasattr(m, "tok_emb")):
+            raise UserError(
+                f"speculative decoding needs Transformer LMs with a KV cache; {name} is a "
+                f"{type(m).__name__}"
+            )
+    vt, vd = model.config.vocab_size, draft.config.vocab_size
+    if vt != vd:
+        raise UserError(
+            f"the draft's vocabulary has {vd} tokens but the model's has {vt}: a draft must use "
+            "the model's tokenizer"
+        )
+
+
+def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
+    """Refuse a draft whose tokenizer is not the model's (its saved form differs).
+
+    Raises:
+        UserError: the tokenizers differ (type, vocabulary size, or their tokens).
+    """
+    ta, tb = target_tokenizer, draft_tokenizer
+    if ta is None or tb is None:
+        return
+    if type(ta) is not type(tb) or ta.vocab_size != tb.vocab_size:
+        raise UserError(
+            f"the draft's tokenizer ({type(tb).__name__}, {tb.vocab_size} tokens) is not the "
+            f"model's ({type(ta).__name__}, {ta.vocab_size} tokens); train the draft on the "
+            "model's tokenizer"
+        )
+    if ta.to_json() != tb.to_json():
+        raise UserError(
+            f"the draft's tokenizer has the model's size ({ta.vocab_size} tokens) but other "
+            "tokens (their tokenizer.json files differ): the same id would mean different text; "
+            "train the draft on the model's tokenizer"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# one model's KV-cached view of one row
+
+
+#: the fixed cost per step of a block (and of the embedding and head together): Python and
+#: kernel launches, in bytes of weights read in the same time (eager, ~0.2 ms on a CPU reading
+#: ~12 GB/s; fitted so that a 1 x 128 draft of a 4 x 512 bf16 target costs the measured 15 %)
+LAYER_OVERHEAD_BYTES = 2_500_000
+
+
+def step_cost(model: nn.Module) -> float:
+    """A model's cost per decoding step, in bytes: the weights it reads plus
+    :data:`LAYER_OVERHEAD_BYTES` per block and once for the embedding and head (what makes a
+    small draft dearer than its size)."""
+    seen = {id(p): p for p in model.parameters()}
+    seen.update({id(b): b for name, b in model.named_buffers() if "weight" in name})
+    weights = sum(t.numel() * t.element_size() for t in seen.values())
+    return float(weights + LAYER_OVERHEAD_BYTES * (len(getattr(model, "blocks", ())) + 1))
+
+
+class _Stream:
+    """The window ``tokens[start:cached]`` of one row in a model's KV cache (see the module
+    docstring); ``compile``: static caches, feeds of up to ``compiled_upto`` tokens compiled."""
+
+    def __init__(self, model: nn.Module, *, compile: bool, compiled_upto: int) -> None:
+        self.model = model
+        self.ctx = model.config.max_seq_len
+        self.compile = compile
+        self.compiled_upto = compiled_upto
+        self.device = model.tok_emb.weight.device
+        self.state = None
+        self.start = self.cached = self.capacity = 0
+
+    def open(self, start: int, needed: int) -> None:
+        """Start a new window at ``start`` with room for ``needed`` tokens."""
+        cap = min(self.ctx, needed)
+        if self.compile:
+            cap = capacity_bucket(cap, self.ctx)
+            self.state = start_static(self.model, 1, cap, compile=True)
+        else:
+            self.state = self.model.start_decoding(1, cap)
+        self.start = self.cached = start
+        self.capacity = cap
+
+    @property
+    def room(self) -> int:
+        """Slots left in the cache."""
+        return self.start + self.capacity - self.cached
+
+    def feed(self, ids: Sequence[int], keep: int = 1) -> Tensor:
+        """Append ``ids`` after the cached tokens; the logits ``(keep, V)`` of the last ``keep``
+        positions."""
+        if self.compile and 1 < len(ids) <= 4 and keep == 1:
+            for i in ids[:-1]:  # a short catch-up: single compiled steps, not a new graph
+                self._forward([i], 1)
+            ids = ids[-1:]
+        return self._forward(ids, keep)
+
+    def _forward(self, ids: Sequence[int], keep: int) -> Tensor:
+        # LMDecodeState.decode_step, keeping the logits of several positions
+        state = self.state
+        x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
+        T = x.shape[1]
+        new = torch.ones(1, T, dtype=torch.bool, device=self.device)
+        forward = self.model
+        if state.static:
+            slots = state.caches[0].cursor + torch.arange(T, device=self.device)
+            state.mask.index_copy_(1, slots, new)
+            if state.step_forward is not None and T <= self.compiled_upto:
+                forward = state.step_forward
+        else:
+            state.mask = torch.cat([state.mask, new], dim=1)
+        logits = forward(x, caches=state.caches, attention_mask=None, logits_to_keep=keep)
+        self.cached += T
+        return logits[0]  # (keep, V)
+
+    def crop(self, upto: int) -> None:
+        """Keep ``tokens[start:upto]`` in the caches (roll back the rest)."""
+        n = upto - self.start
+        for cache in self.state.caches:
+            cache.crop(n)
+        if self.state.static:
+            self.state.mask[:, n:] = False
+        else:
+            self.state.mask = self.state.mask[:, :n]
+        self.cached = upto
+
+
+# ----------------------------------------------------------------------------------------------
+# decoding
+
+
+class _Acceptance:
+    """The decayed estimate of α (one per key: the n-gram size for prompt lookup)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, list[float]] = {}
+
+    def alpha(self, key: int = 0) -> float:
+        acc, rej = self.counts.get(key, _PRIOR)
+        return acc / (acc + rej)
+
+    def update(self, key: int, accepted: int, rejected: bool) -> None:
+        acc, rej = self.counts.get(key, _PRIOR)
+        self.counts[key] = [_DECAY * acc + accepted, _DECAY * rej + float(rejected)]
+
+
+class _Row:
+    """Speculative decoding of one row (a prompt without padding)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        prompt: list[int],
+        max_new_tokens: int,
+        *,
+        draft: nn.Module | None,
+        k_max: int,
+        adapt: bool,
+        ngram: int,
+        sampling: dict,
+        generator: torch.Generator | None,
+        compile: bool,
+        stats: SpeculativeStats,
+    ) -> None:
+        self.tokens = list(prompt)
+        self.remaining = max_new_tokens
+        self.k_max, self.adapt, self.sampling = k_max, adapt, sampling
+        self.greedy = sampling["temperature"] == 0
+        self.generator, self.stats = generator, stats
+        self.target = _Stream(model, compile=compile, compiled_upto=k_max + 1)
+        self.draft = None if draft is None else _Stream(draft, compile=compile, compiled_upto=1)
+        self.index = NgramIndex(ngram, prompt) if draft is None else None
+        self.draft_cost = 0.0 if draft is None else step_cost(draft) / step_cost(model)
+        self.acceptance = _Acceptance()
+        self.rounds_without = 0
+
+    # -- windows --------------------------------------------------------------------------------
+
+    def _target_window(self) -> int:
+        """Slide the target's window as plain decoding does; the most tokens it may verify."""
+        t, L = self.target, len(self.tokens)
+        ctx = t.ctx
+        if t.state is None or L - t.start > ctx:
+            start = 0 if t.state is None else L - (ctx - ctx // 4)
+            t.open(start, L - start + self.remaining + self.k_max + 1)
+        # every position verified is predicted from the same window [start, m), m - start <= ctx
+        return max(0, min(ctx + t.start - L, t.room - (L - t.cached)))
+
+    def _draft_window(self, k: int) -> int:
+        d, L = self.draft, len(self.tokens)
+        ctx = d.ctx
+        if d.state is None or L + k - 1 - d.start > ctx:
+            start = 0 if d.state is None and L + k - 1 <= ctx else L + k - 1 - (ctx - ctx // 4)
+            start = min(max(start, 0), L - 1)
+            d.open(start, L - start + self.remaining + self.k_max + 1)
+        return max(0, min(k, ctx + d.start - L + 1, d.room - (L - d.cached) + 1))
+
+    # -- one round ------------------------------------------------------------------------------
+
+    def _choose_k(self, key: int) -> int:
+        if not self.adapt:
+            return self.k_max
+        k = best_k(self.acceptance.alpha(key), self.k_max, self.draft_cost)
+        if k == 0:
+            self.rounds_without += 1
+            if self.rounds_without % PROBE_EVERY == 0:
+                k = 1
+        return k
+
+    def _pick(self, logits: Tensor) -> tuple[int, Tensor | None]:
+        """A token from one position's logits, with the distribution it came from."""
+        if self.greedy:
+            return int(logits.float().argmax()), None
+        q = next_token_probs(logits, **self.sampling)
+        return int(torch.multinomial(q, 1, generator=self.generator)), q
+
+    def step(self) -> list[int]:
+        """One round: the tokens it emits (1 … k + 1, at most the tokens still wanted)."""
+        L = len(self.tokens)
+        limit = min(self._target_window(), self.remaining - 1)
+        key = 0
+        qs: list[Tensor] | None = None
+        if self.draft is not None:
+            k = min(self._choose_k(0), limit)
+            k = self._draft_window(k) if k > 0 else 0
+            drafts: list[int] = []
+            qs = []
+            if k > 0:
+                d = self.draft
+                logits = d.feed(self.tokens[d.cached : L])[-1]
+                for i in range(k):
+                    tok, q = self._pick(logits)
+                    drafts.append(tok)
+                    qs.append(q)
+                    if i < k - 1:
+                        logits = d.feed([tok])[-1]
+        else:
+            proposal, key = self.index.propose(self.k_max)
+            k = min(self._choose_k(key), limit) if proposal else 0
+            drafts = proposal[:k]
+            k = len(drafts)
+        t = self.target
+        fed = self.tokens[t.cached : L] + drafts
+        pad = 0
+        if t.compile and k > 0:
+            # one compiled graph for every number of drafts: pad to K + 1 tokens (cropped below)
+            pad = max(0, min(self.k_max + 1 - (k + 1), t.room - len(fed)))
+            if len(fed) + pad > self.k_max + 1:
+                pad = 0
+        logits = t.feed(fed + [fed[-1]] * pad, keep=k + 1 + pad)[: k + 1]  # (k + 1, V)
+        n, last = self._verify(logits, drafts, qs)
+        new = drafts[:n] + [last]
+        # roll back: the target keeps the prefix and the accepted drafts (the new last token is
+        # fed next round); the draft keeps what it has of them
+        t.crop(L + n)
+        if self.draft is not None and self.draft.state is not None and k > 0:
+            self.draft.crop(min(L + n, self.draft.cached))
+        self._record(key, k, n)
+        self.tokens += new
+        if self.index is not None:
+            self.index.extend(new)
+        self.remaining -= len(new)
+        return new
+
+    def _verify(
+        self, logits: Tensor, drafts: list[int], qs: list[Tensor | None] | None
+    ) -> tuple[int, int]:
+        """How many drafts are accepted, and the token after them."""
+        k = len(drafts)
+        if self.greedy:
+            best = logits.float().argmax(dim=-1).tolist()  # (k + 1,)
+            n = 0
+            while n < k and drafts[n] == best[n]:
+                n += 1
+            return n, best[n]
+        p = next_token_probs(logits, **self.sampling)  # (k + 1, V)
+        if k == 0:
+            return 0, int(torch.multinomial(p[0], 1, generator=self.generator))
+        d = torch.tensor(drafts, device=p.device)
+        if qs is None:  # prompt lookup: the proposal is a point mass
+            q = torch.nn.functional.one_hot(d, p.shape[-1]).to(p.dtype)
+        else:
+            q = torch.stack(qs)  # (k, V)
+        a = acceptance_probs(p[:k], q, d)
+        u = torch.rand(k, generator=self.generator, device=p.device)
+        rejected = (u >= a).tolist()
+        n = rejected.index(True) if True in rejected else k
+        dist = residual_probs(p[n], q[n]) if n < k else p[k]
+        return n, int(torch.multinomial(dist, 1, generator=self.generator))
+
+    def _record(self, key: int, k: int, n: int) -> None:
+        s = self.stats
+        s.rounds += 1
+        s.drafted += k
+        s.accepted += n
+        s.tokens += n + 1
+        s.k_used[k] += 1
+        if k > 0:
+            self.acceptance.update(key, n, n < k)
+
+
+@torch.no_grad()
+def speculative_stream(
+    model: nn.Module,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    draft: nn.Module | None = None,
+    speculate: int = 5,
+    adapt: bool = True,
+    prompt_lookup: int | None = None,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_ids: Sequence[int] = (),
+    generator: torch.Generator | None = None,
+    compile: bool = False,
+    stats: SpeculativeStats | None = None,
+) -> Iterator[Tensor]:
+    """Yield the next token of every row ``(B,)`` (see :func:`attnlab.decoding.generate`'s
+    ``draft``, ``speculate`` and ``prompt_lookup``).
+
+    Args:
+        model: the target :class:`~attnlab.DecoderLM`.
+        prompts: one list of token ids per row (padding removed).
+        draft: the draft LM (None: prompt lookup).
+        speculate: K, the most tokens drafted per round.
+        adapt: choose k ≤ K each round from the acceptance rate (module docstring).
+        prompt_lookup: the longest n-gram matched (with ``draft`` None).
+        stop_ids: ids that end a row (later columns repeat the first).
+        stats: filled with what happened (:class:`SpeculativeStats`).
+
+    Raises:
+        UserError: bad settings, an incompatible draft.
+    """
+    if draft is None and prompt_lookup is None:
+        raise UserError("speculative decoding needs a draft model or prompt_lookup=N")
+    if draft is not None and prompt_lookup is not None:
+        raise UserError("give a draft model or prompt lookup, not both")
+    if speculate < 1:
+        raise UserError(f"speculate (tokens drafted per round) must be >= 1, got {speculate}")
+    if prompt_lookup is not None and prompt_lookup < 1:
+        raise UserError(f"prompt lookup's n-gram size must be >= 1, got {prompt_lookup}")
+    check_draft(model, draft if draft is not None else model)
+    stats = SpeculativeStats() if stats is None else stats
+    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    stops = set(stop_ids)
+    with evaluating(model), evaluating(draft if draft is not None else model):
+        if len(prompts) == 1:
+            yield from _one_row(
+                model,
+                prompts[0],
+                max_new_tokens,
+                draft,
+                speculate,
+                adapt,
+                prompt_lookup,
+                sampling,
+                generator,
+                compile,
+                stats,
+                stops,
+            )
+            return
+        rows = [
+            list(_one_row(model, p, max_new_tokens, draft, speculate, adapt, prompt_lookup,
+                          sampling, generator, compile, stats, stops))
+            for p in prompts
+        ]  # fmt: skip
+    width = max(len(r) for r in rows)
+    device = model.tok_emb.weight.device
+    fill = next(iter(stop_ids), 0)
+    for j in range(width):
+        yield torch.stack(
+            [r[j] if j < len(r) else torch.tensor([fill], device=device) for r in rows]
+        ).view(-1)
+
+
+def _one_row(
+    model, prompt, max_new_tokens, draft, speculate, adapt, ngram, sampling, generator,
+    compile, stats, stops,
+) -> Iterator[Tensor]:  # fmt: skip
+    row = _Row(
+        model,
+        prompt,
+        max_new_tokens,
+        draft=draft,
+        k_max=speculate,
+        adapt=adapt,
+        ngram=ngram or 1,
+        sampling=sampling,
+        generator=generator,
+        compile=compile,
+        stats=stats,
+    )
+    device = model.tok_emb.weight.device
+    while row.remaining > 0:
+        for tok in row.step():
+            yield torch.tensor([tok], device=device)
+            if tok in stops:
+                return

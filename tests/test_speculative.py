@@ -1,0 +1,340 @@
+"""Speculative decoding and prompt lookup (attnlab.decoding.speculative, .lookup): greedy output
+equals plain greedy decoding for every position scheme and GQA; sampled output has exactly the
+target's distribution (exhaustive enumeration of the procedure on a tiny vocabulary, and a
+chi-square test of seeded samples); cache rollback equals recomputation; a draft with another
+tokenizer or vocabulary is refused."""
+
+import itertools
+import json
+
+import pytest
+import torch
+from scipy.stats import chi2
+
+import attnlab.decoding.compiled as compiled_mod
+from attnlab.cli import main
+from attnlab.config import ModelConfig
+from attnlab.data.tokenizers import CharTokenizer
+from attnlab.decoding import generate
+from attnlab.decoding.lookup import NgramIndex
+from attnlab.decoding.sampling import next_token_probs
+from attnlab.decoding.speculative import (
+    SpeculativeStats,
+    acceptance_probs,
+    best_k,
+    check_draft,
+    check_tokenizers,
+    expected_tokens,
+    residual_probs,
+)
+from attnlab.errors import UserError
+from attnlab.models.lm import DecoderLM
+from attnlab.runs import save_model
+
+POSITIONS = ["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
+
+
+def _lm(vocab=13, d=32, layers=2, heads=4, ctx=40, seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=vocab, d_model=d, n_layers=layers, n_heads=heads, max_seq_len=ctx)
+    return DecoderLM(ModelConfig.from_dict({**cfg, **kw})).eval()
+
+
+@pytest.fixture
+def eager_static(monkeypatch):
+    """``compile=True`` over static caches, with the step run eagerly (no cold compile)."""
+
+    def eager(model, *, mode="auto"):
+        return lambda idx, **kwargs: model(idx, **kwargs)
+
+    monkeypatch.setattr(compiled_mod, "compiled_forward", eager)
+
+
+# ----------------------------------------------------------------------------------------------
+# greedy: the tokens of plain greedy decoding
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_greedy_speculation_equals_plain_greedy(position, kv_heads):
+    # 60 new tokens in a context of 40: the window slides (re-encoding both caches) on the way
+    target = _lm(position=position, n_kv_heads=kv_heads)
+    draft = _lm(d=16, layers=1, heads=2, seed=1, position=position, ctx=24)
+    idx = torch.randint(0, 13, (1, 6), generator=torch.Generator().manual_seed(2))
+    plain = generate(target, idx, 60, temperature=0)
+    stats = SpeculativeStats()
+    for kw in (
+        dict(draft=draft, speculate=3, adapt=False, stats=stats),
+        dict(draft=draft, speculate=4),
+        dict(draft=target, speculate=5, adapt=False),
+        dict(prompt_lookup=2, speculate=4),
+    ):
+        assert torch.equal(generate(target, idx, 60, temperature=0, **kw), plain), kw
+    assert stats.drafted > 0 and stats.tokens == 60 and stats.rounds < 60
+
+
+def test_greedy_speculation_over_static_caches_and_other_dtypes(eager_static):
+    target = _lm(position="rope", n_kv_heads=2)
+    draft = _lm(d=16, layers=1, heads=2, seed=1, position="rope")
+    idx = torch.tensor([[1, 2, 3, 1, 2, 3, 1]])
+    plain = generate(target, idx, 30, temperature=0)
+    for kw in (dict(draft=draft, speculate=3), dict(prompt_lookup=3, speculate=4)):
+        assert torch.equal(generate(target, idx, 30, temperature=0, compile=True, **kw), plain)
+    # a bf16 draft for an fp32 target: other proposals, the target's tokens all the same
+    out = generate(target, idx, 30, temperature=0, draft=draft.to(torch.bfloat16), speculate=3)
+    assert torch.equal(out, plain)
+
+
+def test_batches_stops_and_padding_follow_plain_decoding():
+    target = _lm(position="learned")
+    draft = _lm(d=16, layers=1, heads=2, seed=1)
+    idx = torch.tensor([[0, 0, 5, 6], [1, 2, 3, 4]])
+    mask = torch.tensor([[False, False, True, True], [True, True, True, True]])
+    plain = generate(target, idx, 12, temperature=0, attention_mask=mask)
+    spec = generate(target, idx, 12, temperature=0, attention_mask=mask, draft=draft)
+    assert torch.equal(spec, plain)
+    stop = int(plain[1, 7])  # a token row 1 generates
+    plain = generate(target, idx, 12, temperature=0, attention_mask=mask, stop=stop)
+    spec = generate(target, idx, 12, temperature=0, attention_mask=mask, stop=stop, draft=draft)
+    assert torch.equal(spec, plain)
+
+
+# ----------------------------------------------------------------------------------------------
+# sampling: exactly the target's distribution
+
+SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_k=2), dict(temperature=1.3, top_p=0.7)]
+
+
+def _probs(model, ctx, settings):
+    logits = model(torch.tensor([ctx]), logits_to_keep=1)[0, -1].double()
+    return next_token_probs(logits, **settings).double()
+
+
+def _round(target, ctx, k, settings, draft):
+    """Every outcome of one round of the procedure from ``ctx`` with ``k`` drafts:
+    ``{emitted tokens: probability}``, enumerating the drafts and the acceptances."""
+    V = target.config.vocab_size
+    outcomes: dict[tuple, float] = {}
+    if draft is None:  # prompt lookup: one deterministic proposal
+        proposals = [(tuple(NgramIndex(2, ctx).propose(k)[0]), 1.0)]
+    else:
+        proposals = []
+        for xs in itertools.product(range(V), repeat=k):
+            w = 1.0
+            for i in range(k):
+                w *= float(_probs(draft, ctx + list(xs[:i]), settings)[xs[i]])
+            proposals.append((xs, w))
+    for xs, w in proposals:
+        if w == 0:
+            continue
+        n_drafts = len(xs)
+        p = torch.stack([_probs(target, ctx + list(xs[:i]), settings) for i in range(n_drafts + 1)])
+        d = torch.tensor(xs, dtype=torch.long)
+        if draft is None:
+            q = torch.nn.functional.one_hot(d, V).double()
+        else:
+            q = torch.stack([_probs(draft, ctx + list(xs[:i]), settings) for i in range(n_drafts)])
+        a = acceptance_probs(p[:n_drafts], q, d) if n_drafts else torch.zeros(0)
+        reach = w
+        for n in range(n_drafts + 1):
+            if n < n_drafts:
+                stay = reach * (1 - float(a[n]))
+                dist = residual_probs(p[n], q[n])
+            else:
+                stay, dist = reach, p[n]
+            for tok in range(V):
+                key = (*xs[:n], tok)
+                outcomes[key] = outcomes.get(key, 0.0) + stay * float(dist[tok])
+            if n < n_drafts:
+                reach *= float(a[n])
+    return outcomes
+
+
+def _first_two(target, prompt, k, settings, draft):
+    """P(first two emitted tokens) under the procedure, rounds of k drafts."""
+    dist: dict[tuple, float] = {}
+    for out, w in _round(target, prompt, k, settings, draft).items():
+        if len(out) >= 2:
+            dist[out[:2]] = dist.get(out[:2], 0.0) + w
+        else:
+            for out2, w2 in _round(target, prompt + list(out), k, settings, draft).items():
+                dist[(*out, out2[0])] = dist.get((*out, out2[0]), 0.0) + w * w2
+    return dist
+
+
+def _target_joint(target, prompt, settings):
+    V = target.config.vocab_size
+    p1 = _probs(target, prompt, settings)
+    return {
+        (a, b): float(p1[a] * _probs(target, prompt + [a], settings)[b])
+        for a in range(V)
+        for b in range(V)
+    }
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+@pytest.mark.parametrize("mode", ["draft", "lookup"])
+@torch.no_grad()
+def test_the_procedure_has_exactly_the_targets_distribution(settings, mode):
+    target = _lm(vocab=3, d=16, heads=2, ctx=16, init_std=0.5, position="rope").double()
+    draft = _lm(vocab=3, d=8, layers=1, heads=2, ctx=16, seed=1, init_std=0.5).double()
+    prompt = [1, 2, 0, 1, 2]  # lookup proposes the tokens after the earlier "1 2"
+    got = _first_two(target, prompt, 2, settings, draft if mode == "draft" else None)
+    want = _target_joint(target, prompt, settings)
+    assert abs(sum(got.values()) - 1) < 1e-6
+    for pair, p in want.items():
+        assert abs(got.get(pair, 0.0) - p) < 1e-6, (pair, got.get(pair), p)
+    if mode == "draft":  # the test can tell: accepting every draft gives the draft's joint
+        naive = _target_joint(draft, prompt, settings)
+        assert max(abs(naive[x] - want[x]) for x in want) > 1e-2
+
+
+def _sample_counts(target, prompt, n, **kw):
+    V = target.config.vocab_size
+    counts = torch.zeros(V * V)
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.tensor([prompt] * 50)
+    for _ in range(n // 50):
+        out = generate(target, idx, 4, generator=gen, temperature=0.9, **kw)
+        counts += torch.bincount(out[:, len(prompt)] * V + out[:, len(prompt) + 1], minlength=V * V)
+    return counts
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_seeded_samples_pass_a_chi_square_test_against_the_target():
+    target = _lm(vocab=3, d=16, heads=2, ctx=16, init_std=0.5, position="alibi")
+    draft = _lm(vocab=3, d=8, layers=1, heads=2, ctx=16, seed=1, init_std=0.5, position="alibi")
+    prompt = [1, 2, 0, 1, 2]
+    want = torch.tensor(
+        list(_target_joint(target.double(), prompt, dict(temperature=0.9)).values())
+    )
+    target.float()
+    n = 1500
+    limit = chi2.ppf(0.999, df=len(want) - 1)
+    for kw in (dict(draft=draft, speculate=3, adapt=False), dict(prompt_lookup=2, speculate=3)):
+        counts = _sample_counts(target, prompt, n, **kw)
+        stat = float(((counts - n * want) ** 2 / (n * want)).sum())
+        assert stat < limit, (kw, stat, limit)
+    # and the test has power: the draft's own samples are far from the target's distribution
+    counts = _sample_counts(draft, prompt, n)
+    assert float(((counts - n * want) ** 2 / (n * want)).sum()) > limit
+
+
+def test_acceptance_rule_and_k_choice_by_hand():
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8]])
+    q = torch.tensor([[0.25, 0.6, 0.15], [0.2, 0.2, 0.6]])
+    a = acceptance_probs(p, q, torch.tensor([1, 2]))
+    assert torch.allclose(a, torch.tensor([0.5, 1.0]))
+    # max(0, p − q) = (0.25, 0, 0.05), normalised
+    assert torch.allclose(residual_probs(p[0], q[0]), torch.tensor([0.25, 0.0, 0.05]) / 0.3)
+    assert expected_tokens(0.5, 2) == 1.75
+    assert best_k(0.0, 5, 0.1) == 0 and best_k(0.95, 5, 0.0, 0.08) == 5
+    # α = 0.8, draft cost 0.1, β = 0.08, round cost 0.1: E(k)/(1.1 + 0.18k) peaks at k = 4
+    # (3.362 / 1.82 = 1.847; k = 3: 2.952 / 1.64 = 1.800; k = 5: 3.689 / 2.0 = 1.845)
+    rates = [expected_tokens(0.8, k) / (1 + 0.18 * k + 0.1 * (k > 0)) for k in range(6)]
+    assert best_k(0.8, 5, 0.1, 0.08, 0.1) == max(range(6), key=rates.__getitem__) == 4
+    # a round must gain more than its fixed cost: α = 0.12 gains 1.12 / 1.08 without one, and
+    # loses 1.12 / 1.18 with it
+    assert best_k(0.12, 5, 0.0, 0.08, 0.0) == 1 and best_k(0.12, 5, 0.0, 0.08, 0.1) == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# cache rollback, prompt lookup's index
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("position", ["rope", "t5", "alibi", "learned"])
+@torch.no_grad()
+def test_cropped_caches_equal_a_fresh_recomputation(static, position):
+    model = _lm(position=position, n_kv_heads=2)
+    ids = torch.randint(0, 13, (1, 12), generator=torch.Generator().manual_seed(3))
+    state = model.start_decoding(1, 20, static=static)
+    model.decode_step(ids[:, :5], state)
+    model.decode_step(ids[:, 5:12], state)  # 7 "drafts", 3 of them accepted
+    for cache in state.caches:
+        cache.crop(8)
+    if static:
+        state.mask[:, 8:] = False
+    else:
+        state.mask = state.mask[:, :8]
+    fresh = model.start_decoding(1, 20, static=static)
+    model.decode_step(ids[:, :8], fresh)
+    for a, b in zip(state.caches, fresh.caches):
+        assert a.length == b.length == 8
+        torch.testing.assert_close(a.get()[0][:, :, :8], b.get()[0][:, :, :8])
+        torch.testing.assert_close(a.get()[1][:, :, :8], b.get()[1][:, :, :8])
+    nxt = torch.tensor([[4, 7]])
+    torch.testing.assert_close(
+        model.decode_step(nxt, state)[0], model.decode_step(nxt, fresh)[0], atol=1e-5, rtol=0
+    )
+    with pytest.raises(ValueError, match="cannot crop"):
+        state.caches[0].crop(11)
+
+
+def test_ngram_index_proposes_what_followed_the_latest_occurrence():
+    index = NgramIndex(3, [5, 1, 2, 3, 9, 1, 2, 4, 7, 1, 2])
+    assert index.propose(3) == ([4, 7, 1], 2)  # "1 2" last followed by 4 7 1 (not 3 9)
+    index.extend([4])
+    assert index.propose(2) == ([7, 1], 3)  # "1 2 4"
+    assert NgramIndex(2, [1, 2, 3]).propose(4) == ([], 0)
+    # a copy that reaches the end continues periodically: "3 4" last followed by "5 3 4" (the
+    # end), so the run 5 3 4 5 3 4 ... goes on
+    assert NgramIndex(2, [3, 4, 5, 3, 4]).propose(5) == ([5, 3, 4, 5, 3], 2)
+    assert NgramIndex(2, [1, 1, 1]).propose(4) == ([1, 1, 1, 1], 2)
+
+
+# ----------------------------------------------------------------------------------------------
+# refusals
+
+
+def test_mismatched_vocabularies_and_tokenizers_are_refused():
+    target = _lm()
+    with pytest.raises(UserError, match="draft's vocabulary has 11 tokens but the model's has 13"):
+        generate(target, torch.tensor([[1]]), 3, draft=_lm(vocab=11))
+    with pytest.raises(UserError, match="draft model or prompt lookup, not both"):
+        generate(target, torch.tensor([[1]]), 3, draft=target, prompt_lookup=2)
+    with pytest.raises(UserError, match="speculate"):
+        generate(target, torch.tensor([[1]]), 3, draft=target, speculate=0)
+    with pytest.raises(UserError, match="Transformer LMs"):
+        check_draft(target, torch.nn.Linear(2, 2))
+    check_tokenizers(CharTokenizer("abc"), CharTokenizer("abc"))
+    with pytest.raises(UserError, match="other tokens"):
+        check_tokenizers(CharTokenizer("abc"), CharTokenizer("abd"))
+    with pytest.raises(UserError, match="4 tokens"):
+        check_tokenizers(CharTokenizer("abc"), CharTokenizer("abcd"))
+
+
+def _run(path, model, chars):
+    path.mkdir()
+    cfg = {"kind": "decoder_lm", "model": model.config.to_dict()}
+    (path / "config.json").write_text(json.dumps(cfg))
+    save_model(model, path / "model.safetensors")
+    CharTokenizer(chars).save(path)
+    return str(path)
+
+
+def test_cli_speculates_and_refuses_a_draft_with_another_tokenizer(tmp_path, capsys):
+    chars = "abcdefghij \n"
+    target = _run(tmp_path / "t", _lm(vocab=len(chars)), chars)
+    draft = _run(tmp_path / "d", _lm(vocab=len(chars), d=16, layers=1, heads=2), chars)
+    other = _run(tmp_path / "o", _lm(vocab=len(chars), d=16, layers=1), "abcdefghij \t")
+    common = ["generate", target, "--prompt", "abc", "-n", "12", "--temperature", "0"]
+    assert main([*common, "--no-stream"]) == 0
+    plain = capsys.readouterr().out
+    assert main([*common, "--no-stream", "--draft", draft, "--speculate", "3"]) == 0
+    out = capsys.readouterr()
+    assert out.out == plain and "drafted tokens accepted" in out.err
+    assert main([*common, "--prompt-lookup", "2"]) == 0
+    assert capsys.readouterr().out == plain
+    assert main([*common, "--no-stream", "--draft", draft, "--draft-dtype", "bfloat16"]) == 0
+    assert capsys.readouterr().out == plain  # another dtype drafts, the model decides
+    for argv, message in (
+        ([*common, "--draft", other], "other tokens"),
+        ([*common, "--draft", draft, "--prompt-lookup", "2"], "not both"),
+        ([*common, "--speculate", "3"], "add --draft RUN"),
+        ([*common[:-2], "--draft", draft, "--beam", "2"], "drop it or --beam"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("attnlab: error:") and message in err[0], err
