@@ -116,6 +116,8 @@ def _bidirectional(args: argparse.Namespace) -> int:
     cfg = from_args(BidirectionalConfig, args, progress=not args.no_progress)
     report = run_bidirectional(cfg, args.out, overwrite=args.overwrite)
     print(report["table"])
+    if report.get("summary"):
+        print(f"\n{report['summary']}")
     for name, path in report["files"].items():
         print(f"{name}: {path}")
     return 0

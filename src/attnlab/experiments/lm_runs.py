@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from attnlab.config.base import Config
+from attnlab.experiments.common import undertrained
 
 __all__ = [
     "lm_results",
@@ -35,7 +36,15 @@ __all__ = [
     "layer_grad_norms",
     "BLOWUP_MARGIN",
     "DIVERGED_MEANS",
+    "LEARNT_BELOW_UNIFORM",
+    "undertrained_lm",
 ]
+
+#: the best run's final loss must sit this many nats under ln V (a uniform guess over the
+#: characters) before divergence counts are read: every run still near its starting loss says
+#: nothing of what warm-up or norm placement do to training (the documented runs reach 2.9-3.3 on
+#: pydoc, ln V = 4.6; a few steps stay at about 4.5)
+LEARNT_BELOW_UNIFORM = 1.0
 
 #: a run whose loss rises this many nats above the first step's loss has blown up
 BLOWUP_MARGIN = 1.0
@@ -103,6 +112,33 @@ def lm_model(preset: str, vocab_size: int, *, seed: int, **overrides: Any) -> nn
     cfg = ModelConfig.preset(preset, vocab_size=vocab_size, dropout=0.0, **overrides)
     torch.manual_seed(seed)
     return DecoderLM(cfg)
+
+
+def undertrained_lm(results: dict, best: float | None, what: str) -> str | None:
+    """:func:`attnlab.experiments.common.undertrained` for a language-model experiment: ``best``
+    (the lowest final loss of any run; None: every run diverged) against
+    ln V − :data:`LEARNT_BELOW_UNIFORM`.
+
+    Args:
+        results: the experiment's results (``config`` with ``max_time``/``steps``, ``data`` with
+            ``vocab_size``).
+        best: the lowest final training loss (nats per character).
+        what: the score in words.
+
+    Returns:
+        The "Undertrained … Train longer" paragraph, or None.
+    """
+    cfg = results.get("config") or {}
+    uniform = math.log(results["data"]["vocab_size"])
+    return undertrained(
+        {"best run": best},
+        threshold=uniform - LEARNT_BELOW_UNIFORM,
+        what=f"{what} (nats per character; ln V = {uniform:.2f})",
+        higher_is_better=False,
+        max_time=None if cfg.get("steps") else cfg.get("max_time"),
+        steps=cfg.get("steps"),
+        fmt=lambda v: f"{v:.2f}",
+    )
 
 
 def lm_results(cfg: Any, task: Any, *, data: dict | None = None, **parts: Any) -> dict:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.experiments import common
-from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results
+from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results, undertrained_lm
 from attnlab.experiments.training import train_settings
 
 __all__ = ["NormPlacementConfig", "run_norm_placement", "init_grad_norms", "NORMS"]
@@ -181,7 +181,8 @@ def run_norm_placement(
 
 
 def summarise(results: dict) -> str:
-    """Divergences per placement and warm-up; the spread of gradient norms per placement."""
+    """Divergences per placement and warm-up; the spread of gradient norms per placement; and
+    "Undertrained … train longer" when no run got clearly under ln V."""
     parts = []
     for norm in NORMS:
         for warm in (False, True):
@@ -211,7 +212,10 @@ def summarise(results: dict) -> str:
         for n, v in spread.items()
         if v
     )
-    return "; ".join(parts) + ". At initialisation: " + grads + "."
+    text = "; ".join(parts) + ". At initialisation: " + grads + "."
+    finite = [r["final_loss"] for r in results["runs"] if not r["diverged"]]
+    short = undertrained_lm(results, min(finite, default=None), "the lowest final loss")
+    return text if short is None else text + " " + short
 
 
 def plot_norm_placement(results: dict, path: str | Path) -> None:

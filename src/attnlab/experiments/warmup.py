@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab.experiments import common
-from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results
+from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results, undertrained_lm
 from attnlab.experiments.training import train_settings
 
 __all__ = ["WarmupConfig", "run_warmup"]
@@ -162,7 +162,8 @@ def run_warmup(cfg: WarmupConfig, out_dir: str | Path, *, overwrite: bool = Fals
 
 
 def summarise(results: dict) -> str:
-    """Divergences without and with warm-up, and the best setting."""
+    """Divergences without and with warm-up, and the best setting; or, when no setting got
+    clearly under ln V, the divergence counts and "Undertrained … train longer"."""
     by = {0: [], 1: []}
     for s in results["settings"]:
         by[int(s["warmup_steps"] > 0)].append(s)
@@ -173,6 +174,10 @@ def summarise(results: dict) -> str:
         parts.append(f"{name}: {div}/{total} runs diverged")
     done = [s for s in results["settings"] if s["final_loss"] is not None]
     text = "; ".join(parts) + "."
+    best_loss = min((s["final_loss"] for s in done), default=None)
+    short = undertrained_lm(results, best_loss, "the lowest mean final loss")
+    if short is not None:  # divergence counts of runs that learnt nothing are no evidence
+        return text + " " + short
     if done:
         best = min(done, key=lambda s: s["final_loss"])
         text += (
