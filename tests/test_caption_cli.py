@@ -226,6 +226,7 @@ def test_caption_experiments_print_their_tables(tmp_path, capsys, name, expect):
     )
     out = capsys.readouterr().out
     assert all(e in out for e in expect), out
+    assert "Undertrained" in out  # 2 steps name nothing
     # a second run into the same --out refuses before training anything
     assert main(["experiment", name, "--out", str(tmp_path), "--no-progress"]) == 2
     assert "--overwrite" in capsys.readouterr().err

@@ -355,6 +355,7 @@ def test_exposure_bias_cli_writes_table_json_plot_and_refuses_to_clobber(tmp_pat
     assert (out / "exposure_bias.png").stat().st_size > 0
     table = (out / "table.md").read_text()
     assert "| model | training | steps |" in table and table.strip() in printed
+    assert "Undertrained" in table  # 2 steps translate nothing: no reading of the gaps
     assert main(args) == 2
     assert "--overwrite" in capsys.readouterr().err
 

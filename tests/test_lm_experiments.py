@@ -211,6 +211,7 @@ def test_norm_placement_cli_writes_both_tables_and_the_plot(tmp_path, capsys):
         assert r["depth"] == 2 and r["steps"] == 4 and len(r["losses"]) == 4
     assert [(g["norm"], len(g["per_layer"])) for g in res["gradients"]] == [("post", 2), ("pre", 2)]
     assert "| depth | norm | warm-up steps |" in printed and "‖g‖ layer 1" in printed
+    assert "Undertrained" in printed  # 4 steps stay near ln V
     assert (out / "norm_placement.png").stat().st_size > 0
     assert main(args[:-6] + ["--depths", "0", "--overwrite"]) == 2
     assert "depths must be positive" in capsys.readouterr().err
@@ -232,6 +233,7 @@ def test_warmup_cli_counts_divergence_per_setting(tmp_path, capsys):
     # the same seed without and with warm-up starts from the same weights and batch
     assert res["runs"][0]["initial_loss"] == res["runs"][2]["initial_loss"]
     assert "| peak lr | warm-up steps | diverged |" in printed
+    assert "Undertrained" in printed  # 4 steps stay near ln V
     assert (out / "warmup.png").stat().st_size > 0
 
 

@@ -220,4 +220,5 @@ def test_vqa_bias_experiment_prints_a_table_per_question_type(tmp_path, capsys):
         "majority per type",
     ):
         assert word in out
+    assert "Undertrained" in out  # 2 steps: below the per-type answer prior
     assert (tmp_path / "results.json").exists()
