@@ -7,7 +7,7 @@ Batch-1 decoding reads every weight once per token, so its floor is
 
 with the bandwidth measured in this run on the largest matrix (the output projection, V x d) in
 each precision: the faster of torch's ``F.linear`` and attnlab's layer (whose one-row product is
-``attnlab.layers.matvec``'s kernel for fp32 and bf16, ``torch._weight_int8pack_mm`` for int8);
+``attnlab.fast.matvec``'s kernel for fp32 and bf16, ``torch._weight_int8pack_mm`` for int8);
 both rates are printed. The table gives each setting's ms per token, its speed-up over HF fp32 and the
 fraction of its roofline reached. Per-token cost is the decode cost only: the median interval
 between consecutive new tokens (timestamps from ``generate``'s callback and HF's streamer), so the
@@ -16,10 +16,13 @@ prompt's prefill is not counted and a busy machine's spikes are left out; the se
 throughput (``--batch``, tokens/s) against HF, and with ``--agreement RUN`` how often bf16 and
 int8 greedy continuations of a trained run equal fp32's.
 
-Settings: ``fp32`` / ``bf16`` (``from_hf(..., dtype=torch.bfloat16)``, ``attnlab.load(run,
-dtype="bfloat16")``), ``int8`` (weight-only int8 with bf16 activations, ``quantize="int8"``);
-``+compile``: a static KV cache and a torch.compile'd step (``generate(..., compile=True)``, CUDA
-graphs on a GPU; compiled once per setting before timing).
+Settings, each the plain model with the fast-path transforms applied
+(``attnlab.fast.for_decoding``, what ``attnlab generate --dtype/--quantize/--compile`` applies):
+``fp32`` / ``bf16`` (``dtype=torch.bfloat16``), ``int8`` (weight-only int8 with bf16
+activations, ``quantize="int8"``), each with the one-row kernel and fp32 one-query attention;
+``+compile``: a static KV cache and a torch.compile'd step (``compile=True``, CUDA graphs on a
+GPU; compiled once per setting before timing). ``plain fp32`` is the model as built, without
+any transform.
 
 Usage (short settings for a shared CPU; the lead's full run is in docs/performance.md):
 
@@ -42,7 +45,7 @@ import torch
 
 from attnlab.config import ModelConfig
 from attnlab.decoding import generate
-from attnlab.layers.quant import Int8Linear, quantize_int8
+from attnlab.fast import CompiledDecoder, Int8Linear, for_decoding
 from attnlab.models.lm import DecoderLM
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -121,12 +124,12 @@ def matvec_bandwidth(
 
 
 def make_settings(base: DecoderLM, device: str) -> dict[str, DecoderLM]:
-    """fp32, bf16 and int8 (bf16 activations) copies of ``base``."""
-    bf16 = copy.deepcopy(base).to(torch.bfloat16)
+    """fp32, bf16 and int8 (bf16 activations) copies of ``base``, through
+    :func:`attnlab.fast.for_decoding` (``base`` itself stays plain)."""
     return {
-        "fp32": base,
-        "bf16": bf16,
-        "int8": quantize_int8(copy.deepcopy(bf16)).to(device),
+        "fp32": for_decoding(copy.deepcopy(base)),
+        "bf16": for_decoding(copy.deepcopy(base), dtype=torch.bfloat16),
+        "int8": for_decoding(copy.deepcopy(base), dtype=torch.bfloat16, quantize="int8").to(device),
     }
 
 
@@ -150,9 +153,11 @@ def bandwidths(models: dict[str, DecoderLM], device: str) -> tuple[dict, dict]:
 
 
 def attnlab_run(model: DecoderLM, idx: torch.Tensor, compile: bool):
+    decoder = CompiledDecoder(model) if compile else model  # for_decoding(..., compile=True)
+
     def run(k: int, stamp=None) -> torch.Tensor:
         callback = None if stamp is None else (lambda nxt: stamp())
-        return generate(model, idx, k, temperature=0, compile=compile, callback=callback)
+        return generate(decoder, idx, k, temperature=0, callback=callback)
 
     return run
 

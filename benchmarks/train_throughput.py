@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.config import ModelConfig
+from attnlab.fast import FusedLMLoss
 from attnlab.models.lm import DecoderLM
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -234,16 +235,20 @@ def main() -> None:
     print(
         "measured matmul peak: " + ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peaks.items())
     )
-    # each as its users train it: attnlab's trainer asks the model for the loss (the output
-    # projection and the cross-entropy fused, attnlab.layers.losses); HF's loss is
-    # cross_entropy(logits.float()), what GPT2LMHeadModel(labels=...) computes after its shift
+    # each as its users train it: attnlab's LM task asks the model for the loss with the output
+    # projection and the cross-entropy fused (head_loss=attnlab.fast.FusedLMLoss()); HF's loss
+    # is cross_entropy(logits.float()), what GPT2LMHeadModel(labels=...) computes after its shift
+    fused, fused_compiled = FusedLMLoss(), FusedLMLoss()
     models = {
-        "attnlab": (ours, lambda x, y: ours(x, targets=y)),
+        "attnlab": (ours, lambda x, y: ours(x, targets=y, head_loss=fused)),
         "HF GPT2": (hf, lambda x, y: hf_loss(hf(x).logits, y)),
     }
     if not args.no_compile:
         compiled = torch.compile(compiled_copy)
-        models["attnlab+compile"] = (compiled_copy, lambda x, y: compiled(x, targets=y))
+        models["attnlab+compile"] = (
+            compiled_copy,
+            lambda x, y: compiled(x, targets=y, head_loss=fused_compiled),
+        )
     print(f"{'model':<17}{'precision':<11}{'tokens/s':>10}{'MFU':>8}{'vs HF':>8}")
     for mode in modes:
         # the compiled model compiles (again, under autocast) in its warm-up steps

@@ -12,6 +12,7 @@ from torch import nn
 
 from attnlab.attention import MultiHeadAttention, key_padding_mask, padding_mask
 from attnlab.layers import SinusoidalPositionalEmbedding
+from attnlab.models.builders import multi_head_attention
 
 ATOL = 1e-5
 
@@ -48,7 +49,7 @@ def _copy_cross_attention(ours: MultiHeadAttention, ref: nn.MultiheadAttention) 
 def test_self_attention_equals_torch_multihead_attention(masks):
     B, T, C, H = 3, 6, 16, 4
     ref = nn.MultiheadAttention(C, H, batch_first=True).eval()
-    ours = MultiHeadAttention(C, H, backend="math").eval()
+    ours = multi_head_attention(C, H, backend="math").eval()
     _copy_self_attention(ours, ref)
     x = torch.randn(B, T, C)
     real = padding_mask([6, 4, 2], T)  # True = real token
@@ -79,7 +80,7 @@ def test_cross_attention_equals_torch_multihead_attention(context_dim):
     B, T, S, C, H = 2, 5, 7, 16, 4
     ref = nn.MultiheadAttention(C, H, kdim=context_dim, vdim=context_dim, batch_first=True).eval()
     assert ref._qkv_same_embed_dim == (context_dim == C)
-    ours = MultiHeadAttention(C, H, cross=True, context_dim=context_dim, backend="math").eval()
+    ours = multi_head_attention(C, H, cross=True, context_dim=context_dim, backend="math").eval()
     _copy_cross_attention(ours, ref)
     x, ctx = torch.randn(B, T, C), torch.randn(B, S, context_dim)
     real = padding_mask([7, 3], S)
@@ -99,8 +100,8 @@ def test_cross_attention_equals_torch_multihead_attention(context_dim):
 def test_gqa_equals_full_attention_with_repeated_kv_heads():
     """GQA with Hkv heads = MHA whose K/V projections repeat each KV head H/Hkv times."""
     C, H, Hkv, D = 24, 6, 2, 4
-    gqa = MultiHeadAttention(C, H, n_kv_heads=Hkv, head_dim=D)
-    mha = MultiHeadAttention(C, H, head_dim=D)
+    gqa = multi_head_attention(C, H, n_kv_heads=Hkv, head_dim=D)
+    mha = multi_head_attention(C, H, head_dim=D)
     wq, wk, wv = gqa.qkv.weight.split([H * D, Hkv * D, Hkv * D])
     bq, bk, bv = gqa.qkv.bias.split([H * D, Hkv * D, Hkv * D])
 
@@ -139,7 +140,7 @@ CACHE_CONFIGS = {
 @pytest.mark.parametrize("config", list(CACHE_CONFIGS))
 def test_incremental_decoding_equals_full_recomputation(config, backend):
     B, T, C, H = 2, 9, 32, 4
-    mha = MultiHeadAttention(C, H, backend=backend, **CACHE_CONFIGS[config]).eval()
+    mha = multi_head_attention(C, H, backend=backend, **CACHE_CONFIGS[config]).eval()
     x = torch.randn(B, T, C)
     full, _ = mha(x, is_causal=True)
     cache = mha.make_cache(B, T)
@@ -154,7 +155,7 @@ def test_incremental_decoding_equals_full_recomputation(config, backend):
 
 def test_cross_attention_cache_is_filled_once_and_reused():
     B, T, S, C, H = 2, 4, 6, 16, 4
-    mha = MultiHeadAttention(C, H, cross=True, context_dim=12, qk_norm="rmsnorm").eval()
+    mha = multi_head_attention(C, H, cross=True, context_dim=12, qk_norm="rmsnorm").eval()
     x, ctx = torch.randn(B, T, C), torch.randn(B, S, 12)
     real = padding_mask([6, 4], S)
     full, _ = mha(x, ctx, mask=key_padding_mask(real))
@@ -168,7 +169,7 @@ def test_cross_attention_cache_is_filled_once_and_reused():
 
 
 def test_cache_overflow_and_reorder():
-    mha = MultiHeadAttention(16, 2)
+    mha = multi_head_attention(16, 2)
     cache = mha.make_cache(3, 4)
     mha(torch.randn(3, 3, 16), is_causal=True, cache=cache)
     k_before = cache.get()[0].clone()
@@ -185,7 +186,7 @@ def test_left_padding_with_per_row_positions_matches_unpadded(position):
     """A left-padded row with positions counted from its first real token gives the same outputs
     as the unpadded sequence, also when decoding from the cache."""
     C, H, n_pad, T = 16, 4, 3, 5
-    mha = MultiHeadAttention(C, H, position=position).eval()
+    mha = multi_head_attention(C, H, position=position).eval()
     x = torch.randn(1, T, C)
     ref, _ = mha(x, is_causal=True)
     padded = torch.cat([torch.randn(1, n_pad, C), x], dim=1)  # (1, n_pad + T, C)
@@ -219,7 +220,7 @@ def test_left_padding_with_per_row_positions_matches_unpadded(position):
 
 
 def test_self_attention_without_positions_is_permutation_equivariant():
-    mha = MultiHeadAttention(16, 4).eval()
+    mha = multi_head_attention(16, 4).eval()
     x = torch.randn(2, 7, 16)
     perm = torch.randperm(7)
     out, _ = mha(x)
@@ -230,7 +231,7 @@ def test_self_attention_without_positions_is_permutation_equivariant():
 @pytest.mark.parametrize("position", ["rope", "sinusoidal", "alibi"])
 def test_positions_break_permutation_equivariance(position):
     T, C = 7, 16
-    mha = MultiHeadAttention(C, 4, position=position if position != "sinusoidal" else "none")
+    mha = multi_head_attention(C, 4, position=position if position != "sinusoidal" else "none")
     mha.eval()
     pe = SinusoidalPositionalEmbedding(T, C)
 
@@ -246,7 +247,7 @@ def test_positions_break_permutation_equivariance(position):
 
 
 def test_causal_output_at_i_ignores_later_tokens():
-    mha = MultiHeadAttention(16, 4, position="rope", n_kv_heads=2).eval()
+    mha = multi_head_attention(16, 4, position="rope", n_kv_heads=2).eval()
     x = torch.randn(2, 8, 16)
     i = 3
     x2 = x.clone()
@@ -257,7 +258,7 @@ def test_causal_output_at_i_ignores_later_tokens():
 
 
 def test_weights_are_returned_per_head_and_sum_to_one():
-    mha = MultiHeadAttention(16, 4, n_kv_heads=2, position="alibi").eval()
+    mha = multi_head_attention(16, 4, n_kv_heads=2, position="alibi").eval()
     out, w = mha(torch.randn(2, 5, 16), is_causal=True, need_weights=True)
     assert w.shape == (2, 4, 5, 5)
     torch.testing.assert_close(w.sum(-1), torch.ones(2, 4, 5), rtol=0, atol=1e-6)
@@ -266,7 +267,7 @@ def test_weights_are_returned_per_head_and_sum_to_one():
 
 
 def test_attention_dropout_only_in_training():
-    mha = MultiHeadAttention(16, 4, dropout=0.5)
+    mha = multi_head_attention(16, 4, attn_dropout=0.5)
     x = torch.randn(2, 6, 16)
     mha.eval()
     torch.testing.assert_close(mha(x)[0], mha(x)[0])
@@ -280,20 +281,20 @@ def test_attention_dropout_only_in_training():
 
 def test_d_model_not_divisible_by_n_heads_raises_naming_values():
     with pytest.raises(ValueError, match=r"d_model \(10\).*n_heads \(3\)"):
-        MultiHeadAttention(10, 3)
-    MultiHeadAttention(10, 3, head_dim=4)  # an explicit head_dim lifts the constraint
+        multi_head_attention(10, 3)
+    multi_head_attention(10, 3, head_dim=4)  # an explicit head_dim lifts the constraint
 
 
 def test_n_heads_not_divisible_by_n_kv_heads_raises_naming_values():
     with pytest.raises(ValueError, match=r"n_heads \(6\).*n_kv_heads \(4\)"):
-        MultiHeadAttention(24, 6, n_kv_heads=4)
+        multi_head_attention(24, 6, n_kv_heads=4)
 
 
 def test_wrong_input_widths_raise_naming_shapes():
-    mha = MultiHeadAttention(16, 4)
+    mha = multi_head_attention(16, 4)
     with pytest.raises(ValueError, match=r"d_model=16.*\(2, 5, 12\)"):
         mha(torch.randn(2, 5, 12))
-    cross = MultiHeadAttention(16, 4, cross=True, context_dim=8)
+    cross = multi_head_attention(16, 4, cross=True, context_dim=8)
     with pytest.raises(ValueError, match=r"context_dim=8.*\(2, 3, 16\)"):
         cross(torch.randn(2, 5, 16), torch.randn(2, 3, 16))
     with pytest.raises(ValueError, match="context"):
@@ -303,7 +304,7 @@ def test_wrong_input_widths_raise_naming_shapes():
 
 
 def test_mha_mask_that_does_not_broadcast_raises():
-    mha = MultiHeadAttention(16, 4)
+    mha = multi_head_attention(16, 4)
     with pytest.raises(ValueError, match=r"mask of shape \(3, 1, 1, 5\)"):
         mha(torch.randn(2, 5, 16), mask=torch.ones(3, 1, 1, 5, dtype=torch.bool))
 
@@ -312,8 +313,8 @@ def test_need_weights_on_a_fused_backend_switches_to_the_math_path():
     """A backend that cannot return weights (sdpa) computes them on the math path instead of
     refusing: the same output, and the weights the math backend returns."""
     torch.manual_seed(0)
-    fused = MultiHeadAttention(16, 4, backend="sdpa")
-    math_ = MultiHeadAttention(16, 4, backend="math")
+    fused = multi_head_attention(16, 4, backend="sdpa")
+    math_ = multi_head_attention(16, 4, backend="math")
     math_.load_state_dict(fused.state_dict())
     x = torch.randn(2, 5, 16)
     out, w = fused(x, is_causal=True, need_weights=True)
@@ -326,8 +327,8 @@ def test_need_weights_on_a_fused_backend_switches_to_the_math_path():
 
 def test_bad_options_raise():
     with pytest.raises(ValueError, match="'learned'"):
-        MultiHeadAttention(16, 4, position="learned")
+        multi_head_attention(16, 4, position="learned")
     with pytest.raises(ValueError, match="cross-attention"):
-        MultiHeadAttention(16, 4, cross=True, position="rope")
+        multi_head_attention(16, 4, cross=True, position="rope")
     with pytest.raises(ValueError, match="dropout"):
-        MultiHeadAttention(16, 4, dropout=1.0)
+        multi_head_attention(16, 4, attn_dropout=1.0)

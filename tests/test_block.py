@@ -12,7 +12,7 @@ from attnlab.attention import (
     key_padding_mask,
     padding_mask,
 )
-from attnlab.layers import build_block
+from attnlab.models.builders import transformer_block
 
 ATOL = 1e-5
 B, T, S, C, H, FF = 2, 6, 5, 16, 4, 40
@@ -35,7 +35,7 @@ def _randomise_norms(module: nn.Module) -> None:
     ],
 )
 def test_block_is_the_pre_or_post_norm_composition(norm_position, options):
-    block = build_block(C, H, norm_position=norm_position, **options).eval()
+    block = transformer_block(C, H, norm_position=norm_position, **options).eval()
     _randomise_norms(block)
     x = torch.randn(B, T, C)
 
@@ -83,7 +83,7 @@ def test_self_attention_block_equals_torch_encoder_layer(norm_first):
     )
     _randomise_norms(ref)
     ref.train()  # dropout is 0; training mode keeps torch off its fused inference fast path
-    block = build_block(
+    block = transformer_block(
         C,
         H,
         ffn="mlp",
@@ -111,7 +111,7 @@ def test_cross_attention_block_equals_torch_decoder_layer(norm_first):
     )
     _randomise_norms(ref)
     ref.train()
-    block = build_block(
+    block = transformer_block(
         C,
         H,
         ffn="mlp",
@@ -140,7 +140,7 @@ def test_cross_attention_block_equals_torch_decoder_layer(norm_first):
 
 
 def test_decoder_block_with_caches_equals_full_pass():
-    block = build_block(
+    block = transformer_block(
         C, H, position="rope", cross_attention=True, context_dim=12, norm_position="pre"
     ).eval()
     x, memory = torch.randn(B, T, C), torch.randn(B, S, 12)
@@ -160,7 +160,7 @@ def test_decoder_block_with_caches_equals_full_pass():
 
 
 def test_residual_dropout_only_in_training():
-    block = build_block(C, H, dropout=0.5)
+    block = transformer_block(C, H, dropout=0.5)
     x = torch.randn(B, T, C)
     block.eval()
     torch.testing.assert_close(block(x), block(x))
@@ -170,13 +170,13 @@ def test_residual_dropout_only_in_training():
 
 def test_block_errors():
     with pytest.raises(ValueError, match="'middle'"):
-        build_block(C, H, norm_position="middle")
+        transformer_block(C, H, norm_position="middle")
     with pytest.raises(ValueError, match="'conv'"):
-        build_block(C, H, ffn="conv")
+        transformer_block(C, H, ffn="conv")
     with pytest.raises(ValueError, match="context"):
-        build_block(C, H, cross_attention=True)(torch.randn(B, T, C))
+        transformer_block(C, H, cross_attention=True)(torch.randn(B, T, C))
     with pytest.raises(ValueError, match=r"d_model \(16\).*n_heads \(3\)"):
-        build_block(C, 3)
+        transformer_block(C, 3)
 
 
 @pytest.mark.parametrize(
@@ -188,7 +188,7 @@ def test_block_errors():
     ],
 )
 def test_every_parameter_gets_a_finite_gradient(options):
-    block = build_block(C, H, **options)
+    block = transformer_block(C, H, **options)
     context = torch.randn(B, S, 12) if options.get("cross_attention") else None
     with collect_aux_losses() as aux:
         out = block(torch.randn(B, 16, C), is_causal=True, context=context)

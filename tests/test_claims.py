@@ -19,10 +19,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.attention import MultiHeadAttention
 from attnlab.attention.core import scaled_dot_product_attention
 from attnlab.config.translation import TranslationTaskConfig
 from attnlab.data.translation import PAD_ID, build_data
+from attnlab.models.builders import multi_head_attention
 from attnlab.models.translation import build_translation_model
 from attnlab.tasks.translation import TranslationTask
 
@@ -82,7 +82,7 @@ def _rms(x, gain, eps):
 def test_qk_norm_is_rmsnorm_of_each_heads_q_and_k_then_attention(cross):
     torch.manual_seed(0)
     C, H, D, B, T, S = 32, 4, 8, 2, 5, 7
-    mha = MultiHeadAttention(C, H, qk_norm="rmsnorm", cross=cross).double().eval()
+    mha = multi_head_attention(C, H, qk_norm="rmsnorm", cross=cross).double().eval()
     with torch.no_grad():  # gains away from 1, so a norm that ignored them would fail
         mha.q_norm.weight.uniform_(0.5, 2.0)
         mha.k_norm.weight.uniform_(0.5, 2.0)
@@ -113,7 +113,7 @@ def test_qk_norm_is_rmsnorm_of_each_heads_q_and_k_then_attention(cross):
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
 
     # and the normalisation matters: the same weights without it give something else
-    plain = MultiHeadAttention(C, H, cross=cross).double().eval()
+    plain = multi_head_attention(C, H, cross=cross).double().eval()
     plain.load_state_dict(
         {k: v for k, v in mha.state_dict().items() if "norm" not in k}, strict=True
     )
@@ -124,7 +124,7 @@ def test_qk_norm_is_rmsnorm_of_each_heads_q_and_k_then_attention(cross):
 def test_qk_norm_bounds_the_scores_whatever_the_scale_of_x():
     # The point of QK-norm: |q̂·k̂|/√D <= √D·max(g_q)·max(g_k), however large the activations
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 2, qk_norm="rmsnorm").double()
+    mha = multi_head_attention(16, 2, qk_norm="rmsnorm").double()
     x = 1e4 * torch.randn(1, 6, 16, dtype=torch.float64)
     from attnlab.attention import capture_attention
 

@@ -23,7 +23,7 @@ from attnlab.experiments.attention_bench import (
     lm_attention_memory_formula,
 )
 from attnlab.experiments.sparse_bench import bench_attention_fn
-from attnlab.layers import build_block
+from attnlab.models.builders import transformer_block
 
 
 class PeakMemory(TorchDispatchMode):
@@ -115,14 +115,14 @@ def test_long_context_formula_matches_one_measured_block():
     # at N = 256, 512, 1024 (scores dominate); the tiled path keeps no N×N tensor
     for n in (256, 512, 1024):
         torch.manual_seed(0)
-        block = build_block(64, 4, backend="math")
+        block = transformer_block(64, 4, backend="math")
         x = torch.randn(1, n, 64, requires_grad=True)
         with PeakMemory() as mem:
             block(x, is_causal=True).sum().backward()
         formula = lm_attention_memory_formula(n_layers=1, n_heads=4, seq_len=n, d_model=64)
         ratio = mem.peak / (formula["total_gb"] * 1e9)
         assert 0.85 < ratio < 1.1, (n, ratio)
-    tiled = build_block(64, 4, backend="tiled")
+    tiled = transformer_block(64, 4, backend="tiled")
     with PeakMemory() as mem_tiled:
         tiled(x, is_causal=True).sum().backward()
     assert mem_tiled.peak < 0.2 * mem.peak  # 6 MB vs 54 MB at N = 1024

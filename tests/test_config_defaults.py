@@ -38,9 +38,6 @@ FAMILY_CONFIG = {
 
 #: parameters whose name is a config field's but whose meaning differs, with the reason
 SAME_NAME_OTHER_MEANING = {
-    # the attention's own scheme: rope | alibi | t5 | none; the config's learned and sinusoidal
-    # positions are added to the embeddings, which is "none" for the attention
-    ("MultiHeadAttention", "position"),
     # None stands for no options, {} (a mutable default argument would be shared)
     ("MultiHeadAttention", "backend_options"),
     # a gated FFN built by hand is Llama's, bias-free; from a config it gets the config's bias

@@ -5,14 +5,18 @@
 - a compiled decoding step gives the eager step's tokens;
 - weight-only int8 layers stay within the quantisation error bound of fp32;
 - bf16 and int8 decoding stay within a stated tolerance of fp32's logits and tokens;
+- one bf16 query attends through fp32 products with the ``decode`` backend (attnlab.fast);
 - ``torch.compile`` (inductor, no mocking) trains like eager.
 """
 
 import pytest
 import torch
+import torch.nn.functional as F
 
+from attnlab.attention import scaled_dot_product_attention
 from attnlab.config import ModelConfig
 from attnlab.decoding import generate
+from attnlab.fast.attention import ONE_QUERY_FP32_FROM
 from attnlab.models.lm import DecoderLM
 
 POSITIONS = ["learned", "rope", "alibi", "sinusoidal", "none"]
@@ -113,7 +117,7 @@ def test_each_model_keeps_its_compiled_step_and_a_changed_model_compiles_anew():
 
 
 def test_capacity_buckets_cover_the_need_with_few_graphs_and_little_waste():
-    from attnlab.decoding.compiled import capacity_bucket
+    from attnlab.fast.compiled import capacity_bucket
 
     caps = [capacity_bucket(n, 4096) for n in range(1, 4097)]
     assert all(c >= n for n, c in zip(range(1, 4097), caps))  # room for every token
@@ -133,7 +137,7 @@ def test_capacity_buckets_cover_the_need_with_few_graphs_and_little_waste():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k", [64, 17])  # 17: not a multiple of 8, the portable path
 def test_int8_linear_is_within_the_rounding_bound_of_the_float_layer(dtype, k):
-    from attnlab.layers.quant import Int8Linear, int8_error_bound
+    from attnlab.fast.quant import Int8Linear, int8_error_bound
 
     linear = torch.nn.Linear(k, 48).to(dtype)
     q = Int8Linear.from_linear(linear)
@@ -152,7 +156,7 @@ def test_int8_linear_is_within_the_rounding_bound_of_the_float_layer(dtype, k):
 
 
 def test_quantize_int8_swaps_every_linear_including_the_tied_head():
-    from attnlab.layers.quant import Int8Linear, quantize_int8
+    from attnlab.fast.quant import Int8Linear, quantize_int8
 
     model = _model("rope")
     n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
@@ -163,7 +167,7 @@ def test_quantize_int8_swaps_every_linear_including_the_tied_head():
     assert model.tok_emb.weight.dtype == torch.float32  # the embedding is a lookup: kept
 
 
-#: the documented tolerance of int8 logits, relative L2 error ‖Δ‖/‖logits‖ (layers/quant.py):
+#: the documented tolerance of int8 logits, relative L2 error ‖Δ‖/‖logits‖ (fast/quant.py):
 #: rounding moves each weight uniformly within ±s/2 (RMS s/√12), and with s = absmax/127 and
 #: Gaussian rows (absmax ≈ σ·√(2 ln K)) that is ≈ 0.8 % of the weights' RMS, so each matmul's
 #: output moves by ≈ 0.8 %. The 2-layer model chains 4·L + 1 = 9 matmuls: ≈ 0.8 % · √9 ≈ 2.4 %
@@ -174,7 +178,7 @@ INT8_RELATIVE_TOLERANCE = 0.05
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @torch.no_grad()
 def test_int8_model_logits_are_within_the_documented_tolerance_of_fp32(dtype):
-    from attnlab.layers.quant import quantize_int8
+    from attnlab.fast.quant import quantize_int8
 
     model = _model("rope", n_layers=2)
     for p in model.parameters():  # trained-like weights: larger than the N(0, 0.02) init
@@ -193,7 +197,7 @@ def test_int8_model_logits_are_within_the_documented_tolerance_of_fp32(dtype):
 def test_a_bf16_int8_layer_compiles_with_inductor_and_computes_like_eager():
     """The int8 kernel takes its scales in the activations' dtype; they are stored so (a
     conversion inside the compiled graph did not lower), so ``--quantize int8 --compile`` runs."""
-    from attnlab.layers.quant import Int8Linear
+    from attnlab.fast.quant import Int8Linear
 
     lin = torch.nn.Linear(64, 32).to(torch.bfloat16)
     q = Int8Linear.from_linear(lin)
@@ -233,7 +237,7 @@ def test_bf16_and_int8_decoding_run_and_mostly_agree_with_fp32():
     """On fp32's greedy continuation, the bf16 and int8 (weights; bf16 activations) decoding
     paths give logits within :data:`LOGIT_TOLERANCE` of fp32's, the same next token at >= 95 %
     of positions, and their own greedy continuations share >= 90 % of fp32's tokens."""
-    from attnlab.layers.quant import quantize_int8
+    from attnlab.fast.quant import quantize_int8
 
     torch.manual_seed(0)
     model = _model("learned")
@@ -312,7 +316,7 @@ def test_compiled_training_with_inductor_matches_eager(tmp_path):
 def test_load_and_generate_with_dtype_and_int8(tmp_path, capsys, monkeypatch):
     import attnlab
     from attnlab.cli import main
-    from attnlab.layers.quant import Int8Linear
+    from attnlab.fast.quant import Int8Linear
 
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"
@@ -343,3 +347,43 @@ def test_load_and_generate_with_dtype_and_int8(tmp_path, capsys, monkeypatch):
     assert "drop --no-cache" in capsys.readouterr().err
     with pytest.raises(attnlab.errors.UserError, match="unknown quantization"):
         attnlab.load(run, quantize="int4")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_one_half_precision_query_over_many_keys_is_the_formula_in_fp32(monkeypatch, dtype):
+    """With the ``decode`` backend (attnlab.fast), a decoding step in bf16/fp16 over
+    ≥ ONE_QUERY_FP32_FROM keys runs the products in fp32 on a CPU (faster there): the outputs are
+    the float64 formula's rounded once to the dtype, with GQA, a padding mask, an additive bias
+    and a row with no allowed key. The default ``sdpa`` backend takes torch's fused kernel."""
+    torch.manual_seed(0)
+    S = ONE_QUERY_FP32_FROM + 88
+    q = torch.randn(3, 4, 1, 16)
+    k, v = torch.randn(3, 2, S, 16), torch.randn(3, 2, S, 16)
+    mask = torch.rand(3, 1, 1, S) > 0.3
+    mask[2] = False  # no key allowed: zeros, not NaN
+    bias = torch.randn(1, 4, 1, S)
+    fused = []
+    real_sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F, "scaled_dot_product_attention", lambda *a, **kw: fused.append(1) or real_sdpa(*a, **kw)
+    )
+    half = {"mask": mask, "bias": bias.to(dtype)}
+    plain = scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), **half)
+    assert len(fused) == 1  # the default path: torch's fused kernel, in the dtype
+    got = scaled_dot_product_attention(
+        q.to(dtype), k.to(dtype), v.to(dtype), backend="decode", **half
+    )
+    assert got.dtype == dtype and len(fused) == 1  # the fp32 products, not the fused kernel
+    qd, kd, vd = (t.to(dtype).double() for t in (q, k, v))
+    kd, vd = kd.repeat_interleave(2, dim=1), vd.repeat_interleave(2, dim=1)
+    scores = (qd @ kd.transpose(-2, -1)) / 4.0 + bias.to(dtype).double()
+    want = scores.masked_fill(~mask, float("-inf")).softmax(-1).nan_to_num(0.0) @ vd
+    torch.testing.assert_close(got.double(), want, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(plain.double(), want, atol=2e-2, rtol=2e-2)
+    assert torch.equal(got[2], torch.zeros_like(got[2]))
+    # fewer keys, or fp32: torch's fused kernel
+    scaled_dot_product_attention(q, k, v, mask=mask, backend="decode")
+    short = scaled_dot_product_attention(
+        q.to(dtype), k[:, :, :64].to(dtype), v[:, :, :64].to(dtype), backend="decode"
+    )
+    assert len(fused) == 3 and short.dtype == dtype

@@ -1,6 +1,7 @@
-"""The fused output projection + cross-entropy (attnlab.layers.losses.linear_cross_entropy)
+"""The fused output projection + cross-entropy (attnlab.fast.linear_cross_entropy)
 against torch.nn.functional.cross_entropy over explicitly computed logits, and DecoderLM's
-``targets=`` path against its logits."""
+``targets=`` path, plain and with the LM task's ``head_loss=FusedLMLoss()``, against its
+logits."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from attnlab.config import ModelConfig
-from attnlab.layers.losses import LinearCEBuffer, cross_entropy, linear_cross_entropy
+from attnlab.fast.loss import FusedLMLoss, LinearCEBuffer, linear_cross_entropy
+from attnlab.layers.losses import cross_entropy
 from attnlab.models.lm import DecoderLM
 
 
@@ -126,37 +128,42 @@ def _model(**overrides) -> DecoderLM:
     return DecoderLM(cfg)
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("tied", [True, False])
-def test_the_models_loss_equals_cross_entropy_of_its_logits_with_the_same_gradients(tied):
+def test_the_models_loss_equals_cross_entropy_of_its_logits_with_the_same_gradients(tied, fused):
     model = _model(tie_embeddings=tied)
     idx = torch.randint(0, 97, (3, 12))
     targets = torch.randint(0, 97, (3, 12))
     targets[1, :4] = -100
     ref_model = copy.deepcopy(model)
-    loss = model(idx, targets=targets, label_smoothing=0.1)
+    head_loss = FusedLMLoss() if fused else None
+    loss = model(idx, targets=targets, label_smoothing=0.1, head_loss=head_loss)
     ref = cross_entropy(ref_model(idx), targets, label_smoothing=0.1)
     torch.testing.assert_close(loss, ref, rtol=1e-5, atol=1e-6)
     loss.backward()
     ref.backward()
     for (name, p), q in zip(model.named_parameters(), ref_model.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
-    # the buffer is memory, not state: neither saved nor copied
-    assert model._ce_buffer._free is not None
-    assert not any("ce_buffer" in k for k in model.state_dict())
-    assert copy.deepcopy(model)._ce_buffer._free is None
+    # the fused loss's buffer is memory kept by the loss, not state of the model
+    if fused:
+        assert head_loss.buffer._free is not None
+        assert copy.deepcopy(head_loss).buffer._free is None
+    assert not any("buffer" in k for k in model.state_dict())
 
 
-def test_the_models_loss_falls_back_to_its_logits_where_the_head_is_not_a_plain_linear():
+def test_the_fused_loss_falls_back_to_the_logits_where_the_head_is_not_a_plain_linear():
     model = _model()
+    fused = FusedLMLoss()
     idx, targets = torch.randint(0, 97, (2, 10)), torch.randint(0, 97, (2, 10))
     ref = cross_entropy(model(idx), targets)
     seen = []
     handle = model.lm_head.register_forward_hook(lambda m, i, o: seen.append(o.shape))
-    torch.testing.assert_close(model(idx, targets=targets), ref)
+    torch.testing.assert_close(model(idx, targets=targets, head_loss=fused), ref)
     handle.remove()
     assert seen == [torch.Size([2, 10, 97])]  # the hook saw the logits: the unfused path ran
+    assert fused.buffer._free is None
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = model(idx, targets=targets)
+        loss = model(idx, targets=targets, head_loss=fused)
     torch.testing.assert_close(loss, ref, rtol=0.05, atol=0.05)  # bf16 logits
     with pytest.raises(ValueError, match="must have idx's shape"):
         model(idx, targets=targets[:, :5])

@@ -9,18 +9,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.attention import MultiHeadAttention, key_padding_mask
+from attnlab.attention import key_padding_mask
 from attnlab.attention.cache import KVCache
 from attnlab.attention.linformer import LinformerProjection
 from attnlab.config import BlockConfig, ConfigError, ModelConfig
 from attnlab.layers import build_block
+from attnlab.models.builders import multi_head_attention
 from attnlab.models.lm import DecoderLM
 
 
 def _pair(N: int, k: int, **kw):
     """A full-attention layer and a Linformer layer with the same Q/K/V/O weights."""
-    full = MultiHeadAttention(32, 4, backend="math", **kw)
-    lin = MultiHeadAttention(32, 4, backend="math", linformer_k=k, max_seq_len=N, **kw)
+    full = multi_head_attention(32, 4, backend="math", **kw)
+    lin = multi_head_attention(32, 4, backend="math", linformer_k=k, max_seq_len=N, **kw)
     lin.load_state_dict(full.state_dict(), strict=False)
     return full, lin
 
@@ -82,15 +83,15 @@ def test_causal_use_is_refused_with_the_reason():
 
 def test_bad_requests_name_the_value():
     with pytest.raises(ValueError, match="linformer_k=40 exceeds the sequence length N=32"):
-        MultiHeadAttention(32, 4, linformer_k=40, max_seq_len=32)
+        multi_head_attention(32, 4, linformer_k=40, max_seq_len=32)
     with pytest.raises(ValueError, match="linformer_k must be a positive integer, got 0"):
         LinformerProjection(0, 8)
     with pytest.raises(ValueError, match="needs the sequence length N"):
-        MultiHeadAttention(32, 4, linformer_k=4)
-    with pytest.raises(ValueError, match="cannot use the position 'alibi'"):
-        MultiHeadAttention(32, 4, linformer_k=4, max_seq_len=8, position="alibi")
+        multi_head_attention(32, 4, linformer_k=4)
+    with pytest.raises(ValueError, match="position='alibi'"):
+        multi_head_attention(32, 4, linformer_k=4, max_seq_len=8, position="alibi")
     with pytest.raises(ValueError, match="self-attention, not cross-attention"):
-        MultiHeadAttention(32, 4, cross=True, linformer_k=4, max_seq_len=8)
+        multi_head_attention(32, 4, cross=True, linformer_k=4, max_seq_len=8)
     _, lin = _pair(16, 4)
     with pytest.raises(ValueError, match="20 positions exceed its sequence length N=16"):
         lin(torch.randn(1, 20, 32))

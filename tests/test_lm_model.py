@@ -120,7 +120,7 @@ def test_layout_and_tying():
     llama = DecoderLM(ModelConfig.preset("llama-tiny"))
     assert llama.lm_head.weight is not llama.tok_emb.weight
     assert isinstance(llama.pos_emb, RotaryEmbedding) and not list(llama.pos_emb.parameters())
-    assert llama.blocks[0].attn.positions is llama.pos_emb  # one position module for all blocks
+    assert llama.blocks[0].attn.positions is None  # the model passes its one module to every block
     assert llama.blocks[0].attn.qkv.weight.shape == ((4 + 2 * 2) * 16, 64)
     assert llama.blocks[0].attn.qkv.bias is None
     assert all(hasattr(llama.blocks[0].ffn, n) for n in ("gate", "up", "down"))

@@ -1,20 +1,32 @@
-"""The one-row CPU kernel (attnlab.layers.matvec) against F.linear: values in fp32 and bf16,
+"""The one-row CPU kernel (attnlab.fast.matvec) against F.linear: values in fp32 and bf16,
 odd widths, bias, the Linear layer's dispatch (one row without gradients only), inside
-torch.compile, and the fallback where the kernel is off."""
+torch.compile, the fallback where the kernel is off, and use_matvec's in-place swap.
+
+The kernel is built (about 40 s the first time, then loaded from torch's on-disk cache) inside
+the module-scoped ``kernel`` fixture, by the first test that needs it: never at collection."""
 
 from __future__ import annotations
+
+import shutil
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.layers import matvec as mv
-from attnlab.layers.matvec import Linear, matvec, matvec_available
+from attnlab.fast import matvec as mv
+from attnlab.fast.matvec import Linear, matvec, matvec_available, use_matvec
 
-needs_kernel = pytest.mark.skipif(
-    not matvec_available(), reason="the kernel needs an x86 CPU with AVX2/FMA and a C++ compiler"
-)
+
+@pytest.fixture(scope="module")
+def kernel() -> None:
+    """Build (or load) the kernel once for this module, or skip saying why it cannot be."""
+    if not mv._cpu_has_avx2_fma():
+        pytest.skip("the one-row kernel needs an x86 CPU with AVX2 and FMA")
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("the one-row kernel needs a C++ compiler (c++/g++ on PATH)")
+    if not matvec_available():
+        pytest.skip("the one-row kernel could not be built (see the logged warning)")
 
 
 def _ops_called(fn) -> set[str]:
@@ -23,7 +35,7 @@ def _ops_called(fn) -> set[str]:
     return {e.name for e in prof.events()}
 
 
-@needs_kernel
+@pytest.mark.usefixtures("kernel")
 @pytest.mark.parametrize("K", [384, 37, 8, 1])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_fp32_one_row_equals_f_linear(K, with_bias):
@@ -37,7 +49,7 @@ def test_fp32_one_row_equals_f_linear(K, with_bias):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
-@needs_kernel
+@pytest.mark.usefixtures("kernel")
 @pytest.mark.parametrize("K", [384, 40, 3])
 def test_bf16_accumulates_in_fp32_and_rounds_once(K):
     g = torch.Generator().manual_seed(0)
@@ -55,7 +67,7 @@ def test_bf16_accumulates_in_fp32_and_rounds_once(K):
     assert err.mean() <= torch_err.mean() + 2**-8 * exact.abs().mean()
 
 
-@needs_kernel
+@pytest.mark.usefixtures("kernel")
 def test_linear_takes_the_kernel_for_one_row_without_gradients_only():
     torch.manual_seed(0)
     layer = Linear(64, 48)
@@ -74,7 +86,7 @@ def test_linear_takes_the_kernel_for_one_row_without_gradients_only():
     assert layer.weight.grad is not None and x.grad is not None
 
 
-@needs_kernel
+@pytest.mark.usefixtures("kernel")
 @pytest.mark.slow
 def test_compiled_one_row_linear_calls_the_kernel_without_a_graph_break():
     torch.manual_seed(0)
@@ -106,3 +118,18 @@ def test_without_the_kernel_every_product_is_f_linears(monkeypatch):
 def test_matvec_refuses_more_than_one_row():
     with pytest.raises(ValueError, match="one row of width 8"):
         matvec(torch.randn(2, 8), torch.randn(4, 8))
+
+
+def test_use_matvec_swaps_plain_linears_in_place_keeping_names_and_ties():
+    torch.manual_seed(0)
+    emb = nn.Embedding(10, 8)
+    model = nn.ModuleDict({"emb": emb, "proj": nn.Linear(8, 8), "head": nn.Linear(8, 10)})
+    model["head"].weight = emb.weight  # tied
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(2, 8)
+    want = model["head"](model["proj"](x))
+    assert use_matvec(model) is model
+    assert type(model["proj"]) is Linear and type(model["head"]) is Linear
+    assert model["head"].weight is emb.weight
+    assert before.keys() == model.state_dict().keys()
+    torch.testing.assert_close(model["head"](model["proj"](x)), want)  # a batch: F.linear

@@ -13,7 +13,6 @@ import torch
 
 from attnlab.attention import capture_attention, key_padding_mask, scaled_dot_product_attention
 from attnlab.attention.core import causal_mask, check_backend
-from attnlab.attention.multihead import MultiHeadAttention
 from attnlab.attention.sparse import (
     bigbird_mask,
     expand_block_mask,
@@ -24,6 +23,7 @@ from attnlab.attention.sparse import (
 from attnlab.attention.tiled import count_tiles
 from attnlab.cli import main
 from attnlab.config import ModelConfig
+from attnlab.models.builders import multi_head_attention
 from attnlab.models.lm import DecoderLM
 
 ATOL = 1e-5
@@ -159,7 +159,7 @@ def test_weights_come_from_math_with_the_same_allowed_set():
     torch.testing.assert_close(w, ref_w)
     assert (w[..., ~(mask & causal_mask(37))] == 0).all()
     # an attention layer reports these through a capture, with its own options kept
-    mha = MultiHeadAttention(64, 4, backend="block_sparse", backend_options=opts)
+    mha = multi_head_attention(64, 4, backend="block_sparse", backend_options=opts)
     with capture_attention(mha) as maps:
         mha(torch.randn(1, 37, 64), is_causal=True)
     assert (maps[""][..., ~(mask & causal_mask(37))] == 0).all()

@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-import attnlab.decoding.compiled as compiled_mod
+import attnlab.fast.compiled as compiled_mod
 from attnlab.cli import main
 from attnlab.config import ModelConfig
 from attnlab.data.tokenizers import CharTokenizer

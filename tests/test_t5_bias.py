@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.attention import MultiHeadAttention
 from attnlab.attention.cache import KVCache
-from attnlab.config import ModelConfig
+from attnlab.config import BlockConfig, ModelConfig
 from attnlab.layers import T5RelativeBias, build_block, build_positions
+from attnlab.models.builders import multi_head_attention, transformer_block
 from attnlab.models.lm import DecoderLM
 
 transformers = pytest.importorskip("transformers")
@@ -89,37 +89,33 @@ def test_buckets_are_exact_then_log_spaced_per_direction():
 def test_bias_inside_attention_with_kv_cache_equals_full_recomputation():
     torch.manual_seed(0)
     bias = T5RelativeBias(4, 16, 40, bidirectional=False)
-    mha = MultiHeadAttention(32, 4, position=bias)
+    mha = multi_head_attention(32, 4)  # the model's table is passed to each call
     x = torch.randn(2, 50, 32)
     with torch.no_grad():
-        full, _ = mha(x, is_causal=True)
+        full, _ = mha(x, is_causal=True, pos_emb=bias)
         cache = KVCache(2, 4, 50, 8)
-        steps = [mha(x[:, :20], is_causal=True, cache=cache)[0]]
-        steps += [mha(x[:, t : t + 1], cache=cache)[0] for t in range(20, 50)]
+        steps = [mha(x[:, :20], is_causal=True, cache=cache, pos_emb=bias)[0]]
+        steps += [mha(x[:, t : t + 1], cache=cache, pos_emb=bias)[0] for t in range(20, 50)]
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=0)
     # the bias does act: the same layer without it gives something else
-    plain = MultiHeadAttention(32, 4)
-    plain.load_state_dict(mha.state_dict())
-    assert not torch.allclose(plain(x, is_causal=True)[0], full, atol=1e-3)
+    assert not torch.allclose(mha(x, is_causal=True)[0], full, atol=1e-3)
 
 
 def test_build_positions_t5_is_bidirectional_unless_causal():
-    kw = dict(d_model=32, n_heads=4, head_dim=8, max_seq_len=64)
-    enc = build_positions("t5", **kw)
-    dec = build_positions("t5", **kw, causal=True, num_buckets=16, max_distance=64)
+    cfg = BlockConfig(d_model=32, n_heads=4, head_dim=8, position="t5")
+    enc = build_positions(cfg, max_seq_len=64)
+    dec = build_positions(cfg, max_seq_len=64, causal=True, num_buckets=16, max_distance=64)
     assert isinstance(enc, T5RelativeBias) and enc.bidirectional and enc.num_buckets == 32
     assert not dec.bidirectional and tuple(dec.weight.shape) == (16, 4)
 
 
 def test_a_shared_table_is_registered_by_its_owner_only():
-    table = T5RelativeBias(4)
-    blocks = torch.nn.ModuleList(
-        build_block(32, 4, positions=table, backend="math") for _ in range(3)
-    )
-    assert all(b.attn.positions is table for b in blocks)
+    cfg = BlockConfig(d_model=32, n_heads=4, position="t5", backend="math")
+    blocks = torch.nn.ModuleList(build_block(cfg, shared_positions=True) for _ in range(3))
+    assert all(b.attn.positions is None for b in blocks)  # the model passes its table
     assert not any("positions" in k for k in blocks.state_dict())  # owned elsewhere
     # a table built from the name belongs to its layer (one per layer, registered there)
-    own = build_block(32, 4, position="t5")
+    own = transformer_block(32, 4, position="t5")
     assert "attn.positions.weight" in own.state_dict()
 
 
@@ -130,7 +126,7 @@ def test_lm_with_t5_positions_trains_decodes_and_stores_the_table_once():
     sd = model.state_dict()
     assert [k for k in sd if "pos_emb" in k or "positions" in k] == ["pos_emb.weight"]
     assert tuple(sd["pos_emb.weight"].shape) == (32, cfg.n_heads)
-    assert all(b.attn.positions is model.pos_emb for b in model.blocks)
+    assert all(b.attn.positions is None for b in model.blocks)  # the model passes its table
 
     idx = torch.randint(0, cfg.vocab_size, (2, 40))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab.attention import core
 from attnlab.attention.core import key_padding_mask, scaled_dot_product_attention
-from attnlab.attention.multihead import MultiHeadAttention
+from attnlab.models.builders import multi_head_attention
 
 ATOL = 1e-5
 
@@ -137,8 +137,8 @@ def test_tiled_saves_no_quadratic_tensor_for_backward():
 @pytest.mark.parametrize("position", ["none", "rope", "alibi"])
 def test_multihead_with_tiled_backend_matches_math(position):
     torch.manual_seed(0)
-    ref = MultiHeadAttention(32, 4, n_kv_heads=2, position=position, backend="math")
-    tiled = MultiHeadAttention(
+    ref = multi_head_attention(32, 4, n_kv_heads=2, position=position, backend="math")
+    tiled = multi_head_attention(
         32,
         4,
         n_kv_heads=2,

@@ -278,7 +278,7 @@ def load_model(
         map_location: device for the weights.
         dtype: convert floating-point parameters to this dtype (``torch.bfloat16`` or
             ``"bfloat16"``...).
-        quantize: ``"int8"``: weight-only int8 linear layers (:func:`attnlab.layers.quant.
+        quantize: ``"int8"``: weight-only int8 linear layers (:func:`attnlab.fast.quant.
             quantize_int8`), with bf16 activations unless ``dtype`` says otherwise.
 
     Raises:
@@ -321,7 +321,7 @@ def _cast(model: nn.Module, dtype: torch.dtype | None, quantize: str | None = No
             if p.is_floating_point():
                 p.data = p.data.to(dtype)
     if quantize == "int8":
-        from attnlab.layers.quant import quantize_int8
+        from attnlab.fast.quant import quantize_int8
 
         quantize_int8(model)
     return model

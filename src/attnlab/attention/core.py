@@ -1,4 +1,4 @@
-"""Scaled dot-product attention and the masks that go with it.
+"""Scaled dot-product attention: the formula first, then the masks, then the faster backends.
 
     Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V
 
@@ -8,21 +8,21 @@ Dv value width (d_v). Leading dimensions ``...`` are any batch/head dimensions.
 Mask convention (the only one in attnlab): a boolean ``mask`` is ``True`` where a query may attend
 to a key. ``is_causal=True`` adds the causal constraint; with ``Tq < Tk`` (decoding with a KV cache)
 the queries are the *last* ``Tq`` positions, so query ``i`` sees keys ``0 .. Tk - Tq + i``. A float
-``bias`` (ALiBi, relative-position bias) is added to the scores. Masks become an additive −inf only
-inside the math path. A query row with no allowed key produces zeros, never NaN.
+``bias`` (ALiBi, relative-position bias) is added to the scores. A query row with no allowed key
+produces zeros, never NaN.
 
 Backends, chosen in :func:`scaled_dot_product_attention` and nowhere else:
 
-- ``math``: the explicit formula above; the readable reference, can return the weights.
+- ``math``: :func:`math_attention`, the formula as written; the reference, can return the weights.
 - ``sdpa``: PyTorch's fused ``torch.nn.functional.scaled_dot_product_attention``.
-- further backends (``tiled``, ``window``, ``linear``, ``block_sparse``) register themselves through
-  :func:`register_backend` from :mod:`attnlab.attention.tiled`, :mod:`attnlab.attention.efficient`
-  and :mod:`attnlab.attention.sparse`.
+- further backends (``tiled``, ``window``, ``linear``, ``block_sparse``; ``decode`` from
+  :mod:`attnlab.fast`) register themselves through :func:`register_backend`.
 - ``auto``: ``sdpa`` unless the weights are requested, then ``math``.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 from collections.abc import Callable
@@ -33,8 +33,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
-    "scaled_dot_product_attention",
+    "math_attention",
     "attention_scores",
+    "scaled_dot_product_attention",
+    "sdpa_attention",
     "causal_mask",
     "padding_mask",
     "key_padding_mask",
@@ -46,72 +48,79 @@ __all__ = [
     "backend_for_weights",
 ]
 
-# arguments every backend takes; anything else a backend accepts is one of its options
-_COMMON_ARGS = {"q", "k", "v", "mask", "bias", "is_causal", "scale", "dropout_p", "return_weights"}
 
-# name -> fn(q, k, v, *, mask, bias, is_causal, scale, dropout_p, return_weights, **options)
-#         returning (out, weights_or_None). q/k/v already validated; k/v may have fewer heads (GQA).
-_BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {}
-# backends that can return attention weights
-_WEIGHT_BACKENDS: set[str] = set()
-# backends that implement dropout on the attention weights
-_DROPOUT_BACKENDS: set[str] = set()
-# backend name -> the option names its function takes (None: it takes any **options)
-_BACKEND_OPTIONS: dict[str, frozenset[str] | None] = {}
-# backend name -> check(options, dropout_p) used by check_backend instead of a probe run
-_BACKEND_CHECKS: dict[str, Callable[[dict[str, Any], float], None]] = {}
+# ----------------------------------------------------------------------------------------------
+# the formula
 
 
-def register_backend(
-    name: str,
-    fn: Callable[..., tuple[Tensor, Tensor | None]],
+def math_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
     *,
-    returns_weights: bool = False,
-    dropout: bool = True,
-    check: Callable[[dict[str, Any], float], None] | None = None,
-) -> None:
-    """Make ``fn`` selectable as ``backend=name``.
+    mask: Tensor | None,
+    bias: Tensor | None,
+    is_causal: bool,
+    scale: float,
+    dropout_p: float,
+    return_weights: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """``softmax(Q Kᵀ · scale + bias, masked) V`` step by step: ``(out (..., Tq, Dv), weights)``.
 
-    ``fn(q, k, v, *, mask, bias, is_causal, scale, dropout_p, return_weights, **options)`` must return
-    ``(out, weights or None)``. k/v may carry fewer heads than q (grouped-query attention).
-    A backend registered without ``returns_weights`` (or without ``dropout``) is never called
-    with ``return_weights=True`` (or ``dropout_p > 0``): the request is refused before, with one
-    message naming the backend. ``check(options, dropout_p)``, if given, validates options without
-    running (for options that depend on the sequence, such as token indices, which a tiny probe
-    input cannot satisfy).
+    q ``(..., H, Tq, D)``, k ``(..., Hkv, Tk, D)``, v ``(..., Hkv, Tk, Dv)``; the arguments are
+    those of :func:`scaled_dot_product_attention` (``scale`` is 1/√d_k there by default; the
+    weights are returned when asked, else None).
     """
-    _BACKENDS[name] = fn
-    if returns_weights:
-        _WEIGHT_BACKENDS.add(name)
-    if dropout:
-        _DROPOUT_BACKENDS.add(name)
-    if check is not None:
-        _BACKEND_CHECKS[name] = check
-    params = inspect.signature(fn).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    _BACKEND_OPTIONS[name] = None if takes_any else frozenset(params) - _COMMON_ARGS
+    if is_causal:  # query i sees keys 0 .. Tk − Tq + i
+        mask = combine_masks(mask, causal_mask(q.shape[-2], k.shape[-2], device=q.device))
+    scores = attention_scores(q, k, mask=mask, scale=scale, bias=bias)  # (..., Tq, Tk)
+    if mask is not None:  # a query with no allowed key: zeros, not softmax(−∞, …, −∞) = NaN
+        empty = ~mask.any(dim=-1, keepdim=True)  # (..., Tq, 1)
+        scores = scores.masked_fill(empty, 0.0)
+    weights = scores.softmax(dim=-1)  # (..., Tq, Tk), each row sums to 1
+    if mask is not None:
+        weights = weights.masked_fill(empty, 0.0)
+    attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    out = attn @ repeat_kv(v, _group(q, v))  # (..., Tq, Dv): a weighted sum of the values
+    return out, (weights if return_weights else None)
 
 
-def available_backends() -> list[str]:
-    """Names accepted by ``backend=`` (besides ``auto``)."""
-    _load_optional_backends()
-    return sorted(_BACKENDS)
+def attention_scores(
+    q: Tensor,
+    k: Tensor,
+    *,
+    mask: Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    bias: Tensor | None = None,
+) -> Tensor:
+    """The raw scores ``Q Kᵀ · scale + bias`` ``(..., Tq, Tk)``, ``-inf`` where a query may not
+    attend: ``softmax(scores)`` is :func:`math_attention`'s weights (a fully masked row aside).
+
+    Args:
+        q, k, mask, is_causal, scale, bias: as in :func:`scaled_dot_product_attention`.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scores = (q @ repeat_kv(k, _group(q, k)).transpose(-2, -1)) * scale  # (..., Tq, Tk)
+    if bias is not None:
+        scores = scores + bias  # ALiBi, T5's buckets, Swin's table: added to the scores
+    if is_causal:
+        mask = combine_masks(mask, causal_mask(q.shape[-2], k.shape[-2], device=q.device))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores
 
 
-def _load_optional_backends() -> None:
-    # Optional backends live in their own files; importing them registers them.
-    import importlib
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, Hkv, T, D) -> (B, Hkv·n_rep, T, D); KV head j serves query heads j·n_rep … (j+1)·n_rep−1."""
+    if n_rep == 1:
+        return x
+    return x.repeat_interleave(n_rep, dim=-3)
 
-    for mod in (
-        "attnlab.attention.tiled",
-        "attnlab.attention.efficient",
-        "attnlab.attention.sparse",
-    ):
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as err:  # pragma: no cover - only while a file is missing
-            if err.name != mod:
-                raise
+
+def _group(q: Tensor, kv: Tensor) -> int:
+    """Query heads per key/value head (grouped-query attention; 1 for 2-D inputs)."""
+    return q.shape[-3] // kv.shape[-3] if q.dim() >= 3 and kv.dim() >= 3 else 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -167,118 +176,82 @@ def combine_masks(*masks: Tensor | None) -> Tensor | None:
     return out
 
 
-def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
-    """(B, Hkv, T, D) -> (B, Hkv·n_rep, T, D); KV head j serves query heads j·n_rep … (j+1)·n_rep−1."""
-    if n_rep == 1:
-        return x
-    return x.repeat_interleave(n_rep, dim=-3)
-
-
 # ----------------------------------------------------------------------------------------------
-# the math path (reference)
+# backends
 
 
-def _math_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
+# arguments every backend takes; anything else a backend accepts is one of its options
+_COMMON_ARGS = {"q", "k", "v", "mask", "bias", "is_causal", "scale", "dropout_p", "return_weights"}
+
+# name -> fn(q, k, v, *, mask, bias, is_causal, scale, dropout_p, return_weights, **options)
+#         returning (out, weights_or_None). q/k/v already validated; k/v may have fewer heads (GQA).
+_BACKENDS: dict[str, Callable[..., tuple[Tensor, Tensor | None]]] = {}
+# backends that can return attention weights
+_WEIGHT_BACKENDS: set[str] = set()
+# backends that implement dropout on the attention weights
+_DROPOUT_BACKENDS: set[str] = set()
+# backend name -> the option names its function takes (None: it takes any **options)
+_BACKEND_OPTIONS: dict[str, frozenset[str] | None] = {}
+# backend name -> check(options, dropout_p) used by check_backend instead of a probe run
+_BACKEND_CHECKS: dict[str, Callable[[dict[str, Any], float], None]] = {}
+
+
+def register_backend(
+    name: str,
+    fn: Callable[..., tuple[Tensor, Tensor | None]],
     *,
-    mask: Tensor | None,
-    bias: Tensor | None,
-    is_causal: bool,
-    scale: float,
-    dropout_p: float,
-    return_weights: bool,
-) -> tuple[Tensor, Tensor | None]:
-    scores, allowed = _scores(q, k, mask=mask, bias=bias, is_causal=is_causal, scale=scale)
-    v = repeat_kv(v, q.shape[-3] // v.shape[-3] if q.dim() >= 3 and v.dim() >= 3 else 1)
-    if allowed is not None:
-        # a row with no allowed key: softmax over all -inf is NaN; give it zeros instead
-        empty_row = ~allowed.any(dim=-1, keepdim=True)
-        scores = scores.masked_fill(empty_row, 0.0)
-    weights = scores.softmax(dim=-1)
-    if allowed is not None:
-        weights = weights.masked_fill(empty_row, 0.0)
-    attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    out = attn @ v  # (..., Tq, Dv)
-    return out, (weights if return_weights else None)
+    returns_weights: bool = False,
+    dropout: bool = True,
+    check: Callable[[dict[str, Any], float], None] | None = None,
+    options: tuple[str, ...] | None = None,
+) -> None:
+    """Make ``fn`` selectable as ``backend=name``.
 
-
-def _scores(
-    q: Tensor,
-    k: Tensor,
-    *,
-    mask: Tensor | None,
-    bias: Tensor | None,
-    is_causal: bool,
-    scale: float,
-) -> tuple[Tensor, Tensor | None]:
-    """``Q Kᵀ · scale + bias`` with -inf where masked ``(..., Tq, Tk)``, and the allowed mask."""
-    n_rep = q.shape[-3] // k.shape[-3] if q.dim() >= 3 and k.dim() >= 3 else 1
-    k = repeat_kv(k, n_rep)
-    scores = (q @ k.transpose(-2, -1)) * scale  # (..., Tq, Tk)
-    if bias is not None:
-        scores = scores + bias
-    allowed = _allowed(mask, is_causal, q.shape[-2], k.shape[-2], q.device)
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    return scores, allowed
-
-
-def attention_scores(
-    q: Tensor,
-    k: Tensor,
-    *,
-    mask: Tensor | None = None,
-    is_causal: bool = False,
-    scale: float | None = None,
-    bias: Tensor | None = None,
-) -> Tensor:
-    """The raw scores ``Q Kᵀ · scale + bias`` that the softmax turns into attention weights.
-
-    The same numbers as the math path's (same masks and scale): ``-inf`` where a query may not
-    attend, so ``softmax(scores)`` is the weights (a fully masked row gives zero weights there).
-
-    Args:
-        q, k, mask, is_causal, scale, bias: as in :func:`scaled_dot_product_attention`.
-
-    Returns:
-        ``(..., Tq, Tk)`` scores.
+    ``fn(q, k, v, *, mask, bias, is_causal, scale, dropout_p, return_weights, **options)`` must return
+    ``(out, weights or None)``. k/v may carry fewer heads than q (grouped-query attention).
+    A backend registered without ``returns_weights`` (or without ``dropout``) is never called
+    with ``return_weights=True`` (or ``dropout_p > 0``): the request is refused before, with one
+    message naming the backend. ``check(options, dropout_p)``, if given, validates options without
+    running (for options that depend on the sequence, such as token indices, which a tiny probe
+    input cannot satisfy). ``options`` names the options of a function that takes them as
+    ``**options`` (default: the keyword parameters of ``fn`` beyond the common ones).
     """
-    _check_inputs(q, k, k, mask, bias)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return _scores(q, k, mask=mask, bias=bias, is_causal=is_causal, scale=scale)[0]
+    _BACKENDS[name] = fn
+    if returns_weights:
+        _WEIGHT_BACKENDS.add(name)
+    if dropout:
+        _DROPOUT_BACKENDS.add(name)
+    if check is not None:
+        _BACKEND_CHECKS[name] = check
+    params = inspect.signature(fn).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if options is not None:
+        _BACKEND_OPTIONS[name] = frozenset(options)
+    else:
+        _BACKEND_OPTIONS[name] = None if takes_any else frozenset(params) - _COMMON_ARGS
 
 
-def _allowed(
-    mask: Tensor | None, is_causal: bool, n_q: int, n_k: int, device: torch.device
-) -> Tensor | None:
-    allowed = mask
-    if is_causal:
-        allowed = combine_masks(allowed, causal_mask(n_q, n_k, device=device))
-    return allowed
+def available_backends() -> list[str]:
+    """Names accepted by ``backend=`` (besides ``auto``)."""
+    _load_optional_backends()
+    return sorted(_BACKENDS)
 
 
-#: from this many keys on, one bf16/fp16 query attends faster through fp32 products on a CPU
-ONE_QUERY_FP32_FROM = 512
+def _load_optional_backends() -> None:
+    # Optional backends live in their own files; importing them registers them.
+    for mod in (
+        "attnlab.attention.tiled",
+        "attnlab.attention.efficient",
+        "attnlab.attention.sparse",
+    ):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as err:  # pragma: no cover - only while a file is missing
+            if err.name != mod:
+                raise
 
 
-def _one_query_in_fp32(q: Tensor, k: Tensor, dropout_p: float) -> bool:
-    """Whether a single query (a decoding step) on a CPU is faster as two matrix-vector products
-    in fp32 than through torch's fused kernel: always inside ``torch.compile`` (inductor fuses
-    the products, the mask and the softmax), and in eager mode for bf16/fp16 over
-    ``ONE_QUERY_FP32_FROM`` keys or more, where the fused kernel converts every key block on
-    CPUs without bf16 instructions (measured on a 2-core AVX2 machine: 0.66 → 0.37 ms over 1,024
-    keys, 3.7 → 0.9 ms over 4,096, six heads of 64). Exact up to rounding, which fp32 makes
-    smaller; never with dropout (training)."""
-    if q.shape[-2] != 1 or q.device.type != "cpu" or dropout_p > 0 or not q.is_floating_point():
-        return False
-    if torch.compiler.is_compiling():
-        return True
-    return q.dtype in (torch.bfloat16, torch.float16) and k.shape[-2] >= ONE_QUERY_FP32_FROM
-
-
-def _sdpa_attention(
+def sdpa_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -290,19 +263,8 @@ def _sdpa_attention(
     dropout_p: float,
     return_weights: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    if _one_query_in_fp32(q, k, dropout_p):
-        out, _ = _math_attention(
-            q.float(),
-            k.float(),
-            v.float(),
-            mask=mask,
-            bias=None if bias is None else bias.float(),
-            is_causal=is_causal,
-            scale=scale,
-            dropout_p=0.0,
-            return_weights=False,
-        )
-        return out.to(q.dtype), None
+    """The ``sdpa`` backend: :func:`math_attention`'s numbers from torch's fused kernel (no
+    weights)."""
     n_q, n_k = q.shape[-2], k.shape[-2]
     gqa = q.dim() >= 3 and k.shape[-3] != q.shape[-3]
     if gqa and q.dim() != 4:
@@ -310,7 +272,9 @@ def _sdpa_attention(
         gqa = False
     # torch's is_causal is top-left aligned; ours is bottom-right, so build the mask when they differ
     use_flag = is_causal and mask is None and bias is None and n_q == n_k
-    allowed = None if use_flag else _allowed(mask, is_causal, n_q, n_k, q.device)
+    allowed = mask
+    if is_causal and not use_flag:
+        allowed = combine_masks(mask, causal_mask(n_q, n_k, device=q.device))
     attn_mask: Tensor | None = allowed
     empty_row = None
     if allowed is not None:
@@ -336,8 +300,8 @@ def _sdpa_attention(
     return out, None
 
 
-register_backend("math", _math_attention, returns_weights=True)
-register_backend("sdpa", _sdpa_attention)
+register_backend("math", math_attention, returns_weights=True)
+register_backend("sdpa", sdpa_attention)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -469,7 +433,7 @@ def check_backend(
     first forward pass. It runs the backend once on a tiny causal input, or the backend's own
     ``check`` when it registered one.
     """
-    if backend not in _BACKENDS:
+    if backend not in _BACKENDS and backend != "auto":
         _load_optional_backends()
     if backend in _BACKEND_CHECKS:
         if options:

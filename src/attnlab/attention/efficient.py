@@ -263,6 +263,10 @@ def favor_features(x: Tensor, omega: Tensor, *, stabilise: str = "row") -> Tenso
     return arg.exp() / math.sqrt(omega.shape[0])
 
 
+#: the ``linear`` backend's options besides ``feature_map``
+_LINEAR_OPTIONS = ("n_features", "seed", "chunk")
+
+
 def linear_attention(
     q: Tensor,
     k: Tensor,
@@ -275,9 +279,7 @@ def linear_attention(
     dropout_p: float = 0.0,
     return_weights: bool = False,
     feature_map: str = "elu",
-    n_features: int = 256,
-    seed: int = 0,
-    chunk: int = 128,
+    **favor: int,
 ) -> tuple[Tensor, None]:
     """Kernelised linear attention (the ``linear`` backend).
 
@@ -290,9 +292,10 @@ def linear_attention(
         dropout_p: must be 0.
         return_weights: must be False.
         feature_map: ``elu`` or ``favor``.
-        n_features: random features F for ``favor``.
-        seed: seed of the FAVOR+ projection (fixed, so training and evaluation agree).
-        chunk: chunk length of the causal form (memory O(N/chunk · F · Dv) for the prefix states).
+        **favor: ``n_features``, random features F for ``favor`` (default 256); ``seed``, the
+            seed of the FAVOR+ projection (default 0: fixed, so training and evaluation agree);
+            ``chunk``, the chunk length of the causal form (default 128; memory
+            O(N/chunk · F · Dv) for the prefix states).
 
     Returns:
         ``(out (..., H, Tq, Dv), None)``.
@@ -305,8 +308,12 @@ def linear_attention(
         raise ValueError(
             f"backend 'linear': option feature_map must be 'elu' or 'favor', got {feature_map!r}"
         )
-    n_features = positive_int_option("linear", "n_features", n_features)
-    chunk = positive_int_option("linear", "chunk", chunk)
+    unknown = sorted(set(favor) - set(_LINEAR_OPTIONS))
+    if unknown:
+        raise ValueError(f"backend 'linear' does not take option(s) {unknown}")
+    n_features = positive_int_option("linear", "n_features", favor.get("n_features", 256))
+    chunk = positive_int_option("linear", "chunk", favor.get("chunk", 128))
+    seed = favor.get("seed", 0)
     if bias is not None:
         raise ValueError(
             "backend 'linear' cannot add a score bias (bias=...): it never forms the "
@@ -372,4 +379,6 @@ def _causal_sums(fq: Tensor, fk: Tensor, v: Tensor, Tq: int, Tk: int, chunk: int
 
 
 register_backend("window", window_attention, returns_weights=True)
-register_backend("linear", linear_attention, dropout=False)
+register_backend(
+    "linear", linear_attention, dropout=False, options=("feature_map", *_LINEAR_OPTIONS)
+)

@@ -28,65 +28,53 @@ from attnlab.attention.core import (
 )
 from attnlab.attention.linformer import LinformerProjection
 from attnlab.layers.hook import HookPoint, hooks_active
-from attnlab.layers.matvec import Linear
-from attnlab.layers.norm import make_norm
-from attnlab.layers.position import (
-    ALiBi,
-    NoPositions,
-    Positions,
-    RotaryEmbedding,
-    T5RelativeBias,
-)
+from attnlab.layers.position import Positions
 
 __all__ = ["MultiHeadAttention", "PositionName"]
 
 PositionName = Literal["none", "rope", "alibi", "t5"]
 
 
-def _attention_positions(position: str | Positions, head_dim: int, n_heads: int, theta: float):
-    if isinstance(position, Positions):
-        return position
-    if position == "rope":
-        return RotaryEmbedding(head_dim, theta=theta)
-    if position == "alibi":
-        return ALiBi(n_heads)
-    if position == "t5":
-        return T5RelativeBias(n_heads)
-    if position == "none":
-        return NoPositions()
-    raise ValueError(f"unknown position {position!r}; choose 'none', 'rope', 'alibi' or 't5'")
+def _out_width(part: nn.Module, name: str) -> int:
+    """Output width of a projection (``out_features``, or the rows of its ``weight``)."""
+    width = getattr(part, "out_features", None)
+    if width is None and getattr(part, "weight", None) is not None:
+        width = part.weight.shape[0]
+    if width is None:
+        raise ValueError(f"{name} needs out_features or a weight (N, K) to read its width from")
+    return int(width)
+
+
+def _in_width(part: nn.Module) -> int | None:
+    width = getattr(part, "in_features", None)
+    if width is None and getattr(part, "weight", None) is not None:
+        width = part.weight.shape[-1]
+    return None if width is None else int(width)
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head scaled dot-product attention.
+    """Multi-head scaled dot-product attention over ready parts.
+
+    Self-attention takes ``qkv`` (one projection C -> (H + 2·Hkv)·D: queries, keys, values);
+    cross-attention ``q_proj`` (C -> H·D) and ``kv_proj`` (context width -> 2·Hkv·D). The head
+    width D is ``out_proj``'s input width / H; the key/value heads Hkv follow from the widths.
+    :func:`attnlab.attention.build_attention` builds the parts from a config's fields.
 
     Args:
-        d_model: width C of the queries' input (and of the output).
-        n_heads: number of query heads H.
-        n_kv_heads: key/value heads Hkv (default H; 1 = MQA; H must be a multiple).
-        head_dim: per-head width D (default ``d_model // n_heads``).
-        cross: cross-attention: queries from x, keys/values from a separate ``context``.
-        context_dim: width of the context (cross-attention only; default ``d_model``).
-        bias: biases in the Q/K/V projections.
-        out_bias: bias in the output projection (default: same as ``bias``).
-        qk_norm: ``None`` | ``"rmsnorm"`` | ``"layernorm"``: normalise q and k per head.
-        qk_norm_eps: ε of the QK-norm.
+        n_heads: query heads H.
+        out_proj: the output projection H·D -> C.
+        qkv: self-attention's fused Q | K | V projection.
+        q_proj, kv_proj: cross-attention's projections (queries from x, keys | values from the
+            context).
+        positions: a relative position module (RoPE, ALiBi, T5) this layer owns; a module shared
+            by the layers of a model is owned by the model and passed to :meth:`forward` as
+            ``pos_emb`` instead.
+        q_norm, k_norm: per-head norms of q and k (QK-norm); default none.
         dropout: dropout on the attention weights (training only).
-        position: ``none`` | ``rope`` | ``alibi`` | ``t5`` (this layer's own module, registered
-            here), or a :class:`~attnlab.layers.position.Positions` module shared with other
-            layers (its ``rotate`` and ``bias`` act here). A shared module is kept as a plain
-            reference, not a submodule: the model that owns it registers it once, so its
-            parameters (T5's table) appear once in the state dict and move with the model.
-        rope_theta: RoPE's base θ.
-        backend: attention backend (see :func:`attnlab.attention.scaled_dot_product_attention`).
-        backend_options: extra options for the backend (``block_size``, ``window``...).
-        linformer_k: project keys and values along the sequence to this many rows (Linformer,
-            :class:`~attnlab.attention.linformer.LinformerProjection`); non-causal
-            self-attention only, with no relative position bias and no KV cache.
-        max_seq_len: N, the longest sequence (the width of Linformer's E and F).
-        qkv, q_proj, kv_proj, out_proj, q_norm, k_norm: ready-made parts that replace the ones
-            built from the options above (e.g. a Q/K/V projection without bias but an output
-            projection with one); shapes are checked.
+        backend, backend_options: the attention backend and its options (see
+            :func:`attnlab.attention.scaled_dot_product_attention`).
+        linformer: a :class:`~attnlab.attention.linformer.LinformerProjection` of keys and values
+            along the sequence (non-causal self-attention without a position bias or a cache).
 
     Weights: while :func:`attnlab.attention.capture_attention` is open (or ``need_weights``), the
     layer computes explicit weights and reports them; it never keeps them.
@@ -97,115 +85,68 @@ class MultiHeadAttention(nn.Module):
 
     def __init__(
         self,
-        d_model: int,
         n_heads: int,
+        out_proj: nn.Module,
         *,
-        n_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        cross: bool = False,
-        context_dim: int | None = None,
-        bias: bool = True,
-        out_bias: bool | None = None,
-        qk_norm: str | None = None,
-        qk_norm_eps: float = 1e-6,
-        dropout: float = 0.0,
-        position: str | Positions = "none",
-        rope_theta: float = 10000.0,
-        backend: str = "auto",
-        backend_options: dict | None = None,
-        linformer_k: int | None = None,
-        max_seq_len: int | None = None,
         qkv: nn.Module | None = None,
         q_proj: nn.Module | None = None,
         kv_proj: nn.Module | None = None,
-        out_proj: nn.Module | None = None,
+        positions: Positions | None = None,
         q_norm: nn.Module | None = None,
         k_norm: nn.Module | None = None,
-        device=None,
-        dtype=None,
+        dropout: float = 0.0,
+        backend: str = "auto",
+        backend_options: dict | None = None,
+        linformer: LinformerProjection | None = None,
     ) -> None:
         super().__init__()
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if n_heads < 1 or n_kv_heads < 1:
+        self.cross = qkv is None
+        given = (q_proj is not None, kv_proj is not None)
+        if given != ((True, True) if self.cross else (False, False)):
+            raise ValueError("give qkv (self-attention) or q_proj and kv_proj (cross-attention)")
+        q_width = _in_width(out_proj) or 0
+        if n_heads < 1 or q_width % n_heads != 0:
+            raise ValueError(f"out_proj's input width ({q_width}) must be n_heads ({n_heads}) x D")
+        D = q_width // n_heads
+        kv_width = (
+            _out_width(kv_proj, "kv_proj") if self.cross else _out_width(qkv, "qkv") - q_width
+        )
+        if kv_width % (2 * D) != 0 or kv_width == 0 or n_heads % (kv_width // (2 * D)) != 0:
             raise ValueError(
-                f"n_heads and n_kv_heads must be positive, got {n_heads}, {n_kv_heads}"
+                f"keys and values of width {kv_width} must be 2 x Hkv x D (D={D}) with Hkv "
+                f"dividing n_heads ({n_heads})"
             )
-        if head_dim is None:
-            if d_model % n_heads != 0:
-                raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-            head_dim = d_model // n_heads
-        if n_heads % n_kv_heads != 0:
-            raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
-        positions = _attention_positions(position, head_dim, n_heads, rope_theta)
-        if cross and positions.relative:
+        if self.cross and _out_width(q_proj, "q_proj") != q_width:
+            raise ValueError(f"q_proj must map to n_heads x D = {q_width}")
+        if self.cross and positions is not None and positions.relative:
             raise ValueError(
                 "cross-attention takes no relative positions (position must be 'none')"
             )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"attention dropout must be in [0, 1), got {dropout}")
-        self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = (
-            d_model,
-            n_heads,
-            n_kv_heads,
-            head_dim,
-        )
-        self.cross = cross
-        self.position = position if isinstance(position, str) else type(position).__name__
-        self.dropout = dropout
-        self.backend = backend
+        if linformer is not None and (
+            self.cross or (positions is not None and positions.relative and _adds_bias(positions))
+        ):
+            raise ValueError(
+                "Linformer (linformer_k) is for self-attention without a score per (query, key) "
+                "distance (projected keys have no position): use rope, learned, sinusoidal or none"
+            )
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, kv_width // (2 * D), D
+        self.d_model = _out_width(out_proj, "out_proj")
+        source = kv_proj if self.cross else qkv
+        self.context_dim = _in_width(source) or self.d_model
+        self.dropout, self.backend = dropout, backend
         self.backend_options = dict(backend_options or {})
-        kw = {"device": device, "dtype": dtype}
-        q_width, kv_width = n_heads * head_dim, n_kv_heads * head_dim
-
-        def part(given: nn.Module | None, name: str, n_in: int, n_out: int, b: bool) -> nn.Module:
-            if given is None:
-                return Linear(n_in, n_out, bias=b, **kw)  # nn.Linear; one row: matvec
-            w = getattr(given, "weight", None)
-            if w is not None and tuple(w.shape) != (n_out, n_in):
-                raise ValueError(f"{name} must map {n_in} -> {n_out}, got weight {tuple(w.shape)}")
-            return given
-
-        if cross:
-            self.context_dim = d_model if context_dim is None else context_dim
-            self.q_proj = part(q_proj, "q_proj", d_model, q_width, bias)
-            self.kv_proj = part(kv_proj, "kv_proj", self.context_dim, 2 * kv_width, bias)  # K | V
+        if self.cross:
+            self.q_proj, self.kv_proj = q_proj, kv_proj  # K | V
         else:
-            if context_dim is not None and context_dim != d_model:
-                raise ValueError("context_dim is for cross-attention (cross=True)")
-            self.context_dim = d_model
-            self.qkv = part(qkv, "qkv", d_model, q_width + 2 * kv_width, bias)  # Q | K | V
-        out_b = bias if out_bias is None else out_bias
-        self.out_proj = part(out_proj, "out_proj", q_width, d_model, out_b)
-        if qk_norm is None:
-            self.q_norm = q_norm if q_norm is not None else nn.Identity()
-            self.k_norm = k_norm if k_norm is not None else nn.Identity()
-        else:
-            self.q_norm = q_norm or make_norm(qk_norm, head_dim, eps=qk_norm_eps, **kw)
-            self.k_norm = k_norm or make_norm(qk_norm, head_dim, eps=qk_norm_eps, **kw)
+            self.qkv = qkv  # Q | K | V
+        self.out_proj = out_proj
+        self.q_norm = q_norm if q_norm is not None else nn.Identity()
+        self.k_norm = k_norm if k_norm is not None else nn.Identity()
         # relative schemes (RoPE, ALiBi, T5...) act here; absolute ones are the model's business
-        if not positions.relative:
-            self.positions = NoPositions()
-        elif isinstance(position, Positions):
-            # shared with other layers and owned by the model: a reference, not a submodule
-            object.__setattr__(self, "positions", positions)
-        else:
-            self.positions = positions
-        self.linformer: LinformerProjection | None = None
-        if linformer_k is not None:
-            if cross:
-                raise ValueError("linformer_k is for self-attention, not cross-attention")
-            if max_seq_len is None:
-                raise ValueError(
-                    f"linformer_k={linformer_k} needs the sequence length N: pass max_seq_len"
-                )
-            probe = torch.zeros(1)
-            if positions.relative and positions.bias(probe, probe) is not None:
-                raise ValueError(
-                    f"Linformer (linformer_k) cannot use the position {self.position!r}: it adds "
-                    "a score per (query, key) distance, and projected keys have no position; "
-                    "use rope, learned, sinusoidal or none"
-                )
-            self.linformer = LinformerProjection(linformer_k, max_seq_len, **kw)
+        self.positions = positions if positions is not None and positions.relative else None
+        self.linformer = linformer
         # hook points (attnlab.layers.hook): q/k/v/z (B, T, H, D), scores/pattern (B, H, T, S)
         self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
         self.hook_attn_scores, self.hook_pattern, self.hook_z = (
@@ -240,6 +181,7 @@ class MultiHeadAttention(nn.Module):
         bias: Tensor | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        pos_emb: Positions | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x (B, T, C)`` to itself or to ``context (B, S, context_dim)``.
 
@@ -256,6 +198,8 @@ class MultiHeadAttention(nn.Module):
                 it once from ``context`` and reuses it.
             need_weights: return the attention weights ``(B, H, T, S)`` (math backend); also on
                 while a capture is open.
+            pos_emb: the model's shared relative position module (RoPE, ALiBi, T5), when this
+                layer owns none.
 
         Returns:
             ``(out (B, T, C), weights or None)``.
@@ -265,56 +209,31 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         if self.cross:
-            q = self.q_proj(x)
-            if cache is not None and cache.length > 0:
-                k, v = cache.get()
-            else:
-                if context is None:
-                    raise ValueError("cross-attention needs a context (B, S, context_dim)")
-                if (
-                    context.dim() != 3
-                    or context.shape[0] != B
-                    or context.shape[-1] != self.context_dim
-                ):
-                    raise ValueError(
-                        f"context must be (B={B}, S, context_dim={self.context_dim}), "
-                        f"got {tuple(context.shape)}"
-                    )
-                k, v = self.kv_proj(context).split(Hkv * D, dim=-1)
-                k = self.hook_k(k.view(B, -1, Hkv, D)).transpose(1, 2)  # (B, Hkv, S, D)
-                v = self.hook_v(v.view(B, -1, Hkv, D)).transpose(1, 2)  # (B, Hkv, S, D)
-                k = self.k_norm(k)
-                if cache is not None:
-                    k, v = cache.update(k, v)
-            q = self.q_norm(self.hook_q(q.view(B, T, H, D)).transpose(1, 2))  # (B, H, T, D)
+            q, k, v = self._cross_qkv(x, context, cache)
         else:
             if context is not None:
-                raise ValueError("self-attention takes no context; build with cross=True")
+                raise ValueError(
+                    "self-attention takes no context; cross-attention is built with q_proj and kv_proj "
+                    "(build_attention(config, cross=True))"
+                )
             q, k, v = self.qkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
             q = self.q_norm(self.hook_q(q.view(B, T, H, D)).transpose(1, 2))  # (B, H, T, D)
             k = self.k_norm(self.hook_k(k.view(B, T, Hkv, D)).transpose(1, 2))  # (B, Hkv, T, D)
             v = self.hook_v(v.view(B, T, Hkv, D)).transpose(1, 2)  # (B, Hkv, T, D)
-            relative = self.positions.relative
-            if relative and positions is None:
+            pe = self.positions if self.positions is not None else pos_emb
+            pe = pe if pe is not None and pe.relative else None  # absolute: the model's embedding
+            if pe is not None and positions is None:
                 past = 0 if cache is None else cache.length
                 positions = torch.arange(past, past + T, device=x.device)
-            if relative:
-                q, k = self.positions.rotate(q, k, positions, positions)
+            if pe is not None:
+                q, k = pe.rotate(q, k, positions, positions)  # RoPE; the others: unchanged
             if self.linformer is not None:
                 k, v, mask = self._project_sequence(k, v, mask, is_causal, cache, bias)
-                is_causal, relative = False, False
+                is_causal = False
             if cache is not None:
                 k, v = cache.update(k, v)  # (B, Hkv, past + T, D)
-            if relative:
-                S = k.shape[-2]
-                # the newest key is this step's last query, so key j sits at position
-                # last_query_pos - (newest - j); left padding shifts keys and queries alike
-                newest = S - 1 if cache is None else cache.newest_slot()  # static: the cursor
-                last = positions[..., -1:]  # (1,) or (B, 1)
-                k_pos = torch.arange(S, device=x.device) - newest + last  # (S,) or (B, S)
-                pos_bias = self.positions.bias(positions, k_pos)  # (H, T, S) | (B, H, T, S)
-                if pos_bias is not None:
-                    bias = pos_bias if bias is None else bias + pos_bias
+            if pe is not None:
+                bias = self._position_bias(pe, positions, k.shape[-2], cache, bias)
         if hooks_active(self.hook_attn_scores, self.hook_pattern):
             out, weights = self._hooked_attention(q, k, v, mask, is_causal, bias)  # explicit path
             return self.out_proj(self.hook_z(out.transpose(1, 2)).reshape(B, T, H * D)), weights
@@ -365,6 +284,50 @@ class MultiHeadAttention(nn.Module):
         attn = F.dropout(weights, p=self.dropout) if self.training and self.dropout else weights
         return attn @ repeat_kv(v, self.n_heads // v.shape[-3]), weights  # (B, H, T, D)
 
+    def _cross_qkv(
+        self, x: Tensor, context: Tensor | None, cache: KVCache | None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Cross-attention's ``q (B, H, T, D)`` from x and ``k, v (B, Hkv, S, D)`` from the
+        context, or from a filled cache."""
+        B, T, _ = x.shape
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        q = self.q_norm(self.hook_q(self.q_proj(x).view(B, T, H, D)).transpose(1, 2))  # (B,H,T,D)
+        if cache is not None and cache.length > 0:
+            k, v = cache.get()
+            return q, k, v
+        if context is None:
+            raise ValueError("cross-attention needs a context (B, S, context_dim)")
+        if context.dim() != 3 or context.shape[0] != B or context.shape[-1] != self.context_dim:
+            raise ValueError(
+                f"context must be (B={B}, S, context_dim={self.context_dim}), "
+                f"got {tuple(context.shape)}"
+            )
+        k, v = self.kv_proj(context).split(Hkv * D, dim=-1)
+        k = self.k_norm(self.hook_k(k.view(B, -1, Hkv, D)).transpose(1, 2))  # (B, Hkv, S, D)
+        v = self.hook_v(v.view(B, -1, Hkv, D)).transpose(1, 2)  # (B, Hkv, S, D)
+        if cache is not None:
+            k, v = cache.update(k, v)
+        return q, k, v
+
+    def _position_bias(
+        self,
+        pe: Positions,
+        positions: Tensor,
+        S: int,
+        cache: KVCache | None,
+        bias: Tensor | None,
+    ) -> Tensor | None:
+        """``bias`` plus the position scheme's score per (query, key) pair (ALiBi, T5)."""
+        # the newest key is this step's last query, so key j sits at position
+        # last_query_pos - (newest - j); left padding shifts keys and queries alike
+        newest = S - 1 if cache is None else cache.newest_slot()  # static: the cursor
+        last = positions[..., -1:]  # (1,) or (B, 1)
+        k_pos = torch.arange(S, device=positions.device) - newest + last  # (S,) or (B, S)
+        pos_bias = pe.bias(positions, k_pos)  # (H, T, S) | (B, H, T, S)
+        if pos_bias is None:
+            return bias
+        return pos_bias if bias is None else bias + pos_bias
+
     def _project_sequence(
         self,
         k: Tensor,
@@ -403,3 +366,8 @@ class MultiHeadAttention(nn.Module):
             key_mask = m.expand(B, 1, 1, S).transpose(-1, -2)  # (B, 1, S, 1)
         k, v = self.linformer(k, v, key_mask)  # (B, Hkv, k, D)
         return k, v, None
+
+
+def _adds_bias(positions: Positions) -> bool:
+    probe = torch.zeros(1)
+    return positions.bias(probe, probe) is not None

@@ -53,6 +53,8 @@ PATTERNS: dict[str, tuple[str, ...]] = {
     "longformer": ("window", "global_tokens"),
     "bigbird": ("window_blocks", "random_blocks", "seed", "global_tokens"),
 }
+#: every pattern option (the ``block_sparse`` backend takes them besides its own)
+PATTERN_OPTIONS = ("window", "global_tokens", "window_blocks", "random_blocks", "seed")
 #: tile (and BigBird block) size of the block-sparse backend
 DEFAULT_BLOCK_SIZE = 64
 _BIGBIRD_DEFAULTS = {"window_blocks": 1, "random_blocks": 2, "seed": 0}
@@ -313,12 +315,7 @@ def block_sparse_attention(
     return_weights: bool = False,
     pattern: str | None = None,
     block_size: int = DEFAULT_BLOCK_SIZE,
-    block_mask: Tensor | Sequence | None = None,
-    window: int | None = None,
-    global_tokens: Sequence[int] | None = None,
-    window_blocks: int | None = None,
-    random_blocks: int | None = None,
-    seed: int | None = None,
+    **pattern_options: Any,
 ) -> tuple[Tensor, Tensor | None]:
     """Exact attention under a sparse mask, computing only the tiles that hold an allowed entry.
 
@@ -336,11 +333,12 @@ def block_sparse_attention(
             the same allowed set; O(N²), only when asked, e.g. by a capture).
         pattern: ``longformer`` | ``bigbird`` | None (only ``mask``/``block_mask``).
         block_size: tile size b (and BigBird's block).
-        block_mask: boolean ``(⌈Tq/b⌉, ⌈Tk/b⌉)``: tiles to compute in full (others are masked).
-        window: Longformer's window (keys with ``|p − j| < window``).
-        global_tokens: positions that see and are seen by every token.
-        window_blocks, random_blocks, seed: BigBird's neighbouring blocks per side (default 1),
-            random blocks per query block (default 2) and their seed (default 0).
+        **pattern_options: ``block_mask``: boolean ``(⌈Tq/b⌉, ⌈Tk/b⌉)``, the tiles to compute
+            in full (others are masked); the pattern's options (:data:`PATTERN_OPTIONS`):
+            ``window``, Longformer's window (keys with ``|p − j| < window``);
+            ``global_tokens``, positions that see and are seen by every token;
+            ``window_blocks``, ``random_blocks``, ``seed``: BigBird's neighbouring blocks per side
+            (default 1), random blocks per query block (default 2) and their seed (default 0).
 
     Returns:
         ``(out (..., H, Tq, Dv), weights or None)``.
@@ -350,18 +348,17 @@ def block_sparse_attention(
     """
     b = positive_int_option("block_sparse", "block_size", block_size)
     Tq, Tk = q.shape[-2], k.shape[-2]
+    block_mask = pattern_options.pop("block_mask", None)
+    unknown = sorted(set(pattern_options) - set(PATTERN_OPTIONS))
+    if unknown:
+        raise ValueError(f"backend 'block_sparse' does not take option(s) {unknown}")
     pat = None
     if pattern is not None:
-        options = dict(
-            window=window,
-            global_tokens=global_tokens,
-            window_blocks=window_blocks,
-            random_blocks=random_blocks,
-            seed=seed,
-        )
         causal = is_causal or Tq < Tk
-        pat = pattern_mask(pattern, Tq, Tk, causal=causal, block_size=b, device=q.device, **options)
-    elif any(x is not None for x in (window, global_tokens, window_blocks, random_blocks, seed)):
+        pat = pattern_mask(
+            pattern, Tq, Tk, causal=causal, block_size=b, device=q.device, **pattern_options
+        )
+    elif any(x is not None for x in pattern_options.values()):
         raise ValueError(
             f"backend 'block_sparse': window/global_tokens/... belong to a pattern; set pattern "
             f"to one of {sorted(PATTERNS)}"
@@ -409,4 +406,5 @@ register_backend(
     returns_weights=True,
     dropout=False,
     check=check_block_sparse_options,
+    options=("pattern", "block_size", "block_mask", *PATTERN_OPTIONS),
 )

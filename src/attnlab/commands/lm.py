@@ -159,7 +159,7 @@ def _generate(args: argparse.Namespace) -> int:
         dtype = resolve_dtype(args.dtype, args.quantize)
         model, tok = load_hf_lm(args.from_hf, device=_device(args.device), dtype=dtype)
         if args.quantize == "int8":
-            from attnlab.layers.quant import quantize_int8
+            from attnlab.fast.quant import quantize_int8
 
             quantize_int8(model)
         stop_ids = getattr(model, "hf_config", {}).get("eos_token_id")  # int, list or None
@@ -184,6 +184,10 @@ def _generate(args: argparse.Namespace) -> int:
             "tokens; shorten the prompt"
         )
     idx = torch.tensor([ids], device=next(model.parameters()).device)
+    if args.dtype or args.quantize or args.compile:  # the fast paths, on request only
+        from attnlab.fast import for_decoding  # (the dtype and int8 were applied by the loader)
+
+        model = for_decoding(model)  # --compile: generate's compiled static-cache step
     args.draft_model = load_draft(args, model, tok, load_lm) if args.draft else None
     if args.beam is not None:
         text = beam_text(model, tok, idx, args, stop_list(stop_ids))

@@ -5,14 +5,13 @@
 - :mod:`~attnlab.decoding.search`: greedy decoding and batched beam search (GNMT length penalty);
 - :mod:`~attnlab.decoding.sampling`: sampling from LMs (temperature, top-k, top-p, stop ids,
   streaming, left-padded batches) and LM beam search;
-- :mod:`~attnlab.decoding.compiled`: a compiled single-token step over static KV caches;
+- a compiled single-token step over static KV caches (:mod:`attnlab.fast.compiled`), re-exported;
 - :mod:`~attnlab.decoding.text`: prompts, end-of-text ids, stop texts and streaming text
   (``attnlab generate``).
 - :mod:`~attnlab.decoding.speculative`, :mod:`~attnlab.decoding.lookup`: speculative decoding
   with a draft model or prompt lookup (``generate(..., draft=..., prompt_lookup=...)``).
 """
 
-from attnlab.decoding.compiled import compiled_forward, start_static
 from attnlab.decoding.interface import DecodeState, IncrementalDecoder, supports_decoding
 from attnlab.decoding.sampling import (
     beam_generate,
@@ -23,6 +22,7 @@ from attnlab.decoding.sampling import (
 )
 from attnlab.decoding.search import Hypothesis, beam_search, greedy_search, length_penalty
 from attnlab.decoding.speculative import SpeculativeStats
+from attnlab.fast.compiled import compiled_forward, start_static
 
 __all__ = [
     "DecodeState",

@@ -14,7 +14,7 @@ table) recompute the window at every step.
 Prompts of different lengths go in one batch left-padded with ``attention_mask`` (True = real
 token); a padded prompt yields the same tokens as the prompt alone. Once the context
 (``max_seq_len``) is full, the oldest tokens are dropped and the window is encoded again.
-``compile=True`` decodes over static caches with a compiled step (:mod:`attnlab.decoding.compiled`).
+``compile=True`` decodes over static caches with a compiled step (:mod:`attnlab.fast.compiled`).
 
 Shape legend: B batch, T prompt length, V vocab.
 """
@@ -28,11 +28,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.decoding.compiled import capacity_bucket, start_static
 from attnlab.decoding.interface import supports_decoding
 from attnlab.decoding.probs import next_token_probs
 from attnlab.decoding.search import Hypothesis, beam_search
 from attnlab.errors import UserError
+from attnlab.fast.compiled import capacity_bucket, start_static
 from attnlab.layers import evaluating
 
 __all__ = [

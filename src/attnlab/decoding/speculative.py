@@ -33,7 +33,7 @@ recover. The choice depends only on the tokens, not on timings: seeded sampling 
 reproducible. ``adapt=False`` drafts K every round.
 
 With ``compile=True`` both models decode over static caches with compiled steps
-(:mod:`attnlab.decoding.compiled`): the draft's single-token step, and the target's single-token
+(:mod:`attnlab.fast.compiled`): the draft's single-token step, and the target's single-token
 step and (K + 1)-token forward (a round of k < K drafts is padded to K + 1 tokens, the padding
 cropped with the rejected positions, so that adapting k compiles no new graph).
 
@@ -51,10 +51,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from attnlab.decoding.compiled import capacity_bucket, start_static
 from attnlab.decoding.lookup import NgramIndex
 from attnlab.decoding.probs import next_token_probs
 from attnlab.errors import UserError
+from attnlab.fast.compiled import capacity_bucket, start_static
 from attnlab.layers import evaluating
 
 __all__ = [

@@ -461,19 +461,22 @@ def _measure_block(spec: dict) -> dict:
 
     import torch
 
+    from attnlab.config import BlockConfig
     from attnlab.layers import build_block
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     device = torch.device(spec["device"])
     torch.manual_seed(0)
-    block = build_block(
-        spec["d_model"],
-        spec["n_heads"],
+    block_cfg = BlockConfig(
+        d_model=spec["d_model"],
+        n_heads=spec["n_heads"],
+        activation="gelu",
+        position="none",
         backend=spec["backend"],
         backend_options=spec.get("options", {}),
-        device=device,
     )
+    block = build_block(block_cfg, device=device)
     x = torch.randn(
         spec["batch"], spec["seq_len"], spec["d_model"], device=device, requires_grad=True
     )

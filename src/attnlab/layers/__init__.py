@@ -1,10 +1,10 @@
 """Transformer building blocks: positions, norms, FFNs, mixture of experts, drop-path, patch
-embedding, the block, the RNN baselines' recurrent stacks, the cross-entropy (alone and fused with
-the output projection), and the ``evaluating`` mode switch."""
+embedding, the block, the RNN baselines' recurrent stacks, the cross-entropy, and the ``evaluating``
+mode switch."""
 
 from attnlab.layers.drop_path import DropPath, drop_path
 from attnlab.layers.ffn import MLP, SwiGLU
-from attnlab.layers.losses import LinearCEBuffer, cross_entropy, linear_cross_entropy
+from attnlab.layers.losses import cross_entropy
 from attnlab.layers.modes import evaluating
 from attnlab.layers.moe import MoE, load_balancing_loss
 from attnlab.layers.norm import LayerNorm, RMSNorm, make_norm
@@ -21,7 +21,6 @@ from attnlab.layers.position import (
     T5RelativeBias,
     alibi_bias,
     alibi_slopes,
-    build_positions,
     sincos_2d,
     sinusoidal_table,
 )
@@ -33,7 +32,6 @@ __all__ = [
     "DropPath",
     "LayerNorm",
     "LearnedPositionalEmbedding",
-    "LinearCEBuffer",
     "MLP",
     "MoE",
     "NoPositions",
@@ -49,7 +47,9 @@ __all__ = [
     "TransformerBlock",
     "alibi_bias",
     "alibi_slopes",
+    "build_attention",
     "build_block",
+    "build_ffn",
     "build_final_norm",
     "build_positions",
     "check_images",
@@ -57,7 +57,6 @@ __all__ = [
     "drop_path",
     "evaluating",
     "interpolate_positions",
-    "linear_cross_entropy",
     "load_balancing_loss",
     "make_norm",
     "sincos_2d",
@@ -67,10 +66,20 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # block.py needs attnlab.attention, whose multi-head layer needs layers.norm/position:
+    # block.py and builders.py need attnlab.attention, whose multi-head layer needs layers.norm/position:
     # importing it here eagerly would make the two package inits import each other
-    if name in ("TransformerBlock", "build_block", "build_final_norm"):
+    if name == "TransformerBlock":
         from attnlab.layers import block
 
-        return getattr(block, name)
+        return block.TransformerBlock
+    if name in (
+        "build_attention",
+        "build_block",
+        "build_ffn",
+        "build_final_norm",
+        "build_positions",
+    ):
+        from attnlab.layers import builders
+
+        return getattr(builders, name)
     raise AttributeError(f"module 'attnlab.layers' has no attribute {name!r}")

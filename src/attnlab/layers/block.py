@@ -8,8 +8,8 @@ cross-attention to an encoder's output) and vision models (Swin wraps it in wind
 the model wrappers add embeddings, masks and heads. Parts a block lacks (cross-attention,
 drop-path) are ``nn.Identity`` placeholders, so ``forward`` has no branches on them.
 
-``build_block(config)`` reads the fields of a :class:`attnlab.config.BlockConfig` (any object with
-those attributes: the building blocks do not import the config layer).
+The block takes ready parts; :func:`attnlab.layers.builders.build_block` builds them from the fields
+of a :class:`attnlab.config.BlockConfig`.
 
 Shape legend: B batch, T time, S context length, C d_model.
 """
@@ -17,7 +17,6 @@ Shape legend: B batch, T time, S context length, C d_model.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import SimpleNamespace
 from typing import Any, Literal
 
 import torch
@@ -25,16 +24,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from attnlab.attention.cache import KVCache
-from attnlab.attention.core import check_backend
 from attnlab.attention.multihead import MultiHeadAttention
 from attnlab.layers.drop_path import DropPath
-from attnlab.layers.ffn import MLP, SwiGLU
 from attnlab.layers.hook import HookPoint
-from attnlab.layers.moe import MoE
-from attnlab.layers.norm import make_norm
 from attnlab.layers.position import Positions
 
-__all__ = ["TransformerBlock", "build_block", "build_final_norm", "run_blocks", "NormPosition"]
+__all__ = ["TransformerBlock", "run_blocks", "NormPosition"]
 
 NormPosition = Literal["pre", "post"]
 
@@ -109,6 +104,7 @@ class TransformerBlock(nn.Module):
         context: Tensor | None = None,
         context_mask: Tensor | None = None,
         cross_cache: KVCache | None = None,
+        pos_emb: Positions | None = None,
     ) -> Tensor:
         """``x (B, T, C) -> (B, T, C)``.
 
@@ -122,15 +118,15 @@ class TransformerBlock(nn.Module):
             context: encoder output ``(B, S, C_ctx)`` for cross-attention.
             context_mask: cross-attention mask broadcastable to ``(B, H, T, S)``.
             cross_cache: cache of the context's keys/values.
+            pos_emb: the model's shared relative position module (RoPE, ALiBi, T5), applied in
+                self-attention.
 
         Attention weights are not kept: read them with :func:`attnlab.attention.capture_attention`.
         """
 
         def self_attention(h: Tensor) -> Tensor:
-            out, _ = self.attn(
-                h, mask=mask, is_causal=is_causal, positions=positions, bias=attn_bias, cache=cache
-            )
-            return self.hook_attn_out(out)
+            kw = {"positions": positions, "bias": attn_bias, "cache": cache, "pos_emb": pos_emb}
+            return self.hook_attn_out(self.attn(h, mask=mask, is_causal=is_causal, **kw)[0])
 
         x = self.hook_resid_pre(x)
         x = self.hook_resid_mid(self._residual(x, self.norm1, self_attention))
@@ -147,31 +143,6 @@ class TransformerBlock(nn.Module):
             return self.hook_resid_post(x)
         ffn = lambda h: self.hook_mlp_out(self.ffn(h))  # noqa: E731
         return self.hook_resid_post(self._residual(x, self.norm2, ffn))
-
-
-_BLOCK_DEFAULTS: dict[str, Any] = dict(
-    n_kv_heads=None,
-    head_dim=None,
-    ffn="mlp",
-    ffn_hidden=None,
-    activation="gelu_tanh",
-    n_experts=8,
-    top_k=2,
-    norm="layernorm",
-    norm_eps=1e-5,
-    norm_position="pre",
-    bias=True,
-    qk_norm=None,
-    qk_norm_eps=1e-6,
-    position="none",
-    rope_theta=10000.0,
-    dropout=0.0,
-    attn_dropout=0.0,
-    drop_path=0.0,
-    backend="auto",
-    backend_options=None,
-    linformer_k=None,
-)
 
 
 def run_blocks(
@@ -202,144 +173,3 @@ def run_blocks(
         else:
             x = block(x, **kwargs)
     return x
-
-
-def build_block(
-    config: Any = None,
-    n_heads: int | None = None,
-    *,
-    cross_attention: bool = False,
-    context_dim: int | None = None,
-    positions: Positions | None = None,
-    drop_path: float | None = None,
-    max_seq_len: int | None = None,
-    device=None,
-    dtype=None,
-    **options: Any,
-) -> TransformerBlock:
-    """Assemble a :class:`TransformerBlock` from named components.
-
-    Two ways to call it:
-
-    - ``build_block(config)``: the block fields of a config (a :class:`attnlab.config.BlockConfig`
-      or a family config that embeds it) — how every model builds its blocks;
-    - ``build_block(d_model, n_heads, ffn=..., norm=..., position=...)``: the same fields as keywords.
-
-    Args:
-        config: the config, or ``d_model`` for the keyword form.
-        n_heads: heads (keyword form only).
-        cross_attention, context_dim: add cross-attention to a context of this width.
-        positions: the model's shared position module; its ``rotate``/``bias`` act in attention
-            (default: this block's own, built from ``position`` when that is ``rope``, ``alibi``
-            or ``t5``). The model registers it once; attention keeps a reference.
-        drop_path: this block's stochastic-depth rate (default: the config's ``drop_path``).
-        max_seq_len: the longest sequence N (Linformer's ``linformer_k`` needs it; default the
-            config's ``max_seq_len`` if it has one).
-        **options: keyword form: ``ffn`` (``mlp`` | ``swiglu`` | ``moe`` | ``none``), ``ffn_hidden``,
-            ``activation``, ``n_experts``, ``top_k``, ``norm`` (``layernorm`` | ``rmsnorm``),
-            ``norm_eps``, ``norm_position``, ``bias``, ``qk_norm``, ``position`` (``none`` |
-            ``rope`` | ``alibi`` | ``t5``), ``rope_theta``, ``dropout``, ``attn_dropout``,
-            ``backend``, ``backend_options``, ``linformer_k``.
-
-    Raises:
-        ValueError: unknown component names, a backend that cannot run with its options.
-    """
-    if isinstance(config, int):
-        if n_heads is None:
-            raise ValueError("build_block(d_model, n_heads, ...): n_heads is missing")
-        unknown = sorted(set(options) - set(_BLOCK_DEFAULTS))
-        if unknown:
-            raise ValueError(f"unknown block option(s) {unknown}; known: {sorted(_BLOCK_DEFAULTS)}")
-        config = SimpleNamespace(**{**_BLOCK_DEFAULTS, **options}, d_model=config, n_heads=n_heads)
-    elif options or n_heads is not None:
-        raise ValueError("build_block(config) takes no other block options; change the config")
-    c = config
-    kw = {"device": device, "dtype": dtype}
-    backend_options = dict(c.backend_options or {})
-    check_backend(c.backend, backend_options, dropout_p=c.attn_dropout)
-    position = positions if positions is not None else c.position
-    if isinstance(position, str) and position not in ("rope", "alibi", "t5"):
-        position = "none"  # absolute schemes are added to the embeddings by the model
-    linformer_k = getattr(c, "linformer_k", None)
-    if max_seq_len is None:
-        max_seq_len = getattr(c, "max_seq_len", None)
-    attn_kw = dict(
-        n_kv_heads=c.n_kv_heads,
-        head_dim=c.head_dim,
-        bias=c.bias,
-        qk_norm=c.qk_norm,
-        qk_norm_eps=c.qk_norm_eps,
-        dropout=c.attn_dropout,
-        backend=c.backend,
-        backend_options=backend_options,
-        **kw,
-    )
-    attn = MultiHeadAttention(
-        c.d_model,
-        c.n_heads,
-        position=position,
-        rope_theta=c.rope_theta,
-        linformer_k=linformer_k,
-        max_seq_len=max_seq_len,
-        **attn_kw,
-    )
-    ffn_hidden = c.ffn_hidden
-    ffn_mod: nn.Module | None = None  # ffn == "none": an attention-only block
-    if c.ffn == "mlp":
-        ffn_mod = MLP(c.d_model, ffn_hidden, activation=c.activation, bias=c.bias, **kw)
-    elif c.ffn == "swiglu":
-        ffn_mod = SwiGLU(c.d_model, ffn_hidden, bias=c.bias, **kw)
-    elif c.ffn == "moe":
-        ffn_mod = MoE(
-            c.d_model,
-            ffn_hidden or 4 * c.d_model,
-            c.n_experts,
-            c.top_k,
-            expert="swiglu" if c.activation == "silu" else "mlp",
-            activation=c.activation,
-            **kw,
-        )
-    elif c.ffn != "none":
-        raise ValueError(f"unknown ffn {c.ffn!r}; choose 'mlp', 'swiglu', 'moe' or 'none'")
-
-    def make() -> nn.Module:
-        return make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias, **kw)
-
-    cross = norm_cross = None
-    if cross_attention:
-        cross = MultiHeadAttention(
-            c.d_model, c.n_heads, cross=True, context_dim=context_dim, **attn_kw
-        )
-        norm_cross = make()
-    return TransformerBlock(
-        attn,
-        ffn_mod,
-        make(),
-        make(),
-        cross_attn=cross,
-        norm_cross=norm_cross,
-        norm_position=c.norm_position,
-        dropout=c.dropout,
-        drop_path=c.drop_path if drop_path is None else drop_path,
-    )
-
-
-def build_final_norm(config: Any, enabled: bool | None = None) -> nn.Module:
-    """The norm after the last block of a stack, from a config's ``norm`` fields.
-
-    A pre-norm stack needs one: its residual stream is never normalised otherwise. Post-norm
-    blocks end normalised, so by default they get none.
-
-    Args:
-        config: a :class:`attnlab.config.BlockConfig` (or anything with its norm fields).
-        enabled: whether the stack has a final norm (default: ``norm_position == "pre"``).
-
-    Returns:
-        ``make_norm(config.norm, d_model, ...)``, or ``nn.Identity()`` when not ``enabled``.
-    """
-    c = config
-    if enabled is None:
-        enabled = c.norm_position == "pre"
-    if not enabled:
-        return nn.Identity()
-    return make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.layers.hook import HookPoint
-from attnlab.layers.matvec import Linear
 
 __all__ = ["MLP", "SwiGLU", "ACTIVATIONS", "Activation"]
 
@@ -56,8 +55,8 @@ class MLP(nn.Module):
                 f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}"
             )
         hidden = 4 * d_model if hidden is None else hidden
-        self.fc1 = Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
-        self.fc2 = Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
+        self.fc1 = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
+        self.fc2 = nn.Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
         self.act = ACTIVATIONS[activation]
         self.activation = activation
         self.dropout = nn.Dropout(dropout)
@@ -92,9 +91,9 @@ class SwiGLU(nn.Module):
     ) -> None:
         super().__init__()
         hidden = _swiglu_hidden(d_model) if hidden is None else hidden
-        self.gate = Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
-        self.up = Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
-        self.down = Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
+        self.gate = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
+        self.up = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
+        self.down = nn.Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
         self.dropout = nn.Dropout(dropout)
         # hook points (..., hidden): x W₁ (gate), x W₂ (up), and SiLU(x W₁) ⊙ x W₂ (the neurons)
         self.hook_pre, self.hook_pre_linear, self.hook_post = HookPoint(), HookPoint(), HookPoint()

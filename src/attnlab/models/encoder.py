@@ -22,11 +22,10 @@ from torch import Tensor, nn
 
 from attnlab.attention.capture import capture_attention
 from attnlab.config.encoder import EncoderConfig
-from attnlab.layers.block import build_block, build_final_norm
+from attnlab.layers.builders import build_block, build_final_norm, build_positions
 from attnlab.layers.ffn import ACTIVATIONS
 from attnlab.layers.hook import HookPoint
 from attnlab.layers.norm import make_norm
-from attnlab.layers.position import build_positions
 from attnlab.models.registry import register_kind
 
 __all__ = ["EncoderMLM", "MLMHead"]
@@ -103,7 +102,7 @@ class EncoderMLM(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.hook_embed = HookPoint()  # token embeddings (B, T, C); see attnlab.inspect
         self.blocks = nn.ModuleList(
-            build_block(c, positions=self.pos_emb) for _ in range(c.n_layers)
+            build_block(c, shared_positions=True) for _ in range(c.n_layers)
         )
         self.norm_f = build_final_norm(c)
         self.head = MLMHead(
@@ -177,7 +176,7 @@ class EncoderMLM(nn.Module):
         x = self.pos_emb.embed(self.hook_embed(self.tok_emb(input_ids)), positions)  # (B, T, C)
         x = self.drop(self.emb_norm(x + self.type_emb(token_type_ids)))  # (B, T, C)
         for block in self.blocks:
-            x = block(x, mask=mask, is_causal=False, positions=positions)
+            x = block(x, mask=mask, is_causal=False, positions=positions, pos_emb=self.pos_emb)
         return self.norm_f(x)
 
     def forward(

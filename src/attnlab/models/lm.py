@@ -27,19 +27,26 @@ from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
-from torch.nn.modules import module as _module
 
 from attnlab.attention.cache import DecodeState, KVCache
 from attnlab.attention.capture import capture_attention
 from attnlab.config.lm import ModelConfig
-from attnlab.layers.block import build_block, build_final_norm, run_blocks
+from attnlab.layers.block import run_blocks
+from attnlab.layers.builders import build_block, build_final_norm, build_positions
 from attnlab.layers.hook import HookPoint
-from attnlab.layers.losses import LinearCEBuffer, cross_entropy, linear_cross_entropy
-from attnlab.layers.matvec import Linear
-from attnlab.layers.position import build_positions
+from attnlab.layers.losses import cross_entropy
 from attnlab.models.registry import register_kind
 
-__all__ = ["DecoderLM", "LMDecodeState"]
+__all__ = ["DecoderLM", "LMDecodeState", "HeadLoss"]
+
+#: ``loss(hidden (B, T, C), lm_head, targets (B, T), *, ignore_index, label_smoothing)``
+HeadLoss = Callable[..., Tensor]
+
+
+def _head_cross_entropy(hidden: Tensor, head: nn.Module, targets: Tensor, **kw) -> Tensor:
+    """The plain LM loss: the logits ``head(hidden)`` ``(B, T, V)``, then their cross-entropy
+    (``kw``: ``ignore_index``, ``label_smoothing``)."""
+    return cross_entropy(head(hidden), targets, **kw)
 
 
 @dataclass
@@ -49,7 +56,7 @@ class LMDecodeState(DecodeState):
 
     With static caches ``mask`` is a ``(B, max_len)`` buffer written in place at each step's
     slots; ``step_forward`` (when set, e.g. a ``torch.compile`` of the model by
-    :mod:`attnlab.decoding.compiled`) runs the single-token steps instead of the eager forward.
+    :mod:`attnlab.fast.compiled`) runs the single-token steps instead of the eager forward.
     """
 
     caches: list[KVCache]
@@ -71,7 +78,7 @@ class DecoderLM(nn.Module):
 
     Attributes (a stable layout that :mod:`attnlab.interop` maps to Hugging Face names):
         tok_emb: ``nn.Embedding(V, C)``.
-        pos_emb: the position module (:func:`attnlab.layers.build_positions`); only the learned
+        pos_emb: the position module (:func:`attnlab.layers.builders.build_positions`); only the learned
             one has weights (``pos_emb.weight``).
         blocks: ``nn.ModuleList`` of :class:`TransformerBlock`.
         norm_f: final norm (``nn.Identity`` for post-norm models, whose blocks end normalised).
@@ -90,10 +97,10 @@ class DecoderLM(nn.Module):
         self.pos_emb = build_positions(c, causal=True)  # T5: buckets for earlier keys only
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
-            build_block(c, positions=self.pos_emb) for _ in range(c.n_layers)
+            build_block(c, shared_positions=True) for _ in range(c.n_layers)
         )
         self.norm_f = build_final_norm(c)
-        self.lm_head = Linear(c.d_model, c.vocab_size, bias=False)  # an nn.Linear
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.hook_embed = HookPoint()  # token embeddings (B, T, C); see attnlab.inspect
         self.reset_parameters()
         if c.tie_embeddings:
@@ -155,6 +162,7 @@ class DecoderLM(nn.Module):
         targets: Tensor | None = None,
         label_smoothing: float = 0.0,
         ignore_index: int = -100,
+        head_loss: HeadLoss | None = None,
     ) -> Tensor | tuple[Tensor, list[Tensor]]:
         """Next-token logits for every position, or with ``targets`` the training loss.
 
@@ -169,16 +177,13 @@ class DecoderLM(nn.Module):
             need_weights: also return each block's attention weights (the math attention path).
             logits_to_keep: compute logits for the last this many positions only (generation
                 needs just the last one; the output projection is the costliest matmul).
-            targets: ``(B, T)`` next-token ids: return the mean cross-entropy instead of the
-                logits, with the output projection and the loss fused
-                (:func:`attnlab.layers.losses.linear_cross_entropy`: the ``(B, T, V)``
-                logits are written once, into a buffer the model keeps between steps, and
-                overwritten with their gradient; a graph break under ``torch.compile``).
-                Under autocast, or with a replaced or hooked ``lm_head``, the logits are
-                computed and :func:`attnlab.layers.losses.cross_entropy` applied, which gives
-                the same value.
+            targets: ``(B, T)`` next-token ids: return the mean cross-entropy of the logits
+                instead of the logits.
             label_smoothing: ε for the loss with ``targets``.
             ignore_index: target id that does not count in the loss.
+            head_loss: how the loss is computed from the final hidden states and ``lm_head``
+                (default: the logits, then :func:`attnlab.layers.losses.cross_entropy`); the LM
+                task passes :class:`attnlab.fast.FusedLMLoss`, which never keeps the logits.
 
         Returns:
             logits ``(B, T, V)`` (or ``(B, logits_to_keep, V)``); with ``need_weights``,
@@ -189,15 +194,9 @@ class DecoderLM(nn.Module):
         Raises:
             ValueError: wrong shapes, a sequence longer than ``max_seq_len``, mismatched caches.
         """
-        if targets is not None and (need_weights or logits_to_keep is not None):
-            raise ValueError(
-                "targets (the loss) cannot be combined with need_weights or logits_to_keep"
-            )
-        if targets is not None and targets.shape != idx.shape:
-            raise ValueError(
-                f"targets {tuple(targets.shape)} must have idx's shape {tuple(idx.shape)}"
-            )
         if need_weights:
+            if targets is not None:
+                raise ValueError("targets (the loss) cannot be combined with need_weights")
             with capture_attention(self) as maps:
                 logits = self(
                     idx,
@@ -207,150 +206,102 @@ class DecoderLM(nn.Module):
                     logits_to_keep=logits_to_keep,
                 )
             return logits, maps.select("attn")
-        if idx.dim() != 2:
-            raise ValueError(f"idx must be (B, T) token ids, got shape {tuple(idx.shape)}")
-        if caches is not None and len(caches) != len(self.blocks):
-            raise ValueError(f"expected {len(self.blocks)} caches, got {len(caches)}")
-        if caches and caches[0].static:
-            mask, positions, attn_positions = self._static_masks(
-                idx, caches, attention_mask, positions
-            )
-            is_causal = False  # the mask holds the causal constraint, by cache slot
-        else:
-            mask, positions, attn_positions, is_causal = self._dynamic_masks(
-                idx, caches, attention_mask, positions
-            )
-        x = self._blocks(idx, positions, mask, is_causal, attn_positions, caches)
-        if targets is not None:
-            return self._loss(x, targets, label_smoothing, ignore_index)
-        return self._head(x, logits_to_keep)
-
-    def _dynamic_masks(
-        self,
-        idx: Tensor,
-        caches: list[KVCache] | None,
-        attention_mask: Tensor | None,
-        positions: Tensor | None,
-    ) -> tuple[Tensor | None, Tensor, Tensor | None, bool]:
-        """Key mask ``(B, 1, 1, S)`` or None, positions, attention positions and ``is_causal`` of
-        a forward without a cache or over dynamic caches (``S`` = cached + new tokens)."""
-        c = self.config
-        B, T = idx.shape
-        past = 0 if caches is None else caches[0].length
-        S = past + T
-        if S > c.max_seq_len:
-            raise ValueError(
-                f"sequence of {S} tokens exceeds the context max_seq_len={c.max_seq_len}"
-            )
-        mask = None
-        derived_positions = positions is None
-        if attention_mask is not None:
-            if attention_mask.shape != (B, S):
-                raise ValueError(
-                    f"attention_mask must be (B, past + T) = {(B, S)}, got "
-                    f"{tuple(attention_mask.shape)}"
-                )
-            attention_mask = attention_mask.to(device=idx.device, dtype=torch.bool)
-            if positions is None:
-                # real-token positions: a left-padded row counts from its first real token
-                positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
-            mask = attention_mask[:, None, None, :]  # (B, 1, 1, S): broadcast over heads, queries
-        elif positions is None:
-            positions = torch.arange(past, S, device=idx.device)  # (T,)
-        # ALiBi's bias depends only on the distance i − j, which padding does not change, and the
-        # attention layer measures it in cache slots; give it slot positions unless told otherwise
-        attn_positions = None if (c.position == "alibi" and derived_positions) else positions
-        # the causal constraint is vacuous for a single new token (it may see every cached key)
-        is_causal = T > 1 or caches is None
-        return mask, positions, attn_positions, is_causal
-
-    def _static_masks(
-        self,
-        idx: Tensor,
-        caches: list[KVCache],
-        attention_mask: Tensor | None,
-        positions: Tensor | None,
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Mask ``(B or 1, 1, T, max_len)``, positions and attention positions of a step over
-        static caches: query t sits in slot ``cursor + t`` and sees the slots up to its own
-        (every later slot is unwritten or stale) that hold real tokens."""
-        B, T = idx.shape
-        capacity = caches[0].max_seq_len
-        slots = caches[0].cursor + torch.arange(T, device=idx.device)  # (T,)
-        allowed = torch.arange(capacity, device=idx.device) <= slots[:, None]  # (T, max_len)
-        derived = positions is None
-        if attention_mask is None:
-            mask = allowed[None, None]  # (1, 1, T, max_len)
-            if derived:
-                positions = slots
-        else:
-            if attention_mask.shape != (B, capacity):
-                raise ValueError(
-                    f"with static caches attention_mask must cover every slot, (B, max_len) = "
-                    f"{(B, capacity)}, got {tuple(attention_mask.shape)}"
-                )
-            real = attention_mask.to(device=idx.device, dtype=torch.bool)
-            mask = allowed[None, None] & real[:, None, None, :]  # (B, 1, T, max_len)
-            if derived:  # real-token positions, as in the dynamic path
-                positions = (real.long().cumsum(-1) - 1).clamp(min=0).index_select(1, slots)
-        alibi_slots = self.config.position == "alibi" and derived
-        return mask, positions, (slots if alibi_slots else positions)
-
-    def _blocks(
-        self,
-        idx: Tensor,
-        positions: Tensor,
-        mask: Tensor | None,
-        is_causal: bool,
-        attn_positions: Tensor | None,
-        caches: list[KVCache] | None,
-    ) -> Tensor:
-        """Embeddings and the blocks: ``(B, T)`` ids -> ``(B, T, C)``."""
-        c = self.config
-        x = self.hook_embed(self.tok_emb(idx)) * c.embed_scale  # (B, T, C); √d for sinusoids
+        self._check_inputs(idx, caches, targets, logits_to_keep)
+        mask, positions, attn_positions, is_causal = self._masks(
+            idx, caches, attention_mask, positions
+        )
+        x = self.hook_embed(self.tok_emb(idx)) * self.config.embed_scale  # (B, T, C); √d: sinusoids
         x = self.drop(self.pos_emb.embed(x, positions))  # (B, T, C)
-        return run_blocks(
+        x = run_blocks(
             self.blocks,
             x,
             caches=caches,
-            checkpointing=c.activation_checkpointing,
+            checkpointing=self.config.activation_checkpointing,
             mask=mask,
             is_causal=is_causal,
             positions=attn_positions,
+            pos_emb=self.pos_emb,
         )
-
-    def _head(self, x: Tensor, logits_to_keep: int | None) -> Tensor:
+        if targets is not None:
+            loss = head_loss or _head_cross_entropy
+            return loss(
+                self.norm_f(x),
+                self.lm_head,
+                targets,
+                ignore_index=ignore_index,
+                label_smoothing=label_smoothing,
+            )
         if logits_to_keep is not None:
             x = x[:, -logits_to_keep:]  # (B, logits_to_keep, C)
         return self.lm_head(self.norm_f(x))  # (B, T, V)
 
-    def _loss(
-        self, x: Tensor, targets: Tensor, label_smoothing: float, ignore_index: int
-    ) -> Tensor:
-        head = self.lm_head
-        h = self.norm_f(x)  # (B, T, C)
-        fusable = (
-            type(head) in (nn.Linear, Linear)
-            and not (head._forward_hooks or head._forward_pre_hooks)
-            and not (_module._global_forward_hooks or _module._global_forward_pre_hooks)
-            and not torch.is_autocast_enabled(h.device.type)
-            and h.dtype == head.weight.dtype
-        )
-        if fusable:
-            if getattr(self, "_ce_buffer", None) is None:
-                self._ce_buffer = LinearCEBuffer()  # not a buffer in torch's sense: not saved
-            return linear_cross_entropy(
-                h,
-                head.weight,
-                targets,
-                bias=head.bias,
-                ignore_index=ignore_index,
-                label_smoothing=label_smoothing,
-                buffer=self._ce_buffer,
+    def _check_inputs(
+        self,
+        idx: Tensor,
+        caches: list[KVCache] | None,
+        targets: Tensor | None,
+        logits_to_keep: int | None,
+    ) -> None:
+        if idx.dim() != 2:
+            raise ValueError(f"idx must be (B, T) token ids, got shape {tuple(idx.shape)}")
+        if caches is not None and len(caches) != len(self.blocks):
+            raise ValueError(f"expected {len(self.blocks)} caches, got {len(caches)}")
+        if targets is not None and logits_to_keep is not None:
+            raise ValueError("targets (the loss) cannot be combined with logits_to_keep")
+        if targets is not None and targets.shape != idx.shape:
+            raise ValueError(
+                f"targets {tuple(targets.shape)} must have idx's shape {tuple(idx.shape)}"
             )
-        return cross_entropy(
-            head(h), targets, ignore_index=ignore_index, label_smoothing=label_smoothing
-        )
+
+    def _masks(
+        self,
+        idx: Tensor,
+        caches: list[KVCache] | None,
+        attention_mask: Tensor | None,
+        positions: Tensor | None,
+    ) -> tuple[Tensor | None, Tensor, Tensor, bool]:
+        """The key mask, the positions (embeddings), the attention's positions and ``is_causal``
+        of ``T`` new tokens written after ``past`` cached ones: token t sits in cache slot
+        ``past + t``, and the keys are ``S`` slots (dynamic caches or none: the ``past + T``
+        written; static: all ``max_len``, of which those after each query's own are unwritten
+        or stale, so the causal constraint becomes part of the mask)."""
+        B, T = idx.shape
+        static = bool(caches) and caches[0].static
+        if static:
+            past, S = caches[0].cursor, caches[0].max_seq_len  # a tensor: no sync, compiles once
+        else:
+            past = 0 if caches is None else caches[0].length
+            S = past + T
+            if S > self.config.max_seq_len:
+                raise ValueError(
+                    f"sequence of {S} tokens exceeds the context "
+                    f"max_seq_len={self.config.max_seq_len}"
+                )
+        slots = past + torch.arange(T, device=idx.device)  # (T,)
+        derived = positions is None
+        mask = None
+        if attention_mask is not None:
+            if attention_mask.shape != (B, S):
+                what = "every slot, (B, max_len)" if static else "(B, past + T)"
+                raise ValueError(
+                    f"attention_mask must cover {what} = {(B, S)}, got "
+                    f"{tuple(attention_mask.shape)}"
+                )
+            real = attention_mask.to(device=idx.device, dtype=torch.bool)
+            mask = real[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
+            if derived:  # real-token positions: a left-padded row counts from its first real one
+                positions = (real.long().cumsum(-1) - 1).clamp(min=0).index_select(1, slots)
+        if derived and attention_mask is None:
+            positions = slots
+        is_causal = T > 1 or caches is None  # one new token may see every cached key
+        if static:
+            causal = torch.arange(S, device=idx.device) <= slots[:, None]  # (T, S)
+            mask = causal[None, None] if mask is None else mask & causal  # (B or 1, 1, T, S)
+            is_causal = False
+        # ALiBi's bias depends only on the distance i − j, which padding does not change, and the
+        # attention layer measures it in cache slots; give it slot positions unless told otherwise
+        alibi_slots = self.config.position == "alibi" and derived
+        return mask, positions, (slots if alibi_slots else positions), is_causal
 
     # -- incremental decoding (the interface of attnlab.decoding) -------------------------------
 

@@ -33,10 +33,10 @@ from torch import Tensor, nn
 from attnlab.attention.cache import DecodeState, KVCache
 from attnlab.attention.capture import capture_attention
 from attnlab.config.translation import Seq2SeqConfig
-from attnlab.layers.block import build_block, build_final_norm, run_blocks
+from attnlab.layers.block import run_blocks
+from attnlab.layers.builders import build_block, build_final_norm, build_positions
 from attnlab.layers.drop_path import drop_path_rates
 from attnlab.layers.hook import HookPoint
-from attnlab.layers.position import build_positions
 from attnlab.models.registry import register_kind
 
 __all__ = ["Seq2SeqConfig", "Seq2SeqTransformer", "Seq2SeqDecodeState"]
@@ -82,14 +82,14 @@ class Seq2SeqTransformer(nn.Module):
         enc_rates = drop_path_rates(enc.drop_path, c.n_enc_layers)
         dec_rates = drop_path_rates(dec.drop_path, c.n_dec_layers)
         self.encoder = nn.ModuleList(
-            build_block(enc, positions=self.pos_emb, drop_path=p, max_seq_len=c.max_seq_len)
+            build_block(enc, shared_positions=True, drop_path=p, max_seq_len=c.max_seq_len)
             for p in enc_rates
         )
         self.decoder = nn.ModuleList(
             build_block(
                 dec,
                 cross_attention=True,
-                positions=self.pos_emb,
+                shared_positions=True,
                 drop_path=p,
                 max_seq_len=c.max_seq_len,
             )
@@ -140,7 +140,7 @@ class Seq2SeqTransformer(nn.Module):
         """Encoder stack on embedded ``x (B, S, C)``; ``src_mask (B, S)`` True = real token."""
         mask = None if src_mask is None else src_mask[:, None, None, :]  # (B, 1, 1, S)
         for block in self.encoder:
-            x = block(x, mask=mask)
+            x = block(x, mask=mask, pos_emb=self.pos_emb)
         return self.enc_norm(x)
 
     def run_decoder(
@@ -163,6 +163,7 @@ class Seq2SeqTransformer(nn.Module):
             is_causal=True,
             context=memory,
             context_mask=ctx_mask,
+            pos_emb=self.pos_emb,
         )
         return self.dec_norm(y)
 

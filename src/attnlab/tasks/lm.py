@@ -34,6 +34,7 @@ from attnlab.data.prepare import Prepared, prepare_cached
 from attnlab.data.shards import MANIFEST, BlockSplit
 from attnlab.data.textstream import BUILTIN_CORPORA
 from attnlab.errors import UserError
+from attnlab.fast import FusedLMLoss
 from attnlab.layers import evaluating
 from attnlab.tasks.losses import cross_entropy
 
@@ -156,6 +157,9 @@ class LMTask(CorpusTask):
             )
         self.ids, self.tokenizer, self.config = ids, tokenizer, config
         self.prepared: Prepared | None = None
+        #: the loss from the final hidden states and the output head, for models whose forward
+        #: takes one (:class:`attnlab.DecoderLM`): fused, never keeping the ``(B, T, V)`` logits
+        self.head_loss = FusedLMLoss()
 
     @classmethod
     def build(
@@ -239,7 +243,9 @@ class LMTask(CorpusTask):
         smoothing = getattr(cfg, "label_smoothing", 0.0) or 0.0
         with collect_aux_losses() as aux:
             if takes_targets(model):  # the output projection and the loss fused
-                ce = model(idx, targets=targets, label_smoothing=smoothing)
+                ce = model(
+                    idx, targets=targets, label_smoothing=smoothing, head_loss=self.head_loss
+                )
             else:
                 ce = cross_entropy(model(idx), targets, label_smoothing=smoothing)  # (B, T, V)
         return self.with_moe_aux(model, ce, aux, {})
@@ -274,7 +280,7 @@ class LMTask(CorpusTask):
             for idx, targets in self.eval_batches(batch_size, n_batches):
                 idx, targets = idx.to(device), targets.to(device)
                 if fused:
-                    loss = model(idx, targets=targets)
+                    loss = model(idx, targets=targets, head_loss=self.head_loss)
                 else:
                     loss = cross_entropy(model(idx), targets)  # (B, T, V) logits
                 total += float(loss) * targets.numel()
@@ -284,8 +290,9 @@ class LMTask(CorpusTask):
 
 
 def takes_targets(model: nn.Module) -> bool:
-    """True when ``model(idx, targets=...)`` returns the loss (a :class:`attnlab.DecoderLM`,
-    possibly inside DDP, FSDP or ``torch.compile``), which fuses the output projection with the
+    """True when ``model(idx, targets=..., head_loss=...)`` returns the loss (a
+    :class:`attnlab.DecoderLM`, possibly inside DDP, FSDP or ``torch.compile``), so that the
+    task's :class:`~attnlab.fast.FusedLMLoss` fuses the output projection with the
     cross-entropy."""
     base = model
     while True:
@@ -298,4 +305,4 @@ def takes_targets(model: nn.Module) -> bool:
 
 @functools.cache
 def _forward_takes_targets(cls: type) -> bool:  # once per model class, not per step
-    return "targets" in inspect.signature(cls.forward).parameters
+    return {"targets", "head_loss"} <= set(inspect.signature(cls.forward).parameters)

@@ -1,6 +1,7 @@
-"""Losses shared by the tasks (they live in :mod:`attnlab.layers.losses`, next to the fused
-output projection + cross-entropy that :class:`attnlab.DecoderLM` uses)."""
+"""Losses shared by the tasks: the cross-entropy (:mod:`attnlab.layers.losses`) and its form fused
+with the output projection (:mod:`attnlab.fast.loss`), which the LM task chooses."""
 
-from attnlab.layers.losses import cross_entropy, linear_cross_entropy
+from attnlab.fast.loss import linear_cross_entropy
+from attnlab.layers.losses import cross_entropy
 
 __all__ = ["cross_entropy", "linear_cross_entropy"]

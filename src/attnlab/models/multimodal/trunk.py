@@ -24,9 +24,9 @@ from torch import Tensor, nn
 
 from attnlab.attention.cache import KVCache
 from attnlab.config.multimodal import SceneModelConfig
-from attnlab.layers.block import build_block, build_final_norm, run_blocks
+from attnlab.layers.block import run_blocks
+from attnlab.layers.builders import build_block, build_final_norm, build_positions
 from attnlab.layers.hook import HookPoint
-from attnlab.layers.position import build_positions
 from attnlab.layers.position.grid import sincos_2d
 from attnlab.models.multimodal.encoders import ImageEncoder
 
@@ -57,7 +57,7 @@ class ImageTextTransformer(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.hook_embed = HookPoint()  # text token embeddings (B, L, D); see attnlab.inspect
         self.blocks = nn.ModuleList(
-            build_block(c, cross_attention=True, context_dim=c.d_model, positions=self.pos_emb)
+            build_block(c, cross_attention=True, context_dim=c.d_model, shared_positions=True)
             for _ in range(c.n_layers)
         )
         self.norm_f = build_final_norm(c)
@@ -99,5 +99,6 @@ class ImageTextTransformer(nn.Module):
             is_causal=is_causal,
             positions=positions,
             context=memory,
+            pos_emb=self.pos_emb,
         )
         return self.norm_f(x)

@@ -12,7 +12,8 @@ from typing import Any
 from torch import Tensor, nn
 
 from attnlab.config.block import BlockConfig
-from attnlab.layers.block import TransformerBlock, build_block
+from attnlab.layers.block import TransformerBlock
+from attnlab.layers.builders import build_block
 from attnlab.layers.patch_embed import check_images
 from attnlab.layers.position import PatchGridPositions, RelativePositionBias
 

@@ -40,7 +40,13 @@ from torch import Tensor, nn
 from attnlab.attention.cache import DecodeState
 from attnlab.errors import UserError
 
-__all__ = ["supports_static", "capacity_bucket", "compiled_forward", "start_static"]
+__all__ = [
+    "supports_static",
+    "capacity_bucket",
+    "compiled_forward",
+    "start_static",
+    "CompiledDecoder",
+]
 
 _MIN_BUCKET = 64
 #: above this capacity buckets are quarter octaves, not powers of two
@@ -205,3 +211,50 @@ def start_static(
                     torch._dynamo.mark_static_address(buf)
             torch._dynamo.mark_static_address(state.mask)
     return state
+
+
+class CompiledDecoder(nn.Module):
+    """A language model whose decoding runs over static KV caches with a compiled step
+    (:func:`start_static` with ``compile=True``; capacities rounded by :func:`capacity_bucket`).
+
+    It implements the decoding interface (``start_decoding`` / ``decode_step``) and forwards
+    everything else to ``model``, so :func:`attnlab.decoding.generate` takes it as it takes the
+    model. Made by :func:`attnlab.fast.for_decoding` with ``compile=True``.
+
+    Args:
+        model: a :class:`~attnlab.DecoderLM` (static caches).
+
+    Raises:
+        UserError: a model without static caches.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        if not supports_static(model):
+            raise UserError(
+                f"{type(model).__name__} has no static KV cache: compiled decoding needs a "
+                "Transformer LM (DecoderLM)"
+            )
+        self.model = model
+
+    @property
+    def config(self):
+        """The model's configuration."""
+        return self.model.config
+
+    def forward(self, idx: Tensor, **kwargs) -> Tensor:
+        """The model's forward (eager)."""
+        return self.model(idx, **kwargs)
+
+    def start_decoding(self, batch_size: int, max_len: int | None = None) -> DecodeState:
+        """A static state for ``batch_size`` rows and at least ``max_len`` tokens, whose
+        single-token steps run the compiled forward."""
+        ctx = self.model.config.max_seq_len
+        capacity = capacity_bucket(ctx if max_len is None else max_len, ctx)
+        return start_static(self.model, batch_size, capacity, compile=True)
+
+    def decode_step(
+        self, tokens: Tensor, state: DecodeState, **kwargs
+    ) -> tuple[Tensor, DecodeState]:
+        """The model's ``decode_step`` (the state carries the compiled step)."""
+        return self.model.decode_step(tokens, state, **kwargs)

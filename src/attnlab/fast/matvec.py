@@ -12,7 +12,9 @@ reads at 11 (benchmarks/generate.py prints both in its roofline line).
 
 :class:`Linear` is ``nn.Linear`` (same parameters, same state-dict names) whose forward takes
 this path for one row on a CPU when no gradient is needed, the weight is bf16 or fp32 and the
-kernel is available; otherwise ``F.linear``. Inside ``torch.compile`` the kernel is the custom
+kernel is available; otherwise ``F.linear``. The models are built with plain ``nn.Linear``;
+:func:`use_matvec` (applied by :func:`attnlab.fast.for_decoding`) turns their layers into this
+one, and only then, at the first one-row product, is the kernel built. Inside ``torch.compile`` the kernel is the custom
 operator ``attnlab::matvec``, which inductor calls like its own extern kernels. Where the kernel
 cannot be built (no AVX2/FMA, no C++ compiler or ninja, another architecture) it is off, with
 one logged warning, and every product is ``F.linear``'s. ``ATTNLAB_MATVEC=0`` turns it off.
@@ -32,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Linear", "matvec", "matvec_available"]
+__all__ = ["Linear", "matvec", "matvec_available", "use_matvec"]
 
 log = logging.getLogger(__name__)
 
@@ -242,3 +244,13 @@ class Linear(nn.Linear):
         if _one_row_path(x, self.weight):
             return torch.ops.attnlab.matvec(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+def use_matvec(model: nn.Module) -> nn.Module:
+    """Turn every plain ``nn.Linear`` of ``model`` into a :class:`Linear` (in place: the class
+    of each layer changes, its parameters, ties, hooks and state-dict names stay); returns
+    ``model``. Nothing is built here: the kernel is built at the first one-row product."""
+    for mod in model.modules():
+        if type(mod) is nn.Linear:
+            mod.__class__ = Linear
+    return model
