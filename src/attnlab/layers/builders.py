@@ -29,6 +29,7 @@ from attnlab.layers.ffn import MLP, SwiGLU
 from attnlab.layers.moe import MoE
 from attnlab.layers.norm import make_norm
 from attnlab.layers.position import (
+    POSITION_KINDS,
     ALiBi,
     LearnedPositionalEmbedding,
     NoPositions,
@@ -46,9 +47,6 @@ __all__ = [
     "build_final_norm",
     "build_positions",
 ]
-
-#: 1-D schemes :func:`build_positions` knows
-POSITION_KINDS = ("none", "learned", "sinusoidal", "rope", "alibi", "t5")
 
 
 def build_positions(

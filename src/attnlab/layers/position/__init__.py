@@ -26,6 +26,7 @@ from attnlab.layers.position.rope import RotaryEmbedding, apply_rotary, rotate_h
 from attnlab.layers.position.t5 import T5RelativeBias, relative_position_bucket
 
 __all__ = [
+    "POSITION_KINDS",
     "Positions",
     "NoPositions",
     "sinusoidal_table",
@@ -44,3 +45,6 @@ __all__ = [
     "PatchGridPositions",
     "RelativePositionBias",
 ]
+
+#: 1-D schemes :func:`attnlab.layers.builders.build_positions` knows
+POSITION_KINDS = ("none", "learned", "sinusoidal", "rope", "alibi", "t5")
