@@ -133,3 +133,22 @@ def test_use_matvec_swaps_plain_linears_in_place_keeping_names_and_ties():
     assert model["head"].weight is emb.weight
     assert before.keys() == model.state_dict().keys()
     torch.testing.assert_close(model["head"](model["proj"](x)), want)  # a batch: F.linear
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
+    """A build killed mid-way leaves torch's lock file, on which every later build would wait
+    forever; an old lock is removed, a recent one (a build in progress) is left alone."""
+    import os
+    import time
+
+    from attnlab.fast import matvec as mv
+
+    lock = tmp_path / "lock"
+    lock.write_text("")
+    mv._clear_stale_lock(str(lock))
+    assert lock.exists()  # seconds old: another process may be building
+    old = time.time() - 2 * mv._STALE_LOCK_S
+    os.utime(lock, (old, old))
+    mv._clear_stale_lock(str(lock))
+    assert not lock.exists()
+    mv._clear_stale_lock(str(lock))  # no lock: nothing to do

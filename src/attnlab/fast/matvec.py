@@ -24,11 +24,13 @@ Shape legend: N output features, K input features.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import shutil
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -159,6 +161,22 @@ def _put_ninja_on_path() -> None:
             pass
 
 
+_STALE_LOCK_S = 600.0  # a build takes about a minute; a lock this old was left by a killed build
+
+
+def _clear_stale_lock(lock: str) -> None:
+    """Remove the build lock a killed process left behind: torch's loader waits for it forever
+    (every later test run or generation would hang in ``FileBaton.wait``)."""
+    try:
+        age = time.time() - os.path.getmtime(lock)
+    except OSError:
+        return  # no lock: nobody is building
+    if age > _STALE_LOCK_S:
+        log.warning("attnlab: removing a stale kernel build lock (%.0f s old): %s", age, lock)
+        with contextlib.suppress(OSError):
+            os.remove(lock)
+
+
 @functools.cache
 def _extension():
     """The kernel's operator (``torch.ops.attnlab.matvec``), or None where it cannot be built
@@ -171,7 +189,9 @@ def _extension():
         from torch.utils.cpp_extension import _get_build_directory, load_inline
 
         _put_ninja_on_path()
-        built = os.path.join(_get_build_directory(_EXT_NAME, verbose=False), f"{_EXT_NAME}.so")
+        build_dir = _get_build_directory(_EXT_NAME, verbose=False)
+        _clear_stale_lock(os.path.join(build_dir, "lock"))
+        built = os.path.join(build_dir, f"{_EXT_NAME}.so")
         if not os.path.exists(built):
             print(
                 "attnlab: building the one-row CPU matrix-vector kernel (once, about a minute)",
