@@ -188,7 +188,7 @@ def test_model_rejects_wrong_channels_through_the_library():
 
 
 def test_inductive_bias_experiment_small(tmp_path, capsys):
-    """A budget of 1 s: the fewest steps (10), the same for every run (``--steps N`` is run by
+    """A budget of 1 s: the same steps for every run (at least 10) (``--steps N`` is run by
     test_cli_properties)."""
     out = tmp_path / "ib"
     args = ["experiment", "inductive-bias", "--fractions", "0.2,0.5,1", "--max-time", "1"]
@@ -196,7 +196,10 @@ def test_inductive_bias_experiment_small(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| fraction | train images | CNN test acc | ViT test acc" in text
     result = json.loads((out / "results.json").read_text())
-    assert len(result["runs"]) == 6 and {r["steps"] for r in result["runs"]} == {10}
+    steps = {r["steps"] for r in result["runs"]}
+    # every run the same number of steps, at least the floor of 10 (how many more a 1 s budget
+    # buys depends on the machine; the exact formula is test_inductive_bias_max_time_sizes_...)
+    assert len(result["runs"]) == 6 and len(steps) == 1 and steps.pop() >= 10
     assert result["steps"] == 10 and "10 steps × batch 8" in text
     assert "max_time must be a positive" in _err(capsys, [*args[:2], "--max-time", "-1"])
     assert [r["fraction"] for r in result["table"]] == [0.2, 0.5, 1.0]
