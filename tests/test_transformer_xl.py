@@ -97,6 +97,20 @@ def test_memory_equals_recomputation_over_the_concatenated_context(mem_len):
     assert [m.shape[1] for m in second.memory] == [mem_len] * 2
 
 
+def test_memory_grows_to_mem_len_and_keeps_the_latest_states():
+    model = _tiny(mem_len=20)
+    memory, seen = None, []
+    for _ in range(4):
+        out = model(torch.randint(0, 11, (1, 8)), memory=memory)
+        if memory is not None:  # the older states move left; this segment's 8 come last
+            kept = min(memory[0].shape[1], 20 - 8)
+            for old, new in zip(memory, out.memory):
+                assert new[:, :kept].equal(old[:, old.shape[1] - kept :])
+        memory = out.memory
+        seen.append(memory[0].shape[1])
+    assert seen == [8, 16, 20, 20]
+
+
 def test_memory_carries_no_gradient_but_the_segment_does():
     model = _tiny(mem_len=4).train()
     idx = torch.randint(0, 11, (1, 8))

@@ -73,7 +73,7 @@ class SegmentMemory:
         if self.written is None:
             raise ValueError("this memory has not been read by a forward pass yet")
         both = torch.cat([self.states.to(self.written.dtype), self.written], dim=1)  # (B, M+T, C)
-        return both[:, both.shape[1] - mem_len :].detach()
+        return both[:, max(0, both.shape[1] - mem_len) :].detach()
 
 
 class XLAttention(nn.Module):

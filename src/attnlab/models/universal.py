@@ -80,7 +80,7 @@ class UniversalTransformer(nn.Module):
         self.norm_f = build_final_norm(c)
         self.head = nn.Linear(c.d_model, c.n_classes)
         self.hook_embed = HookPoint()
-        for name, p in self.named_parameters():
+        for p in self.parameters():
             if p.dim() > 1:
                 nn.init.normal_(p, std=c.init_std)
         nn.init.constant_(halting.bias, c.halting_bias)

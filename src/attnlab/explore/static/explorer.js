@@ -405,6 +405,30 @@
     });
   }
 
+  /* ACT's steps per position (payload.act): a bar per token, N of the budget. */
+  function renderSteps() {
+    const act = payload.act;
+    $("steps-panel").hidden = !act;
+    const t = $("act-steps");
+    t.replaceChildren();
+    if (!act) return;
+    const head = el("tr");
+    for (const h of ["token", "steps N", "remainder R", "N + R", ""]) head.append(el("th", {}, h));
+    t.append(head);
+    act.tokens.forEach((tok, i) => {
+      const tr = el("tr", { class: "act-row", "data-query": i, "data-steps": String(act.steps[i]) });
+      if (i === state.query) tr.classList.add("active");
+      tr.append(el("td", { class: "tok" }, shown(tok)), el("td", {}, String(act.steps[i])));
+      tr.append(el("td", {}, fmt(act.remainder[i], 3)), el("td", {}, fmt(act.ponder[i], 3)));
+      const bar = el("td", { class: "bar" }), sp = el("span");
+      sp.style.width = `${Math.round((100 * act.steps[i]) / act.max_steps)}px`;
+      bar.append(sp);
+      tr.append(bar);
+      tr.addEventListener("click", () => select({ query: i }));
+      t.append(tr);
+    });
+  }
+
   /* A masked LM's guesses at each [MASK] (payload.predictions): click one to make it the query. */
   function renderPredictions() {
     const preds = (payload.predictions || []).filter((p) => p.view === view().id);
@@ -522,6 +546,7 @@
     renderEntropy();
     renderRollout();
     renderPredictions();
+    renderSteps();
   }
   function select(change) {
     const before = { ...state };
