@@ -8,14 +8,15 @@ fresh examples every step):
 
 - ``act``: the shared block applied until each position halts (ACT, up to ``max_steps``; ponder
   cost τ);
-- ``fixed``: the same block applied a fixed number of times, the ACT model's mean steps per
-  position on the held-out strings, rounded (at least 1): the same compute on average.
+- ``fixed``: the same block applied a fixed number of times: ⌊m⌋ and ⌈m⌉ for the ACT model's
+  mean steps m per position on the held-out strings (at least 1), one model just below and one
+  just above the same compute on average, trained for as many optimizer steps.
 
 Per length: the ACT model's mean steps over the string's positions and at ``[CLS]``, and both
 models' held-out accuracy; the rank correlation (Spearman) of length and mean steps.
 
 Outputs: ``table.md``, ``results.json``, ``steps_and_accuracy.png`` and the two models as run
-directories ``runs/act`` and ``runs/fixed`` (``attnlab explore runs/act`` shows the steps each
+directories ``runs/act`` and ``runs/fixed-<depth>`` (``attnlab explore runs/act`` shows the steps each
 position took).
 
 Shape legend: B batch, T = 1 + max_len tokens, N max_steps.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,7 +42,13 @@ from attnlab.experiments import common
 from attnlab.layers import evaluating
 from attnlab.models.universal import UniversalTransformer
 
-__all__ = ["AdaptiveComputationConfig", "run_adaptive_computation", "spearman", "save_run"]
+__all__ = [
+    "AdaptiveComputationConfig",
+    "run_adaptive_computation",
+    "spearman",
+    "save_run",
+    "fixed_depths",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +73,10 @@ class AdaptiveComputationConfig(Config):
 
     max_time: float = 240.0
     steps: int | None = None
-    max_len: int = 8
+    max_len: int = 6
     max_steps: int = 8
-    ponder_cost: float = 0.01
-    halting_bias: float = 1.0
+    ponder_cost: float = 0.001
+    halting_bias: float = -1.0
     d_model: int = 64
     n_heads: int = 4
     batch_size: int = 64
@@ -197,14 +205,23 @@ def save_run(model: UniversalTransformer, run_dir: Path, train: dict) -> None:
     save_model(model, run_dir / "model.safetensors")
 
 
+def fixed_depths(mean_steps: float) -> list[int]:
+    """The fixed depths that bracket the ACT model's mean steps: ⌊mean⌋ and ⌈mean⌉ (one depth
+    when the mean is whole), at least 1: one model below, one above equal compute."""
+    low = max(1, math.floor(mean_steps))
+    return sorted({low, max(1, math.ceil(mean_steps))})
+
+
 def run_adaptive_computation(
     cfg: AdaptiveComputationConfig, out_dir: str | Path, *, overwrite: bool = False
 ) -> dict:
-    """Train the ACT model, then the fixed-depth model of its mean steps; evaluate both.
+    """Train the ACT model, then fixed-depth models at ⌊mean steps⌋ and ⌈mean steps⌉ for as
+    many optimizer steps; evaluate all on the same strings.
 
     Returns:
-        ``{"config", "act": {"steps", "seconds", "by_length"}, "fixed": {... , "depth"},
-        "mean_steps", "spearman", "summary", "elapsed"}``.
+        ``{"config", "act": {"steps", "seconds", "by_length", "accuracy"}, "fixed": [{"depth",
+        "steps", "seconds", "by_length", "accuracy"}], "mean_steps", "spearman", "summary",
+        "elapsed"}``.
 
     Raises:
         RunDirError: ``out_dir`` holds files and ``overwrite`` is not set.
@@ -214,50 +231,57 @@ def run_adaptive_computation(
     budget = common.Budget(cfg.max_time)
     out = common.prepare_out_dir(out_dir, overwrite=overwrite)
     device = resolve_device(cfg.device)
-
-    def deadline(parts: int) -> float | None:
-        if cfg.steps is not None:
-            return None
-        return time.perf_counter() + budget.share(parts, reserve=cfg.reserve * cfg.max_time)
-
+    deadline = None
+    if cfg.steps is None:  # the ACT run takes a third; the fixed ones then train as many steps
+        deadline = time.perf_counter() + budget.share(3, reserve=cfg.reserve * cfg.max_time)
     act = _model(cfg, "act", cfg.max_steps)
-    act_run = train_parity(act, cfg, steps=cfg.steps, deadline=deadline(2), device=device)
+    act_run = train_parity(act, cfg, steps=cfg.steps, deadline=deadline, device=device)
     act_eval = evaluate_by_length(act, cfg, device)
+    save_run(act.cpu(), out / "runs" / "act", {k: act_run[k] for k in ("steps", "seconds")})
     mean_steps = float(np.mean([r["steps"] for r in act_eval.values()]))
-    depth = max(1, round(mean_steps))
-    fixed = _model(cfg, "fixed", depth)
-    # the same number of optimizer steps as the ACT model (not the same time)
-    fixed_run = train_parity(fixed, cfg, steps=act_run["steps"], deadline=None, device=device)
-    fixed_eval = evaluate_by_length(fixed, cfg, device)
-    for name, model, run in (("act", act, act_run), ("fixed", fixed, fixed_run)):
-        save_run(model.cpu(), out / "runs" / name, {k: run[k] for k in ("steps", "seconds")})
+
+    def accuracy(by_length: dict) -> float:
+        return float(np.mean([r["accuracy"] for r in by_length.values()]))
+
+    fixed = []
+    for depth in fixed_depths(mean_steps):
+        model = _model(cfg, "fixed", depth)
+        run = train_parity(model, cfg, steps=act_run["steps"], deadline=None, device=device)
+        by_length = evaluate_by_length(model, cfg, device)
+        save_run(
+            model.cpu(), out / "runs" / f"fixed-{depth}", {k: run[k] for k in ("steps", "seconds")}
+        )
+        fixed.append({"depth": depth, "steps": run["steps"], "seconds": run["seconds"],
+                      "by_length": by_length, "accuracy": accuracy(by_length)})  # fmt: skip
     lengths = list(act_eval)
-    rho = spearman(lengths, [act_eval[n]["steps"] for n in lengths])
     results = {
         "config": asdict(cfg),
-        "act": {k: act_run[k] for k in ("steps", "seconds")} | {"by_length": act_eval},
-        "fixed": {k: fixed_run[k] for k in ("steps", "seconds")}
-        | {"by_length": fixed_eval, "depth": depth},
+        "act": {k: act_run[k] for k in ("steps", "seconds")}
+        | {"by_length": act_eval, "accuracy": accuracy(act_eval)},
+        "fixed": fixed,
         "mean_steps": mean_steps,
-        "spearman": rho,
-        "act_accuracy": float(np.mean([r["accuracy"] for r in act_eval.values()])),
-        "fixed_accuracy": float(np.mean([r["accuracy"] for r in fixed_eval.values()])),
+        "spearman": spearman(lengths, [act_eval[n]["steps"] for n in lengths]),
     }
     results["summary"] = summarise(results)
     table = common.Table(
         ["length", "ACT steps (mean over positions)", "ACT steps at [CLS]", "ACT accuracy",
-         f"fixed depth {depth} accuracy"],
-        formats=["", ".2f", ".2f", ".1%", ".1%"],
+         *(f"fixed depth {f['depth']} accuracy" for f in fixed)],
+        formats=["", ".2f", ".2f", ".1%", *(".1%" for _ in fixed)],
     )  # fmt: skip
     for n in lengths:
-        a, f = act_eval[n], fixed_eval[n]
-        table.add(n, a["steps"], a["steps_cls"], a["accuracy"], f["accuracy"])
+        a = act_eval[n]
+        row = [f["by_length"][n]["accuracy"] for f in fixed]
+        table.add(n, a["steps"], a["steps_cls"], a["accuracy"], *row)
+    table.add("all", mean_steps, float(np.mean([r["steps_cls"] for r in act_eval.values()])),
+              results["act"]["accuracy"], *(f["accuracy"] for f in fixed))  # fmt: skip
+    depths = " and ".join(str(f["depth"]) for f in fixed)
     notes = (
         f"Universal Transformer (one block, d_model {cfg.d_model}) on parity of 1…{cfg.max_len} "
-        f"bits, {act_run['steps']} steps of {cfg.batch_size} fresh strings per model; ACT with "
-        f"budget {cfg.max_steps} and τ = {cfg.ponder_cost:g}; the fixed model takes {depth} "
-        f"steps (the ACT model's mean {mean_steps:.2f}, rounded); {cfg.n_test} held-out "
-        "strings per length, the same for both."
+        f"bits, {act_run['steps']} optimizer steps of {cfg.batch_size} fresh strings per model; "
+        f"ACT with budget {cfg.max_steps}, τ = {cfg.ponder_cost:g}, initial halting bias "
+        f"{cfg.halting_bias:g}; fixed depths {depths} bracket the ACT model's mean of "
+        f"{mean_steps:.2f} steps per position; {cfg.n_test} held-out strings per length, the "
+        "same for every model."
     )
     drawn = (plot_steps_and_accuracy, "steps_and_accuracy.png")
     title = "Adaptive computation time: steps and accuracy by difficulty (parity length)"
@@ -266,10 +290,11 @@ def run_adaptive_computation(
 
 
 def summarise(results: dict) -> str:
+    fixed = "; ".join(f"fixed depth {f['depth']} {f['accuracy']:.1%}" for f in results["fixed"])
     return (
         f"Spearman correlation of length and ACT steps: {results['spearman']:+.2f}; mean "
-        f"accuracy ACT {results['act_accuracy']:.1%} at {results['mean_steps']:.2f} steps vs "
-        f"fixed depth {results['fixed']['depth']} {results['fixed_accuracy']:.1%}."
+        f"accuracy ACT {results['act']['accuracy']:.1%} at {results['mean_steps']:.2f} steps per "
+        f"position vs {fixed}."
     )
 
 
@@ -282,7 +307,7 @@ def plot_steps_and_accuracy(results: dict, path: str | Path) -> None:
 
     from attnlab.fileio import atomic_save
 
-    act, fixed = results["act"]["by_length"], results["fixed"]["by_length"]
+    act, fixed = results["act"]["by_length"], results["fixed"]
     xs = [int(n) for n in act]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.plot(xs, [act[n]["steps"] for n in act], marker="o", label="mean over positions")
@@ -291,8 +316,11 @@ def plot_steps_and_accuracy(results: dict, path: str | Path) -> None:
     left.set_ylabel("ACT steps")
     left.legend(fontsize=8)
     right.plot(xs, [act[n]["accuracy"] for n in act], marker="o", label="ACT")
-    depth = results["fixed"]["depth"]
-    right.plot(xs, [fixed[n]["accuracy"] for n in fixed], marker="s", label=f"fixed {depth}")
+    for f in fixed:
+        by = f["by_length"]
+        right.plot(
+            xs, [by[n]["accuracy"] for n in by], marker="s", label=f"fixed depth {f['depth']}"
+        )
     right.axhline(0.5, color="grey", linestyle=":", linewidth=1)
     right.set_xlabel("parity length (bits)")
     right.set_ylabel("held-out accuracy")
