@@ -49,6 +49,8 @@ _WORK = [
     ("attnlab.explore", "make_server"),
     ("attnlab.experiments.scene_runs", "pretrain_encoder"),  # (train caption --pretrain-steps)
     ("attnlab.experiments.caption_features", "pretrain_encoder"),
+    ("attnlab.experiments.long_context", "train_xl"),  # (their own loops, not the trainer's)
+    ("attnlab.experiments.adaptive_computation", "train_parity"),
 ]
 
 

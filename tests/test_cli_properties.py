@@ -223,6 +223,17 @@ CASES: dict[tuple, tuple[list[str], list]] = {
         ["--seq-len", "8", "--d-model", "8", "--steps", "2", "--no-progress", *CPU, "--out", OUT],
         [],
     ),
+    ("experiment", "long-context"): (
+        ["--data", "inputs/small.txt", "--segment", "8", "--doc-len", "16", "--n-docs", "2"]
+        + ["--batch-size", "2", "--d-model", "16", "--steps", "2", "--no-progress", *CPU]
+        + ["--out", OUT],
+        ["--data"],
+    ),
+    ("experiment", "adaptive-computation"): (
+        ["--max-len", "3", "--d-model", "16", "--n-test", "4", "--steps", "2", "--no-progress"]
+        + [*CPU, "--out", OUT],
+        [],
+    ),
     ("prepare",): (["--data", "inputs/small.txt", "--workers", "1", "--out", OUT], ["--data"]),
     ("generate",): (
         ["runs/lm_gpt2", "--prompt", "The ", "-n", "5", "--temperature", "0"],

@@ -7,6 +7,7 @@ relative positions) and the Universal Transformer with adaptive computation time
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -103,5 +104,11 @@ class UniversalConfig(TextStackConfig):
             )
         self.positive("n_classes")
         self.positive("ponder_cost", allow_zero=True)
+        for name in ("ponder_cost", "halting_bias"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or abs(value) > 100:
+                raise ConfigError(
+                    f"{name} must be a finite number of at most 100 in size, got {value!r}"
+                )
         if not 0.0 < self.act_epsilon < 1.0:
             raise ConfigError(f"act_epsilon must be in (0, 1), got {self.act_epsilon!r}")

@@ -92,6 +92,11 @@ class AdaptiveComputationConfig(Config):
         self.positive("max_time", "steps", "max_len", "d_model", "n_heads", "batch_size", "lr")
         self.positive("n_test")
         self.positive("ponder_cost", allow_zero=True)
+        for name in ("lr", "ponder_cost", "halting_bias"):
+            if not math.isfinite(getattr(self, name)):
+                raise UserError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        common.at_most(self, max_len=512, max_steps=64, d_model=4096, n_heads=64,
+                       batch_size=1 << 14, n_test=1 << 16)  # fmt: skip
         if self.max_steps < 1:
             raise UserError(
                 f"the ponder budget max_steps={self.max_steps} is below one step (use >= 1)"

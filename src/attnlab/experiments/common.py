@@ -35,6 +35,7 @@ __all__ = [
     "steps_within",
     "warmup_within",
     "prepare_out_dir",
+    "at_most",
     "Table",
     "write_outputs",
     "undertrained",
@@ -138,6 +139,18 @@ def seconds_per_step(
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return max(time.perf_counter() - start, 1e-9) / steps
+
+
+def at_most(config: Any, **limits: int) -> None:
+    """Refuse a setting above its limit (sizes a 2-core machine could never build or run).
+
+    Raises:
+        UserError: ``NAME=VALUE is more than this experiment allows (at most LIMIT)``.
+    """
+    for name, limit in limits.items():
+        value = getattr(config, name)
+        if value is not None and value > limit:
+            raise UserError(f"{name}={value} is more than this experiment allows (at most {limit})")
 
 
 def prepare_out_dir(out: str | Path, *, overwrite: bool = False) -> Path:

@@ -102,6 +102,11 @@ class LongContextConfig(Config):
         if self.stride is None:
             self.stride = max(1, self.segment // 4)
         self.positive("mem_len", "stride")
+        for name in ("lr",):
+            if not math.isfinite(getattr(self, name)):
+                raise UserError(f"{name} must be a finite number, got {getattr(self, name)!r}")
+        common.at_most(self, segment=1 << 14, mem_len=1 << 14, doc_len=1 << 16, n_docs=1 << 14,
+                       d_model=4096, n_layers=64, n_heads=64, batch_size=1 << 12)  # fmt: skip
         if self.stride > self.segment:
             raise UserError(f"stride={self.stride} must not exceed the segment {self.segment}")
         if self.doc_len <= self.segment:
@@ -316,6 +321,12 @@ def run_long_context(
         max_seq_len=span,
         mem_len=cfg.mem_len,
     )
+    if len(task.splits["train"]) // cfg.batch_size < cfg.segment + 1:
+        raise UserError(
+            f"the training text ({len(task.splits['train'])} tokens) cut into batch_size="
+            f"{cfg.batch_size} streams leaves fewer than segment + 1 = {cfg.segment + 1} tokens "
+            "each: use a smaller --batch-size or --segment, or more text"
+        )
     torch.manual_seed(cfg.seed)
     model = TransformerXL(model_cfg).to(device)
     deadline = None
