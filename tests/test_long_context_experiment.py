@@ -20,6 +20,7 @@ from attnlab.experiments.long_context import (
     run_long_context,
 )
 from attnlab.models.transformer_xl import TransformerXL
+from attnlab.runs import load
 
 
 def test_readings_score_every_token_once_and_count_their_cost():
@@ -86,6 +87,9 @@ def test_long_context_claims_at_small_size(tmp_path):
     assert "memory" in table and "full" in table
     assert json.loads((tmp_path / "lc" / "results.json").read_text())["train"]["steps"] == 60
     assert (tmp_path / "lc" / "loss_by_position.png").stat().st_size > 0
+    run = load(tmp_path / "lc" / "runs" / "xl")  # the trained model, its tokenizer
+    assert run.kind == "transformer_xl" and run.model.config.mem_len == 16
+    assert run.tokenizer.vocab_size == run.model.config.vocab_size
 
 
 def test_bad_settings_are_named():

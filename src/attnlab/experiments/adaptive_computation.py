@@ -39,8 +39,11 @@ from attnlab.config.variants import UniversalConfig
 from attnlab.data.parity import VOCAB, parity_batch
 from attnlab.errors import UserError
 from attnlab.experiments import common
+from attnlab.fileio import atomic_save, atomic_write_text
 from attnlab.layers import evaluating
 from attnlab.models.universal import UniversalTransformer
+from attnlab.runs import save_model
+from attnlab.train.distributed import resolve_device
 
 __all__ = [
     "AdaptiveComputationConfig",
@@ -196,9 +199,6 @@ def evaluate_by_length(
 def save_run(model: UniversalTransformer, run_dir: Path, train: dict) -> None:
     """A run directory :func:`attnlab.load` and ``attnlab explore`` open: ``config.json``
     (kind, model, the parity task, training) and ``model.safetensors``."""
-    from attnlab.fileio import atomic_write_text
-    from attnlab.runs import save_model
-
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = {
         "kind": model.kind,
@@ -231,8 +231,6 @@ def run_adaptive_computation(
     Raises:
         RunDirError: ``out_dir`` holds files and ``overwrite`` is not set.
     """
-    from attnlab.train.distributed import resolve_device
-
     budget = common.Budget(cfg.max_time)
     out = common.prepare_out_dir(out_dir, overwrite=overwrite)
     device = resolve_device(cfg.device)
@@ -309,8 +307,6 @@ def plot_steps_and_accuracy(results: dict, path: str | Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from attnlab.fileio import atomic_save
 
     act, fixed = results["act"]["by_length"], results["fixed"]
     xs = [int(n) for n in act]

@@ -23,13 +23,14 @@ pairs scored per token (per layer; counted, not estimated), and the measured eva
 token, on whatever the machine is doing besides (the rows and pairs are the load-free measure).
 
 Outputs: ``table.md``, ``results.json``, ``loss_by_position.png`` (loss at each position of the
-document, per reading).
+document, per reading) and the trained model as a run directory, ``runs/xl``.
 
 Shape legend: D documents, N document length, L segment, M memory, V vocab_size.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -46,8 +47,11 @@ from attnlab.config.variants import TransformerXLConfig
 from attnlab.errors import UserError
 from attnlab.experiments import common
 from attnlab.experiments.lm_runs import lm_task
+from attnlab.fileio import atomic_save, atomic_write_text
 from attnlab.layers import evaluating
 from attnlab.models.transformer_xl import TransformerXL
+from attnlab.runs import save_model
+from attnlab.train.distributed import resolve_device
 
 __all__ = ["LongContextConfig", "run_long_context", "Reading", "read_sliding", "read_memory"]
 
@@ -279,6 +283,21 @@ def readings(model: TransformerXL, docs: Tensor, cfg: LongContextConfig) -> dict
     return out
 
 
+def save_run(model: TransformerXL, task, run_dir: Path, trained: dict) -> None:
+    """A run directory :func:`attnlab.load` opens: ``config.json`` (kind, model, the corpus
+    task, training), ``model.safetensors`` and the tokenizer."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "kind": model.kind,
+        "model": model.config.to_dict(),
+        "task": task.config_dict(),
+        "train": {k: trained[k] for k in ("steps", "seconds")},
+    }
+    atomic_write_text(run_dir / "config.json", json.dumps(cfg, indent=2) + "\n")
+    save_model(model, run_dir / "model.safetensors")
+    task.save_artifacts(run_dir)
+
+
 def describe(cfg: LongContextConfig) -> dict[str, str]:
     L, M, s = cfg.segment, cfg.mem_len, cfg.stride
     return {
@@ -305,8 +324,6 @@ def run_long_context(
         RunDirError: ``out_dir`` holds files and ``overwrite`` is not set.
         UserError: a bad setting, too little held-out text.
     """
-    from attnlab.train.distributed import resolve_device
-
     budget = common.Budget(cfg.max_time)
     out = common.prepare_out_dir(out_dir, overwrite=overwrite)
     device = resolve_device(cfg.device)
@@ -334,6 +351,7 @@ def run_long_context(
         deadline = time.perf_counter() + budget.share(1, reserve=cfg.reserve * cfg.max_time)
     trained = train_xl(model, task.splits["train"], cfg, deadline=deadline, device=device)
     log.info("long-context: %d training steps", trained["steps"])
+    save_run(model, task, out / "runs" / "xl", trained)
     read = {k: r.summary() for k, r in readings(model, docs, cfg).items()}
     tail = trained["losses"][-max(1, len(trained["losses"]) // 10) :]
     results = {
@@ -417,8 +435,6 @@ def plot_loss_by_position(results: dict, path: str | Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from attnlab.fileio import atomic_save
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     L = results["config"]["segment"]
