@@ -69,7 +69,9 @@ class MultiHeadAttention(nn.Module):
         positions: a relative position module (RoPE, ALiBi, T5) this layer owns; a module shared
             by the layers of a model is owned by the model and passed to :meth:`forward` as
             ``pos_emb`` instead.
-        q_norm, k_norm: per-head norms of q and k (QK-norm); default none.
+        qk_norm: ``(q_norm, k_norm)``, per-head norms of q and k (QK-norm); default none.
+        scale: multiplies the scores ``q·k`` (default ``1/√D``; T5 uses 1, its initialisation
+            folds the scale into W_Q).
         dropout: dropout on the attention weights (training only).
         backend, backend_options: the attention backend and its options (see
             :func:`attnlab.attention.scaled_dot_product_attention`).
@@ -92,8 +94,8 @@ class MultiHeadAttention(nn.Module):
         q_proj: nn.Module | None = None,
         kv_proj: nn.Module | None = None,
         positions: Positions | None = None,
-        q_norm: nn.Module | None = None,
-        k_norm: nn.Module | None = None,
+        qk_norm: tuple[nn.Module, nn.Module] | None = None,
+        scale: float | None = None,
         dropout: float = 0.0,
         backend: str = "auto",
         backend_options: dict | None = None,
@@ -142,8 +144,9 @@ class MultiHeadAttention(nn.Module):
         else:
             self.qkv = qkv  # Q | K | V
         self.out_proj = out_proj
-        self.q_norm = q_norm if q_norm is not None else nn.Identity()
-        self.k_norm = k_norm if k_norm is not None else nn.Identity()
+        q_norm, k_norm = qk_norm if qk_norm is not None else (nn.Identity(), nn.Identity())
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.scale = scale
         # relative schemes (RoPE, ALiBi, T5...) act here; absolute ones are the model's business
         self.positions = positions if positions is not None and positions.relative else None
         self.linformer = linformer
@@ -247,6 +250,7 @@ class MultiHeadAttention(nn.Module):
             v,
             mask=mask,
             is_causal=is_causal,
+            scale=self.scale,
             bias=bias,
             dropout_p=self.dropout if self.training else 0.0,
             backend=backend,
@@ -258,7 +262,9 @@ class MultiHeadAttention(nn.Module):
             # raw scores only when a capture asks for them (the explorer): one more Q Kᵀ
             scores = None
             if capturing_scores():
-                scores = attention_scores(q, k, mask=mask, is_causal=is_causal, bias=bias)
+                scores = attention_scores(
+                    q, k, mask=mask, is_causal=is_causal, scale=self.scale, bias=bias
+                )
             report_attention(self, weights, scores)
         out = self.hook_z(out.transpose(1, 2)).reshape(B, T, H * D)  # (B, T, H·D)
         return self.out_proj(out), weights
@@ -274,7 +280,9 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """The math path with the scores and the pattern passing through their hook points
         (taken only while one of them has a hook): ``(out (B, H, T, D), weights (B, H, T, S))``."""
-        scores = attention_scores(q, k, mask=mask, is_causal=is_causal, bias=bias)  # (B, H, T, S)
+        scores = attention_scores(
+            q, k, mask=mask, is_causal=is_causal, scale=self.scale, bias=bias
+        )  # (B, H, T, S)
         scores = self.hook_attn_scores(scores)
         empty = torch.isneginf(scores).all(dim=-1, keepdim=True)  # a row with no allowed key
         weights = scores.masked_fill(empty, 0.0).softmax(dim=-1).masked_fill(empty, 0.0)

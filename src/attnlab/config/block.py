@@ -26,7 +26,7 @@ __all__ = [
     "Activation",
 ]
 
-FFNKind = Literal["mlp", "swiglu", "moe", "none"]
+FFNKind = Literal["mlp", "swiglu", "gated", "moe", "none"]
 NormKind = Literal["layernorm", "rmsnorm"]
 NormPosition = Literal["pre", "post"]
 Activation = Literal["gelu_tanh", "gelu", "relu", "silu"]
@@ -49,7 +49,8 @@ class BlockConfig(Config):
         n_heads: query heads H.
         n_kv_heads: key/value heads (None = n_heads; fewer = grouped-query attention, 1 = MQA).
         head_dim: per-head width (None = d_model // n_heads).
-        ffn: ``mlp`` | ``swiglu`` | ``moe`` | ``none`` (attention-only blocks, as in the
+        ffn: ``mlp`` | ``swiglu`` | ``gated`` (``(act(x W₁) ⊙ x W₂) W₃`` with ``activation``: GEGLU
+            for ``gelu_tanh``, T5 1.1's) | ``moe`` | ``none`` (attention-only blocks, as in the
             induction-head models of Olsson et al. 2022).
         ffn_hidden: inner width (None = 4·d for mlp, ≈ 8/3·d for gated FFNs).
         activation: MLP activation; MoE experts are SwiGLU when ``silu``.
@@ -60,6 +61,8 @@ class BlockConfig(Config):
         rope_theta: RoPE's base θ.
         qk_norm: normalise q and k per head (None | ``rmsnorm`` | ``layernorm``).
         qk_norm_eps: the QK-norm's ε.
+        attn_scale: multiplies the scores q·k (None = 1/√head_dim; T5 uses 1.0: its
+            initialisation folds the scale into W_Q).
         bias: biases in the linear layers and LayerNorms.
         dropout: residual and embedding dropout. attn_dropout: on the attention weights.
         drop_path: stochastic depth: the largest rate, reached by the last block (linear in depth).
@@ -87,6 +90,7 @@ class BlockConfig(Config):
     rope_theta: float = 10000.0
     qk_norm: NormKind | None = None
     qk_norm_eps: float = 1e-6
+    attn_scale: float | None = None
     bias: bool = True
     dropout: float = 0.0
     attn_dropout: float = 0.0
@@ -118,7 +122,9 @@ class BlockConfig(Config):
         if self.position == "sinusoidal" and self.d_model % 2 != 0:
             raise ConfigError(f"sinusoidal positions need an even d_model, got {self.d_model}")
         if self.ffn_hidden is None:
-            gated = self.ffn == "swiglu" or (self.ffn == "moe" and self.activation == "silu")
+            gated = self.ffn in ("swiglu", "gated") or (
+                self.ffn == "moe" and self.activation == "silu"
+            )
             self.ffn_hidden = swiglu_hidden(self.d_model) if gated else 4 * self.d_model
         self.positive("ffn_hidden")
         if self.ffn == "moe" and not 1 <= self.top_k <= self.n_experts:
@@ -126,7 +132,7 @@ class BlockConfig(Config):
                 f"top_k ({self.top_k}) must be between 1 and n_experts ({self.n_experts})"
             )
         self.positive("moe_aux_coef", allow_zero=True)
-        self.positive("norm_eps", "qk_norm_eps", "rope_theta")
+        self.positive("norm_eps", "qk_norm_eps", "rope_theta", "attn_scale")
         self.fraction("dropout", "attn_dropout", "drop_path")
         if self.linformer_k is not None:
             self.positive("linformer_k")

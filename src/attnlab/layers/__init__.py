@@ -3,7 +3,7 @@ embedding, the block, the RNN baselines' recurrent stacks, the cross-entropy, an
 mode switch."""
 
 from attnlab.layers.drop_path import DropPath, drop_path
-from attnlab.layers.ffn import MLP, SwiGLU
+from attnlab.layers.ffn import MLP, GatedFFN, SwiGLU
 from attnlab.layers.losses import cross_entropy
 from attnlab.layers.modes import evaluating
 from attnlab.layers.moe import MoE, load_balancing_loss
@@ -43,6 +43,7 @@ __all__ = [
     "RotaryEmbedding",
     "SinusoidalPositionalEmbedding",
     "SwiGLU",
+    "GatedFFN",
     "T5RelativeBias",
     "TransformerBlock",
     "alibi_bias",

@@ -25,7 +25,7 @@ from attnlab.attention.core import check_backend
 from attnlab.attention.linformer import LinformerProjection
 from attnlab.attention.multihead import MultiHeadAttention
 from attnlab.layers.block import TransformerBlock
-from attnlab.layers.ffn import MLP, SwiGLU
+from attnlab.layers.ffn import MLP, GatedFFN, SwiGLU
 from attnlab.layers.moe import MoE
 from attnlab.layers.norm import make_norm
 from attnlab.layers.position import (
@@ -108,7 +108,7 @@ def build_attention(
     """A :class:`MultiHeadAttention` from a config's attention fields.
 
     Reads ``d_model``, ``n_heads``, ``n_kv_heads``, ``head_dim``, ``bias``, ``qk_norm``,
-    ``qk_norm_eps``, ``attn_dropout``, ``position``, ``rope_theta``,
+    ``qk_norm_eps``, ``attn_scale``, ``attn_dropout``, ``position``, ``rope_theta``,
     ``backend``, ``backend_options`` and ``linformer_k``.
 
     Args:
@@ -137,9 +137,14 @@ def build_attention(
     check_backend(c.backend, backend_options, dropout_p=c.attn_dropout)
     norms = {}
     if c.qk_norm is not None:
-        norms = {n: make_norm(c.qk_norm, D, eps=c.qk_norm_eps, **kw) for n in ("q_norm", "k_norm")}
+        norms["qk_norm"] = tuple(make_norm(c.qk_norm, D, eps=c.qk_norm_eps, **kw) for _ in "qk")
     out_proj = nn.Linear(H * D, c.d_model, bias=c.bias, **kw)
-    common = dict(dropout=c.attn_dropout, backend=c.backend, backend_options=backend_options)
+    common = dict(
+        scale=getattr(c, "attn_scale", None),
+        dropout=c.attn_dropout,
+        backend=c.backend,
+        backend_options=backend_options,
+    )
     linformer_k = getattr(c, "linformer_k", None)
     if cross:
         if linformer_k is not None:
@@ -180,7 +185,8 @@ def build_attention(
 
 
 def build_ffn(config: Any, *, device=None, dtype=None) -> nn.Module | None:
-    """The position-wise FFN named by ``config.ffn``: ``mlp`` | ``swiglu`` | ``moe``, or None for
+    """The position-wise FFN named by ``config.ffn``: ``mlp`` | ``swiglu`` | ``gated`` (a GLU
+    variant gated by ``activation``: GEGLU with ``gelu_tanh``, T5 1.1's) | ``moe``, or None for
     ``none`` (an attention-only block); reads ``d_model``, ``ffn_hidden``, ``activation``,
     ``bias``, ``n_experts``, ``top_k``.
 
@@ -193,6 +199,8 @@ def build_ffn(config: Any, *, device=None, dtype=None) -> nn.Module | None:
         return MLP(c.d_model, c.ffn_hidden, activation=c.activation, bias=c.bias, **kw)
     if c.ffn == "swiglu":
         return SwiGLU(c.d_model, c.ffn_hidden, bias=c.bias, **kw)
+    if c.ffn == "gated":
+        return GatedFFN(c.d_model, c.ffn_hidden, activation=c.activation, bias=c.bias, **kw)
     if c.ffn == "moe":
         return MoE(
             c.d_model,
@@ -205,7 +213,7 @@ def build_ffn(config: Any, *, device=None, dtype=None) -> nn.Module | None:
         )
     if c.ffn == "none":
         return None
-    raise ValueError(f"unknown ffn {c.ffn!r}; choose 'mlp', 'swiglu', 'moe' or 'none'")
+    raise ValueError(f"unknown ffn {c.ffn!r}; choose 'mlp', 'swiglu', 'gated', 'moe' or 'none'")
 
 
 def build_block(

@@ -1,7 +1,8 @@
-"""Position-wise feed-forward networks: MLP (ReLU / GELU / tanh-GELU) and SwiGLU.
+"""Position-wise feed-forward networks: MLP (ReLU / GELU / tanh-GELU) and the gated ones.
 
-    MLP(x)    = act(x W₁ + b₁) W₂ + b₂                    (hidden = 4·d_model by default)
-    SwiGLU(x) = (SiLU(x W₁) ⊙ x W₂) W₃                    (Shazeer 2020; Llama's FFN)
+    MLP(x)      = act(x W₁ + b₁) W₂ + b₂                  (hidden = 4·d_model by default)
+    GatedFFN(x) = (act(x W₁) ⊙ x W₂) W₃                   (Shazeer 2020, "GLU variants")
+    SwiGLU(x)   = GatedFFN with act = SiLU                 (Llama's FFN); GEGLU: act = GELU (T5 1.1)
 
 Shapes: x ``(..., d_model)`` -> ``(..., d_model)``; the same weights act on every position.
 """
@@ -15,7 +16,7 @@ from torch import Tensor, nn
 
 from attnlab.layers.hook import HookPoint
 
-__all__ = ["MLP", "SwiGLU", "ACTIVATIONS", "Activation"]
+__all__ = ["MLP", "GatedFFN", "SwiGLU", "ACTIVATIONS", "Activation"]
 
 Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
 
@@ -66,11 +67,53 @@ class MLP(nn.Module):
         return self.dropout(self.fc2(self.hook_post(self.act(self.hook_pre(self.fc1(x))))))
 
 
-class SwiGLU(nn.Module):
-    """Gated FFN ``(SiLU(x W₁) ⊙ x W₂) W₃``.
+class GatedFFN(nn.Module):
+    """Gated FFN ``(act(x W₁) ⊙ x W₂) W₃``: one linear map gates another, element by element.
 
     The lecture's W₁, W₂, W₃ are ``gate``, ``up`` and ``down`` here (HF Llama's gate_proj, up_proj,
-    down_proj; Meta's w1, w3, w2).
+    down_proj; HF T5's wi_0, wi_1, wo; Meta's w1, w3, w2).
+
+    Args:
+        d_model: input and output width.
+        hidden: inner width (default ≈ 8/3 · d_model, so the parameters match a 4× MLP).
+        activation: the gate's ``relu`` | ``gelu`` | ``gelu_tanh`` (GEGLU, T5 1.1) | ``silu``.
+        bias: use biases.
+        dropout: dropout on the output.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        hidden: int | None = None,
+        *,
+        activation: str = "gelu_tanh",
+        bias: bool = True,
+        dropout: float = 0.0,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(
+                f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}"
+            )
+        hidden = _swiglu_hidden(d_model) if hidden is None else hidden
+        self.gate = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
+        self.up = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
+        self.down = nn.Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
+        self.act = ACTIVATIONS[activation]
+        self.activation = activation
+        self.dropout = nn.Dropout(dropout)
+        # hook points (..., hidden): x W₁ (gate), x W₂ (up), and act(x W₁) ⊙ x W₂ (the neurons)
+        self.hook_pre, self.hook_pre_linear, self.hook_post = HookPoint(), HookPoint(), HookPoint()
+
+    def forward(self, x: Tensor) -> Tensor:
+        gated = self.act(self.hook_pre(self.gate(x))) * self.hook_pre_linear(self.up(x))
+        return self.dropout(self.down(self.hook_post(gated)))
+
+
+class SwiGLU(GatedFFN):
+    """Gated FFN ``(SiLU(x W₁) ⊙ x W₂) W₃`` (Llama's): :class:`GatedFFN` gated by SiLU.
 
     Args:
         d_model: input and output width.
@@ -89,18 +132,9 @@ class SwiGLU(nn.Module):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__()
-        hidden = _swiglu_hidden(d_model) if hidden is None else hidden
-        self.gate = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
-        self.up = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
-        self.down = nn.Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
-        self.dropout = nn.Dropout(dropout)
-        # hook points (..., hidden): x W₁ (gate), x W₂ (up), and SiLU(x W₁) ⊙ x W₂ (the neurons)
-        self.hook_pre, self.hook_pre_linear, self.hook_post = HookPoint(), HookPoint(), HookPoint()
-
-    def forward(self, x: Tensor) -> Tensor:
-        gated = F.silu(self.hook_pre(self.gate(x))) * self.hook_pre_linear(self.up(x))
-        return self.dropout(self.down(self.hook_post(gated)))
+        super().__init__(
+            d_model, hidden, activation="silu", bias=bias, dropout=dropout, device=device, dtype=dtype
+        )
 
 
 def _swiglu_hidden(d_model: int, multiple_of: int = 8) -> int:

@@ -6,7 +6,8 @@ the config describes (built on the ``meta`` device, within bounds from the safet
 :mod:`attnlab.checkpoint_check`), gives the names and shapes the files must hold, which are
 checked before anything is allocated or read; then the key map converts the tensors. Writing runs the same key map the
 other way. The families: GPT-2, Llama, Mixtral (:mod:`~attnlab.interop.hf.lm`), ViT, Swin
-(:mod:`~attnlab.interop.hf.vision`), BERT (:mod:`~attnlab.interop.hf.bert`).
+(:mod:`~attnlab.interop.hf.vision`), BERT (:mod:`~attnlab.interop.hf.bert`), T5
+(:mod:`~attnlab.interop.hf.t5`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from attnlab.interop.hf.checkpoint import (
 )
 from attnlab.interop.hf.family import Family, check_config, load_weights, prepare
 from attnlab.interop.hf.lm import LM_FAMILIES, lm_export
+from attnlab.interop.hf.t5 import T5_FAMILY, t5_export
 from attnlab.interop.hf.vision import SWIN, VIT, swin_export, vit_export
 from attnlab.interop.keymap import KeyMap
 
@@ -47,7 +49,7 @@ __all__ = [
     "load_hf_lm",
 ]
 
-FAMILIES: tuple[Family, ...] = (*LM_FAMILIES, VIT, SWIN, BERT)
+FAMILIES: tuple[Family, ...] = (*LM_FAMILIES, VIT, SWIN, BERT, T5_FAMILY)
 SUPPORTED_ARCHITECTURES = tuple(a for f in FAMILIES for a in f.architectures)
 
 
@@ -89,7 +91,8 @@ def from_hf(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None) 
 
     GPT-2, Llama and Mixtral become a :class:`attnlab.DecoderLM`; ViT and Swin (``...Model`` or
     ``...ForImageClassification``) the vision models of :mod:`attnlab.models.vision`; BERT
-    (``BertForMaskedLM`` / ``BertModel``) an :class:`attnlab.models.encoder.EncoderMLM`.
+    (``BertForMaskedLM`` / ``BertModel``) an :class:`attnlab.models.encoder.EncoderMLM`; T5
+    (``T5ForConditionalGeneration``, 1.0 and 1.1 layouts) a :class:`attnlab.models.t5.T5`.
 
     Args:
         path: folder with ``config.json`` and ``model.safetensors`` (or shards plus
@@ -136,6 +139,8 @@ def _export(model: nn.Module, moe_layout: str) -> tuple[dict, KeyMap]:
         return swin_export(model)
     if kind == "encoder_mlm":
         return bert_export(model)
+    if kind in ("t5", "t5_span"):
+        return t5_export(model)
     return lm_export(model, moe_layout=moe_layout)  # refuses anything else, by name
 
 
@@ -153,11 +158,12 @@ def to_hf(
     """Write ``model`` as a Hugging Face checkpoint folder (``config.json`` + safetensors).
 
     ``transformers.AutoModelForCausalLM.from_pretrained(path)`` loads the result (for ViT / Swin:
-    ``AutoModel`` or ``AutoModelForImageClassification``; BERT: ``BertForMaskedLM``).
+    ``AutoModel`` or ``AutoModelForImageClassification``; BERT: ``BertForMaskedLM``; T5:
+    ``T5ForConditionalGeneration``).
 
     Args:
-        model: a DecoderLM expressible as GPT-2, Llama or Mixtral, a ViT / Swin model, or an
-            EncoderMLM expressible as BERT.
+        model: a DecoderLM expressible as GPT-2, Llama or Mixtral, a ViT / Swin model, an
+            EncoderMLM expressible as BERT, or a T5 with shared embeddings.
         path: output folder (created).
         tokenizer: a ``tokenizers.Tokenizer`` or attnlab byte-level BPE tokenizer (saved as
             ``tokenizer.json``), or the path of a Hugging Face ``tokenizer.json`` to copy.
