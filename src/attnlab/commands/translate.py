@@ -30,7 +30,7 @@ def register(groups) -> None:
 
     p = groups["train"].add_parser(
         "translate",
-        help="train a translation model (RNN, RNN + attention, Transformer)",
+        help="train a translation model (RNN, RNN + attention, Transformer, T5)",
         description="Train an encoder-decoder on generated numbers/dates or a TSV parallel file. "
         "Defaults: transformer = label smoothing 0.1, inverse-square-root schedule with warm-up, "
         "Adam betas (0.9, 0.98); RNNs = cosine schedule, no smoothing.",
@@ -60,8 +60,10 @@ def register(groups) -> None:
     # fmt: off
     add_flags(m, [
         ("--model", MODEL_KINDS, None, "model kind (default transformer)"),
+        ("--arch", MODEL_KINDS, None, "the same as --model", {"dest": "model"}),
         ("--preset", None, None,
-         "model size preset (transformer: tiny, small, vaswani, vaswani-big; rnn: tiny, small, "
+         "model size preset (transformer: tiny, small, vaswani, vaswani-big; t5: tiny, "
+         "tiny-v1_1, small, t5-small, t5-base, t5-v1_1-small, t5-v1_1-base; rnn: tiny, small, "
          "base; default: small)"),
         ("--cell", ["gru", "lstm"], None, "RNN cell (default gru)"),
         ("--norm-position", ["pre", "post"], None,

@@ -35,7 +35,7 @@ __all__ = [
     "default_input",
 ]
 
-KINDS = ("transformer", "rnn-attn")
+KINDS = ("transformer", "t5", "rnn-attn")
 INPUT = "text"
 QUESTION = False
 #: longest source sentence (tokens) for models without a context length of their own
@@ -46,6 +46,8 @@ DEFAULT_TEXT = "three hundred and forty two"
 PLACEHOLDER = "a sentence to translate"
 
 PAD, START, END = "<pad>", "<start>", "<end>"
+#: what the raw scores of each kind are (the Transformer's: q·k/√d)
+_SCORE_LABELS = {"rnn-attn": "vᵀtanh(W_s s + W_h h)", "t5": "q·k + b(j − i)"}
 
 
 def _classify(stack: str, attn: str, name: str) -> str | None:
@@ -145,6 +147,7 @@ def explain(run: LoadedRun, inp) -> dict:
             "Row t: where in the source the decoder looked while producing word t.",
         ),
     }
+    unscaled = run.kind == "t5"
     for vid in ("cross", "encoder", "decoder"):
         if vid not in groups:
             continue
@@ -159,9 +162,13 @@ def explain(run: LoadedRun, inp) -> dict:
                 keys=keys,
                 note=note,
                 rollout=vid == "encoder",
-                head_dim=head_dim_of(model, layers[0].name),
+                # T5 does not divide by √d: no "without the 1/√d" column for its scores
+                head_dim=None if unscaled else head_dim_of(model, layers[0].name),
+                scores_have_bias=unscaled and vid != "cross",  # T5's relative bias
                 # Bahdanau scores e_j = vᵀ tanh(W_s s + W_h h_j), when the layer reports them
-                score_label="vᵀtanh(W_s s + W_h h)" if run.kind == "rnn-attn" else "q·k/√d",
+                score_label=_SCORE_LABELS.get(run.kind, "q·k/√d")
+                if not (unscaled and vid == "cross")
+                else "q·k",
             )
         )
     translation = tgt.decode(out_ids) if hasattr(tgt, "decode") else " ".join(produced)

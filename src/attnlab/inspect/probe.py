@@ -82,7 +82,7 @@ def probe_for(run: Any, *, batch: int = 4, length: int = 16, seed: int = 1234) -
             what = "cross-entropy of reconstructing the tokens"
         desc = f"{batch} rows of {n} random tokens repeated twice; loss: {what}"
         return Probe(ids, loss, ids, None, desc)
-    if kind in ("transformer", "rnn", "rnn-attn"):
+    if kind in ("transformer", "t5", "rnn", "rnn-attn"):
         return _translation_probe(run, batch, seed)
     if kind in ("vit", "swin"):
         c = cfg

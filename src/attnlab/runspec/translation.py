@@ -1,5 +1,6 @@
 """The translation family of :func:`attnlab.runspec.resolve` (``attnlab train translate``):
-encoder-decoders (``rnn``, ``rnn-attn``, ``transformer``) on generated or TSV sentence pairs.
+encoder-decoders (``rnn``, ``rnn-attn``, ``transformer``, ``t5``) on generated or TSV sentence
+pairs.
 
 Settings merge as for every kind (flag defaults < config file < typed flags < ``--set``), over the
 kind's training defaults (:func:`attnlab.tasks.translation.train_defaults`: label smoothing and
@@ -24,13 +25,14 @@ from attnlab.config.translation import TranslationTaskConfig
 from attnlab.data.translation import build_data
 from attnlab.errors import UserError
 from attnlab.models.registry import get_kind
-from attnlab.models.translation import translation_config
+from attnlab.models.translation import TRANSLATION_KINDS, translation_config
 from attnlab.runspec.spec import Family, Given, RunSpec, refuse_resume_changes
 from attnlab.tasks.translation import TranslationTask, train_defaults
 
 __all__ = ["TRANSLATION", "MODEL_KINDS", "resolve_translation", "build_translation"]
 
-MODEL_KINDS = ("rnn", "rnn-attn", "transformer")
+#: the model kinds of ``attnlab train translate`` (``--model`` / ``--arch``)
+MODEL_KINDS = TRANSLATION_KINDS
 #: TranslationTaskConfig field -> the flag that sets it (for messages)
 _DATA_FLAGS = {
     "task": "--task",

@@ -4,7 +4,7 @@ The decoder reads ``<start> y_1 … y_n`` and is trained to predict ``y_1 … y_
 cross-entropy (label smoothing from the training config); padding is ignored. With the task's
 ``scheduled_sampling`` set, training batches feed the decoder its own greedy predictions instead of
 some gold tokens (:mod:`attnlab.tasks.scheduled_sampling`); validation stays teacher-forced. Every model kind
-(``rnn``, ``rnn-attn``, ``transformer``) takes ``model(src (B,S), src_mask (B,S), tgt_in (B,T))
+(``rnn``, ``rnn-attn``, ``transformer``, ``t5``) takes ``model(src (B,S), src_mask (B,S), tgt_in (B,T))
 -> logits (B,T,V)``. At each validation, :meth:`TranslationTask.evaluate` also decodes some
 validation sentences greedily and scores them (exact match, BLEU, chrF).
 
@@ -45,10 +45,13 @@ def train_defaults(kind: str) -> dict[str, Any]:
     """Training settings that differ by family (applied where the user gave none).
 
     Transformer: label smoothing 0.1, the paper's warm-up + inverse-square-root schedule and Adam
-    betas (0.9, 0.98). RNNs: no smoothing, cosine schedule.
+    betas (0.9, 0.98). T5: the same schedule and betas without smoothing (Raffel et al. train
+    with none). RNNs: no smoothing, cosine schedule.
     """
     if kind == "transformer":
         return {"label_smoothing": 0.1, "schedule": "inverse_sqrt", "betas": (0.9, 0.98)}
+    if kind == "t5":
+        return {"label_smoothing": 0.0, "schedule": "inverse_sqrt", "betas": (0.9, 0.98)}
     return {"label_smoothing": 0.0, "schedule": "cosine"}
 
 
