@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "attnlab.commands.variant_experiments",
     "attnlab.commands.explore",
     "attnlab.commands.mlm",
+    "attnlab.commands.t5",
     "attnlab.commands.inspect",
 ]
 

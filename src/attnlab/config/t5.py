@@ -16,7 +16,7 @@ from attnlab.config.block import Activation, FFNKind, NormKind, NormPosition
 from attnlab.config.lm import CorpusTaskConfig
 from attnlab.config.translation import Seq2SeqConfig
 
-__all__ = ["T5Config", "T5_PRESETS", "SpanTaskConfig"]
+__all__ = ["T5Config", "T5SpanConfig", "T5_PRESETS", "SpanTaskConfig"]
 
 #: T5 1.1's layout: gated-GELU FFN, untied output projection without the d_model^-0.5 scaling
 _V1_1 = dict(ffn="gated", activation="gelu_tanh", tie_embeddings=False, scale_output=False)
@@ -114,6 +114,25 @@ class T5Config(Seq2SeqConfig):
 
 
 @dataclass
+class T5SpanConfig(T5Config):
+    """:class:`T5Config` of a model pre-trained by span corruption on a corpus: one vocabulary
+    (the tokenizer's, sentinels included), shared by the encoder, the decoder and the head.
+
+    Attributes:
+        vocab_size: V, from the tokenizer; ``src_vocab_size`` and ``tgt_vocab_size`` follow it.
+        share_embeddings: on (one tokenizer on both sides, as in T5).
+    """
+
+    vocab_size: int = 1000
+    share_embeddings: bool = True
+
+    def validate(self) -> None:
+        self.positive("vocab_size")
+        self.src_vocab_size = self.tgt_vocab_size = self.vocab_size  # derived: one vocabulary
+        super().validate()
+
+
+@dataclass
 class SpanTaskConfig(CorpusTaskConfig):
     """Span corruption on one corpus (T5's pre-training objective), config.json's ``task``.
 
@@ -161,5 +180,7 @@ class SpanTaskConfig(CorpusTaskConfig):
 
     @property
     def n_spans(self) -> int:
-        """Corrupted spans per window (at least one; never more than the noise tokens)."""
-        return max(1, min(self.n_noise, round(self.n_noise / self.mean_span_length)))
+        """Corrupted spans per window (at least one; never more than the noise tokens, nor than
+        the kept tokens, which separate them)."""
+        spans = round(self.n_noise / self.mean_span_length)
+        return max(1, min(self.n_noise, self.seq_len - self.n_noise, spans))

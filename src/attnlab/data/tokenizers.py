@@ -17,7 +17,8 @@ tokenizer becomes a ``WordLevel`` model over one-character pieces with a ``Fuse`
 Masked-LM runs add BERT's special tokens ``[PAD] [CLS] [SEP] [MASK]`` (:data:`SPECIAL_TOKENS`) with
 :class:`TokenizerWithSpecials` (``train_tokenizer(..., specials=True)``): the four tokens get the
 ids after the plain vocabulary, so text without them encodes exactly as before, and a
-language-model tokenizer (and its ``tokenizer.json``) is untouched.
+language-model tokenizer (and its ``tokenizer.json``) is untouched. T5's span corruption adds
+``<pad> </s> <extra_id_0> … <extra_id_{n−1}>`` the same way (:func:`t5_specials`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ __all__ = [
     "as_hf_tokenizer",
     "TokenizerWithSpecials",
     "SPECIAL_TOKENS",
+    "t5_specials",
     "load_tokenizer",
     "train_tokenizer",
     "TOKENIZER_FILE",
@@ -46,6 +48,23 @@ __all__ = [
 TOKENIZER_FILE = "tokenizer.json"
 #: BERT's special tokens, in the order of their ids (after the plain vocabulary)
 SPECIAL_TOKENS = ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def t5_specials(n_sentinels: int) -> tuple[str, ...]:
+    """T5's specials for span corruption: ``<pad>`` (also the decoder's start), ``</s>`` and
+    ``n_sentinels`` sentinels ``<extra_id_0>`` … (one per corrupted span of an input)."""
+    return ("<pad>", "</s>", *(f"<extra_id_{i}>" for i in range(n_sentinels)))
+
+
+def _known_specials(specials: object) -> bool:
+    """BERT's four, or T5's (``<pad> </s>`` and sentinels numbered from 0)."""
+    if specials == list(SPECIAL_TOKENS):
+        return True
+    return (
+        isinstance(specials, list)
+        and len(specials) > 2
+        and specials == list(t5_specials(len(specials) - 2))
+    )
 
 
 class _SavedTokenizer:
@@ -196,9 +215,10 @@ class ByteBPETokenizer(_SavedTokenizer):
 
 
 class TokenizerWithSpecials(_SavedTokenizer):
-    """A char or BPE tokenizer plus BERT's specials ``[PAD] [CLS] [SEP] [MASK]``.
+    """A char or BPE tokenizer plus special tokens: BERT's ``[PAD] [CLS] [SEP] [MASK]``, or T5's
+    ``<pad> </s> <extra_id_0> …`` (:func:`t5_specials`).
 
-    The specials take the ids ``base.vocab_size + 0 … 3`` (in :data:`SPECIAL_TOKENS` order), so
+    The specials take the ids ``base.vocab_size + 0, 1, …`` (in ``specials`` order), so
     every other id means what it means in ``base``. ``encode`` reads the special tokens' text
     (``"a [MASK] b"`` gives one ``[MASK]`` id), everything else through ``base``; a corpus is
     tokenised with ``base`` (a literal ``[MASK]`` in it stays characters).
@@ -208,20 +228,26 @@ class TokenizerWithSpecials(_SavedTokenizer):
 
     Args:
         base: the plain tokenizer.
+        specials: the special tokens (default BERT's).
     """
 
-    def __init__(self, base: CharTokenizer | ByteBPETokenizer) -> None:
+    def __init__(
+        self, base: CharTokenizer | ByteBPETokenizer, specials: tuple[str, ...] = SPECIAL_TOKENS
+    ) -> None:
         if isinstance(base, TokenizerWithSpecials):
             base = base.base
         self.base = base
         self.type = base.type
+        self.specials = tuple(specials)
         n = base.vocab_size
-        self.special_ids = {tok: n + i for i, tok in enumerate(SPECIAL_TOKENS)}
-        self._split = re.compile("(" + "|".join(re.escape(t) for t in SPECIAL_TOKENS) + ")")
+        self.special_ids = {tok: n + i for i, tok in enumerate(self.specials)}
+        # longest first, so that <extra_id_10> is not read as <extra_id_1> and "0>"
+        alternatives = sorted(self.specials, key=len, reverse=True)
+        self._split = re.compile("(" + "|".join(re.escape(t) for t in alternatives) + ")")
 
     @property
     def vocab_size(self) -> int:
-        return self.base.vocab_size + len(SPECIAL_TOKENS)
+        return self.base.vocab_size + len(self.specials)
 
     @property
     def pad_id(self) -> int:
@@ -260,7 +286,7 @@ class TokenizerWithSpecials(_SavedTokenizer):
                 if i >= self.vocab_size:
                     raise UserError(f"token id out of range (vocabulary {self.vocab_size})")
                 out.append(self.base.decode(run) if run else "")
-                out.append(SPECIAL_TOKENS[i - self.base.vocab_size])
+                out.append(self.specials[i - self.base.vocab_size])
                 run = []
             else:
                 run.append(i)
@@ -270,7 +296,7 @@ class TokenizerWithSpecials(_SavedTokenizer):
     def to_json(self) -> str:
         data = json.loads(self.base.to_json())
         if self.type == "char":
-            data["specials"] = list(SPECIAL_TOKENS)
+            data["specials"] = list(self.specials)
             return json.dumps(data, ensure_ascii=False)
         data["added_tokens"] = [
             {
@@ -327,18 +353,20 @@ def _hf_char_tokenizer(data: dict) -> CharTokenizer | TokenizerWithSpecials | No
     return TokenizerWithSpecials(tok) if added else tok
 
 
-def _bpe_specials(data: dict) -> bool:
-    """Whether a BPE tokenizer.json lists exactly the specials, after its plain vocabulary
-    (then they are removed from ``data``: :class:`TokenizerWithSpecials` adds them back)."""
+def _bpe_specials(data: dict) -> tuple[str, ...] | None:
+    """The specials a BPE tokenizer.json lists after its plain vocabulary, when they are BERT's
+    or T5's (then they are removed from ``data``: :class:`TokenizerWithSpecials` adds them
+    back); None otherwise."""
     added = data.get("added_tokens") or []
-    if [a.get("content") for a in added if isinstance(a, dict)] != list(SPECIAL_TOKENS):
-        return False
+    names = [a.get("content") for a in added if isinstance(a, dict)]
+    if not _known_specials(names):
+        return None
     ids = [a.get("id") for a in added]
     n = len((data.get("model") or {}).get("vocab") or {})
-    if ids != list(range(n, n + len(SPECIAL_TOKENS))):
-        return False
+    if ids != list(range(n, n + len(names))):
+        return None
     data["added_tokens"] = []
-    return True
+    return tuple(names)
 
 
 def train_tokenizer(
@@ -377,10 +405,10 @@ def tokenizer_from_json(
         raise RunDirError(f"{source} is not an attnlab tokenizer (neither char nor BPE)")
     if data.get("type") == "char" and isinstance(data.get("chars"), list):
         specials = data.get("specials")
-        if specials not in (None, list(SPECIAL_TOKENS)):
+        if specials is not None and not _known_specials(specials):
             raise RunDirError(f"{source}: unknown special tokens {specials!r}")
         tok = CharTokenizer(data["chars"])
-        return tok if specials is None else TokenizerWithSpecials(tok)
+        return tok if specials is None else TokenizerWithSpecials(tok, tuple(specials))
     if isinstance(data.get("model"), dict):
         char = _hf_char_tokenizer(data)  # a character tokenizer exported for Hugging Face
         if char is not None:
@@ -390,7 +418,7 @@ def tokenizer_from_json(
             bpe = ByteBPETokenizer.from_json(json.dumps(data) if specials else text)
         except Exception as err:  # tokenizers raises its own exception type
             raise RunDirError(f"{source} is not a readable tokenizer: {err}") from None
-        return TokenizerWithSpecials(bpe) if specials else bpe
+        return TokenizerWithSpecials(bpe, specials) if specials else bpe
     raise RunDirError(f"{source} is not an attnlab tokenizer (neither char nor BPE)")
 
 

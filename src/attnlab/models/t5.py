@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from attnlab.attention.capture import capture_attention
 from attnlab.attention.multihead import MultiHeadAttention
-from attnlab.config.t5 import T5Config
+from attnlab.config.t5 import T5Config, T5SpanConfig
 from attnlab.layers.block import run_blocks
 from attnlab.layers.builders import build_block, build_final_norm, build_positions
 from attnlab.layers.drop_path import drop_path_rates
@@ -222,4 +222,4 @@ class T5SpanModel(T5):
 
 
 register_kind(T5.kind, T5Config, T5, artifacts="translation_vocab")
-register_kind(T5SpanModel.kind, T5Config, T5SpanModel, artifacts="tokenizer")
+register_kind(T5SpanModel.kind, T5SpanConfig, T5SpanModel, artifacts="tokenizer")

@@ -23,7 +23,8 @@ the run as saved: settings that contradict it are refused, each named.
 Families: ``lm`` (decoder-only Transformer, LSTM and bigram LMs) and ``mlm`` (the BERT-style
 encoder), resolved here; ``image`` (:mod:`attnlab.runspec.vision`), ``caption`` and ``vqa``
 (:mod:`attnlab.runspec.scenes`) and ``translate`` (:mod:`attnlab.runspec.translation`) bring
-their own resolver and builder — see :data:`FAMILIES`.
+their own resolver and builder; ``t5-span`` (:mod:`attnlab.runspec.t5_span`) is a corpus family
+like ``mlm`` — see :data:`FAMILIES`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from attnlab.models.registry import build_model, get_kind
 from attnlab.runspec.budget import choose_lm_settings, fastest_ref_steps_per_s
 from attnlab.runspec.scenes import CAPTION, VQA
 from attnlab.runspec.spec import Family, Given, RunSpec, merge_sections, refuse_resume_changes
+from attnlab.runspec.t5_span import T5_SPAN
 from attnlab.runspec.translation import TRANSLATION
 from attnlab.runspec.vision import IMAGE
 from attnlab.tasks.lm import LMTask
@@ -97,6 +99,7 @@ FAMILIES: dict[str, Family] = {
     "caption": CAPTION,
     "vqa": VQA,
     "translate": TRANSLATION,
+    "t5-span": T5_SPAN,
 }
 
 #: model keys that leave the choice of the model to the budget rule
@@ -119,7 +122,7 @@ def _preset_fields(cls: type[Config], name: str | None) -> dict[str, Any]:
     return dict(cls.PRESETS[name])
 
 
-def _file_model(base: Mapping[str, Any], cls: type[Config], n_specials: int) -> dict[str, Any]:
+def _file_model(base: Mapping[str, Any], cls: type[Config], fam: Family) -> dict[str, Any]:
     """The model section of a config file, without what a run's config.json records although it
     follows from other values: the tokenizer's ``vocab_size`` (plus the specials),
     ``max_seq_len`` = the task's ``seq_len``, and (in a complete section) head widths, KV heads
@@ -127,6 +130,7 @@ def _file_model(base: Mapping[str, Any], cls: type[Config], n_specials: int) -> 
     config derives them again."""
     model = dict(base.get("model") or {})
     task = base.get("task") if isinstance(base.get("task"), dict) else {}
+    n_specials = fam.specials_for(task)
     if "vocab_size" in model and model["vocab_size"] == (task.get("vocab_size") or 0) + n_specials:
         del model["vocab_size"]
     if "max_seq_len" in model and model["max_seq_len"] == task.get("seq_len"):
@@ -202,7 +206,7 @@ def resolve(
             "the file"
         )
     cls = get_kind(kind).config_cls
-    file_model = _file_model(base, cls, fam.n_specials)
+    file_model = _file_model(base, cls, fam)
     sections = merge_sections(
         defaults, {k: v for k, v in base.items() if k != "model"}, flags, sets
     )
@@ -410,7 +414,7 @@ def build_run(spec: RunSpec, *, ref_steps_per_s: float | None = None) -> tuple[n
             raise UserError("a resumed RunSpec needs run_dir (the run's directory)")
         task = fam.task_type.from_config(spec.resume["task"], load_tokenizer(spec.run_dir))
         return build_model(spec.resume["kind"], spec.resume["model"]), task
-    _check_backend(spec.model_config(vocab_size=256 + fam.n_specials))
+    _check_backend(spec.model_config(vocab_size=256 + fam.specials_for(spec.task.to_dict())))
     if fam.task_type is LMTask:
         task = LMTask.build(spec.task, progress=spec.train.progress)
     else:

@@ -35,7 +35,8 @@ class Family:
         task_flags: task fields with a flag of their own, as messages name them.
         kind_flag: the flag that chooses the kind (named in messages).
         kind_names: the values of ``kind_flag`` -> kinds (``{"transformer": "decoder_lm"}``).
-        n_specials: tokens the task adds to the tokenizer's vocabulary.
+        n_specials: tokens the task adds to the tokenizer's vocabulary, or a function of the
+            task section that counts them (T5's sentinels: as many as the task asks for).
         budget_rule: a decoder-only model given no size is chosen by the budget rule.
         default_preset: the model preset when none is named.
         resolver: the family's own ``resolve(family, given: Given) -> RunSpec`` (None:
@@ -51,11 +52,15 @@ class Family:
     task_flags: Mapping[str, str]
     kind_flag: str | None = None
     kind_names: Mapping[str, str] = field(default_factory=dict)
-    n_specials: int = 0
+    n_specials: int | Callable[[Mapping[str, Any]], int] = 0
     budget_rule: bool = False
     default_preset: str = "tiny"
     resolver: Callable[..., RunSpec] | None = field(default=None, repr=False)
     builder: Callable[[RunSpec], tuple[Any, Any]] | None = field(default=None, repr=False)
+
+    def specials_for(self, task: Mapping[str, Any]) -> int:
+        """The tokens a task with these settings adds to the tokenizer's vocabulary."""
+        return self.n_specials(task) if callable(self.n_specials) else self.n_specials
 
     def describe_kind_error(self, kind: str) -> str:
         return f"the config's kind {kind!r} is not a {self.what} ({', '.join(self.kinds)})"
