@@ -179,6 +179,10 @@ CASES: dict[tuple, tuple[list[str], list]] = {
         ["--data", "inputs/small.txt", "--preset", "tiny", "--seq-len", "16", *TRAIN],
         ["--data", "--config"],
     ),
+    ("train", "t5-span"): (
+        ["--data", "inputs/small.txt", "--preset", "tiny", "--seq-len", "16", *TRAIN],
+        ["--data", "--config"],
+    ),
     ("experiment", "bottleneck"): (["--n-examples", "100", "--high", "99", *EXPERIMENT], []),
     ("experiment", "inductive-bias"): (
         ["--steps", "2", "--batch-size", "4", "--seeds", "0", "--fractions", "0.5,0.75,1"]
@@ -257,6 +261,7 @@ CASES: dict[tuple, tuple[list[str], list]] = {
         [0, "--input"],
     ),
     ("fill-mask",): (["runs/mlm", "the [MASK] fox"], [0]),
+    ("fill-spans",): (["runs/t5", "the <extra_id_0> fox", "--max-len", "4"], [0]),
     ("inspect",): (
         ["runs/lm_gpt2", "--batch", "2", "--length", "4", "--no-ablation", "--out", OUT],
         [0],
@@ -400,6 +405,9 @@ def sandbox(tmp_path_factory) -> Path:
         mp.setenv("HOME", str(work.parent / "home"))
         mp.chdir(work)
         assert main(["train", "mlm", *tiny_mlm]) == 0
+        tiny_t5 = [*CASES[("train", "t5-span")][0], "--steps", "2", "--eval-every", "2"]
+        tiny_t5[tiny_t5.index(OUT)] = str(runs / "t5")
+        assert main(["train", "t5-span", *tiny_t5]) == 0
     return work
 
 

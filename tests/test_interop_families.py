@@ -16,6 +16,7 @@ from attnlab.interop.hf.lm import llama_keymap
 from test_interop_bert import build_hf as build_bert
 from test_interop_hf import build_hf, randomise
 from test_interop_vision import build_swin, build_vit, old_swin_name, save_with_names
+from test_t5 import build_hf as build_t5
 
 
 def check_keymap(hf_model: torch.nn.Module, state_dict: dict | None = None) -> None:
@@ -131,9 +132,18 @@ def test_bert(cls):
     check_keymap(build_bert(cls))
 
 
+@pytest.mark.parametrize("layout", ["1.0", "1.1"])
+def test_t5(layout):
+    hf = build_t5(layout)
+    sd = {**hf.state_dict(), "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias"
+          ".weight": torch.zeros(8, 4)}  # fmt: skip  (an unused table old checkpoints carry)
+    check_keymap(hf, sd if layout == "1.0" else None)
+
+
 def test_every_family_is_covered():
     """The tests above touch every family from_hf reads."""
-    assert {f.name for f in FAMILIES} == {"gpt2", "llama", "mixtral", "vit", "swin", "bert"}
+    names = {f.name for f in FAMILIES}
+    assert names == {"gpt2", "llama", "mixtral", "vit", "swin", "bert", "t5"}
 
 
 def test_a_bias_free_gpt2_is_written_with_zero_biases(tmp_path):
