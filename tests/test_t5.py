@@ -195,8 +195,14 @@ def test_unsupported_t5_layouts_are_named(tmp_path):
     # a folder says which checkpoint and what is wrong
     folder = tmp_path / "umt5"
     folder.mkdir()
-    save_file({k: v.contiguous() for k, v in sd.items() if "embed_tokens" not in k and k != "lm_head.weight"},
-              folder / "model.safetensors")  # fmt: skip
+    save_file(
+        {
+            k: v.contiguous()
+            for k, v in sd.items()
+            if "embed_tokens" not in k and k != "lm_head.weight"
+        },
+        folder / "model.safetensors",
+    )
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UserError, match="relative_attention_bias beyond the first layer"):
         from_hf(folder)

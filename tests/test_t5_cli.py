@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from attnlab.cli import main
-from attnlab.explore import Explorer, ExploreInput
+from attnlab.explore import ExploreInput, Explorer
 from attnlab.models.t5 import T5
 from attnlab.runs import load
 from explore_runs import translation_run
@@ -58,4 +58,8 @@ def test_the_explorer_shows_t5_encoder_decoder_and_cross_attention(tmp_path):
     torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
     # T5's scores are q·k (no 1/√d) plus the relative bias in self-attention
     assert (encoder["score_label"], encoder["scores_have_bias"]) == ("q·k + b(j − i)", True)
-    assert (cross["score_label"], cross["scores_have_bias"], cross["head_dim"]) == ("q·k", False, None)
+    assert (cross["score_label"], cross["scores_have_bias"], cross["head_dim"]) == (
+        "q·k",
+        False,
+        None,
+    )

@@ -48,7 +48,9 @@ def test_input_and_target_rebuild_the_window_and_hide_the_stated_amount():
     sentinels, eos = [100 + i for i in range(8)], 99
     for _ in range(30):
         window = rng.integers(0, 50, size=40)
-        src, tgt = corrupt_spans(window, rng, n_noise=6, n_spans=2, sentinel_ids=sentinels, eos_id=eos)
+        src, tgt = corrupt_spans(
+            window, rng, n_noise=6, n_spans=2, sentinel_ids=sentinels, eos_id=eos
+        )
         assert src[-1] == tgt[-1] == eos
         assert len(src) == 40 - 6 + 2 + 1 and len(tgt) == 6 + 2 + 1
         assert [t for t in tgt if t >= 100] == [t for t in src if t >= 100] == [100, 101]
@@ -132,8 +134,20 @@ def test_train_t5_span_fill_spans_eval_and_config_reproduces(tmp_path, capsys):
     assert capsys.readouterr().out.strip() != ""
     assert main(["eval", str(a)]) == 0
     assert "target-token accuracy" in capsys.readouterr().out
-    assert main(["train", "t5-span", "--config", str(a / "config.json"), "--out", str(b),
-                 "--no-progress"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "t5-span",
+                "--config",
+                str(a / "config.json"),
+                "--out",
+                str(b),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert [r.get("loss") for r in _records(a)] == [r.get("loss") for r in _records(b)]
     capsys.readouterr()
     assert main(["fill-spans", str(a), "no gaps here"]) != 0

@@ -66,8 +66,10 @@ def _train_span(args: argparse.Namespace) -> int:
     last = next((r for r in reversed(result.history) if "val_acc" in r), {})
     acc = f", target accuracy {last['val_acc']:.1%}" if last.get("val_acc") is not None else ""
     val = "n/a" if result.val_loss is None else f"{result.val_loss:.4f}"
-    print(f"{result.steps} steps in {result.elapsed:.1f} s: val loss {val}{acc}; run saved in "
-          f"{result.run_dir}")  # fmt: skip
+    print(
+        f"{result.steps} steps in {result.elapsed:.1f} s: val loss {val}{acc}; run saved in "
+        f"{result.run_dir}"
+    )
     return 0
 
 
@@ -90,8 +92,10 @@ def _eval_span(args: argparse.Namespace) -> int:
         raise RunDirError(f"{str(args.run_dir)!r}: config.json has no span-corruption task")
     task = SpanCorruptionTask.from_config(run.task, run.tokenizer)
     res = task.val_metrics(run.model, batch_size=args.batch_size, n_batches=args.max_batches)
-    print(f"{args.run_dir}: val loss {res['loss']:.4f}, target-token accuracy {res['acc']:.1%} "
-          f"({res['predicted']:,} target tokens of {task.data!r}, {args.weights} weights)")  # fmt: skip
+    print(
+        f"{args.run_dir}: val loss {res['loss']:.4f}, target-token accuracy {res['acc']:.1%} "
+        f"({res['predicted']:,} target tokens of {task.data!r}, {args.weights} weights)"
+    )
     return 0
 
 

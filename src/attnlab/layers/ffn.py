@@ -133,7 +133,13 @@ class SwiGLU(GatedFFN):
         dtype=None,
     ) -> None:
         super().__init__(
-            d_model, hidden, activation="silu", bias=bias, dropout=dropout, device=device, dtype=dtype
+            d_model,
+            hidden,
+            activation="silu",
+            bias=bias,
+            dropout=dropout,
+            device=device,
+            dtype=dtype,
         )
 
 

@@ -69,8 +69,13 @@ __all__ = [
 
 T5_ARCHITECTURES = ("T5ForConditionalGeneration",)
 #: T5 heads and bodies attnlab has no model for (their checkpoints are refused by name)
-_OTHER_T5 = ("T5Model", "T5EncoderModel", "T5ForSequenceClassification",
-             "T5ForTokenClassification", "T5ForQuestionAnswering")  # fmt: skip
+_OTHER_T5 = (
+    "T5Model",
+    "T5EncoderModel",
+    "T5ForSequenceClassification",
+    "T5ForTokenClassification",
+    "T5ForQuestionAnswering",
+)
 #: the gated activation Hugging Face spells ``gated-gelu`` is the tanh GELU (``gelu_new``)
 _GATED_GELU = "gated-gelu"
 #: the encoder-decoder attention of old checkpoints carried an unused bias table
@@ -236,23 +241,32 @@ def t5_keymap(c: T5Config) -> KeyMap:
     """The key map between a :class:`T5` of config ``c`` and ``T5ForConditionalGeneration``."""
     rules = [
         Rule("src_emb.weight", "shared.weight"),
-        Rule("enc_bias.weight", "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
-        Rule("dec_bias.weight", "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"),
+        Rule(
+            "enc_bias.weight",
+            "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+        ),
+        Rule(
+            "dec_bias.weight",
+            "decoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+        ),
         Rule("enc_norm.weight", "encoder.final_layer_norm.weight"),
         Rule("dec_norm.weight", "decoder.final_layer_norm.weight"),
-    ]  # fmt: skip
+    ]
     gated = c.ffn == "gated"
     for stack, ffn_layer in (("encoder", 1), ("decoder", 2)):
         hf = f"{stack}.block.{{i}}.layer."
         attn = hf + "0.SelfAttention."
         dense = f"{hf}{ffn_layer}.DenseReluDense."
         rules += [
-            Rule(f"{stack}.{{i}}.attn.qkv.weight", tuple(f"{attn}{n}.weight" for n in "qkv"),
-                 Concat(dim=0)),  # Q | K | V rows
+            Rule(
+                f"{stack}.{{i}}.attn.qkv.weight",
+                tuple(f"{attn}{n}.weight" for n in "qkv"),
+                Concat(dim=0),
+            ),  # Q | K | V rows
             Rule(f"{stack}.{{i}}.attn.out_proj.weight", attn + "o.weight"),
             Rule(f"{stack}.{{i}}.norm1.weight", hf + "0.layer_norm.weight"),
             Rule(f"{stack}.{{i}}.norm2.weight", f"{hf}{ffn_layer}.layer_norm.weight"),
-        ]  # fmt: skip
+        ]
         if gated:
             rules += [
                 Rule(f"{stack}.{{i}}.ffn.gate.weight", dense + "wi_0.weight"),
@@ -267,11 +281,14 @@ def t5_keymap(c: T5Config) -> KeyMap:
     cross = "decoder.block.{i}.layer.1."
     rules += [
         Rule("decoder.{i}.cross_attn.q_proj.weight", cross + "EncDecAttention.q.weight"),
-        Rule("decoder.{i}.cross_attn.kv_proj.weight",
-             tuple(f"{cross}EncDecAttention.{n}.weight" for n in "kv"), Concat(dim=0)),  # K | V
+        Rule(
+            "decoder.{i}.cross_attn.kv_proj.weight",
+            tuple(f"{cross}EncDecAttention.{n}.weight" for n in "kv"),
+            Concat(dim=0),
+        ),  # K | V
         Rule("decoder.{i}.cross_attn.out_proj.weight", cross + "EncDecAttention.o.weight"),
         Rule("decoder.{i}.norm_cross.weight", cross + "layer_norm.weight"),
-    ]  # fmt: skip
+    ]
     tied_ours = {"tgt_emb.weight": "src_emb.weight"}
     tied_theirs = {
         "encoder.embed_tokens.weight": "shared.weight",
