@@ -22,6 +22,7 @@ from attnlab.attention import capture_attention
 from attnlab.config.t5 import T5Config
 from attnlab.decoding import beam_search, greedy_search
 from attnlab.errors import UserError
+from attnlab.inspect.families import causal_stacks, readout
 from attnlab.interop import from_hf, to_hf
 from attnlab.interop.hf.t5 import t5_config_from_hf, t5_from_hf, t5_to_hf
 from attnlab.layers.position import relative_position_bucket
@@ -224,3 +225,16 @@ def test_config_checks_name_the_value():
         T5Config.preset("tiny", src_vocab_size=5, tgt_vocab_size=6, share_embeddings=True)
     with pytest.raises(UserError, match="num_buckets must be at least 4"):
         T5Config.preset("tiny", src_vocab_size=5, tgt_vocab_size=5, num_buckets=2)
+
+
+def test_the_logit_lens_readout_is_the_models_head():
+    # inspection reads the decoder's residual stream through T5's own head (d_model^-1/2 first)
+    model = T5(T5Config.preset("tiny", src_vocab_size=V, tgt_vocab_size=V)).eval()
+    src, mask, tgt = batch()
+    seen = {}
+    model.decoder[-1].register_forward_hook(lambda m, a, out: seen.__setitem__("x", out))
+    with torch.no_grad():
+        logits = model(src, mask, tgt)
+        stack, head = readout(model)
+        assert stack == "decoder" and causal_stacks(model) == {"decoder"}
+        torch.testing.assert_close(head(model, seen["x"], None), logits, atol=1e-5, rtol=0)

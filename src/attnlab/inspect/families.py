@@ -25,6 +25,8 @@ __all__ = ["Stack", "causal_stacks", "find_stacks", "readout", "stack_of"]
 _CAUSAL = {
     "DecoderLM": {"blocks"},
     "Seq2SeqTransformer": {"decoder"},
+    "T5": {"decoder"},
+    "T5SpanModel": {"decoder"},
     "TransformerCaptioner": {"blocks"},
 }
 
@@ -102,6 +104,9 @@ _READOUTS: dict[str, tuple[str, Readout]] = {
     "DecoderLM": ("blocks", lambda m, x, inputs: m.lm_head(m.norm_f(x))),
     "EncoderMLM": ("blocks", lambda m, x, inputs: m.head(m.norm_f(x))),
     "Seq2SeqTransformer": ("decoder", lambda m, x, inputs: m.lm_head(m.dec_norm(x))),
+    # T5: the head scales the decoder output by d_model^-1/2 first (1.0)
+    "T5": ("decoder", lambda m, x, inputs: m.head(m.dec_norm(x))),
+    "T5SpanModel": ("decoder", lambda m, x, inputs: m.head(m.dec_norm(x))),
     "TransformerCaptioner": ("blocks", lambda m, x, inputs: m.head(m.norm_f(x))),
     "VisionTransformer": ("blocks", lambda m, x, inputs: m.head(m.pool(m.norm(x)))),
     "TransformerVQA": ("blocks", lambda m, x, inputs: m.head(_vqa_pool(m.norm_f(x), inputs))),
