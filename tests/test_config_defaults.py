@@ -27,6 +27,7 @@ FAMILY_CONFIG = {
     "attnlab.models.encoder": C.EncoderConfig,
     "attnlab.models.lm": C.ModelConfig,
     "attnlab.models.seq2seq": C.Seq2SeqConfig,
+    "attnlab.models.t5": C.T5Config,
     "attnlab.models.vision.vit": C.ViTConfig,
     "attnlab.models.vision.swin": C.SwinConfig,
     "attnlab.models.vision.cnn": C.CNNConfig,

@@ -15,6 +15,7 @@ from attnlab.config.lm import (
     ModelConfig,
 )
 from attnlab.config.multimodal import VQA_MODELS, CaptionConfig, VQAConfig
+from attnlab.config.t5 import SpanTaskConfig, T5Config, T5SpanConfig
 from attnlab.config.translation import (
     RNNSeq2SeqConfig,
     ScheduledSamplingConfig,
@@ -47,5 +48,8 @@ __all__ = [
     "VQA_MODELS",
     "EncoderConfig",
     "MLMTaskConfig",
+    "T5Config",
+    "T5SpanConfig",
+    "SpanTaskConfig",
     "swiglu_hidden",
 ]
