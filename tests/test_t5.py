@@ -22,6 +22,7 @@ from attnlab.attention import capture_attention
 from attnlab.config.t5 import T5Config
 from attnlab.decoding import beam_search, greedy_search
 from attnlab.errors import UserError
+from attnlab.inspect import run_with_hooks
 from attnlab.inspect.families import causal_stacks, readout
 from attnlab.interop import from_hf, to_hf
 from attnlab.interop.hf.t5 import t5_config_from_hf, t5_from_hf, t5_to_hf
@@ -238,3 +239,26 @@ def test_the_logit_lens_readout_is_the_models_head():
         stack, head = readout(model)
         assert stack == "decoder" and causal_stacks(model) == {"decoder"}
         torch.testing.assert_close(head(model, seen["x"], None), logits, atol=1e-5, rtol=0)
+
+
+def test_hooked_scores_are_the_unscaled_scores_the_fast_path_uses():
+    # with a hook on the scores the layer takes the explicit path: T5's scale (1, not 1/√d)
+    # and bias must be the same there, so an identity hook changes no logit
+    hf = build_hf("1.0")
+    model = t5_from_hf(hf_config(hf), hf.state_dict())
+    src, mask, tgt = batch()
+    seen = {}
+
+    def keep(scores, name):
+        seen[name] = scores
+        return scores
+
+    layers = [("encoder", i) for i in range(2)] + [("decoder", i) for i in range(3)]
+    names = [f"{stack}.{i}.attn.hook_attn_scores" for stack, i in layers]
+    with torch.no_grad():
+        plain = model(src, mask, tgt)
+        hooked = run_with_hooks(model, (src, mask, tgt), hooks=[(names, keep)])
+        want = hf(input_ids=src, attention_mask=mask.long(), decoder_input_ids=tgt).logits
+    torch.testing.assert_close(hooked, plain, atol=1e-5, rtol=0)
+    torch.testing.assert_close(hooked, want, atol=ATOL, rtol=0)
+    assert set(seen) == set(names)
