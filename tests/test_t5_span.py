@@ -21,6 +21,7 @@ from attnlab.data.tokenizers import (
     tokenizer_from_json,
 )
 from attnlab.errors import UserError
+from attnlab.explore import ExploreInput, Explorer
 from attnlab.runs import load
 from attnlab.tasks.t5_span import SpanCorruptionTask, corrupt_spans, random_segmentation
 
@@ -132,6 +133,12 @@ def test_train_t5_span_fill_spans_eval_and_config_reproduces(tmp_path, capsys):
     capsys.readouterr()
     assert main(["fill-spans", str(a), "the quick <extra_id_0> fox", "--beam", "2"]) == 0
     assert capsys.readouterr().out.strip() != ""
+    # the explorer shows the span run with the translation views
+    payload = Explorer(a).explain(ExploreInput(text="the quick <extra_id_0> fox"))
+    assert [v["id"] for v in payload["views"]] == ["cross", "encoder", "decoder"]
+    cross = payload["views"][0]
+    assert "<extra_id_0>" in cross["keys"]
+    assert cross["keys"][-1] == "</s>" and cross["score_label"] == "q·k"
     assert main(["eval", str(a)]) == 0
     assert "target-token accuracy" in capsys.readouterr().out
     assert (

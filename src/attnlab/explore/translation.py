@@ -32,6 +32,8 @@ __all__ = [
     "DEFAULT_TEXT",
     "explain",
     "translate",
+    "alignment_views",
+    "classify_layer",
     "default_input",
 ]
 
@@ -47,10 +49,15 @@ PLACEHOLDER = "a sentence to translate"
 
 PAD, START, END = "<pad>", "<start>", "<end>"
 #: what the raw scores of each kind are (the Transformer's: q·k/√d)
-_SCORE_LABELS = {"rnn-attn": "vᵀtanh(W_s s + W_h h)", "t5": "q·k + b(j − i)"}
+_SCORE_LABELS = {
+    "rnn-attn": "vᵀtanh(W_s s + W_h h)",
+    "t5": "q·k + b(j − i)",
+    "t5_span": "q·k + b(j − i)",
+}
 
 
-def _classify(stack: str, attn: str, name: str) -> str | None:
+def classify_layer(stack: str, attn: str, name: str) -> str | None:
+    """Which view a captured layer belongs to: ``cross``, ``encoder``, ``decoder`` (or None)."""
     s = stack.lower()
     if "cross" in attn or attn == "attention":  # Transformer cross-attention; Bahdanau's
         return "cross"
@@ -120,57 +127,12 @@ def explain(run: LoadedRun, inp) -> dict:
     src = torch.tensor([src_ids])
     with torch.no_grad(), capture_attention(model, scores=True) as maps:
         model(src, torch.ones_like(src, dtype=torch.bool), torch.tensor([tgt_in]))
-    groups = group_layers(maps, _classify)
+    groups = group_layers(maps, classify_layer)
     if not groups:
         raise UserError(f"the {run.kind} model recorded no attention")
     produced = [tgt.itos[i] for i in out_ids]
     read = [tgt.itos[i] for i in tgt_in]
-    views = []
-    specs = {
-        "encoder": (
-            "encoder self-attention",
-            src_tokens,
-            src_tokens,
-            "Each source token attends to every source token.",
-        ),
-        "decoder": (
-            "decoder self-attention",
-            produced,
-            read,
-            "Row t: the position that produced word t; columns: the decoder's inputs so far "
-            "(causal).",
-        ),
-        "cross": (
-            "cross-attention (alignment)",
-            produced,
-            src_tokens,
-            "Row t: where in the source the decoder looked while producing word t.",
-        ),
-    }
-    unscaled = run.kind == "t5"
-    for vid in ("cross", "encoder", "decoder"):
-        if vid not in groups:
-            continue
-        title, queries, keys, note = specs[vid]
-        layers = groups[vid]
-        views.append(
-            make_view(
-                vid,
-                title,
-                layers,
-                queries=queries,
-                keys=keys,
-                note=note,
-                rollout=vid == "encoder",
-                # T5 does not divide by √d: no "without the 1/√d" column for its scores
-                head_dim=None if unscaled else head_dim_of(model, layers[0].name),
-                scores_have_bias=unscaled and vid != "cross",  # T5's relative bias
-                # Bahdanau scores e_j = vᵀ tanh(W_s s + W_h h_j), when the layer reports them
-                score_label=_SCORE_LABELS.get(run.kind, "q·k/√d")
-                if not (unscaled and vid == "cross")
-                else "q·k",
-            )
-        )
+    views = alignment_views(run.kind, model, groups, src_tokens, produced, read)
     translation = tgt.decode(out_ids) if hasattr(tgt, "decode") else " ".join(produced)
     return {
         "family": "translation",
@@ -193,3 +155,69 @@ def default_input(run: LoadedRun) -> dict | None:
     words = [t for t in vocabs.src.itos if not (t.startswith("<") and t.endswith(">"))][:4]
     sep = "" if vocabs.src.level == "char" else " "
     return {"text": sep.join(words)} if words else None
+
+
+def alignment_views(
+    kind: str,
+    model,
+    groups: dict,
+    src_tokens: list[str],
+    produced: list[str],
+    read: list[str],
+) -> list[dict]:
+    """The cross-attention, encoder and decoder views of an encoder–decoder's captured maps.
+
+    Args:
+        kind: the run's kind (its score label: T5's scores are unscaled).
+        groups: :func:`~attnlab.explore.payload.group_layers` of the maps.
+        src_tokens: the source tokens (keys of the encoder and cross views).
+        produced: the output tokens (queries of the decoder and cross views).
+        read: what each decoder position reads (keys of the decoder view).
+    """
+    views = []
+    specs = {
+        "encoder": (
+            "encoder self-attention",
+            src_tokens,
+            src_tokens,
+            "Each source token attends to every source token.",
+        ),
+        "decoder": (
+            "decoder self-attention",
+            produced,
+            read,
+            "Row t: the position that produced word t; columns: the decoder's inputs so far "
+            "(causal).",
+        ),
+        "cross": (
+            "cross-attention (alignment)",
+            produced,
+            src_tokens,
+            "Row t: where in the source the decoder looked while producing word t.",
+        ),
+    }
+    unscaled = kind in ("t5", "t5_span")
+    for vid in ("cross", "encoder", "decoder"):
+        if vid not in groups:
+            continue
+        title, queries, keys, note = specs[vid]
+        layers = groups[vid]
+        views.append(
+            make_view(
+                vid,
+                title,
+                layers,
+                queries=queries,
+                keys=keys,
+                note=note,
+                rollout=vid == "encoder",
+                # T5 does not divide by √d: no "without the 1/√d" column for its scores
+                head_dim=None if unscaled else head_dim_of(model, layers[0].name),
+                scores_have_bias=unscaled and vid != "cross",  # T5's relative bias
+                # Bahdanau scores e_j = vᵀ tanh(W_s s + W_h h_j), when the layer reports them
+                score_label=_SCORE_LABELS.get(kind, "q·k/√d")
+                if not (unscaled and vid == "cross")
+                else "q·k",
+            )
+        )
+    return views

@@ -293,8 +293,16 @@ def fill_spans(
     mask = torch.ones_like(src, dtype=torch.bool)
     start = torch.full((1, 1), ids["<pad>"], device=device)
     state = model.start_decoding(src, mask, max_len + 1)
+    pad = ids["<pad>"]  # the decoder's start, never written
     (best,) = beam_search(
-        model, state, start, beam=beam, max_len=max_len, end_id=ids["</s>"], pad_id=ids["<pad>"]
+        model,
+        state,
+        start,
+        beam=beam,
+        max_len=max_len,
+        end_id=ids["</s>"],
+        pad_id=pad,
+        banned=[pad],
     )
     out = [i for i in best.ids if i != ids["</s>"]]
     return tokenizer.decode(out)
