@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 from attnlab.fileio import atomic_save
@@ -13,10 +14,16 @@ __all__ = ["plot_curves", "read_metrics", "load_matplotlib", "smoothing_floor"]
 
 
 def load_matplotlib():
-    """``matplotlib.pyplot`` on the Agg backend (imported on first use: it takes a second)."""
+    """``matplotlib.pyplot`` for PNG files (imported on first use: it takes a second).
+
+    The Agg backend is chosen only where nothing chose one before: a pyplot already in use or
+    ``MPLBACKEND`` (Jupyter's inline backend) is left as it is, so training in a notebook does
+    not stop the notebook's own figures from showing.
+    """
     import matplotlib
 
-    matplotlib.use("Agg")
+    if "matplotlib.pyplot" not in sys.modules and not os.environ.get("MPLBACKEND"):
+        matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
