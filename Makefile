@@ -8,13 +8,13 @@ STAMP  := $(VENV)/.installed
 CHROMIUM ?= /usr/bin/chromium
 export ATTNLAB_CHROMIUM := $(CHROMIUM)
 
-.PHONY: demo test test-fast test-browser bench bench-lm lint format clean
+.PHONY: demo test test-fast test-browser bench bench-lm docs lint format clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "make: attnlab needs Python 3.11 or newer; $(PYTHON) is $$($(PYTHON) -V 2>&1) (try: make PYTHON=python3.11 ...)"; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,docs]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -43,14 +43,21 @@ bench-lm: $(STAMP)
 	$(PY) benchmarks/budget_sweep.py
 	$(PY) benchmarks/lm_vs_nanogpt.py --nanogpt $(NANOGPT) --budgets 150 300
 
+# the documentation site, offline, into site/: the eight notebooks executed in full (a few
+# minutes on 2 cores) and rendered into docs/notebooks/, then mkdocs build --strict (every link,
+# image and API reference must resolve)
+docs: $(STAMP)
+	$(PY) notebooks/render.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 lint: $(STAMP)
 	$(VENV)/bin/lint-imports
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks notebooks
+	$(VENV)/bin/ruff format --check src tests benchmarks notebooks
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format src tests benchmarks
-	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks notebooks
+	$(VENV)/bin/ruff check --fix src tests benchmarks notebooks
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache site docs/notebooks
