@@ -34,6 +34,9 @@ from attnlab.tasks.lm import LMTask
 
 QUICK = os.environ.get("ATTNLAB_QUICK") == "1"
 torch.manual_seed(0)
+torch.set_num_threads(
+    1
+)  # models this small gain nothing from a second thread; a busy machine loses
 
 # %% [markdown]
 # ## Permutation equivariance
@@ -129,7 +132,7 @@ print(bias[0])
 # at each position shows how the others fare beyond what they saw.
 
 # %%
-T, STEPS = 32, (5 if QUICK else 250)
+T, STEPS = 32, (5 if QUICK else 200)
 task = LMTask.build(LMTaskConfig(seq_len=T, max_chars=200_000 if QUICK else None))
 long_task = LMTask(task.ids, task.tokenizer, task.config.replace(seq_len=4 * T))
 idx, tgt = next(long_task.eval_batches(16 if QUICK else 64, 1))

@@ -33,6 +33,9 @@ from attnlab.train import TrainConfig, train
 
 QUICK = os.environ.get("ATTNLAB_QUICK") == "1"
 torch.manual_seed(0)
+torch.set_num_threads(
+    1
+)  # models this small gain nothing from a second thread; a busy machine loses
 
 # %% [markdown]
 # ## Data and model

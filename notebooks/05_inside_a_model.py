@@ -44,6 +44,9 @@ from attnlab.train import TrainConfig, train
 
 QUICK = os.environ.get("ATTNLAB_QUICK") == "1"
 torch.manual_seed(0)
+torch.set_num_threads(
+    1
+)  # models this small gain nothing from a second thread; a busy machine loses
 
 # %% [markdown]
 # A small GPT, trained briefly on Python's documentation (notebook 4 explains the training).
@@ -129,16 +132,19 @@ print("largest change of a logit:", (ablated - logits).abs().max().item())
 # %% [markdown]
 # ## Activation patching
 #
-# Two inputs that differ in one character: which activations carry the difference to the last
-# prediction? Patching the clean run's residual stream at one layer and position into the
-# corrupted run and measuring how much of the clean prediction comes back answers it, position by
-# position. Patching every position of the first block's input restores the clean output exactly.
+# Two inputs that differ in their last character, "... th" and "... tx": which activations carry
+# the difference to the prediction of "e"? Patching the clean run's residual stream at one layer
+# and position into the corrupted run, and measuring how much of the clean log-probability comes
+# back, answers it position by position. A model trained this briefly reads mostly the character
+# before the one it predicts (a bigram model, so far): the effect sits in the last position's
+# column, at every layer. Patching every position of the first block's input restores the clean
+# output exactly.
 
 # %%
-clean_text, corrupt_text = "def f(x):\n    return x", "def f(y):\n    return x"
+clean_text, corrupt_text = "it returns th", "it returns tx"
 clean = torch.tensor([tok.encode(clean_text)])
 corrupt = torch.tensor([tok.encode(corrupt_text)])
-target = tok.encode("x")[0]
+target = tok.encode("e")[0]
 with torch.no_grad():
     clean_out, corrupt_out = model(clean), model(corrupt)
 assert torch.allclose(
@@ -146,12 +152,12 @@ assert torch.allclose(
 )
 
 
-def metric(out):  # log-probability of "x" as the next character after the last one
+def metric(out):  # log-probability of "e" as the next character
     return out[:, -1].log_softmax(-1)[:, target].mean()
 
 
 effect = patch_positions(model, clean, corrupt, metric, hook="resid_pre")  # (L, T)
-print(f"log p(x): clean {metric(clean_out):.3f}, corrupted {metric(corrupt_out):.3f}")
+print(f"log p(e): clean {metric(clean_out):.3f}, corrupted {metric(corrupt_out):.3f}")
 
 # %% [markdown]
 # ## The explorer, inline
@@ -174,11 +180,12 @@ for h in range(H):
     axes[h].set_title(f"blocks.1 head {h}")
 im = axes[H].imshow(effect, cmap="RdBu", aspect="auto")
 axes[H].set(
-    title="patched log p(x)",
+    title="patched log p(e)",
     xlabel="position",
-    ylabel="layer",
+    ylabel="layer (its input, resid_pre)",
+    yticks=range(effect.shape[0]),
     xticks=range(len(clean_text)),
-    xticklabels=[c if c != "\n" else "⏎" for c in clean_text],
+    xticklabels=list(clean_text),
 )
 fig.colorbar(im, ax=axes[H])
 plt.tight_layout()

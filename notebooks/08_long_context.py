@@ -112,7 +112,8 @@ print("linear attention equals φ(q)(φ(k)ᵀV) / φ(q)Σφ(k)")
 # The peak memory of one causal forward pass (B = 1, H = 4, D = 64, no autograd) against N,
 # measured as the process's peak resident memory above where it started. The math path holds a
 # few N × N float32 tensors per head (scores, masked scores, weights: about 3·H·N²·4 bytes); the
-# others grow linearly.
+# others grow linearly. Small readings are at the allocator's resolution (memory an earlier case
+# freed is reused without the process growing): read the large-N points.
 
 # %%
 ns = [256, 512] if QUICK else [512, 1024, 2048, 4096]
