@@ -22,7 +22,7 @@ from attnlab.config.translation import (
     Seq2SeqConfig,
     TranslationTaskConfig,
 )
-from attnlab.config.vision import CNNConfig, ImageTaskConfig, SwinConfig, ViTConfig
+from attnlab.config.vision import CNNConfig, DeiTConfig, ImageTaskConfig, SwinConfig, ViTConfig
 
 __all__ = [
     "Config",
@@ -40,6 +40,7 @@ __all__ = [
     "TranslationTaskConfig",
     "ScheduledSamplingConfig",
     "ViTConfig",
+    "DeiTConfig",
     "SwinConfig",
     "CNNConfig",
     "ImageTaskConfig",

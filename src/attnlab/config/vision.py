@@ -4,7 +4,8 @@
 grouped-query attention, QK-norm, SwiGLU, mixture of experts, every attention backend and
 drop-path work for vision without new code; their own fields describe the image side (patches,
 pooling, grid positions, windows, stages). ``CNNConfig`` is a plain :class:`Config`.
-``ImageTaskConfig`` holds the data options of ``attnlab train image`` (config.json's ``task``).
+``DeiTConfig`` is a ViT with a distillation token (the same fields). ``ImageTaskConfig`` holds the
+data options of ``attnlab train image`` (config.json's ``task``), the teacher of a DeiT among them.
 
     ViTConfig.preset("tiny", pooling="mean", ffn="swiglu")
     SwinConfig.preset("swin-t", num_classes=10)
@@ -20,6 +21,7 @@ from attnlab.config.block import Activation, BlockConfig
 
 __all__ = [
     "ViTConfig",
+    "DeiTConfig",
     "SwinConfig",
     "CNNConfig",
     "ImageTaskConfig",
@@ -154,6 +156,23 @@ class ViTConfig(BlockConfig):
     def num_patches(self) -> int:
         """N = HW / P²."""
         return self.grid_size**2
+
+
+@dataclass
+class DeiTConfig(ViTConfig):
+    """A :class:`~attnlab.models.vision.DeiT`: a ViT with a distillation token and head (Touvron
+    et al. 2021). The fields are the ViT's; the presets too. The class token is read by the class
+    head, the distillation token by the distillation head, so ``pooling`` must be ``cls``."""
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = VIT_PRESETS
+
+    def validate(self) -> None:
+        super().validate()
+        if self.pooling != "cls":
+            raise ConfigError(
+                f"DeiT reads its class and distillation tokens: pooling must be 'cls', "
+                f"got {self.pooling!r}"
+            )
 
 
 @dataclass
@@ -349,6 +368,12 @@ class ImageTaskConfig(Config):
         augment: random crop (+ flips where they keep the class); None = on for images of 16 px
             or more.
         crop_padding: zero padding of the random crop (None = max(1, side // 8)).
+        teacher: run directory of a trained image classifier to distil from (a DeiT student
+            only); None = no teacher.
+        distillation: ``hard`` (the distillation head learns the teacher's argmax) or ``soft``
+            (τ²·KL between the temperature-τ softmaxes of teacher and distillation head).
+        distill_alpha: weight of the distillation head's loss; the class head's is 1 − α.
+        distill_temperature: τ of soft distillation.
 
     The task records what it derived next to these (the seed, class names, image shape,
     normalisation, split sizes): ``from_dict`` drops them (``IGNORED``).
@@ -367,10 +392,16 @@ class ImageTaskConfig(Config):
     train_fraction: float = 1.0
     augment: bool | None = None
     crop_padding: int | None = None
+    teacher: str | None = None
+    distillation: Literal["hard", "soft"] = "hard"
+    distill_alpha: float = 0.5
+    distill_temperature: float = 1.0
 
     def validate(self) -> None:
         super().validate()
-        self.positive("image_size", "shapes_n")
+        self.positive("image_size", "shapes_n", "distill_temperature")
+        if not 0.0 <= self.distill_alpha <= 1.0:
+            raise ConfigError(f"distill_alpha must be in [0, 1], got {self.distill_alpha}")
         self.positive("crop_padding", allow_zero=True)
         if not 0.0 < self.train_fraction <= 1.0:
             raise ConfigError(f"train_fraction must be in (0, 1], got {self.train_fraction}")

@@ -1,5 +1,6 @@
 """Image classification for the shared trainer: batches of normalised (augmented) images, the
-cross-entropy loss, accuracy, and the run's ``labels.json``.
+cross-entropy loss (DeiT's distillation loss once a teacher is attached: :meth:`use_teacher`),
+accuracy, and the run's ``labels.json``.
 
     task = ImageClassificationTask.from_config(ImageTaskConfig(data="digits"), seed=0)
     train(model, task, TrainConfig(...), "runs/vit")
@@ -31,7 +32,8 @@ from attnlab.data.images import (
 from attnlab.errors import RunDirError
 from attnlab.fileio import atomic_write_text
 from attnlab.metrics.classification import accuracy, evaluate_classifier, per_class_accuracy
-from attnlab.tasks.losses import cross_entropy
+from attnlab.tasks.distill import Teacher
+from attnlab.tasks.losses import cross_entropy, distillation_loss
 
 __all__ = ["ImageClassificationTask", "load_task_data"]
 
@@ -104,6 +106,8 @@ class ImageClassificationTask:
             train_fraction=train_fraction, augment=self.augment, crop_padding=self.crop_padding
         )
         self._perms: dict[int, Tensor] = {}
+        #: the teacher a DeiT student learns from (None: plain cross-entropy)
+        self.teacher: Teacher | None = None
 
     @classmethod
     def from_config(cls, config: ImageTaskConfig, seed: int) -> ImageClassificationTask:
@@ -183,18 +187,48 @@ class ImageClassificationTask:
             x, y = xs[idx], ys[idx]
         return self.prepare(x), y
 
+    def use_teacher(self, teacher: Teacher) -> None:
+        """Distil from ``teacher`` (the student must be a DeiT): the loss becomes
+        :func:`~attnlab.tasks.losses.distillation_loss` with the config's ``distillation``,
+        ``distill_alpha`` and ``distill_temperature``.
+
+        Raises:
+            UserError: a teacher of another image shape or other classes (naming both).
+        """
+        teacher.check_student(self.image_shape, self.classes, what="the student's data")
+        self.teacher = teacher
+
     def loss(
         self, model: nn.Module, batch: tuple[Tensor, Tensor], cfg: Any
     ) -> tuple[Tensor, dict[str, float]]:
-        """Cross-entropy (with the run's label smoothing), plus ``moe_aux_coef`` × the MoE
-        load-balancing loss of a mixture-of-experts model; accuracy as a metric."""
+        """Cross-entropy (with the run's label smoothing) — with a teacher, DeiT's distillation
+        loss — plus ``moe_aux_coef`` × the MoE load-balancing loss of a mixture-of-experts model;
+        accuracy (of the averaged heads, with a teacher) as a metric."""
         images, labels = batch
+        smoothing = getattr(cfg, "label_smoothing", 0.0)
+        metrics: dict[str, float] = {}
+        if self.teacher is not None:  # (outside the student's auxiliary losses)
+            z_teacher = self.teacher.logits(images, self.mean, self.std)  # (B, L)
         with collect_aux_losses() as aux:
-            logits = model(images)  # (B, L)
-        loss = cross_entropy(
-            logits.float(), labels, label_smoothing=getattr(cfg, "label_smoothing", 0.0)
-        )
-        metrics = {"acc": accuracy(logits, labels)}
+            if self.teacher is None:
+                logits = model(images)  # (B, L)
+                loss = cross_entropy(logits.float(), labels, label_smoothing=smoothing)
+            else:
+                z_cls, z_dist = model(images, both_heads=True)  # (B, L) each
+                c = self.config
+                loss = distillation_loss(
+                    z_cls,
+                    z_dist,
+                    labels,
+                    z_teacher,
+                    kind=c.distillation,
+                    alpha=c.distill_alpha,
+                    temperature=c.distill_temperature,
+                    label_smoothing=smoothing,
+                )
+                logits = (z_cls + z_dist) / 2
+                metrics["teacher_agree"] = accuracy(z_dist, z_teacher.argmax(-1))
+        metrics["acc"] = accuracy(logits, labels)
         inner = getattr(model, "module", model)  # DDP / torch.compile wrap the model
         coef = getattr(getattr(inner, "config", None), "moe_aux_coef", 0.0)
         if aux.losses and coef:

@@ -6,7 +6,8 @@
 - :mod:`~attnlab.interop.hf.family`: what a family provides and the one conversion path;
 - one module per family, each a declarative key map (:mod:`attnlab.interop.keymap`) plus config
   translation both ways: :mod:`~attnlab.interop.hf.lm` (GPT-2, Llama, Mixtral),
-  :mod:`~attnlab.interop.hf.vision` (ViT, Swin), :mod:`~attnlab.interop.hf.bert` (BERT).
+  :mod:`~attnlab.interop.hf.vision` (ViT, Swin), :mod:`~attnlab.interop.hf.deit` (DeiT),
+  :mod:`~attnlab.interop.hf.bert` (BERT).
 """
 
 from attnlab.interop.hf.api import SUPPORTED_ARCHITECTURES, from_hf, load_hf_lm, to_hf

@@ -6,8 +6,8 @@ the config describes (built on the ``meta`` device, within bounds from the safet
 :mod:`attnlab.checkpoint_check`), gives the names and shapes the files must hold, which are
 checked before anything is allocated or read; then the key map converts the tensors. Writing runs the same key map the
 other way. The families: GPT-2, Llama, Mixtral (:mod:`~attnlab.interop.hf.lm`), ViT, Swin
-(:mod:`~attnlab.interop.hf.vision`), BERT (:mod:`~attnlab.interop.hf.bert`), T5
-(:mod:`~attnlab.interop.hf.t5`).
+(:mod:`~attnlab.interop.hf.vision`), DeiT (:mod:`~attnlab.interop.hf.deit`), BERT
+(:mod:`~attnlab.interop.hf.bert`), T5 (:mod:`~attnlab.interop.hf.t5`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from attnlab.interop.hf.checkpoint import (
     weight_files,
     write_checkpoint,
 )
+from attnlab.interop.hf.deit import DEIT, deit_export
 from attnlab.interop.hf.family import Family, check_config, load_weights, prepare
 from attnlab.interop.hf.lm import LM_FAMILIES, lm_export
 from attnlab.interop.hf.t5 import T5_FAMILY, t5_export
@@ -49,7 +50,7 @@ __all__ = [
     "load_hf_lm",
 ]
 
-FAMILIES: tuple[Family, ...] = (*LM_FAMILIES, VIT, SWIN, BERT, T5_FAMILY)
+FAMILIES: tuple[Family, ...] = (*LM_FAMILIES, VIT, DEIT, SWIN, BERT, T5_FAMILY)
 SUPPORTED_ARCHITECTURES = tuple(a for f in FAMILIES for a in f.architectures)
 
 
@@ -90,7 +91,8 @@ def from_hf(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None) 
     """Load a local Hugging Face checkpoint as an attnlab model (eval mode).
 
     GPT-2, Llama and Mixtral become a :class:`attnlab.DecoderLM`; ViT and Swin (``...Model`` or
-    ``...ForImageClassification``) the vision models of :mod:`attnlab.models.vision`; BERT
+    ``...ForImageClassification``) and DeiT (``DeiTModel``,
+    ``DeiTForImageClassificationWithTeacher``) the vision models of :mod:`attnlab.models.vision`; BERT
     (``BertForMaskedLM`` / ``BertModel``) an :class:`attnlab.models.encoder.EncoderMLM`; T5
     (``T5ForConditionalGeneration``, 1.0 and 1.1 layouts) a :class:`attnlab.models.t5.T5`.
 
@@ -135,6 +137,8 @@ def _export(model: nn.Module, moe_layout: str) -> tuple[dict, KeyMap]:
     kind = getattr(model, "kind", None)
     if kind == "vit":
         return vit_export(model)
+    if kind == "deit":
+        return deit_export(model)
     if kind == "swin":
         return swin_export(model)
     if kind == "encoder_mlm":

@@ -25,7 +25,7 @@ transformers 5.0-5.6 saved as a weight: ignored). The names of transformers < 5.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from torch import Tensor
@@ -89,9 +89,12 @@ def _prefix(names: Collection[str], prefix: str) -> str:
     return prefix if any(n.startswith(prefix) for n in names) else ""
 
 
-def vit_keymap(prefix: str = "") -> KeyMap:
+def vit_keymap(
+    prefix: str = "", *, head: str = "classifier", extra: Sequence[Rule] = ()
+) -> KeyMap:
     """The key map between a :class:`VisionTransformer` and HF ViT (``prefix`` ``vit.`` inside
-    ``ViTForImageClassification``)."""
+    ``ViTForImageClassification``); ``head`` names HF's classifier, ``extra`` adds rules (DeiT's
+    distillation token and head: :mod:`attnlab.interop.hf.deit`)."""
     p, lay = prefix, prefix + "layers.{i}."
     rules = [
         Rule("cls_token", p + "embeddings.cls_token"),
@@ -100,7 +103,8 @@ def vit_keymap(prefix: str = "") -> KeyMap:
         *_block_rules("blocks.{i}.", lay),
         Rule("norm.{w}", p + "layernorm.{w}"),
         Rule("pooler.{w}", p + "pooler.dense.{w}"),
-        Rule("head.{w}", "classifier.{w}"),
+        Rule("head.{w}", head + ".{w}"),
+        *extra,
     ]
     old = p + "encoder.layer.{i}."
     renames = {old + k: lay + v for k, v in _OLD_LAYERS.items()}

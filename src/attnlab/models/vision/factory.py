@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from attnlab.config.base import Config, ConfigError
-from attnlab.config.vision import CNNConfig, SwinConfig, ViTConfig
+from attnlab.config.vision import CNNConfig, DeiTConfig, SwinConfig, ViTConfig
 from attnlab.errors import UserError, did_you_mean
 from attnlab.models.registry import build_model
 
@@ -22,6 +22,7 @@ __all__ = ["IMAGE_CLASSIFIERS", "build_image_classifier"]
 #: model kind -> its config class
 IMAGE_CLASSIFIERS: dict[str, type[Config]] = {
     "vit": ViTConfig,
+    "deit": DeiTConfig,
     "swin": SwinConfig,
     "cnn": CNNConfig,
 }
@@ -35,7 +36,7 @@ def build_image_classifier(
     preset: str | None = None,
     overrides: dict[str, Any] | None = None,
 ) -> nn.Module:
-    """A ``kind`` classifier (ViT, Swin or CNN) for ``(C, H, W)`` images and these classes.
+    """A ``kind`` classifier (ViT, DeiT, Swin or CNN) for ``(C, H, W)`` images and these classes.
 
     Its config starts from ``preset`` (default ``tiny`` for images up to 16 pixels, ``small``
     above), takes ``image_size``, ``in_channels``, ``num_classes`` and ``labels`` from the data,

@@ -51,16 +51,18 @@ class VisionTransformer(nn.Module):
     Attributes:
         pos_embed: the :class:`~attnlab.layers.position.PatchGridPositions` of the patch grid
             (class-token row first when ``pooling == "cls"``).
-        n_prefix: tokens before the patches (1 with a class token, else 0).
+        n_prefix: tokens before the patches (1 with a class token, else 0; a DeiT's 2).
     """
 
     kind: ClassVar[str] = "vit"
+    #: learned tokens between the class token and the patches (DeiT's distillation token: 1)
+    n_extra_tokens: ClassVar[int] = 0
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         self.config = c = config
         self.patch_embed = PatchEmbedding(c.in_channels, c.d_model, c.patch_size)
-        self.n_prefix = 1 if c.pooling == "cls" else 0
+        self.n_prefix = (1 if c.pooling == "cls" else 0) + self.n_extra_tokens
         if self.n_prefix:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model))
         grid = (c.grid_size, c.grid_size)
@@ -82,6 +84,10 @@ class VisionTransformer(nn.Module):
         learned positions."""
         tokens = [self.cls_token] if self.n_prefix else []
         init_vision_weights(self, self.config.init_std, tokens)
+
+    def prefix_tokens(self, batch: int) -> Tensor:
+        """The learned tokens put before the patches, ``(B, n_prefix, C)``: the class token."""
+        return self.cls_token.expand(batch, -1, -1)
 
     @property
     def feature_dim(self) -> int:
@@ -108,7 +114,7 @@ class VisionTransformer(nn.Module):
         B, _, H, W = images.shape
         x = self.patch_embed(images)  # (B, N, C)
         if self.n_prefix:
-            x = torch.cat((self.cls_token.expand(B, -1, -1), x), dim=1)  # (B, 1 + N, C)
+            x = torch.cat((self.prefix_tokens(B), x), dim=1)  # (B, n_prefix + N, C)
         x = self.drop(self.pos_embed.embed(x, grid=(H // c.patch_size, W // c.patch_size)))
         for blk in self.blocks:
             x = blk(x)  # bidirectional: no mask, is_causal=False
