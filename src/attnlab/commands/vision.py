@@ -1,5 +1,5 @@
-"""Vision commands: ``attnlab train image``, ``attnlab classify``, ``attnlab eval`` for vit/swin/cnn
-runs, and ``attnlab experiment inductive-bias``.
+"""Vision commands: ``attnlab train image``, ``attnlab classify``, ``attnlab eval`` for
+vit/deit/swin/cnn runs, and ``attnlab experiment inductive-bias``.
 
 The CLI parses and prints; the work is in :mod:`attnlab.data.images`, :mod:`attnlab.tasks.image`,
 :mod:`attnlab.models.vision`, :mod:`attnlab.train`, :mod:`attnlab.viz.vision` and
@@ -42,6 +42,10 @@ _FLAG_KEYS = {
             "shapes_label",
             "train_fraction",
             "augment",
+            "teacher",
+            "distillation",
+            "distill_alpha",
+            "distill_temperature",
         )
     },
 }
@@ -52,15 +56,17 @@ _FLAG_KEYS = {
 
 
 def _train_image(args: argparse.Namespace) -> int:
-    from attnlab.runs import build_run, read_config
+    from attnlab.runs import build_run, load, read_config
+    from attnlab.tasks.distill import Teacher
     from attnlab.train import check_run_dir, train
     from attnlab.train.stopping import completion
 
     check_run_dir(args.out, args.resume, args.overwrite)  # before the data is read
     if args.augment is not None:
         args.augment = AUGMENT[args.augment]
-    if args.data_path:
-        args.data_path = str(Path(args.data_path).resolve())
+    for name in ("data_path", "teacher"):
+        if getattr(args, name):
+            setattr(args, name, str(Path(getattr(args, name)).resolve()))
     saved = read_config(args.out) if args.resume else None
     kind = args.model if "model" in explicit_dests(args) else None
     spec = resolve_spec(args, FAMILIES["image"], _FLAG_KEYS, saved, kind=kind)
@@ -68,12 +74,17 @@ def _train_image(args: argparse.Namespace) -> int:
     if done:  # before the data is read
         print(done)
         return 0
+    source = spec.task.teacher
+    teacher = Teacher.from_run(load(source, kinds=VISION_KINDS), source) if source else None
     model, task = build_run(spec)
+    if teacher is not None:
+        task.use_teacher(teacher)
     n_params = sum(p.numel() for p in model.parameters())
     print(
         f"{spec.kind}: {n_params:,} parameters; {task.data.name} "
         f"{'×'.join(map(str, task.image_shape))}, {task.num_classes} classes, "
         f"{len(task.train_y)} training images (augment={task.augment})"
+        + (f"; {spec.task.distillation} distillation from {source}" if teacher else "")
     )
     res = train(model, task, spec.train, args.out, resume=args.resume, overwrite=args.overwrite)
     device = next(model.parameters()).device
@@ -248,10 +259,11 @@ def _add_train_image(groups) -> None:
 
     p = groups["train"].add_parser(
         "image",
-        help="train an image classifier (ViT, Swin or CNN)",
-        description="Train a ViT, Swin Transformer or residual CNN on digits, generated shapes, a "
-        "folder of images, CIFAR-10 or MNIST. Example: attnlab train image --data digits "
-        "--model vit --out runs/vit-digits. Every setting also comes from --config FILE (a run's "
+        help="train an image classifier (ViT, DeiT, Swin or CNN)",
+        description="Train a ViT, DeiT, Swin Transformer or residual CNN on digits, generated "
+        "shapes, a folder of images, CIFAR-10 or MNIST. Example: attnlab train image --data digits "
+        "--model vit --out runs/vit-digits; a DeiT distils from a trained run: --model deit "
+        "--teacher runs/cnn-digits. Every setting also comes from --config FILE (a run's "
         "config.json reproduces the run) and --set KEY=VALUE (model.d_model=96, train.lr=3e-4, "
         "task.train_fraction=0.5).",
     )
@@ -271,6 +283,18 @@ def _add_train_image(groups) -> None:
         ("--augment", tuple(AUGMENT), None,
          "random crop (+ flips where they keep the class); auto = on for images of 16 px or more "
          "(default: auto)"),
+    ])
+    g = p.add_argument_group("distillation (--model deit)")
+    add_flags(g, [
+        ("--teacher", None, None,
+         "run directory of a trained classifier (e.g. a CNN) of the same image size and classes: "
+         "the distillation head learns its predictions", {"metavar": "RUN"}),
+        ("--distillation", ("hard", "soft"), "hard",
+         "hard: the teacher's arg-max as label; soft: τ²·KL to its temperature-τ softmax "
+         "(default: %(default)s)"),
+        ("--distill-alpha", float, 0.5,
+         "weight of the distillation head's loss, the class head's is 1 − α (default: %(default)s)"),
+        ("--distill-temperature", float, 1.0, "τ of soft distillation (default: %(default)s)"),
     ])
     # fmt: on
     add_train_args(

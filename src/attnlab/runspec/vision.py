@@ -1,5 +1,5 @@
 """The image-classifier family of :func:`attnlab.runspec.resolve` (``attnlab train image``):
-ViT, Swin and a residual CNN on an image data set.
+ViT, DeiT, Swin and a residual CNN on an image data set (a DeiT may name a teacher run).
 
 Settings merge as for every kind (flag defaults < config file, or the resumed run's config.json <
 typed flags < ``--set``); a typed kind must match the file's or the run's. The model starts from
@@ -21,13 +21,14 @@ from attnlab.tasks.image import ImageClassificationTask
 
 __all__ = ["IMAGE", "VISION_KINDS", "resolve_image", "build_image"]
 
-VISION_KINDS = ("vit", "swin", "cnn")
-#: model fields that only some architectures have
+VISION_KINDS = ("vit", "deit", "swin", "cnn")
+#: model and task fields that only some architectures have
 _ONLY_FOR = {
-    "patch_size": ("vit", "swin"),
-    "window_size": ("swin",),
-    "pooling": ("vit",),
-    "position": ("vit",),
+    "model.patch_size": ("vit", "deit", "swin"),
+    "model.window_size": ("swin",),
+    "model.pooling": ("vit",),
+    "model.position": ("vit", "deit"),
+    "task.teacher": ("deit",),
 }
 
 
@@ -36,7 +37,8 @@ def resolve_image(fam: Family, given: Given) -> RunSpec:
 
     Raises:
         UserError: a typed kind that contradicts the file's (or the run's), a kind that is not
-            an image classifier, a model option another architecture's (named by its flag).
+            an image classifier, a model option another architecture's or a teacher for a
+            student that is not a DeiT (named by its flag).
     """
     typed = given.flags.get("kind")
     sections = given.merged(given.base)
@@ -53,8 +55,10 @@ def resolve_image(fam: Family, given: Given) -> RunSpec:
     if kind not in fam.kinds:
         raise UserError(f"{kind!r} is not an image classifier ({', '.join(fam.kinds)})")
     values = {**given.defaults, **given.flags}  # the flags' values: a file may hold any field
-    for name, kinds in _ONLY_FOR.items():
-        if values.get(f"model.{name}") is not None and kind not in kinds:
+    values.update({f"task.{k}": v for k, v in sections["task"].items() if k == "teacher"})
+    for key, kinds in _ONLY_FOR.items():
+        if values.get(key) is not None and kind not in kinds:
+            name = key.partition(".")[2]
             raise UserError(
                 f"--{name.replace('_', '-')} applies to --model {' or '.join(kinds)} only "
                 f"(got --model {kind})"

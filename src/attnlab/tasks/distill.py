@@ -12,12 +12,13 @@ Shape legend: B batch, C channels, H/W height/width, L classes.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.data.images import ImageSettings, normalize
-from attnlab.errors import UserError
+from attnlab.errors import RunDirError, UserError
 
 __all__ = ["Teacher"]
 
@@ -34,6 +35,20 @@ class Teacher:
     def __init__(self, model: nn.Module, settings: ImageSettings, source: str = "the teacher"):
         self.model = model.eval().requires_grad_(False)
         self.settings, self.source = settings, source
+
+    @classmethod
+    def from_run(cls, run: Any, source: str) -> Teacher:
+        """The teacher in a loaded run (``attnlab.load(source)``: its model and labels.json).
+
+        Raises:
+            RunDirError: the run has no labels.json (a converted checkpoint).
+        """
+        if not isinstance(run.tokenizer, ImageSettings):
+            raise RunDirError(
+                f"teacher {source} lacks labels.json (classes, image shape, normalisation): "
+                "a teacher must be a run of 'attnlab train image'"
+            )
+        return cls(run.model, run.tokenizer, source)
 
     def check_student(
         self, image_shape: Sequence[int], classes: Sequence[str], *, what: str = "the student"
