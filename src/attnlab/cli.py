@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "attnlab.commands.lm",
     "attnlab.commands.translate",
     "attnlab.commands.vision",
+    "attnlab.commands.vision_experiments",
     "attnlab.commands.multimodal",
     "attnlab.commands.efficient",
     "attnlab.commands.interop",

@@ -1,9 +1,8 @@
 """Vision commands: ``attnlab train image``, ``attnlab classify``, ``attnlab eval`` for
-vit/deit/swin/cnn runs, and ``attnlab experiment inductive-bias``.
+vit/deit/swin/cnn runs (the vision experiments: :mod:`attnlab.commands.vision_experiments`).
 
 The CLI parses and prints; the work is in :mod:`attnlab.data.images`, :mod:`attnlab.tasks.image`,
-:mod:`attnlab.models.vision`, :mod:`attnlab.train`, :mod:`attnlab.viz.vision` and
-:mod:`attnlab.experiments.inductive_bias`.
+:mod:`attnlab.models.vision`, :mod:`attnlab.train` and :mod:`attnlab.viz.vision`.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from attnlab.commands.config_args import explicit_dests, resolve_spec, train_flag_keys
 from attnlab.commands.flags import add_flags, at_least_one
@@ -177,62 +175,10 @@ def _classify(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# attnlab experiment inductive-bias
-
-
-def _model_overrides(items: list[str], flag: str) -> dict[str, Any]:
-    """``--vit-set d_model=96`` items -> ``{"d_model": 96}`` (the one ``--set`` value parser)."""
-    from attnlab.config.overrides import parse_overrides
-
-    out = {}
-    for key, value in parse_overrides(items).items():
-        section, _, name = key.partition(".")
-        if section != "model":
-            raise UserError(f"{flag} sets model fields (KEY=VALUE), got {key!r}")
-        out[name] = value
-    return out
-
-
-def _inductive_bias(args: argparse.Namespace) -> int:
-    from attnlab.commands.config_args import from_args
-    from attnlab.experiments.inductive_bias import (
-        InductiveBiasSettings,
-        format_table,
-        run_inductive_bias,
-    )
-
-    try:
-        fractions = [float(f) for f in args.fractions.split(",")]
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        raise UserError(
-            f"--fractions/--seeds must be comma-separated numbers, got "
-            f"{args.fractions!r} / {args.seeds!r}"
-        ) from None
-    settings = from_args(
-        InductiveBiasSettings,
-        args,
-        fractions=fractions,
-        seeds=seeds,
-        vit=_model_overrides(args.vit_set, "--vit-set"),
-        cnn=_model_overrides(args.cnn_set, "--cnn-set"),
-    )
-    result = run_inductive_bias(
-        settings, args.out, progress=not args.no_progress, overwrite=args.overwrite
-    )
-    print(format_table(result))
-    print(
-        f"\n{len(result['runs'])} runs in {result['elapsed']:.0f} s; table, JSON and plot in "
-        f"{args.out}"
-    )
-    return 0
-
-
-# ----------------------------------------------------------------------------------------------
 # parsers
 
 
-def _add_data_args(p: argparse.ArgumentParser, *, default: str = "digits") -> None:
+def add_data_args(p: argparse.ArgumentParser, *, default: str = "digits") -> None:
     g = p.add_argument_group("data")
     # fmt: off
     add_flags(g, [
@@ -267,7 +213,7 @@ def _add_train_image(groups) -> None:
         "config.json reproduces the run) and --set KEY=VALUE (model.d_model=96, train.lr=3e-4, "
         "task.train_fraction=0.5).",
     )
-    _add_data_args(p)
+    add_data_args(p)
     g = p.add_argument_group("model")
     # fmt: off
     add_flags(g, [
@@ -333,38 +279,6 @@ def _add_classify(groups) -> None:
     c.set_defaults(func=_classify)
 
 
-def _add_inductive_bias(groups) -> None:
-    e = groups["experiment"].add_parser(
-        "inductive-bias",
-        help="CNN vs ViT with the same budget on growing data fractions",
-        description="Train a residual CNN and a ViT (similar size, same steps/batch/lr) on "
-        "growing fractions of the training set and compare test accuracy (table + plot). "
-        "Example: attnlab experiment inductive-bias --max-time 300 --out runs/inductive-bias.",
-    )
-    _add_data_args(e)
-    # fmt: off
-    add_flags(e, [
-        ("--fractions", None, "0.1,0.25,0.5,1",
-         "comma-separated training-set fractions, ≥3 (default: %(default)s)"),
-        ("--seeds", None, "0", "comma-separated seeds (default: %(default)s)"),
-        ("--steps", int, 300, "steps per run (default: %(default)s)"),
-        ("--max-time", float, None,
-         "wall-clock seconds for the whole experiment, instead of --steps: both models' speed is "
-         "measured and every run gets the same steps, as many as fit", {"metavar": "SECONDS"}),
-        ("--batch-size", int, 64, None),
-        ("--lr", float, 1e-3, None),
-        ("--warmup", int, 30, None),
-        ("--vit-set", "append", [], None, {"metavar": "KEY=VALUE"}),
-        ("--cnn-set", "append", [], None, {"metavar": "KEY=VALUE"}),
-        ("--device", None, "auto", None),
-        ("--no-progress", "store_true", None, None),
-        ("--out", None, "runs/inductive-bias", "output directory (default: %(default)s)"),
-        ("--overwrite", "store_true", None, "replace the results of an earlier sweep in --out"),
-    ])
-    # fmt: on
-    e.set_defaults(func=_inductive_bias)
-
-
 def register(groups) -> None:
     """Add the vision commands."""
     from attnlab.commands import register_evaluator
@@ -372,6 +286,5 @@ def register(groups) -> None:
     _add_train_image(groups)
     _add_classify(groups)
     add_samples_parser(groups)
-    _add_inductive_bias(groups)
     for kind in VISION_KINDS:
         register_evaluator(kind, _eval_image)

@@ -1,10 +1,17 @@
-"""Inductive bias: a CNN and a ViT trained with the same budget on growing shares of the data.
+"""Inductive bias: a CNN, a ViT and a DeiT trained with the same budget on growing shares of the
+data.
 
 The lecture's claim: convolutions build in locality and translation equivariance, a ViT has to
 learn its spatial structure from data, so on small datasets the CNN wins and the gap narrows (and
 eventually reverses, at JFT-300M scale) as data grows. Here both models get the same optimizer,
 schedule, batch size and number of steps, with similar parameter counts, on fractions of one
 training set, and are scored on the same full test split.
+
+The DeiT row asks whether distillation hands the CNN's inductive bias to a Transformer: a ViT of
+the same size with a distillation token (:class:`~attnlab.models.vision.DeiT`), trained on the
+same images with the CNN just trained on them (same fraction and seed) as its teacher. It sees no
+image the CNN did not see; only the CNN's predictions are new to it. ``closed`` in the table is
+the share of the CNN − ViT gap the DeiT closes, ``(DeiT − ViT) / (CNN − ViT)``.
 
 The number of steps is ``steps``, or, with a wall-clock budget ``max_time`` for the whole
 experiment, as many as fit: both models' seconds per step are measured first, and every run
@@ -33,6 +40,7 @@ from attnlab.errors import RunDirError, UserError
 from attnlab.experiments import common
 from attnlab.fileio import atomic_save, atomic_write_text
 from attnlab.models.vision.factory import build_image_classifier
+from attnlab.tasks.distill import Teacher
 from attnlab.tasks.image import ImageClassificationTask, load_task_data
 from attnlab.train import TrainConfig, train
 
@@ -50,6 +58,11 @@ __all__ = [
 DATA_FIELDS = ("data", "data_path", "image_size", "channels", "shapes_n", "shapes_label")
 #: share of ``max_time`` kept for loading data, scoring every run and writing the plot
 RESERVE = 0.2
+#: the smallest CNN − ViT gap of which the table gives the share the DeiT closes
+MIN_GAP = 0.02
+#: the models the experiment can compare, in training order (a DeiT's teacher is the CNN)
+MODELS = ("cnn", "vit", "deit")
+LABELS = {"cnn": "residual CNN", "vit": "ViT", "deit": "DeiT (distilled from the CNN)"}
 
 
 @dataclass
@@ -65,7 +78,10 @@ class InductiveBiasSettings(Config):
         max_time: wall-clock seconds for the whole experiment (overrides ``steps``: every run
             gets the same number of steps, as many as fit; see the module docstring).
         seeds: one run per seed (data subset, init and batch order change with it).
-        vit, cnn: overrides of the ``tiny`` (≤ 16 px) or ``small`` presets.
+        models: which of ``cnn``, ``vit``, ``deit`` to train (a DeiT needs the CNN, its teacher).
+        vit, cnn, deit: overrides of the ``tiny`` (≤ 16 px) or ``small`` presets.
+        distillation, distill_alpha, distill_temperature: the DeiT's loss (as for
+            :class:`~attnlab.config.vision.ImageTaskConfig`).
     """
 
     data: str = "digits"
@@ -82,8 +98,13 @@ class InductiveBiasSettings(Config):
     warmup: int = 30
     weight_decay: float = 0.05
     seeds: list[int] = field(default_factory=lambda: [0])
+    models: list[str] = field(default_factory=lambda: list(MODELS))
     vit: dict[str, Any] = field(default_factory=dict)
     cnn: dict[str, Any] = field(default_factory=dict)
+    deit: dict[str, Any] = field(default_factory=dict)
+    distillation: str = "hard"
+    distill_alpha: float = 0.5
+    distill_temperature: float = 1.0
     device: str = "auto"
 
     def validate(self) -> None:
@@ -96,6 +117,16 @@ class InductiveBiasSettings(Config):
         self.fractions = fr
         if not self.seeds:
             raise ValueError("give at least one seed")
+        unknown = [m for m in self.models if m not in MODELS]
+        if unknown or not self.models or len(set(self.models)) != len(self.models):
+            raise ValueError(
+                f"models must be distinct names among {list(MODELS)}, got {self.models}"
+            )
+        if "deit" in self.models and "cnn" not in self.models:
+            raise ValueError("the DeiT distils from the CNN: models must include cnn with deit")
+        self.models = [m for m in MODELS if m in self.models]  # the CNN trains before its student
+        if self.distillation not in ("hard", "soft"):
+            raise ValueError(f"distillation must be 'hard' or 'soft', got {self.distillation!r}")
         if self.max_time is not None and not self.max_time > 0:
             raise ValueError(f"max_time must be a positive number of seconds, got {self.max_time}")
         if self.steps < 1 or self.batch_size < 1:
@@ -106,6 +137,17 @@ class InductiveBiasSettings(Config):
     def data_config(self) -> ImageTaskConfig:
         """The data settings as the image task's config."""
         return ImageTaskConfig(**{name: getattr(self, name) for name in DATA_FIELDS})
+
+    def task(self, kind: str, splits: Any, seed: int, fraction: float, teacher=None):
+        """The image task of one run; a DeiT's distils from ``teacher`` (the trained CNN)."""
+        if kind != "deit":
+            return ImageClassificationTask(splits, seed=seed, train_fraction=fraction)
+        distil = ("distillation", "distill_alpha", "distill_temperature")
+        config = self.data_config().replace(**{k: getattr(self, k) for k in distil})
+        task = ImageClassificationTask(splits, seed=seed, train_fraction=fraction, config=config)
+        # the CNN trained on this very subset: the same classes and normalisation as the student
+        task.use_teacher(Teacher(teacher, task.settings, "the CNN"))
+        return task
 
 
 def _build(kind: str, splits, overrides: dict[str, Any]):
@@ -140,8 +182,8 @@ def run_inductive_bias(
         RunDirError: ``out_dir`` already holds results and ``overwrite`` is not set.
 
     Returns:
-        ``{"settings", "runs": [per-run dicts], "table": [per fraction: n_train, vit/cnn mean
-        and std accuracy], "params": {"vit": n, "cnn": n}, "steps" (of every run), "elapsed"}``.
+        ``{"settings", "runs": [per-run dicts], "table": [per fraction: n_train, each model's
+        mean and std accuracy, gaps], "params": {kind: n}, "steps" (of every run), "elapsed"}``.
     """
     out = Path(out_dir)
     if (out / "results.json").exists() and not overwrite:
@@ -157,16 +199,17 @@ def run_inductive_bias(
     shared = ("batch_size", "lr", "weight_decay", "device")
     for seed in settings.seeds:
         splits = load_task_data(settings.data_config(), seed)
-        if not runs:  # both models must build before anything is trained
-            models = {k: _build(k, splits, getattr(settings, k)) for k in ("cnn", "vit")}
+        if not runs:  # every model must build before anything is trained
+            models = {k: _build(k, splits, getattr(settings, k)) for k in settings.models}
             if budget is not None:
                 steps, warmup = _steps_within_budget(settings, budget, splits, models)
         for frac in settings.fractions:
-            for kind in ("cnn", "vit"):
+            trained: dict[str, Any] = {}
+            for kind in settings.models:
                 torch.manual_seed(seed)
-                model = _build(kind, splits, settings.vit if kind == "vit" else settings.cnn)
+                model = _build(kind, splits, getattr(settings, kind))
                 params[kind] = sum(p.numel() for p in model.parameters())
-                task = ImageClassificationTask(splits, seed=seed, train_fraction=frac)
+                task = settings.task(kind, splits, seed, frac, teacher=trained.get("cnn"))
                 cfg = TrainConfig(
                     **{name: getattr(settings, name) for name in shared},
                     steps=steps,
@@ -180,6 +223,7 @@ def run_inductive_bias(
                 res = train(
                     model, task, cfg, out / "runs" / f"{kind}_f{frac:g}_s{seed}", overwrite=True
                 )
+                trained[kind] = model
                 device = next(model.parameters()).device
                 acc, loss = task.test_accuracy(model, device=device)
                 train_acc, _ = task.test_accuracy(model, split="train", device=device)
@@ -209,14 +253,20 @@ def _steps_within_budget(
 ) -> tuple[int, int]:
     """The steps (and warm-up) of every run so that all runs fit ``budget``.
 
-    Both models' seconds per step are measured on the full training split; every run gets the
-    same steps, ``(1 - RESERVE)`` of what is left divided by the runs' summed step times.
+    Every model's seconds per step are measured on the full training split (the DeiT's with the
+    untrained CNN as its teacher: its step includes the teacher's forward pass); every run gets
+    the same steps, ``(1 - RESERVE)`` of what is left divided by the runs' summed step times.
     """
-    task = ImageClassificationTask(splits, seed=settings.seeds[0])
+    seed = settings.seeds[0]
     probe_cfg = TrainConfig(
         steps=1, batch_size=settings.batch_size, device=settings.device, progress=False
     )
-    per_pair = sum(common.seconds_per_step(m, task, probe_cfg, steps=5) for m in models.values())
+    per_pair = sum(
+        common.seconds_per_step(
+            m, settings.task(k, splits, seed, 1.0, teacher=models.get("cnn")), probe_cfg, steps=5
+        )
+        for k, m in models.items()
+    )
     n_pairs = len(settings.seeds) * len(settings.fractions)
     seconds = budget.share(n_pairs, reserve=RESERVE * budget.seconds)
     steps = common.steps_within(seconds, per_pair, minimum=10)
@@ -224,24 +274,31 @@ def _steps_within_budget(
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per fraction: training images, mean and spread of each model's test accuracy, gap.
+    """Per fraction: training images, mean and spread of each model's test accuracy, the gaps
+    (``gap`` = CNN − ViT; with a DeiT, ``deit_gap`` = CNN − DeiT and ``closed`` = the share of
+    the CNN − ViT gap the DeiT closes, None for a gap under ``MIN_GAP``).
 
-    Works on a partial set of runs (a fraction missing one model is left out).
+    Works on a partial set of runs (a fraction missing the CNN or the ViT is left out).
     """
     table = []
     for frac in sorted({r["fraction"] for r in runs}):
         row: dict[str, Any] = {"fraction": frac}
-        for kind in ("cnn", "vit"):
+        for kind in MODELS:
             accs = [r["test_acc"] for r in runs if r["model"] == kind and r["fraction"] == frac]
-            if not accs:
-                break
-            row[f"{kind}_acc"] = statistics.fmean(accs)
-            row[f"{kind}_std"] = statistics.pstdev(accs) if len(accs) > 1 else 0.0
-            row[f"{kind}_n"] = len(accs)
-        else:
-            row["n_train"] = min(r["n_train"] for r in runs if r["fraction"] == frac)
-            row["gap"] = row["cnn_acc"] - row["vit_acc"]
-            table.append(row)
+            if accs:
+                row[f"{kind}_acc"] = statistics.fmean(accs)
+                row[f"{kind}_std"] = statistics.pstdev(accs) if len(accs) > 1 else 0.0
+                row[f"{kind}_n"] = len(accs)
+        if "cnn_acc" not in row or "vit_acc" not in row:
+            continue
+        row["n_train"] = min(r["n_train"] for r in runs if r["fraction"] == frac)
+        row["gap"] = row["cnn_acc"] - row["vit_acc"]
+        if "deit_acc" in row:
+            row["deit_gap"] = row["cnn_acc"] - row["deit_acc"]
+            gap = row["gap"]
+            closes = gap >= MIN_GAP  # (a share of a gap within the noise means nothing)
+            row["closed"] = (row["deit_acc"] - row["vit_acc"]) / gap if closes else None
+        table.append(row)
     return table
 
 
@@ -281,16 +338,29 @@ MIN_ACCURACY = 0.5
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """A markdown table: fraction, training images, CNN and ViT test accuracy, gap."""
+    """A markdown table: fraction, training images, each model's test accuracy, the gaps."""
     s = result["settings"]
     p = result["params"]
+    kinds = [k for k in MODELS if any(f"{k}_acc" in r for r in result["table"])] or ["cnn", "vit"]
+    deit = "deit" in kinds
+    sizes = "; ".join(f"{LABELS[k].split(' (')[0]} {p.get(k, 0):,} params" for k in kinds)
+    distil = (
+        f"; DeiT: {s.get('distillation', 'hard')} distillation, α {s.get('distill_alpha', 0.5)}"
+        if deit
+        else ""
+    )
     lines = [
-        f"data={s['data']}, {result.get('steps', s['steps'])} steps × batch {s['batch_size']}, lr {s['lr']}, "
-        f"seeds {s['seeds']}; CNN {p.get('cnn', 0):,} params, ViT {p.get('vit', 0):,} params; "
-        f"test set {result['n_test']} images",
+        f"data={s['data']}, {result.get('steps', s['steps'])} steps × batch {s['batch_size']}, "
+        f"lr {s['lr']}, seeds {s['seeds']}; {sizes}; test set {result['n_test']} images{distil}",
         "",
-        "| fraction | train images | CNN test acc | ViT test acc | CNN − ViT |",
-        "|---:|---:|---:|---:|---:|",
+        "| fraction | train images | CNN test acc | ViT test acc |"
+        + (" DeiT test acc |" if deit else "")
+        + " CNN − ViT |"
+        + (" CNN − DeiT | gap closed |" if deit else ""),
+        "|---:|---:|---:|---:|"
+        + ("---:|" if deit else "")
+        + "---:|"
+        + ("---:|---:|" if deit else ""),
     ]
 
     def fmt(r: dict, k: str) -> str:
@@ -298,14 +368,19 @@ def format_table(result: dict[str, Any]) -> str:
         return f"{acc:.3f} ± {std:.3f} (n={n})" if n > 1 else f"{acc:.3f}"
 
     for r in result["table"]:
-        lines.append(
-            f"| {r['fraction']:g} | {r['n_train']} | {fmt(r, 'cnn')} | {fmt(r, 'vit')} | "
-            f"{r['gap']:+.3f} |"
-        )
+        cells = [f"{r['fraction']:g}", str(r["n_train"]), fmt(r, "cnn"), fmt(r, "vit")]
+        if deit:
+            cells.append(fmt(r, "deit") if "deit_acc" in r else "–")
+        cells.append(f"{r['gap']:+.3f}")
+        if deit:
+            closed = r.get("closed")
+            cells.append(f"{r['deit_gap']:+.3f}" if "deit_gap" in r else "–")
+            cells.append(f"{closed:.0%}" if closed is not None else "–")
+        lines.append("| " + " | ".join(cells) + " |")
     if result["table"]:  # the gap between two models that have not learnt digits is noise
         most = result["table"][-1]
         short = common.undertrained(
-            {k: most[f"{k}_acc"] for k in ("cnn", "vit")},
+            {k: most[f"{k}_acc"] for k in kinds if f"{k}_acc" in most},
             threshold=MIN_ACCURACY,
             what=f"test accuracy with the most training images ({most['n_train']})",
             max_time=s.get("max_time"),
@@ -325,11 +400,13 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     rows = result["table"]
     n = [r["n_train"] for r in rows]
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for kind, label in (("cnn", "residual CNN"), ("vit", "ViT")):
+    for kind, label in LABELS.items():
+        if not rows or f"{kind}_acc" not in rows[0]:
+            continue
         acc = [r[f"{kind}_acc"] for r in rows]
         err = [r[f"{kind}_std"] for r in rows]
         ax.errorbar(
-            n,
+            [x * (1.03 if kind == "deit" else 1.0) for x in n],  # (apart from the ViT's bars)
             acc,
             yerr=err,
             marker="o",

@@ -89,9 +89,7 @@ def _prefix(names: Collection[str], prefix: str) -> str:
     return prefix if any(n.startswith(prefix) for n in names) else ""
 
 
-def vit_keymap(
-    prefix: str = "", *, head: str = "classifier", extra: Sequence[Rule] = ()
-) -> KeyMap:
+def vit_keymap(prefix: str = "", *, head: str = "classifier", extra: Sequence[Rule] = ()) -> KeyMap:
     """The key map between a :class:`VisionTransformer` and HF ViT (``prefix`` ``vit.`` inside
     ``ViTForImageClassification``); ``head`` names HF's classifier, ``extra`` adds rules (DeiT's
     distillation token and head: :mod:`attnlab.interop.hf.deit`)."""

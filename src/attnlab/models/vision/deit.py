@@ -54,9 +54,7 @@ class DeiT(VisionTransformer):
         super().__init__(config)
         c = config
         self.dist_token = nn.Parameter(torch.zeros(1, 1, c.d_model))
-        self.head_dist = (
-            nn.Linear(c.d_model, c.num_classes) if c.num_classes > 0 else nn.Identity()
-        )
+        self.head_dist = nn.Linear(c.d_model, c.num_classes) if c.num_classes > 0 else nn.Identity()
         self._init_distillation()
 
     def _init_distillation(self) -> None:
