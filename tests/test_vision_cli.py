@@ -194,12 +194,14 @@ def test_inductive_bias_experiment_small(tmp_path, capsys):
     args = ["experiment", "inductive-bias", "--fractions", "0.2,0.5,1", "--max-time", "1"]
     assert main([*args, "--batch-size", "8", "--out", str(out), "--no-progress"]) == 0
     text = capsys.readouterr().out
-    assert "| fraction | train images | CNN test acc | ViT test acc" in text
+    assert "| fraction | train images | CNN test acc | ViT test acc | DeiT test acc" in text
     result = json.loads((out / "results.json").read_text())
     steps = {r["steps"] for r in result["runs"]}
     # every run the same number of steps, at least the floor of 10 (how many more a 1 s budget
     # buys depends on the machine; the exact formula is test_inductive_bias_max_time_sizes_...)
-    assert len(result["runs"]) == 6 and len(steps) == 1
+    assert len(result["runs"]) == 9 and len(steps) == 1
+    # the CNN trains first at each fraction: it is the DeiT's teacher
+    assert [r["model"] for r in result["runs"][:3]] == ["cnn", "vit", "deit"]
     n_steps = steps.pop()
     assert n_steps >= 10 and result["steps"] == n_steps
     assert f"{n_steps} steps × batch 8" in text
@@ -218,6 +220,9 @@ def test_inductive_bias_experiment_small(tmp_path, capsys):
     bad = tmp_path / "bad"
     err = _err(capsys, ["experiment", "inductive-bias", "--vit-set", "depth=2", "--out", str(bad)])
     assert "vit has no config field 'depth'" in err and not bad.exists()
+    assert "models must include cnn with deit" in _err(
+        capsys, ["experiment", "inductive-bias", "--models", "vit,deit", "--out", str(bad)]
+    )
     assert "steps and batch_size must be at least 1, got 0" in _err(
         capsys, ["experiment", "inductive-bias", "--steps", "0", "--out", str(tmp_path / "z")]
     )
