@@ -15,6 +15,7 @@ from attnlab.interop.hf.family import expected_shapes, prepare
 from attnlab.interop.hf.lm import llama_keymap
 from test_interop_bert import build_hf as build_bert
 from test_interop_hf import build_hf, randomise
+from test_deit import build_hf_deit
 from test_interop_vision import build_swin, build_vit, old_swin_name, save_with_names
 from test_t5 import build_hf as build_t5
 
@@ -116,6 +117,14 @@ def test_vit_older_names_as_save_pretrained_writes_them(tmp_path):
     check_keymap(hf, sd)
 
 
+@pytest.mark.parametrize("head", [True, False])
+def test_deit_current_and_saved_names(head, tmp_path):
+    hf = build_hf_deit()
+    check_keymap(hf if head else hf.deit)  # DeiTForImageClassificationWithTeacher / DeiTModel
+    hf.save_pretrained(tmp_path)
+    check_keymap(hf, load_file(tmp_path / "model.safetensors"))  # the names save_pretrained writes
+
+
 def test_swin_current_and_older_names_with_the_index_buffer(tmp_path):
     hf = build_swin()
     check_keymap(hf)
@@ -144,7 +153,7 @@ def test_t5(layout):
 def test_every_family_is_covered():
     """The tests above touch every family from_hf reads."""
     names = {f.name for f in FAMILIES}
-    assert names == {"gpt2", "llama", "mixtral", "vit", "swin", "bert", "t5"}
+    assert names == {"gpt2", "llama", "mixtral", "vit", "deit", "swin", "bert", "t5"}
 
 
 def test_a_bias_free_gpt2_is_written_with_zero_biases(tmp_path):

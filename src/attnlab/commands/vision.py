@@ -129,8 +129,10 @@ def _classify(args: argparse.Namespace) -> int:
 
     at_least_one(args, "top_k")
     model, settings = run = load(args.run_dir, weights=args.weights, kinds=VISION_KINDS)
-    if args.attention and run.kind != "vit":
-        raise UserError(f"--attention draws ViT class-token attention; this run is {run.kind!r}")
+    if args.attention and run.kind not in ("vit", "deit"):
+        raise UserError(
+            f"--attention draws ViT/DeiT class-token attention; this run is {run.kind!r}"
+        )
     if settings is None:
         raise RunDirError(
             f"{args.run_dir!r} lacks labels.json (classes, image shape, normalisation): it was "
@@ -272,7 +274,7 @@ def _add_classify(groups) -> None:
          "classify the negative (1 - pixel): a dark drawing on white for a model of white "
          "strokes on black, such as digits"),
         ("--attention", None, None,
-         "ViT only: write class-token attention and attention rollout "
+         "ViT/DeiT only: write class-token attention and attention rollout "
          "overlaid on the image", {"metavar": "PNG"}),
     ])
     # fmt: on
