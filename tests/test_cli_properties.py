@@ -189,6 +189,11 @@ CASES: dict[tuple, tuple[list[str], list]] = {
         + [*CPU, "--out", OUT],
         ["--data-path"],
     ),
+    ("experiment", "patch-size"): (
+        ["--steps", "2", "--batch-size", "4", "--seeds", "0", "--patch-sizes", "4,8"]
+        + [*CPU, "--out", OUT],
+        ["--data-path"],
+    ),
     ("experiment", "vqa-bias"): (["--n-train", "16", "--models", "blind", *EXPERIMENT], []),
     ("experiment", "caption-retrieval"): (["--n-train", "16", "--n-eval", "4", *EXPERIMENT], []),
     ("experiment", "caption-features"): (
