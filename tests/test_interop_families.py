@@ -13,9 +13,9 @@ from attnlab.errors import UserError
 from attnlab.interop.hf.api import FAMILIES, family_of_config
 from attnlab.interop.hf.family import expected_shapes, prepare
 from attnlab.interop.hf.lm import llama_keymap
+from test_deit import build_hf_deit
 from test_interop_bert import build_hf as build_bert
 from test_interop_hf import build_hf, randomise
-from test_deit import build_hf_deit
 from test_interop_vision import build_swin, build_vit, old_swin_name, save_with_names
 from test_t5 import build_hf as build_t5
 

@@ -17,6 +17,7 @@ from attnlab.commands.image_samples import add_samples_parser
 from attnlab.errors import RunDirError, UserError
 from attnlab.runspec import FAMILIES
 from attnlab.runspec.vision import VISION_KINDS
+from attnlab.tasks.distill import Teacher
 
 DATA_CHOICES = ("digits", "shapes", "folder", "cifar10", "mnist")
 AUGMENT = {"auto": None, "on": True, "off": False}
@@ -55,7 +56,6 @@ _FLAG_KEYS = {
 
 def _train_image(args: argparse.Namespace) -> int:
     from attnlab.runs import build_run, load, read_config
-    from attnlab.tasks.distill import Teacher
     from attnlab.train import check_run_dir, train
     from attnlab.train.stopping import completion
 

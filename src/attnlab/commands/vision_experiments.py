@@ -14,6 +14,12 @@ from attnlab.commands.flags import add_flags
 from attnlab.commands.vision import add_data_args
 from attnlab.config.overrides import parse_overrides
 from attnlab.errors import UserError
+from attnlab.experiments.inductive_bias import (
+    InductiveBiasSettings,
+    format_table,
+    run_inductive_bias,
+)
+from attnlab.experiments.patch_size import PatchSizeSettings, run_patch_size
 
 
 def _numbers(text: str, kind: type, flag: str) -> list:
@@ -35,12 +41,6 @@ def _model_overrides(items: list[str], flag: str) -> dict[str, Any]:
 
 
 def _inductive_bias(args: argparse.Namespace) -> int:
-    from attnlab.experiments.inductive_bias import (  # (heavy: torch, the trainer)
-        InductiveBiasSettings,
-        format_table,
-        run_inductive_bias,
-    )
-
     settings = from_args(
         InductiveBiasSettings,
         args,
@@ -64,11 +64,6 @@ def _inductive_bias(args: argparse.Namespace) -> int:
 
 
 def _patch_size(args: argparse.Namespace) -> int:
-    from attnlab.experiments.patch_size import (  # (heavy: torch, the trainer)
-        PatchSizeSettings,
-        run_patch_size,
-    )
-
     settings = from_args(
         PatchSizeSettings,
         args,
