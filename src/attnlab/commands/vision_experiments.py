@@ -47,6 +47,7 @@ def _inductive_bias(args: argparse.Namespace) -> int:
         fractions=_numbers(args.fractions, float, "--fractions"),
         seeds=_numbers(args.seeds, int, "--seeds"),
         models=[m.strip() for m in args.models.split(",") if m.strip()],
+        augment={"auto": None, "on": True, "off": False}[args.augment],
         **{
             k: _model_overrides(getattr(args, f"{k}_set"), f"--{k}-set")
             for k in ("vit", "cnn", "deit")
@@ -115,6 +116,8 @@ def _add_inductive_bias(groups) -> None:
         ("--distillation", ("hard", "soft"), "hard", "the DeiT's loss (default: %(default)s)"),
         ("--distill-alpha", float, 0.5, "weight of the distillation head (default: %(default)s)"),
         ("--distill-temperature", float, 1.0, "τ of soft distillation (default: %(default)s)"),
+        ("--augment", ("auto", "on", "off"), "auto",
+         "random crops for every model; auto = on for images of 16 px or more (default: auto)"),
         ("--vit-set", "append", [], None, {"metavar": "KEY=VALUE"}),
         ("--cnn-set", "append", [], None, {"metavar": "KEY=VALUE"}),
         ("--deit-set", "append", [], None, {"metavar": "KEY=VALUE"}),

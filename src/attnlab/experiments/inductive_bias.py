@@ -82,6 +82,8 @@ class InductiveBiasSettings(Config):
         vit, cnn, deit: overrides of the ``tiny`` (≤ 16 px) or ``small`` presets.
         distillation, distill_alpha, distill_temperature: the DeiT's loss (as for
             :class:`~attnlab.config.vision.ImageTaskConfig`).
+        augment: random crops for every model (None: the task's default, off for 8×8 digits);
+            with it the teacher labels views of the images it never saw.
     """
 
     data: str = "digits"
@@ -105,6 +107,7 @@ class InductiveBiasSettings(Config):
     distillation: str = "hard"
     distill_alpha: float = 0.5
     distill_temperature: float = 1.0
+    augment: bool | None = None
     device: str = "auto"
 
     def validate(self) -> None:
@@ -140,11 +143,12 @@ class InductiveBiasSettings(Config):
 
     def task(self, kind: str, splits: Any, seed: int, fraction: float, teacher=None):
         """The image task of one run; a DeiT's distils from ``teacher`` (the trained CNN)."""
+        kw = dict(seed=seed, train_fraction=fraction, augment=self.augment)
         if kind != "deit":
-            return ImageClassificationTask(splits, seed=seed, train_fraction=fraction)
+            return ImageClassificationTask(splits, **kw)
         distil = ("distillation", "distill_alpha", "distill_temperature")
         config = self.data_config().replace(**{k: getattr(self, k) for k in distil})
-        task = ImageClassificationTask(splits, seed=seed, train_fraction=fraction, config=config)
+        task = ImageClassificationTask(splits, config=config, **kw)
         # the CNN trained on this very subset: the same classes and normalisation as the student
         task.use_teacher(Teacher(teacher, task.settings, "the CNN"))
         return task
