@@ -36,6 +36,7 @@ from attnlab.fileio import atomic_save
 from attnlab.models.vision.factory import build_image_classifier
 from attnlab.tasks.image import ImageClassificationTask, load_task_data
 from attnlab.train import TrainConfig, train
+from attnlab.train.curves import load_matplotlib
 
 __all__ = [
     "PatchSizeSettings",
@@ -284,11 +285,7 @@ def _table(rows: list[dict[str, Any]]) -> common.Table:
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib  # (optional and slow to import: only when a plot is drawn)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = load_matplotlib()
     rows = result["table"]
     p = [r["patch_size"] for r in rows]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
