@@ -243,6 +243,11 @@ CASES: dict[tuple, tuple[list[str], list]] = {
         + [*CPU, "--out", OUT],
         [],
     ),
+    ("experiment", "ablations"): (
+        ["--seq-len", "16", "--d-model", "8", "--max-chars", "5000", "--steps", "2"]
+        + ["--no-progress", "--out", OUT],
+        [],
+    ),
     ("prepare",): (["--data", "inputs/small.txt", "--workers", "1", "--out", OUT], ["--data"]),
     ("generate",): (
         ["runs/lm_gpt2", "--prompt", "The ", "-n", "5", "--temperature", "0"],

@@ -39,6 +39,7 @@ __all__ = [
     "Table",
     "write_outputs",
     "undertrained",
+    "check_bounds",
     "TABLE_FILE",
     "RESULTS_FILE",
 ]
@@ -324,3 +325,24 @@ def undertrained(
         "the comparison says anything about the claim; no conclusion is drawn from this run. "
         f"Train longer ({longer})."
     )
+
+
+def check_bounds(cfg: Any, bounds: Mapping[str, tuple[float, float]]) -> None:
+    """Refuse a setting outside its range before anything is built.
+
+    Args:
+        cfg: the experiment's settings (a dataclass).
+        bounds: field name -> ``(lowest, highest)`` allowed, inclusive; a ``None`` value is
+            left alone, a tuple of numbers (``layers``) is checked element by element.
+
+    Raises:
+        UserError: naming the flag, its value and the range (NaN and infinities included).
+    """
+    for name, (lo, hi) in bounds.items():
+        value = getattr(cfg, name)
+        if value is None:
+            continue
+        for v in value if isinstance(value, (tuple, list)) else (value,):
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and lo <= v <= hi):
+                flag = "--" + name.replace("_", "-")
+                raise UserError(f"{flag} must be between {lo:g} and {hi:g}, got {v!r}")

@@ -1,36 +1,44 @@
-"""Induction heads, measured: attention-only Transformers of 1 and 2 layers trained on random
-tokens with repeated spans (Olsson et al. 2022, "In-context Learning and Induction Heads").
+"""Induction heads, measured: attention-only Transformers of 1 and 2 layers trained on sequences
+with repeated spans (Olsson et al. 2022, "In-context Learning and Induction Heads").
 
-Each training sequence is uniform random tokens in which one span (of random length and place)
-appears twice; only the second copy is predictable, and only from the context. The claims: a
-2-layer model forms an *induction head* — a layer-2 head that attends from a token to the token
-right after that token's previous occurrence (prefix matching), fed by a layer-1 head that
-attends to the previous token — and so predicts the second copy far below chance (ln V); a
-1-layer model cannot (its keys know only their own token); the head forms abruptly, the jump of
-its score at the step the loss drops; ablating the previous-token head removes the effect.
+Each training window (T tokens) is a base sequence — uniform random tokens, or a window of the
+``pydoc`` corpus read by characters — in which a span ``s`` of random length L (``min_span·T …
+max_span·T``) starting at a random place is repeated until the window ends: ``… s s s``. A
+repeated token is predictable only from the context, and only by a model that finds the
+previous occurrence of the current token and reads what followed it; L varies, so no fixed
+offset (a position shortcut) finds it. The claims: a 2-layer model forms an *induction head* —
+a layer-2 head attending from a token to the token right after that token's previous occurrence
+(prefix matching), fed by a layer-1 head attending to the previous token — and so predicts the
+repeats far below chance (ln V); a 1-layer model cannot (its keys know only their own token and
+place); the head forms abruptly, its score jumping at the step the loss drops; ablating the
+previous-token head removes the effect.
 
-Measured over training, on a fixed probe of repeated random tokens ``[r, r]`` (``r`` of
-``T/2`` tokens), with Olsson et al.'s definitions:
+Measured over training with Olsson et al.'s definitions, on a fixed probe of repeated random
+tokens ``[r, r]`` (``r`` of ``T/2`` tokens of the vocabulary):
 
 - prefix-matching score of each head: its mean attention from position ``T/2 + i`` (token
   ``r_i`` again) to position ``i + 1`` (the token after ``r_i``'s first occurrence);
-- previous-token score of each layer-1 head: its mean attention from ``t`` to ``t − 1``;
-- the loss on the second copy of ``r`` (and on the first), against ``ln V``;
-- the in-context-learning score: held-out loss late in the context (last quarter of the
-  positions) minus early in it (first quarter), on sequences of the training distribution.
+- previous-token score of each head: its mean attention from ``t`` to ``t − 1``;
+- the loss on the second copy of ``r`` (and on the first), against ``ln V`` and against the
+  *copy-any* level ``ln(distinct tokens of r)`` (a model that knows the next token is one of the
+  context's but not which);
+- on held-out windows of the training distribution: the in-context-learning score (loss late
+  in the window, its last quarter, minus early, its first quarter) and the loss on the repeats
+  against the loss on the span's first occurrence.
 
-At the end, the 2-layer model's previous-token head (the layer-1 head with the highest
-previous-token score) is zero-ablated — its slice of the output projection ``W_O`` zeroed in a
-copy — and the probe re-measured; the layer-1 head with the lowest score is ablated as a control.
+At the end, each deepest model's previous-token heads (the layer-1 heads of high previous-token
+score; a model may spread the job over several) are zero-ablated with
+:func:`attnlab.inspect.ablate_heads` and the probe re-measured; so are the best of them alone
+and, as a control, the other layer-1 heads.
 
-Outputs: ``table.md``, ``results.json``, ``induction_heads.png`` and ``runs/<n>-layer``.
+Outputs: ``table.md``, ``results.json``, ``induction_heads.png`` and
+``runs/<setting>-<n>-layer``.
 
-Shape legend: B batch, T sequence length, H heads, D head dim, V vocab_size.
+Shape legend: B batch, T sequence length, H heads, V vocab_size.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -40,22 +48,45 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.config.lm import ModelConfig
+from attnlab.data.textstream import pydoc_text
+from attnlab.errors import UserError
 from attnlab.experiments import common
+from attnlab.experiments.grokking import save_run
+from attnlab.inspect import ablate_heads
+from attnlab.models.lm import DecoderLM
 
 __all__ = [
     "InductionConfig",
+    "SETTINGS",
+    "TokenSource",
+    "insert_repeats",
     "repeated_spans",
     "repeated_tokens",
     "attention_only_lm",
     "probe",
-    "ablate_head",
     "train_induction",
+    "analyse",
+    "ablations",
+    "previous_token_heads",
+    "copy_any_loss",
     "run_induction",
 ]
 
+#: the base sequences: uniform random tokens, or the pydoc corpus by characters
+SETTINGS = ("random", "pydoc")
+
 #: the deepest model's second-copy loss must sit this many nats under ln V (chance) before its
-#: heads are read (the documented 2-layer run: 2.35 vs ln V 3.47; a few steps stay at ln V)
+#: heads are read (a few steps stay at ln V; the documented 2-layer runs reach ≤ 0.3)
 BELOW_CHANCE = 0.3
+
+#: the settings' ranges (a CPU experiment: larger values are mistakes, refused before building)
+BOUNDS = {
+    "max_time": (1e-3, 1e7), "steps": (1, 10**7), "layers": (1, 48), "vocab_size": (2, 65536),
+    "seq_len": (8, 4096), "d_model": (2, 4096), "n_heads": (1, 256), "batch_size": (1, 4096),
+    "lr": (1e-12, 10.0), "eval_every": (1, 10**7), "threshold": (0.0, 1.0),
+    "max_chars": (1, 10**9),
+}  # fmt: skip
 
 
 @dataclass
@@ -66,53 +97,77 @@ class InductionConfig:
         max_time: seconds for the whole experiment (the runs share it equally).
         steps: train every run for exactly this many steps instead.
         layers: one attention-only model per depth (default 1 and 2).
-        vocab_size, seq_len: random tokens and the window T (even: the probe is two halves).
+        settings: the base sequences, ``random`` and/or ``pydoc`` (see :data:`SETTINGS`).
+        vocab_size: random tokens of the ``random`` setting (``pydoc`` uses its characters).
+        seq_len: the window T (even: the probe is two halves).
         d_model, n_heads: the model.
         batch_size, lr: AdamW at a constant rate.
-        eval_every: steps between measurements (None: about 40 over a run of ``steps``, every
-            15 steps for one fitted into the budget).
-        position: the position scheme (Olsson et al.'s small models: learned).
-        max_span: the longest repeated span, as a fraction of T.
+        eval_every: steps between measurements (None: about 60 over a run of ``steps``, every
+            25 steps for one fitted into the budget).
         threshold: the prefix-matching score above which a head counts as an induction head.
+        position: the position scheme (``rope``: a previous-token head is one relative offset).
+        min_span, max_span: the repeated span's shortest and longest length, fractions of T.
+        max_chars: characters of pydoc read (None: all, ~465k).
         device, seed, progress: as for training.
     """
 
-    max_time: float = 120.0
+    max_time: float = 300.0
     steps: int | None = None
     layers: tuple[int, ...] = (1, 2)
+    settings: tuple[str, ...] = SETTINGS
     vocab_size: int = 32
     seq_len: int = 32
-    d_model: int = 64
-    n_heads: int = 2
+    d_model: int = 128
+    n_heads: int = 4
     batch_size: int = 32
-    lr: float = 3e-3
+    lr: float = 1e-3
     eval_every: int | None = None
     threshold: float = 0.3
-    position: str = "learned"
+    position: str = "rope"
+    min_span: float = 0.125
     max_span: float = 0.5
+    max_chars: int | None = None
     device: str = "cpu"
     seed: int = 0
     progress: bool = True
 
 
-def repeated_spans(
-    batch: int, seq_len: int, vocab: int, gen: torch.Generator, *, max_span: float = 0.25
-) -> Tensor:
-    """``(B, T)`` uniform random tokens, each row with one span copied to a later place.
+def insert_repeats(
+    x: Tensor, gen: torch.Generator, *, min_span: float = 0.125, max_span: float = 0.5
+) -> tuple[Tensor, Tensor]:
+    """Repeat one span of each row of ``x`` ``(B, T)`` until the row ends.
 
-    The span's length is uniform in ``T/8 … max_span·T``, its first copy starts anywhere, its second
-    anywhere after the first ends, so the offset between the copies varies from the span's
-    length to nearly T: no fixed offset (a position shortcut) predicts the second copy.
+    The span's length L is uniform in ``min_span·T … max_span·T`` (at least 2), its start ``p``
+    uniform in ``0 … T − 2L``; positions ``p + L …`` are overwritten with ``x[p : p + L]``
+    repeated. Returns the new rows and a mask ``(B, T)``, True on the copied tokens (the ones
+    predictable from the context).
     """
-    x = torch.randint(vocab, (batch, seq_len), generator=gen)
-    lo = max(2, seq_len // 8)
-    hi = max(lo, int(max_span * seq_len))
-    for row in x:
+    B, T = x.shape
+    x = x.clone()
+    copied = torch.zeros(B, T, dtype=torch.bool)
+    lo = max(2, round(min_span * T))
+    hi = max(lo, min(T // 2, int(max_span * T)))
+    for b in range(B):
         n = int(torch.randint(lo, hi + 1, (1,), generator=gen))
-        a = int(torch.randint(0, seq_len - 2 * n + 1, (1,), generator=gen))
-        b = int(torch.randint(a + n, seq_len - n + 1, (1,), generator=gen))
-        row[b : b + n] = row[a : a + n]
-    return x
+        p = int(torch.randint(0, T - 2 * n + 1, (1,), generator=gen))
+        span = x[b, p : p + n]
+        x[b, p + n :] = span.repeat((T - p) // n + 1)[: T - p - n]
+        copied[b, p + n :] = True
+    return x, copied
+
+
+def repeated_spans(
+    batch: int,
+    seq_len: int,
+    vocab: int,
+    gen: torch.Generator,
+    *,
+    min_span: float = 0.125,
+    max_span: float = 0.5,
+) -> Tensor:
+    """``(B, T)`` uniform random tokens with one span repeated to the end (:func:`insert_repeats`)."""
+    x = torch.randint(vocab, (batch, seq_len), generator=gen)
+    return insert_repeats(x, gen, min_span=min_span, max_span=max_span)[0]
 
 
 def repeated_tokens(batch: int, seq_len: int, vocab: int, gen: torch.Generator) -> Tensor:
@@ -121,15 +176,51 @@ def repeated_tokens(batch: int, seq_len: int, vocab: int, gen: torch.Generator) 
     return torch.cat([r, r], dim=1)
 
 
-def attention_only_lm(cfg: InductionConfig, n_layers: int) -> nn.Module:
-    """An attention-only :class:`DecoderLM` (``ffn="none"``, learned positions, untied
-    unembedding) of ``n_layers`` layers, initialised under ``cfg.seed``."""
-    from attnlab.config.lm import ModelConfig
-    from attnlab.models.lm import DecoderLM
+class TokenSource:
+    """The base sequences of one setting: ``sample(B, gen)`` gives ``(B, T)`` windows.
 
+    ``random``: uniform tokens of ``vocab_size``. ``pydoc``: windows of CPython's help topics
+    read by characters (vocabulary: the corpus's characters, sorted); training windows from the
+    first 90 % of the text, held-out ones from the rest.
+    """
+
+    def __init__(self, setting: str, cfg: InductionConfig) -> None:
+        if setting not in SETTINGS:
+            raise UserError(f"unknown setting {setting!r}; choose from {', '.join(SETTINGS)}")
+        self.setting, self.seq_len = setting, cfg.seq_len
+        self.chars: str | None = None
+        if setting == "random":
+            self.vocab_size = cfg.vocab_size
+            return
+        text = pydoc_text()[: cfg.max_chars]
+        self.chars = "".join(sorted(set(text)))
+        lookup = {c: i for i, c in enumerate(self.chars)}
+        ids = torch.tensor([lookup[c] for c in text], dtype=torch.long)
+        cut = int(0.9 * len(ids))
+        if len(ids) - cut <= cfg.seq_len:
+            raise UserError(
+                f"--max-chars {cfg.max_chars} is too short for windows of {cfg.seq_len}"
+            )
+        self.vocab_size = len(self.chars)
+        self._split = {"train": ids[:cut], "val": ids[cut:]}
+
+    def sample(self, batch: int, gen: torch.Generator, split: str = "train") -> Tensor:
+        """``(B, T)`` base windows (before :func:`insert_repeats`)."""
+        if self.setting == "random":
+            return torch.randint(self.vocab_size, (batch, self.seq_len), generator=gen)
+        ids = self._split[split]
+        starts = torch.randint(len(ids) - self.seq_len, (batch,), generator=gen)
+        return torch.stack([ids[s : s + self.seq_len] for s in starts.tolist()])
+
+
+def attention_only_lm(
+    cfg: InductionConfig, n_layers: int, vocab_size: int | None = None
+) -> nn.Module:
+    """An attention-only :class:`DecoderLM` (``ffn="none"``, untied unembedding, ``cfg.position``)
+    of ``n_layers`` layers, initialised under ``cfg.seed``."""
     mcfg = ModelConfig.preset(
         "tiny",
-        vocab_size=cfg.vocab_size,
+        vocab_size=vocab_size or cfg.vocab_size,
         max_seq_len=cfg.seq_len,
         n_layers=n_layers,
         d_model=cfg.d_model,
@@ -143,25 +234,22 @@ def attention_only_lm(cfg: InductionConfig, n_layers: int) -> nn.Module:
     return DecoderLM(mcfg)
 
 
-def ablate_head(model: nn.Module, layer: int, head: int) -> nn.Module:
-    """A copy of ``model`` with head ``head`` of block ``layer`` zero-ablated: its columns of
-    the output projection ``W_O`` (``out_proj.weight[:, h·D:(h+1)·D]``) set to 0."""
-    m = copy.deepcopy(model)
-    attn = m.blocks[layer].attn
-    d = attn.out_proj.weight.shape[1] // attn.n_heads
-    with torch.no_grad():
-        attn.out_proj.weight[:, head * d : (head + 1) * d] = 0
-    return m
+def _nll(model: nn.Module, x: Tensor) -> Tensor:
+    """Per-position loss ``(B, T − 1)`` of predicting ``x[:, 1:]``."""
+    logits = model(x[:, :-1])
+    return F.cross_entropy(logits.transpose(1, 2).float(), x[:, 1:], reduction="none")
 
 
 @torch.no_grad()
-def probe(model: nn.Module, rep: Tensor, held_out: Tensor) -> dict:
+def probe(model: nn.Module, rep: Tensor, held_out: Tensor, copied: Tensor | None = None) -> dict:
     """Olsson et al.'s measurements of ``model`` on the probe ``rep`` ``[r, r]`` and on
-    ``held_out`` sequences of the training distribution.
+    ``held_out`` windows of the training distribution (``copied``: their mask of repeated tokens,
+    from :func:`insert_repeats`).
 
     Returns:
         ``{"prefix": [[score per head] per layer], "prev": [[...] per layer], "second_copy_loss",
-        "first_copy_loss", "icl_score"}``.
+        "first_copy_loss", "icl_score", "repeat_loss", "span_loss"}`` (the last two: held-out loss
+        on the repeated tokens and on the rest; None without ``copied``).
     """
     was = model.training
     model.eval()
@@ -175,17 +263,41 @@ def probe(model: nn.Module, rep: Tensor, held_out: Tensor) -> dict:
     nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), rep[:, 1:], reduction="none")
     second = float(nll[:, half : T - 1].mean())  # predictions of r_1 … r_{T/2-1}, second copy
     first = float(nll[:, : half - 1].mean())
-    lg = model(held_out[:, :-1])
-    per_pos = F.cross_entropy(lg.transpose(1, 2).float(), held_out[:, 1:], reduction="none").mean(0)
+    held = _nll(model, held_out)  # (B, T − 1): the loss of predicting token t + 1
+    per_pos = held.mean(0)
     q = max(1, per_pos.numel() // 4)
-    model.train(was)
-    return {
+    out = {
         "prefix": prefix,
         "prev": prev,
         "second_copy_loss": second,
         "first_copy_loss": first,
         "icl_score": float(per_pos[-q:].mean() - per_pos[:q].mean()),
+        "repeat_loss": None,
+        "span_loss": None,
     }
+    if copied is not None:
+        target_copied = copied[:, 1:]
+        out["repeat_loss"] = float(held[target_copied].mean())
+        out["span_loss"] = float(held[~target_copied].mean())
+    model.train(was)
+    return out
+
+
+def copy_any_loss(rep: Tensor) -> float:
+    """The probe's second-copy loss of a model that spreads its guess evenly over the tokens of
+    the first copy: the mean over rows of ln(distinct tokens of ``r``)."""
+    half = rep.shape[1] // 2
+    return sum(math.log(len(set(row))) for row in rep[:, :half].tolist()) / len(rep)
+
+
+def _probe_data(cfg: InductionConfig, source: TokenSource) -> tuple[Tensor, Tensor, Tensor]:
+    """The fixed probe ``[r, r]`` and held-out windows with their copied mask."""
+    rep = repeated_tokens(64, cfg.seq_len, source.vocab_size, torch.Generator().manual_seed(10**6))
+    gen = torch.Generator().manual_seed(10**6 + 1)
+    held, copied = insert_repeats(
+        source.sample(64, gen, "val"), gen, min_span=cfg.min_span, max_span=cfg.max_span
+    )
+    return rep, held, copied
 
 
 def train_induction(
@@ -193,36 +305,33 @@ def train_induction(
     cfg: InductionConfig,
     *,
     steps: int,
+    source: TokenSource | None = None,
     deadline: float | None = None,
 ) -> dict:
-    """Train on :func:`repeated_spans` batches (AdamW, constant ``cfg.lr``) and :func:`probe`
-    every ``eval_every`` steps.
+    """Train on windows of ``source`` (default: random tokens) with repeats inserted (AdamW,
+    constant ``cfg.lr``) and :func:`probe` every ``eval_every`` steps.
 
     Returns:
         ``{"steps", "seconds", "history": [{"step", "loss", **probe}]}``.
     """
+    source = source or TokenSource("random", cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
-    rep = repeated_tokens(64, cfg.seq_len, cfg.vocab_size, torch.Generator().manual_seed(10**6))
-    held = repeated_spans(
-        64,
-        cfg.seq_len,
-        cfg.vocab_size,
-        torch.Generator().manual_seed(10**6 + 1),
-        max_span=cfg.max_span,
-    )
+    rep, held, copied = _probe_data(cfg, source)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    # about 40 measurements; a run stopped by its deadline does not know its length: every 15
-    every = cfg.eval_every or (15 if deadline is not None else max(1, steps // 40))
+    # about 60 measurements; a run stopped by its deadline does not know its length: every 25
+    every = cfg.eval_every or (25 if deadline is not None else max(1, steps // 60))
     history, loss_val, step = [], float("nan"), 0
     start = time.perf_counter()
     for step in range(steps + 1):
         stop = step == steps or (deadline is not None and time.perf_counter() > deadline)
         if step % every == 0 or stop:
-            history.append({"step": step, "loss": loss_val, **probe(model, rep, held)})
+            history.append({"step": step, "loss": loss_val, **probe(model, rep, held, copied)})
         if stop:
             break
-        x = repeated_spans(cfg.batch_size, cfg.seq_len, cfg.vocab_size, gen, max_span=cfg.max_span)
-        loss = F.cross_entropy(model(x[:, :-1]).transpose(1, 2), x[:, 1:])
+        x, _ = insert_repeats(
+            source.sample(cfg.batch_size, gen), gen, min_span=cfg.min_span, max_span=cfg.max_span
+        )
+        loss = _nll(model, x).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -241,15 +350,55 @@ def _crossing(series: list[float], steps: list[int], frac: float, rising: bool) 
     return None
 
 
-def analyse(res: dict, n_layers: int, cfg: InductionConfig, model: nn.Module) -> dict:
+def previous_token_heads(prev: list[float]) -> list[int]:
+    """The layer-1 heads that attend to the previous token: a score of at least 0.2 and half
+    the best one's (a trained model often spreads the job over several heads)."""
+    best = max(prev)
+    return [j for j, v in enumerate(prev) if v >= max(0.2, 0.5 * best)] or [prev.index(best)]
+
+
+def ablations(model: nn.Module, rep: Tensor, prev: list[float], top: int) -> dict:
+    """Zero-ablate layer-1 heads with :func:`attnlab.inspect.ablate_heads` and re-measure the
+    probe: the previous-token heads (:func:`previous_token_heads` of the scores ``prev``), the
+    best of them alone, and as a control the other layer-1 heads.
+
+    Returns:
+        ``{"previous-token heads" | "best previous-token head" | "other layer-1 heads":
+        {"heads", "prev_score", "prefix_score", "second_copy_loss"}}`` (``prev_score``: the
+        ablated heads' best; ``prefix_score``: last-layer head ``top``'s after the ablation).
+    """
+    chosen = previous_token_heads(prev)
+    best = max(range(len(prev)), key=lambda j: prev[j])
+    others = [j for j in range(len(prev)) if j not in chosen]
+    sets = {"previous-token heads": chosen, "best previous-token head": [best]}
+    if others:
+        sets["other layer-1 heads"] = others
+    out = {}
+    for name, heads in sets.items():
+        with ablate_heads(model, {"blocks.0.attn": heads}):
+            m = probe(model, rep, rep)
+        out[name] = {
+            "heads": heads,
+            "prev_score": max(prev[j] for j in heads),
+            "prefix_score": m["prefix"][-1][top],
+            "second_copy_loss": m["second_copy_loss"],
+        }
+    return out
+
+
+def analyse(res: dict, n_layers: int, cfg: InductionConfig, model: nn.Module, rep: Tensor) -> dict:
     """The induction head (best last-layer prefix score), the layer-1 previous-token head, the
-    formation steps and, for ≥ 2 layers, the ablations."""
+    formation steps (where the score has risen 20/50/80 % of the way, where the second-copy loss
+    has fallen so far) and, for ≥ 2 layers, the ablations."""
     h = res["history"]
     last = h[-1]
-    top = max(range(cfg.n_heads), key=lambda j: last["prefix"][-1][j])
+    n_heads = len(last["prefix"][-1])
+    top = max(range(n_heads), key=lambda j: last["prefix"][-1][j])
     steps = [r["step"] for r in h]
     score = [max(r["prefix"][-1]) for r in h]
     loss2 = [r["second_copy_loss"] for r in h]
+    jump = [_crossing(score, steps, f, True) for f in (0.2, 0.5, 0.8)]
+    drop = [_crossing(loss2, steps, f, False) for f in (0.2, 0.5, 0.8)]
     out = {
         "n_layers": n_layers,
         "induction_head": [n_layers - 1, top],
@@ -257,75 +406,91 @@ def analyse(res: dict, n_layers: int, cfg: InductionConfig, model: nn.Module) ->
         "is_induction": last["prefix"][-1][top] >= cfg.threshold,
         "second_copy_loss": last["second_copy_loss"],
         "first_copy_loss": last["first_copy_loss"],
+        "repeat_loss": last["repeat_loss"],
+        "span_loss": last["span_loss"],
         "icl_score": last["icl_score"],
-        "chance": math.log(cfg.vocab_size),
-        "score_jump": [_crossing(score, steps, f, True) for f in (0.2, 0.5, 0.8)],
-        "loss_drop": [_crossing(loss2, steps, f, False) for f in (0.2, 0.5, 0.8)],
+        "chance": math.log(len(model.lm_head.weight)),
+        "copy_any": copy_any_loss(rep),
+        "score_jump": jump,
+        "loss_drop": drop,
+        # steps the score took from 20 % to 80 % of its rise, as a fraction of the run
+        "rise_fraction": (jump[2] - jump[0]) / max(1, steps[-1]) if None not in jump else None,
         "ablation": None,
     }
     if n_layers >= 2:
-        prev = last["prev"][0]
-        ph = max(range(cfg.n_heads), key=lambda j: prev[j])
-        control = min(range(cfg.n_heads), key=lambda j: prev[j])
-        gen = torch.Generator().manual_seed(10**6)
-        rep = repeated_tokens(64, cfg.seq_len, cfg.vocab_size, gen)
-        held = repeated_spans(64, cfg.seq_len, cfg.vocab_size, gen, max_span=cfg.max_span)
-        abl = {}
-        for name, head in (("previous-token head", ph), ("control head", control)):
-            m = probe(ablate_head(model, 0, head), rep, held)
-            abl[name] = {
-                "head": [0, head],
-                "prev_score": prev[head],
-                "prefix_score": m["prefix"][-1][top],
-                "second_copy_loss": m["second_copy_loss"],
-            }
-        out["ablation"] = abl
+        out["ablation"] = ablations(model, rep, last["prev"][0], top)
     return out
 
 
 def run_induction(cfg: InductionConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict:
-    """Train one attention-only model per depth for the same steps; measure and ablate.
+    """Train one attention-only model per depth and setting for the same steps; measure, ablate.
 
     Returns:
-        ``{"config", "runs": [{"n_layers", "history", ...analyse}], "summary", "elapsed"}``.
+        ``{"config", "runs": [{"setting", "n_layers", "history", ...analyse}], "summary",
+        "elapsed"}``.
 
     Raises:
         RunDirError: ``out_dir`` holds files and ``overwrite`` is not set.
         UserError: a bad setting.
     """
-    from attnlab.errors import UserError
-    from attnlab.experiments.grokking import save_run
-
-    if not cfg.layers or min(cfg.layers) < 1:
-        raise UserError(f"layers must be positive depths, got {cfg.layers}")
+    if not cfg.layers:
+        raise UserError("give at least one depth (--layers)")
+    common.check_bounds(cfg, BOUNDS)
     if cfg.seq_len < 8 or cfg.seq_len % 2:
         raise UserError(f"seq_len must be even and at least 8, got {cfg.seq_len}")
+    if not 0 < cfg.min_span <= cfg.max_span <= 0.5:
+        raise UserError(f"need 0 < min_span <= max_span <= 0.5, got {cfg.min_span}, {cfg.max_span}")
+    if not cfg.settings:
+        raise UserError(f"give at least one setting of {', '.join(SETTINGS)}")
+    sources = [TokenSource(s, cfg) for s in cfg.settings]  # checks the names first
     budget = common.Budget(cfg.max_time)
     out = common.prepare_out_dir(out_dir, overwrite=overwrite)
     runs: list[dict] = []
-    for i, n in enumerate(sorted(cfg.layers, reverse=True)):  # the deepest first sets the steps
-        model = attention_only_lm(cfg, n)
-        if cfg.steps is not None:
-            res = train_induction(model, cfg, steps=cfg.steps)
-        elif i == 0:
-            share = budget.share(len(cfg.layers), reserve=0.1 * cfg.max_time)
-            res = train_induction(model, cfg, steps=10**7, deadline=time.perf_counter() + share)
-        else:
-            res = train_induction(model, cfg, steps=runs[0]["steps"])
-        task = {"task": "repeated_spans", "vocab_size": cfg.vocab_size, "seq_len": cfg.seq_len}
-        train = {"optimizer": "adamw", "lr": cfg.lr, "batch_size": cfg.batch_size}
-        train["steps"] = res["steps"]
-        save_run(model, out / "runs" / f"{n}-layer", task, train, res["history"])
-        runs.append({**res, **analyse(res, n, cfg, model)})
-    runs.sort(key=lambda r: r["n_layers"])
+    n_runs = len(cfg.layers) * len(sources)
+    for source in sources:
+        first = None
+        for n in sorted(cfg.layers, reverse=True):  # the deepest first sets the steps
+            model = attention_only_lm(cfg, n, source.vocab_size)
+            if cfg.steps is not None:
+                res = train_induction(model, cfg, steps=cfg.steps, source=source)
+            elif first is None:
+                share = budget.share(n_runs - len(runs), reserve=0.1 * cfg.max_time)
+                share *= len(cfg.layers)  # the deepest's part of its setting's share
+                share *= n / sum(cfg.layers)  # (a step costs about its depth)
+                res = train_induction(
+                    model, cfg, steps=10**7, source=source, deadline=time.perf_counter() + share
+                )
+            else:
+                res = train_induction(model, cfg, steps=first, source=source)
+            first = res["steps"] if first is None else first
+            task = {"task": "repeated_spans", "setting": source.setting,
+                    "vocab_size": source.vocab_size, "seq_len": cfg.seq_len,
+                    "min_span": cfg.min_span, "max_span": cfg.max_span}  # fmt: skip
+            if source.chars is not None:
+                task["chars"] = source.chars
+            train = {"optimizer": "adamw", "lr": cfg.lr, "batch_size": cfg.batch_size,
+                     "steps": res["steps"]}  # fmt: skip
+            save_run(model, out / "runs" / f"{source.setting}-{n}-layer", task, train,
+                     res["history"])  # fmt: skip
+            rep = _probe_data(cfg, source)[0]
+            runs.append({"setting": source.setting, **res, **analyse(res, n, cfg, model, rep)})
+            if cfg.progress:
+                r = runs[-1]
+                print(f"{source.setting} {n}-layer: {r['steps']} steps, prefix "
+                      f"{r['prefix_score']:.2f}, 2nd copy {r['second_copy_loss']:.2f}", flush=True)  # fmt: skip
+    runs.sort(key=lambda r: (SETTINGS.index(r["setting"]), r["n_layers"]))
     results = {"config": asdict(cfg), "runs": runs}
     results["summary"] = summarise(results)
     notes = (
         f"Attention-only DecoderLMs (d_model {cfg.d_model}, {cfg.n_heads} heads per layer, "
-        f"learned positions, no MLP), {runs[0]['steps']} steps of batch {cfg.batch_size} at lr "
-        f"{cfg.lr:g} on windows of {cfg.seq_len} random tokens (V = {cfg.vocab_size}, chance "
-        f"ln V = {math.log(cfg.vocab_size):.2f}) with one repeated span each. Scores on 64 "
-        f"probe rows [r, r]; an induction head scores ≥ {cfg.threshold} prefix matching."
+        f"{cfg.position} positions, no MLP), batch {cfg.batch_size}, AdamW at lr {cfg.lr:g}, on "
+        f"windows of {cfg.seq_len} tokens in which a span of {cfg.min_span:g}–{cfg.max_span:g} "
+        f"of the window repeats to the end. Scores on 64 probe rows [r, r] of random tokens; an "
+        f"induction head scores ≥ {cfg.threshold} prefix matching. Copy-any: ln(distinct tokens "
+        "of r), the second-copy loss of a model that knows the next token is in the context but "
+        "not which. Jump / drop: steps where the best last-layer prefix score has risen, and "
+        "the second-copy loss fallen, half-way; rise: the steps from 20 % to 80 % of the "
+        "score's rise as a fraction of the run."
     )
     common.write_outputs(
         out,
@@ -340,16 +505,20 @@ def run_induction(cfg: InductionConfig, out_dir: str | Path, *, overwrite: bool 
 
 
 def _table(results: dict) -> common.Table:
-    cols = ["layers", "steps", "best prefix score", "induction head", "loss 2nd copy",
-            "loss 1st copy", "ln V", "ICL score", "score jump at", "loss drop at"]  # fmt: skip
-    fmts = ["d", "d", ".2f", "", ".2f", ".2f", ".2f", ".2f", "", ""]
+    cols = ["setting", "layers", "steps", "best prefix score", "induction head", "loss 2nd copy",
+            "loss 1st copy", "copy-any", "ln V", "held-out repeats / rest", "ICL score",
+            "score jump at", "loss drop at", "rise"]  # fmt: skip
+    fmts = ["", "d", "d", ".2f", "", ".2f", ".2f", ".2f", ".2f", "", ".2f", "", "", ".0%"]
     table = common.Table(cols, formats=fmts)
     for r in results["runs"]:
         where = f"L{r['induction_head'][0] + 1}H{r['induction_head'][1]}"
+        held = f"{r['repeat_loss']:.2f} / {r['span_loss']:.2f}" if r["repeat_loss"] else None
+        induct = r["is_induction"]
         table.add(
-            r["n_layers"], r["steps"], r["prefix_score"], where if r["is_induction"] else "none",
-            r["second_copy_loss"], r["first_copy_loss"], r["chance"], r["icl_score"],
-            r["score_jump"][1], r["loss_drop"][1],
+            r["setting"], r["n_layers"], r["steps"], r["prefix_score"], where if induct else "none",
+            r["second_copy_loss"], r["first_copy_loss"], r["copy_any"], r["chance"], held,
+            r["icl_score"], r["score_jump"][1] if induct else None,
+            r["loss_drop"][1] if induct else None, r["rise_fraction"] if induct else None,
         )  # fmt: skip
     return table
 
@@ -357,50 +526,59 @@ def _table(results: dict) -> common.Table:
 def _ablation_table(results: dict) -> common.Table:
     table = common.Table(
         [
-            "ablated (2-layer model)",
+            "setting",
+            "ablated (deepest model)",
             "head",
-            "its prev-token score",
+            "their best prev-token score",
             "prefix score after",
             "loss 2nd copy after",
         ],  # fmt: skip
-        formats=["", "", ".2f", ".2f", ".2f"],
+        formats=["", "", "", ".2f", ".2f", ".2f"],
     )
     for r in results["runs"]:
         if r["ablation"]:
-            table.add("none", "–", None, r["prefix_score"], r["second_copy_loss"])
+            table.add(r["setting"], "none", "–", None, r["prefix_score"], r["second_copy_loss"])
             for name, a in r["ablation"].items():
-                head = f"L1H{a['head'][1]}"
-                table.add(name, head, a["prev_score"], a["prefix_score"], a["second_copy_loss"])
+                head = ", ".join(f"L1H{j}" for j in a["heads"])
+                table.add(r["setting"], name, head, a["prev_score"], a["prefix_score"],
+                          a["second_copy_loss"])  # fmt: skip
     return table
 
 
 def summarise(results: dict) -> str:
-    """One sentence per depth: whether it formed an induction head, the second-copy loss; or,
-    when the deepest model's second-copy loss is still near ln V, "Undertrained … train longer"."""
+    """One sentence per run: whether it formed an induction head, the second-copy loss; or,
+    when a setting's deepest model's second-copy loss is still near ln V, "Undertrained … train
+    longer"."""
     cfg = results.get("config") or {}
-    deepest = max(results["runs"], key=lambda r: r["n_layers"])
-    short = common.undertrained(  # a model at chance on the copy has learnt no circuit to read
-        {f"{deepest['n_layers']}-layer": deepest["second_copy_loss"]},
-        threshold=deepest["chance"] - BELOW_CHANCE,
-        what="the loss on the second copy (nats; ln V = " + f"{deepest['chance']:.2f})",
-        higher_is_better=False,
-        max_time=None if cfg.get("steps") else cfg.get("max_time"),
-        steps=cfg.get("steps"),
-        fmt=lambda v: f"{v:.2f}",
-    )
-    if short is not None:
-        return short
+    deepest = {}
+    for r in results["runs"]:
+        s = r.get("setting", "random")
+        if s not in deepest or r["n_layers"] > deepest[s]["n_layers"]:
+            deepest[s] = r
+    for s, d in deepest.items():
+        short = common.undertrained(  # a model at chance on the copy has learnt no circuit to read
+            {f"{s} {d['n_layers']}-layer": d["second_copy_loss"]},
+            threshold=d["chance"] - BELOW_CHANCE,
+            what="the loss on the second copy (nats; ln V = " + f"{d['chance']:.2f})",
+            higher_is_better=False,
+            max_time=None if cfg.get("steps") else cfg.get("max_time"),
+            steps=cfg.get("steps"),
+            fmt=lambda v: f"{v:.2f}",
+        )
+        if short is not None:
+            return short
     parts = []
     for r in results["runs"]:
         s = (
-            f"{r['n_layers']} layer(s): best last-layer prefix-matching score "
-            f"{r['prefix_score']:.2f}, loss on the second copy {r['second_copy_loss']:.2f} "
-            f"nats vs ln V = {r['chance']:.2f}"
+            f"{r.get('setting', 'random')}, {r['n_layers']} layer(s): best last-layer "
+            f"prefix-matching score {r['prefix_score']:.2f}, loss on the second copy "
+            f"{r['second_copy_loss']:.2f} nats vs ln V = {r['chance']:.2f}"
         )
         if r["ablation"]:
-            a = r["ablation"]["previous-token head"]
+            a = r["ablation"]["previous-token heads"]
+            heads = ", ".join(f"L1H{j}" for j in a["heads"])
             s += (
-                f"; ablating the previous-token head L1H{a['head'][1]} takes the prefix score "
+                f"; ablating the previous-token head(s) {heads} takes the prefix score "
                 f"to {a['prefix_score']:.2f} and the second-copy loss to "
                 f"{a['second_copy_loss']:.2f}"
             )
@@ -409,35 +587,43 @@ def summarise(results: dict) -> str:
 
 
 def plot_induction(results: dict, path: str | Path) -> None:
-    """Per depth, over steps: the best last-layer prefix-matching score and the second-copy
-    loss (against ln V)."""
-    import matplotlib
+    """Per setting (a row), over steps: the best last-layer prefix-matching score, the deepest
+    model's layer-1 previous-token score, and the second-copy loss (against ln V)."""
+    import matplotlib  # optional plotting dependency
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional plotting dependency
 
     from attnlab.fileio import atomic_save
 
-    fig, (ax_s, ax_l) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for r, colour in zip(results["runs"], ("C0", "C3", "C2", "C1")):
-        steps = [h["step"] for h in r["history"]]
-        ax_s.plot(steps, [max(h["prefix"][-1]) for h in r["history"]], color=colour,
-                  label=f"{r['n_layers']}-layer: prefix matching")  # fmt: skip
-        if r["n_layers"] >= 2:
-            ax_s.plot(steps, [max(h["prev"][0]) for h in r["history"]], color=colour, ls=":",
-                      label=f"{r['n_layers']}-layer: layer-1 previous-token")  # fmt: skip
-        ax_l.plot(steps, [h["second_copy_loss"] for h in r["history"]], color=colour,
-                  label=f"{r['n_layers']}-layer: 2nd copy")  # fmt: skip
-        ax_l.plot(steps, [h["first_copy_loss"] for h in r["history"]], color=colour, ls="--",
-                  label=f"{r['n_layers']}-layer: 1st copy")  # fmt: skip
-    ax_l.axhline(results["runs"][0]["chance"], color="grey", lw=1, ls=":")
-    ax_l.text(0, results["runs"][0]["chance"], " ln V", va="bottom", color="grey", fontsize=8)
-    ax_s.set_ylabel("attention score")
-    ax_l.set_ylabel("loss on the probe [r, r] (nats)")
-    for ax in (ax_s, ax_l):
-        ax.set_xlabel("step")
-        ax.legend(fontsize=8)
-    ax_s.set_title("induction head formation")
+    settings = list(dict.fromkeys(r.get("setting", "random") for r in results["runs"]))
+    fig, axes = plt.subplots(len(settings), 2, figsize=(11, 4.0 * len(settings)), squeeze=False)
+    for (ax_s, ax_l), setting in zip(axes, settings):
+        runs = [r for r in results["runs"] if r.get("setting", "random") == setting]
+        for r, colour in zip(runs, ("C0", "C3", "C2", "C1")):
+            steps = [h["step"] for h in r["history"]]
+            ax_s.plot(steps, [max(h["prefix"][-1]) for h in r["history"]], color=colour,
+                      label=f"{r['n_layers']}-layer: prefix matching")  # fmt: skip
+            if r["n_layers"] >= 2:
+                ax_s.plot(steps, [max(h["prev"][0]) for h in r["history"]], color=colour,
+                          ls=":", label=f"{r['n_layers']}-layer: layer-1 previous-token")  # fmt: skip
+            ax_l.plot(steps, [h["second_copy_loss"] for h in r["history"]], color=colour,
+                      label=f"{r['n_layers']}-layer: 2nd copy")  # fmt: skip
+            ax_l.plot(steps, [h["first_copy_loss"] for h in r["history"]], color=colour,
+                      ls="--", label=f"{r['n_layers']}-layer: 1st copy")  # fmt: skip
+            if r["ablation"]:
+                a = r["ablation"]["previous-token heads"]
+                ax_l.plot([steps[-1]], [a["second_copy_loss"]], "x", color=colour, ms=9,
+                          label=f"{r['n_layers']}-layer, prev-token head ablated")  # fmt: skip
+        ax_l.axhline(runs[0]["chance"], color="grey", lw=1, ls=":")
+        ax_l.text(0, runs[0]["chance"], " ln V", va="bottom", color="grey", fontsize=8)
+        ax_s.set_ylabel("attention score")
+        ax_l.set_ylabel("loss on the probe [r, r] (nats)")
+        for ax in (ax_s, ax_l):
+            ax.set_xlabel("step")
+            ax.legend(fontsize=8)
+        ax_s.set_title(f"{setting}: induction head formation")
+        ax_l.set_title(f"{setting}: loss on the probe")
     fig.tight_layout()
     atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)

@@ -1,0 +1,360 @@
+"""The lecture's ablations, measured: take one part out of a small character-level LM and see
+what it was doing.
+
+Every row trains two (or more) variants of a tiny ``DecoderLM`` on character-level ``pydoc``
+from the same seed, for the same steps, with the same batches, and reads what the part is
+said to do:
+
+- ``causal``: the causal mask removed. The maskless model (:class:`EncoderMLM`'s stack, the same
+  pre-norm blocks with ``is_causal=False``, trained on next-token targets) reads the token it
+  must predict at the next position, so its teacher-forced loss collapses towards 0; when it
+  generates, the next token is not there yet, so its loss predicting the last position of a
+  prefix (the only position generation uses) is far worse than the causal model's.
+- ``heads``: one head against several at equal width (``n_heads`` 1 vs 4 at one d_model, the
+  same parameters): the validation loss.
+- ``moe``: a mixture-of-experts FFN with and without the load-balancing loss (``moe_aux_coef``
+  0.01 vs 0): each expert's share of the routing assignments on held-out text (uniform is
+  1/E), the largest share, and the dead experts (under a tenth of the uniform share).
+
+Outputs: ``table.md``, ``results.json``, ``ablations.png``.
+
+Shape legend: B batch, T window, V vocab (characters), E experts.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.attention.capture import collect_aux_losses
+from attnlab.config.encoder import EncoderConfig
+from attnlab.config.lm import ModelConfig
+from attnlab.errors import UserError
+from attnlab.experiments import common
+from attnlab.experiments.induction import InductionConfig, TokenSource
+from attnlab.models.encoder import EncoderMLM
+from attnlab.models.lm import DecoderLM
+
+__all__ = [
+    "ROWS",
+    "AblationsConfig",
+    "lm_variant",
+    "unmasked_lm",
+    "train_variant",
+    "prefix_loss",
+    "expert_load",
+    "run_ablations",
+]
+
+#: the rows of the experiment, in table order
+ROWS = ("causal", "heads", "moe")
+
+#: an expert routed under this fraction of the uniform share 1/E is dead
+DEAD_SHARE = 0.1
+
+#: the settings' ranges (a CPU experiment: larger values are mistakes, refused before building)
+BOUNDS = {
+    "max_time": (1e-3, 1e7), "steps": (1, 10**7), "seq_len": (10, 4096), "d_model": (2, 4096),
+    "n_layers": (1, 48), "n_heads": (1, 256), "n_experts": (1, 256), "top_k": (1, 256),
+    "batch_size": (1, 4096), "lr": (1e-12, 10.0), "max_chars": (1, 10**9),
+}  # fmt: skip
+
+
+@dataclass
+class AblationsConfig:
+    """Settings of the ablations experiment.
+
+    Args:
+        max_time: seconds for the whole experiment (the runs share it equally).
+        steps: train every run for exactly this many steps instead.
+        rows: which rows (see :data:`ROWS`).
+        seq_len, d_model, n_layers, n_heads: the tiny LM (``heads`` compares 1 and ``n_heads``).
+        n_experts, top_k: the ``moe`` row's FFN.
+        batch_size, lr: AdamW at a constant rate.
+        position: every variant's positions (``rope``: the maskless model finds the next
+            token, one step ahead, as quickly as the causal one finds the current one).
+        max_chars: characters of pydoc read (None: all).
+        seed, progress: as for training.
+    """
+
+    max_time: float = 300.0
+    steps: int | None = None
+    rows: tuple[str, ...] = ROWS
+    seq_len: int = 64
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_experts: int = 8
+    top_k: int = 2
+    batch_size: int = 32
+    lr: float = 3e-3
+    position: str = "rope"
+    max_chars: int | None = None
+    seed: int = 0
+    progress: bool = True
+
+
+def lm_variant(cfg: AblationsConfig, vocab_size: int, **overrides) -> nn.Module:
+    """The tiny pre-norm ``DecoderLM`` of ``cfg`` with block ``overrides``, seeded."""
+    fields = dict(vocab_size=vocab_size, max_seq_len=cfg.seq_len, d_model=cfg.d_model,
+                  n_layers=cfg.n_layers, n_heads=cfg.n_heads, position=cfg.position,
+                  dropout=0.0)  # fmt: skip
+    torch.manual_seed(cfg.seed)
+    return DecoderLM(ModelConfig.preset("tiny", **{**fields, **overrides}))
+
+
+def unmasked_lm(cfg: AblationsConfig, vocab_size: int) -> nn.Module:
+    """The same blocks without the causal mask: an :class:`EncoderMLM` (pre-norm, GELU-tanh,
+    ``cfg.position``, no embedding norm: the ``DecoderLM``'s choices), seeded."""
+    torch.manual_seed(cfg.seed)
+    ecfg = EncoderConfig(
+        vocab_size=vocab_size, max_seq_len=cfg.seq_len, d_model=cfg.d_model,
+        n_layers=cfg.n_layers, n_heads=cfg.n_heads, norm_position="pre", norm_eps=1e-5,
+        activation="gelu_tanh", embed_norm=False, dropout=0.0, position=cfg.position,
+    )  # fmt: skip
+    return EncoderMLM(ecfg)
+
+
+def _logits(model: nn.Module, x: Tensor) -> Tensor:
+    return model(x)  # DecoderLM and EncoderMLM both map (B, T) ids to (B, T, V) logits
+
+
+def train_variant(
+    model: nn.Module,
+    source: TokenSource,
+    cfg: AblationsConfig,
+    *,
+    steps: int,
+    aux_coef: float = 0.0,
+    deadline: float | None = None,
+) -> dict:
+    """Next-token training on windows of ``source`` (AdamW, constant lr), the MoE
+    load-balancing loss added with ``aux_coef``; the same batches for every variant.
+
+    Returns:
+        ``{"steps", "seconds", "history": [{"step", "loss"}]}``.
+    """
+    gen = torch.Generator().manual_seed(cfg.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    history, step = [], 0
+    start = time.perf_counter()
+    for step in range(steps):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        x = source.sample(cfg.batch_size, gen)
+        with collect_aux_losses() as aux:
+            logits = _logits(model, x[:, :-1])
+        ce = F.cross_entropy(logits.transpose(1, 2), x[:, 1:])
+        loss = ce + aux_coef * aux.total()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step % 10 == 0:
+            history.append({"step": step, "loss": ce.item()})
+    else:
+        step = steps
+    return {"steps": step, "seconds": time.perf_counter() - start, "history": history}
+
+
+@torch.no_grad()
+def teacher_forced_loss(model: nn.Module, x: Tensor) -> float:
+    """Mean next-token loss over every position of ``x`` ``(B, T)``, the whole row visible."""
+    model.eval()
+    logits = _logits(model, x[:, :-1])
+    return float(F.cross_entropy(logits.transpose(1, 2), x[:, 1:]))
+
+
+@torch.no_grad()
+def prefix_loss(model: nn.Module, x: Tensor, lengths: tuple[int, ...]) -> float:
+    """The loss as generation meets it: for each prefix length ℓ, the model reads ``x[:, :ℓ]``
+    only and predicts ``x[:, ℓ]`` at its last position; the mean over ``lengths``."""
+    model.eval()
+    losses = [F.cross_entropy(_logits(model, x[:, :n])[:, -1], x[:, n]) for n in lengths]
+    return float(torch.stack(losses).mean())
+
+
+@torch.no_grad()
+def expert_load(model: nn.Module, x: Tensor) -> list[list[float]]:
+    """Each MoE layer's share of the routing assignments per expert on ``x`` (sums to 1)."""
+    model.eval()
+    with collect_aux_losses() as aux:
+        _logits(model, x)
+    return [(c.float() / c.sum()).tolist() for c in aux.expert_counts]
+
+
+def _load_summary(load: list[list[float]]) -> dict:
+    E = len(load[0])
+    flat = [s for layer in load for s in layer]
+    return {
+        "max_share": max(flat),
+        "dead": sum(s < DEAD_SHARE / E for s in flat),
+        "experts": len(flat),
+        "uniform": 1 / E,
+    }
+
+
+def _variants(row: str, cfg: AblationsConfig, vocab: int) -> list[tuple[str, nn.Module, float]]:
+    """``(name, model, aux_coef)`` of each variant of ``row``."""
+    if row == "causal":
+        return [("causal mask", lm_variant(cfg, vocab), 0.0),
+                ("no mask", unmasked_lm(cfg, vocab), 0.0)]  # fmt: skip
+    if row == "heads":
+        return [(f"{h} head{'s' * (h > 1)}", lm_variant(cfg, vocab, n_heads=h), 0.0)
+                for h in sorted({1, cfg.n_heads})]  # fmt: skip
+    moe = dict(ffn="moe", n_experts=cfg.n_experts, top_k=cfg.top_k, activation="silu")
+    return [("load balancing 0.01", lm_variant(cfg, vocab, **moe), 0.01),
+            ("no load balancing", lm_variant(cfg, vocab, **moe), 0.0)]  # fmt: skip
+
+
+def run_ablations(cfg: AblationsConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict:
+    """Train every row's variants for the same steps and measure each row's quantity.
+
+    Returns:
+        ``{"config", "rows": {row: [{"variant", "steps", "val_loss", ...}]}, "summary",
+        "elapsed"}``.
+
+    Raises:
+        RunDirError: ``out_dir`` holds files and ``overwrite`` is not set.
+        UserError: an unknown row.
+    """
+    common.check_bounds(cfg, BOUNDS)
+    bad = [r for r in cfg.rows if r not in ROWS]
+    if bad or not cfg.rows:
+        raise UserError(f"unknown rows {bad or cfg.rows}; choose from {', '.join(ROWS)}")
+    source = TokenSource("pydoc", InductionConfig(seq_len=cfg.seq_len, max_chars=cfg.max_chars))
+    val = source.sample(64, torch.Generator().manual_seed(10**6), "val")
+    lengths = tuple(range(8, cfg.seq_len, max(1, cfg.seq_len // 8)))
+    budget = common.Budget(cfg.max_time)
+    out = common.prepare_out_dir(out_dir, overwrite=overwrite)
+    n_runs = sum(len(_variants(r, cfg, source.vocab_size)) for r in cfg.rows)
+    done, rows = 0, {}
+    for row in cfg.rows:
+        rows[row], steps = [], cfg.steps
+        for name, model, coef in _variants(row, cfg, source.vocab_size):
+            if steps is None:  # the row's first variant sets its steps within its share
+                share = budget.share(n_runs - done, reserve=0.1 * cfg.max_time)
+                res = train_variant(model, source, cfg, steps=10**7, aux_coef=coef,
+                                    deadline=time.perf_counter() + share)  # fmt: skip
+                steps = res["steps"]
+            else:
+                res = train_variant(model, source, cfg, steps=steps, aux_coef=coef)
+            done += 1
+            r = {"variant": name, "steps": res["steps"], "seconds": res["seconds"],
+                 "val_loss": teacher_forced_loss(model, val), "history": res["history"],
+                 "parameters": sum(p.numel() for p in model.parameters())}  # fmt: skip
+            if row == "causal":
+                r["generation_loss"] = prefix_loss(model, val, lengths)
+            if row == "moe":
+                r["load"] = expert_load(model, val)
+                r.update(_load_summary(r["load"]))
+            rows[row].append(r)
+            if cfg.progress:
+                print(f"{row} / {name}: {r['steps']} steps, val loss {r['val_loss']:.3f}",
+                      flush=True)  # fmt: skip
+    results = {"config": asdict(cfg), "vocab_size": source.vocab_size, "rows": rows}
+    results["summary"] = summarise(results)
+    notes = (
+        f"Tiny pre-norm DecoderLMs (d_model {cfg.d_model}, {cfg.n_layers} layers) on pydoc by "
+        f"characters (V = {source.vocab_size}, ln V = {math.log(source.vocab_size):.2f}), windows "
+        f"of {cfg.seq_len}, batch {cfg.batch_size}, AdamW at lr {cfg.lr:g}; the variants of a "
+        "row share seed, batches and steps. Val loss: teacher-forced, the whole window "
+        "visible. Generation loss: the model reads a prefix only and predicts the next "
+        f"character at its last position (prefix lengths {lengths[0]}…{lengths[-1]}). Expert "
+        f"load: shares of the top-{cfg.top_k} routing assignments on held-out windows; dead: "
+        f"under {DEAD_SHARE:g}/E."
+    )
+    common.write_outputs(out, "Ablations: one part taken out", [_table(results)], results, notes,
+                         plot=(plot_ablations, "ablations.png"), budget=budget)  # fmt: skip
+    return results
+
+
+def _table(results: dict) -> common.Table:
+    table = common.Table(
+        [
+            "row",
+            "variant",
+            "parameters",
+            "steps",
+            "val loss",
+            "generation loss",
+            "largest expert share",
+            "dead experts",
+        ],  # fmt: skip
+        formats=["", "", "d", "d", ".3f", ".3f", ".1%", ""],
+    )
+    for row, variants in results["rows"].items():
+        for r in variants:
+            dead = f"{r['dead']} of {r['experts']}" if "dead" in r else None
+            table.add(row, r["variant"], r["parameters"], r["steps"], r["val_loss"],
+                      r.get("generation_loss"), r.get("max_share"), dead)  # fmt: skip
+    return table
+
+
+def summarise(results: dict) -> str:
+    """One sentence per row."""
+    rows, parts = results["rows"], []
+    if "causal" in rows:
+        c, n = rows["causal"]
+        parts.append(
+            f"Without the causal mask the teacher-forced loss is {n['val_loss']:.2f} (causal "
+            f"{c['val_loss']:.2f}); where generation reads it, at the last position of a "
+            f"prefix, {n['generation_loss']:.2f} (causal {c['generation_loss']:.2f})."
+        )
+    if "heads" in rows:
+        parts.append(
+            "Equal width: "
+            + ", ".join(f"{r['variant']} val loss {r['val_loss']:.3f}" for r in rows["heads"])
+            + "."
+        )
+    if "moe" in rows:
+        parts.append(
+            "MoE: "
+            + "; ".join(
+                f"{r['variant']}: largest expert share {r['max_share']:.0%} (uniform "
+                f"{r['uniform']:.0%}), {r['dead']} of {r['experts']} experts dead"
+                for r in rows["moe"]
+            )
+            + "."
+        )
+    return " ".join(parts)
+
+
+def plot_ablations(results: dict, path: str | Path) -> None:
+    """Training loss of every variant, one panel per row; the MoE row's expert loads."""
+    import matplotlib  # optional plotting dependency
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # optional plotting dependency
+
+    from attnlab.fileio import atomic_save
+
+    rows = results["rows"]
+    panels = len(rows) + ("moe" in rows)
+    fig, axes = plt.subplots(1, panels, figsize=(4.5 * panels, 3.8), squeeze=False)
+    for ax, (row, variants) in zip(axes[0], rows.items()):
+        for r in variants:
+            ax.plot([h["step"] for h in r["history"]], [h["loss"] for h in r["history"]],
+                    label=r["variant"])  # fmt: skip
+        ax.set_title(row)
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (nats)")
+        ax.legend(fontsize=8)
+    if "moe" in rows:
+        ax = axes[0][-1]
+        width = 0.4
+        for k, r in enumerate(rows["moe"]):
+            shares = [s for layer in r["load"] for s in layer]
+            ax.bar([i + k * width for i in range(len(shares))], shares, width, label=r["variant"])
+        ax.axhline(rows["moe"][0]["uniform"], color="grey", ls=":", lw=1)
+        ax.set_title("MoE: share of routing per expert (all layers)")
+        ax.set_xlabel("expert (layer-major)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)
