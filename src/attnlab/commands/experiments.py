@@ -239,16 +239,17 @@ def _experiments() -> list[dict]:
         {
             "name": "ablations",
             "help": "one part taken out of a tiny LM: the causal mask, heads at equal width, "
-            "MoE load balancing",
+            "MoE load balancing, QK-norm and clipping at a high learning rate",
             "description": "Train variants of a tiny DecoderLM on pydoc characters from the same "
             "seed for the same steps (fitted into --max-time, or --steps): with and without the "
             "causal mask (teacher-forced loss against the loss where generation reads it), one "
             "head against several at equal width, a mixture of experts with and without the "
-            "load-balancing loss (expert load, dead experts).",
+            "load-balancing loss (expert load, dead experts), QK-norm and gradient clipping at "
+            "a high learning rate (gradient spikes).",
             "max_time": 300.0,
             "flags": [
-                ("--rows", _split, ("causal", "heads", "moe"),
-                 "comma-separated rows (default causal,heads,moe)"),
+                ("--rows", _split, ("causal", "heads", "moe", "qk-norm", "clipping"),
+                 "comma-separated rows (default causal,heads,moe,qk-norm,clipping)"),
                 ("--seq-len", int, 64, "window T (default 64)"),
                 ("--d-model", int, 64, None),
                 ("--n-layers", int, 2, None),
@@ -257,6 +258,8 @@ def _experiments() -> list[dict]:
                 ("--top-k", int, 2, None),
                 ("--batch-size", int, 32, None),
                 ("--lr", float, 3e-3, "AdamW learning rate (default %(default)s)"),
+                ("--high-lr", float, 3e-2,
+                 "learning rate of the qk-norm and clipping rows (default %(default)s)"),
                 ("--position", ["rope", "learned", "alibi"], "rope", None),
                 ("--max-chars", int, None, "characters of pydoc read (default all)"),
                 ("--threads", int, 1, "torch CPU threads (default 1)"),

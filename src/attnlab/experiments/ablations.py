@@ -15,6 +15,10 @@ said to do:
 - ``moe``: a mixture-of-experts FFN with and without the load-balancing loss (``moe_aux_coef``
   0.01 vs 0): each expert's share of the routing assignments on held-out text (uniform is
   1/E), the largest share, and the dead experts (under a tenth of the uniform share).
+- ``qk-norm``: at a high learning rate (``high_lr``), without and with QK-norm (RMSNorm of q
+  and k per head): gradient spikes (a global gradient norm over 5× the median of the 20 steps
+  before), the largest norm, the validation loss.
+- ``clipping``: at the same high rate, without and with clipping the global gradient norm at 1.
 
 Outputs: ``table.md``, ``results.json``, ``ablations.png``.
 
@@ -49,20 +53,25 @@ __all__ = [
     "train_variant",
     "prefix_loss",
     "expert_load",
+    "spikes",
     "run_ablations",
 ]
 
 #: the rows of the experiment, in table order
-ROWS = ("causal", "heads", "moe")
+ROWS = ("causal", "heads", "moe", "qk-norm", "clipping")
 
 #: an expert routed under this fraction of the uniform share 1/E is dead
 DEAD_SHARE = 0.1
+
+#: a gradient spike: a norm this many times the median of the 20 steps before it
+SPIKE_FACTOR = 5.0
 
 #: the settings' ranges (a CPU experiment: larger values are mistakes, refused before building)
 BOUNDS = {
     "max_time": (1e-3, 1e7), "steps": (1, 10**7), "seq_len": (10, 4096), "d_model": (2, 4096),
     "n_layers": (1, 48), "n_heads": (1, 256), "n_experts": (1, 256), "top_k": (1, 256),
-    "batch_size": (1, 4096), "lr": (1e-12, 10.0), "max_chars": (1, 10**9),
+    "batch_size": (1, 4096), "lr": (1e-12, 10.0), "high_lr": (1e-12, 10.0),
+    "max_chars": (1, 10**9),
 }  # fmt: skip
 
 
@@ -77,6 +86,7 @@ class AblationsConfig:
         seq_len, d_model, n_layers, n_heads: the tiny LM (``heads`` compares 1 and ``n_heads``).
         n_experts, top_k: the ``moe`` row's FFN.
         batch_size, lr: AdamW at a constant rate.
+        high_lr: the rate of the ``qk-norm`` and ``clipping`` rows (high enough for spikes).
         position: every variant's positions (``rope``: the maskless model finds the next
             token, one step ahead, as quickly as the causal one finds the current one).
         max_chars: characters of pydoc read (None: all).
@@ -94,6 +104,7 @@ class AblationsConfig:
     top_k: int = 2
     batch_size: int = 32
     lr: float = 3e-3
+    high_lr: float = 3e-2
     position: str = "rope"
     max_chars: int | None = None
     seed: int = 0
@@ -132,17 +143,21 @@ def train_variant(
     *,
     steps: int,
     aux_coef: float = 0.0,
+    lr: float | None = None,
+    clip: float | None = None,
     deadline: float | None = None,
 ) -> dict:
-    """Next-token training on windows of ``source`` (AdamW, constant lr), the MoE
-    load-balancing loss added with ``aux_coef``; the same batches for every variant.
+    """Next-token training on windows of ``source`` (AdamW at a constant ``lr``, default
+    ``cfg.lr``), the MoE load-balancing loss added with ``aux_coef``, the global gradient norm
+    clipped to ``clip`` (None: not); the same batches for every variant.
 
     Returns:
-        ``{"steps", "seconds", "history": [{"step", "loss"}]}``.
+        ``{"steps", "seconds", "history": [{"step", "loss"}], "grad_norms": [per step, before
+        clipping], "losses": [per step]}``.
     """
     gen = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    history, step = [], 0
+    opt = torch.optim.AdamW(model.parameters(), lr=lr or cfg.lr, weight_decay=0.0)
+    history, norms, losses, step = [], [], [], 0
     start = time.perf_counter()
     for step in range(steps):
         if deadline is not None and time.perf_counter() > deadline:
@@ -154,12 +169,29 @@ def train_variant(
         loss = ce + aux_coef * aux.total()
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        norm = nn.utils.clip_grad_norm_(model.parameters(), clip if clip else math.inf)
         opt.step()
+        norms.append(float(norm))
+        losses.append(ce.item())
         if step % 10 == 0:
-            history.append({"step": step, "loss": ce.item()})
+            history.append({"step": step, "loss": losses[-1]})
+        if not math.isfinite(losses[-1]):
+            break
     else:
         step = steps
-    return {"steps": step, "seconds": time.perf_counter() - start, "history": history}
+    return {"steps": step, "seconds": time.perf_counter() - start, "history": history,
+            "grad_norms": norms, "losses": losses}  # fmt: skip
+
+
+def spikes(norms: list[float], factor: float = SPIKE_FACTOR) -> int:
+    """Steps whose gradient norm exceeds ``factor`` × the median of the 20 steps before
+    (the first 20 steps, where the norm settles from initialisation, are not counted)."""
+    count = 0
+    for i in range(20, len(norms)):
+        window = sorted(norms[i - 20 : i])
+        if not math.isfinite(norms[i]) or norms[i] > factor * window[10]:
+            count += 1
+    return count
 
 
 @torch.no_grad()
@@ -199,17 +231,24 @@ def _load_summary(load: list[list[float]]) -> dict:
     }
 
 
-def _variants(row: str, cfg: AblationsConfig, vocab: int) -> list[tuple[str, nn.Module, float]]:
-    """``(name, model, aux_coef)`` of each variant of ``row``."""
+def _variants(row: str, cfg: AblationsConfig, vocab: int) -> list[tuple[str, nn.Module, dict]]:
+    """``(name, model, training options)`` of each variant of ``row``."""
     if row == "causal":
-        return [("causal mask", lm_variant(cfg, vocab), 0.0),
-                ("no mask", unmasked_lm(cfg, vocab), 0.0)]  # fmt: skip
+        return [("causal mask", lm_variant(cfg, vocab), {}),
+                ("no mask", unmasked_lm(cfg, vocab), {})]  # fmt: skip
     if row == "heads":
-        return [(f"{h} head{'s' * (h > 1)}", lm_variant(cfg, vocab, n_heads=h), 0.0)
+        return [(f"{h} head{'s' * (h > 1)}", lm_variant(cfg, vocab, n_heads=h), {})
                 for h in sorted({1, cfg.n_heads})]  # fmt: skip
-    moe = dict(ffn="moe", n_experts=cfg.n_experts, top_k=cfg.top_k, activation="silu")
-    return [("load balancing 0.01", lm_variant(cfg, vocab, **moe), 0.01),
-            ("no load balancing", lm_variant(cfg, vocab, **moe), 0.0)]  # fmt: skip
+    if row == "moe":
+        moe = dict(ffn="moe", n_experts=cfg.n_experts, top_k=cfg.top_k, activation="silu")
+        return [("load balancing 0.01", lm_variant(cfg, vocab, **moe), {"aux_coef": 0.01}),
+                ("no load balancing", lm_variant(cfg, vocab, **moe), {"aux_coef": 0.0})]  # fmt: skip
+    high = {"lr": cfg.high_lr}
+    if row == "qk-norm":
+        return [("no QK-norm", lm_variant(cfg, vocab), high),
+                ("QK-norm (RMSNorm)", lm_variant(cfg, vocab, qk_norm="rmsnorm"), high)]  # fmt: skip
+    return [("no clipping", lm_variant(cfg, vocab), high),
+            ("clip at 1.0", lm_variant(cfg, vocab), {**high, "clip": 1.0})]  # fmt: skip
 
 
 def run_ablations(cfg: AblationsConfig, out_dir: str | Path, *, overwrite: bool = False) -> dict:
@@ -236,14 +275,14 @@ def run_ablations(cfg: AblationsConfig, out_dir: str | Path, *, overwrite: bool 
     done, rows = 0, {}
     for row in cfg.rows:
         rows[row], steps = [], cfg.steps
-        for name, model, coef in _variants(row, cfg, source.vocab_size):
+        for name, model, opts in _variants(row, cfg, source.vocab_size):
             if steps is None:  # the row's first variant sets its steps within its share
                 share = budget.share(n_runs - done, reserve=0.1 * cfg.max_time)
-                res = train_variant(model, source, cfg, steps=10**7, aux_coef=coef,
-                                    deadline=time.perf_counter() + share)  # fmt: skip
+                res = train_variant(model, source, cfg, steps=10**7,
+                                    deadline=time.perf_counter() + share, **opts)  # fmt: skip
                 steps = res["steps"]
             else:
-                res = train_variant(model, source, cfg, steps=steps, aux_coef=coef)
+                res = train_variant(model, source, cfg, steps=steps, **opts)
             done += 1
             r = {"variant": name, "steps": res["steps"], "seconds": res["seconds"],
                  "val_loss": teacher_forced_loss(model, val), "history": res["history"],
@@ -253,6 +292,11 @@ def run_ablations(cfg: AblationsConfig, out_dir: str | Path, *, overwrite: bool 
             if row == "moe":
                 r["load"] = expert_load(model, val)
                 r.update(_load_summary(r["load"]))
+            if row in ("qk-norm", "clipping"):
+                finite = [v for v in res["losses"] if math.isfinite(v)]
+                r.update(lr=opts["lr"], spikes=spikes(res["grad_norms"]),
+                         max_grad_norm=max(res["grad_norms"]), highest_loss=max(finite),
+                         grad_norms=res["grad_norms"])  # fmt: skip
             rows[row].append(r)
             if cfg.progress:
                 print(f"{row} / {name}: {r['steps']} steps, val loss {r['val_loss']:.3f}",
@@ -285,14 +329,19 @@ def _table(results: dict) -> common.Table:
             "generation loss",
             "largest expert share",
             "dead experts",
-        ],  # fmt: skip
-        formats=["", "", "d", "d", ".3f", ".3f", ".1%", ""],
+            "lr",
+            "grad spikes",
+            "max grad norm",
+            "highest loss",
+        ],
+        formats=["", "", "d", "d", ".3f", ".3f", ".1%", "", "g", "", ".1f", ".2f"],
     )
     for row, variants in results["rows"].items():
         for r in variants:
             dead = f"{r['dead']} of {r['experts']}" if "dead" in r else None
             table.add(row, r["variant"], r["parameters"], r["steps"], r["val_loss"],
-                      r.get("generation_loss"), r.get("max_share"), dead)  # fmt: skip
+                      r.get("generation_loss"), r.get("max_share"), dead, r.get("lr"),
+                      r.get("spikes"), r.get("max_grad_norm"), r.get("highest_loss"))  # fmt: skip
     return table
 
 
@@ -322,6 +371,17 @@ def summarise(results: dict) -> str:
             )
             + "."
         )
+    for row in ("qk-norm", "clipping"):
+        if row in rows:
+            parts.append(
+                f"At lr {rows[row][0]['lr']:g}: "
+                + "; ".join(
+                    f"{r['variant']}: {r['spikes']} gradient spikes, max norm "
+                    f"{r['max_grad_norm']:.1f}, val loss {r['val_loss']:.3f}"
+                    for r in rows[row]
+                )
+                + "."
+            )
     return " ".join(parts)
 
 
