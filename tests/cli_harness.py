@@ -51,6 +51,8 @@ _WORK = [
     ("attnlab.experiments.caption_features", "pretrain_encoder"),
     ("attnlab.experiments.long_context", "train_xl"),  # (their own loops, not the trainer's)
     ("attnlab.experiments.adaptive_computation", "train_parity"),
+    ("attnlab.experiments.induction", "train_induction"),
+    ("attnlab.experiments.ablations", "train_variant"),
 ]
 
 

@@ -42,6 +42,7 @@ from attnlab.config.lm import ModelConfig
 from attnlab.errors import UserError
 from attnlab.experiments import common
 from attnlab.experiments.induction import InductionConfig, TokenSource
+from attnlab.experiments.lm_runs import undertrained_lm
 from attnlab.models.encoder import EncoderMLM
 from attnlab.models.lm import DecoderLM
 
@@ -346,8 +347,18 @@ def _table(results: dict) -> common.Table:
 
 
 def summarise(results: dict) -> str:
-    """One sentence per row."""
+    """One sentence per row; or, when no causal model has learnt past the unigram level (its
+    best val loss not 1 nat under ln V), "Undertrained … train longer"."""
     rows, parts = results["rows"], []
+    causal = [r["val_loss"] for name, vs in rows.items() if name != "causal" for r in vs]
+    causal += [rows["causal"][0]["val_loss"]] if "causal" in rows else []
+    short = undertrained_lm(
+        {**results, "data": {"vocab_size": results["vocab_size"]}},
+        min(causal, default=None),
+        "the best causal variant's validation loss",
+    )
+    if short is not None:
+        return short
     if "causal" in rows:
         c, n = rows["causal"]
         parts.append(
