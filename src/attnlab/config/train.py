@@ -12,8 +12,9 @@ from typing import Literal
 
 from attnlab.config.base import Config, ConfigError
 
-__all__ = ["TrainConfig", "SCHEDULES", "AMP_MODES", "STRATEGIES", "FSDP_DTYPES"]
+__all__ = ["TrainConfig", "SCHEDULES", "AMP_MODES", "STRATEGIES", "FSDP_DTYPES", "OPTIMIZERS"]
 
+OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "inverse_sqrt", "constant")
 AMP_MODES = ("none", "bf16")
 STRATEGIES = ("ddp", "fsdp")
@@ -51,6 +52,12 @@ class TrainConfig(Config):
     )
     weight_decay: float = 0.1  # AdamW decoupled decay; never on norms, biases, embeddings
     betas: tuple[float, float] = (0.9, 0.95)  # 0.95 rather than 0.999: steadier with large batches
+    # "adamw" | "muon": torch.optim.Muon for the hidden 2-D weight matrices (not embeddings,
+    # heads, norms, biases), AdamW with lr/betas/weight_decay for the rest (attnlab.train.muon)
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    muon_lr: float = 0.02  # Muon's peak rate (the schedule scales it like lr)
+    muon_momentum: float = 0.95  # Muon's Nesterov momentum
+    muon_weight_decay: float = 0.0  # Muon's decoupled decay (W -= muon_lr * this * W)
     grad_clip: float | None = 1.0  # clip the global gradient norm to this (None: no clipping)
     label_smoothing: float = 0.0  # read by tasks in their loss (attnlab.train.cross_entropy)
     amp: Literal["none", "bf16"] = "none"  # "none" | "bf16" (torch.autocast)
@@ -105,6 +112,20 @@ class TrainConfig(Config):
             raise ConfigError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if not self.muon_lr > 0 or not 0.0 <= self.muon_momentum < 1.0:
+            raise ConfigError(
+                f"muon_lr must be > 0 and muon_momentum in [0, 1), got {self.muon_lr} and "
+                f"{self.muon_momentum}"
+            )
+        if self.muon_weight_decay < 0:
+            raise ConfigError(f"muon_weight_decay must be >= 0, got {self.muon_weight_decay}")
+        if self.optimizer == "muon" and self.strategy == "fsdp":
+            raise ConfigError(
+                "optimizer='muon' does not work with strategy='fsdp' (Muon orthogonalises whole "
+                "matrices; FSDP shards them): use strategy='ddp' or optimizer='adamw'"
+            )
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ConfigError(f"grad_clip must be > 0 or None, got {self.grad_clip}")
         if not 0.0 <= self.label_smoothing < 1.0:

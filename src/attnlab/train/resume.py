@@ -142,7 +142,9 @@ def load_checkpoint(
     else:
         raise RunDirError(f"cannot resume {str(run_dir)!r}: no checkpoint there")
     for g, wd in zip(optimizer.param_groups, decay):  # this run's settings win over the saved
-        g["weight_decay"], g["betas"] = wd, tuple(cfg.betas)
+        g["weight_decay"] = wd
+        if "betas" in g:  # AdamW's groups (Muon's have none)
+            g["betas"] = tuple(cfg.betas)
     step = state["progress"]["step"]
     schedule.load_state_dict(state["schedule"])
     prog = Progress(**state["progress"])
