@@ -29,7 +29,7 @@ __all__ = [
 FFNKind = Literal["mlp", "swiglu", "gated", "moe", "none"]
 NormKind = Literal["layernorm", "rmsnorm"]
 NormPosition = Literal["pre", "post"]
-Activation = Literal["gelu_tanh", "gelu", "relu", "silu"]
+Activation = Literal["gelu_tanh", "gelu", "relu", "silu", "relu2"]
 #: 1-D position schemes (vision families narrow or extend this in their own configs)
 PositionKind = Literal["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
 
@@ -53,7 +53,8 @@ class BlockConfig(Config):
             for ``gelu_tanh``, T5 1.1's) | ``moe`` | ``none`` (attention-only blocks, as in the
             induction-head models of Olsson et al. 2022).
         ffn_hidden: inner width (None = 4·d for mlp, ≈ 8/3·d for gated FFNs).
-        activation: MLP activation; MoE experts are SwiGLU when ``silu``.
+        activation: MLP activation (``relu2``: ReLU², ``relu(x)²``, as in Primer and
+            modded-nanogpt); MoE experts are SwiGLU when ``silu``.
         n_experts, top_k, moe_aux_coef: mixture of experts (``ffn == "moe"``).
         norm, norm_eps, norm_position: ``layernorm`` | ``rmsnorm``, its ε, ``pre`` | ``post``.
         position: how order enters (``learned`` | ``sinusoidal`` | ``rope`` | ``alibi`` | ``t5`` |

@@ -84,12 +84,18 @@ class ModelConfig(TextStackConfig):
             that sinusoids of amplitude 1 do not drown embeddings initialised at ``init_std``;
             1.0 otherwise). A run records the resolved value; a model section recorded before
             this field existed reads as 1.0, the behaviour it was trained with.
+        logit_softcap: None, or c > 0: the logits are ``c · tanh(z / c)`` (Gemma 2,
+            modded-nanogpt), so every |logit| < c.
+        zero_init_proj: initialise each block's residual output projections (attention out,
+            FFN out) to zero (modded-nanogpt), so at initialisation every block is the identity.
     """
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
 
     activation_checkpointing: bool = False
     embed_scale: float | None = None
+    logit_softcap: float | None = None
+    zero_init_proj: bool = False
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
@@ -102,6 +108,8 @@ class ModelConfig(TextStackConfig):
         if self.embed_scale is None:
             self.embed_scale = math.sqrt(self.d_model) if self.position == "sinusoidal" else 1.0
         self.positive("embed_scale")
+        if self.logit_softcap is not None:
+            self.positive("logit_softcap")
 
 
 @dataclass

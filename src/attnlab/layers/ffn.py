@@ -18,13 +18,14 @@ from attnlab.layers.hook import HookPoint
 
 __all__ = ["MLP", "GatedFFN", "SwiGLU", "ACTIVATIONS", "Activation"]
 
-Activation = Literal["relu", "gelu", "gelu_tanh", "silu"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "relu2"]
 
 ACTIVATIONS = {
     "relu": F.relu,
     "gelu": F.gelu,
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
     "silu": F.silu,
+    "relu2": lambda x: F.relu(x).square(),  # ReLU² (So et al. 2021, Primer; modded-nanogpt)
 }
 
 
@@ -34,7 +35,7 @@ class MLP(nn.Module):
     Args:
         d_model: input and output width.
         hidden: inner width (default ``4 * d_model``).
-        activation: ``relu`` | ``gelu`` | ``gelu_tanh`` | ``silu``.
+        activation: ``relu`` | ``gelu`` | ``gelu_tanh`` | ``silu`` | ``relu2`` (ReLU²).
         bias: use biases in both layers.
         dropout: dropout on the output.
     """

@@ -3,6 +3,7 @@
     h⁰ = s·E[idx] (+ P[positions])               token (+ absolute position) embeddings, s = embed_scale
     hˡ = Block_l(hˡ⁻¹), causal self-attention   l = 1 … L
     logits = norm_f(hᴸ) W_outᵀ                   W_out = E when embeddings are tied
+                                                 (c·tanh(logits/c) with logit_softcap c)
 
 The causal mask is always on. Positions go through the one interface of
 :mod:`attnlab.layers.position`: the model owns one position module (``pos_emb``) whose ``embed``
@@ -117,7 +118,9 @@ class DecoderLM(nn.Module):
             if leaf == "bias":
                 nn.init.zeros_(p)
             elif name.endswith(("out_proj.weight", "fc2.weight", "down.weight", "w_out")):
-                nn.init.normal_(p, std=resid_std)
+                nn.init.normal_(p, std=resid_std)  # drawn anyway: other weights stay the same
+                if self.config.zero_init_proj:
+                    nn.init.zeros_(p)  # each block starts as the identity (modded-nanogpt)
             else:
                 nn.init.normal_(p, std=std)
 
@@ -222,18 +225,25 @@ class DecoderLM(nn.Module):
             positions=attn_positions,
             pos_emb=self.pos_emb,
         )
+        head = self.lm_head if self.config.logit_softcap is None else self._capped_head
         if targets is not None:
-            loss = head_loss or _head_cross_entropy
+            # a soft cap needs the logits themselves: the plain loss, not a fused one
+            loss = head_loss if head is self.lm_head and head_loss else _head_cross_entropy
             return loss(
                 self.norm_f(x),
-                self.lm_head,
+                head,
                 targets,
                 ignore_index=ignore_index,
                 label_smoothing=label_smoothing,
             )
         if logits_to_keep is not None:
             x = x[:, -logits_to_keep:]  # (B, logits_to_keep, C)
-        return self.lm_head(self.norm_f(x))  # (B, T, V)
+        return head(self.norm_f(x))  # (B, T, V)
+
+    def _capped_head(self, h: Tensor) -> Tensor:
+        """Soft-capped logits ``c · tanh(W_out h / c)`` (``config.logit_softcap = c``)."""
+        cap = self.config.logit_softcap
+        return cap * torch.tanh(self.lm_head(h) / cap)
 
     def _check_inputs(
         self,

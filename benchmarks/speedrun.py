@@ -1,0 +1,150 @@
+"""A CPU speedrun: which parts of the modern (modded-nanogpt) recipe pay at small scale (issue 33).
+
+Every row is ``attnlab train lm --max-time S`` run as a user would (a subprocess): the baseline
+with nothing else (today's budget rule chooses the model and recipe), then one technique added
+with ``--set``, then the best combination (every technique whose mean score beat the baseline at
+that budget). Data and scoring are those of ``benchmarks/lm_vs_nanogpt.py`` (``pydoc_score.py``:
+attnlab's character ids, first 90 % of pydoc for training, last 10 % scored in non-overlapping
+64-character windows).
+
+Columns: nats/char of the final weights (mean ± spread over ``--seeds``) and the time to
+target: the first elapsed time at which the run's own validation estimate (``val_loss`` in
+metrics.jsonl, every ``eval_every`` steps) is at or below ``--target`` (default 1.423, nanoGPT's
+CPU recipe on this split, docs/performance.md); "-" if it never is.
+
+    python benchmarks/speedrun.py --budgets 75 150 300 --seeds 0 1 2
+    python benchmarks/speedrun.py --budgets 10 --only baseline muon --max-chars 200000  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+import attnlab
+
+sys.path.insert(0, str(Path(__file__).parent))
+from pydoc_score import pydoc_task, score  # noqa: E402
+
+#: technique -> its ``--set`` overrides (each alone on top of the baseline)
+TECHNIQUES: dict[str, list[str]] = {
+    "muon": ["train.optimizer=muon"],
+    "relu2": ["model.activation=relu2"],
+    "qk_norm": ["model.qk_norm=rmsnorm"],
+    "rope": ["model.position=rope"],
+    "zero_init": ["model.zero_init_proj=true"],
+    "untied": ["model.tie_embeddings=false"],
+    "softcap": ["model.logit_softcap=15"],
+}
+
+#: nanoGPT's CPU recipe on the same split: its final nats/char (docs/performance.md)
+NANOGPT_LOSS = 1.423
+
+
+def command(budget: float, sets: list[str], seed: int) -> list[str]:
+    """The row's command line, as the table shows it."""
+    cmd = ["attnlab", "train", "lm", "--max-time", f"{budget:g}"]
+    for s in sets:
+        cmd += ["--set", s]
+    return cmd + (["--set", f"train.seed={seed}"] if seed else [])
+
+
+def run(cmd: list[str], out: Path, threads: int | None, max_chars: int | None) -> None:
+    """Run ``cmd`` into ``out`` (with this interpreter; no progress bar)."""
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    extra = ["--out", str(out), "--overwrite", "--no-progress", "--device", "cpu"]
+    extra += ["--max-chars", str(max_chars)] if max_chars else []
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnlab.cli", *cmd[1:], *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+
+
+def time_to_target(run_dir: Path, target: float) -> float | None:
+    """First ``elapsed`` with ``val_loss <= target`` in the run's metrics.jsonl (None: never)."""
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if "val_loss" in rec and rec["val_loss"] <= target:
+            return rec["elapsed"]
+    return None
+
+
+def measure(name, sets, budget, seeds, args, val_ids) -> dict:
+    """Train and score one row over the seeds."""
+    nats, ttt = [], []
+    for seed in seeds:
+        out = Path(args.workdir) / f"{name}_{budget:g}s_seed{seed}"
+        run(command(budget, sets, seed), out, args.threads, args.max_chars)
+        nats.append(score(attnlab.load(out, weights="last").model, val_ids))
+        ttt.append(time_to_target(out, args.target))
+    shown = " ".join(command(budget, sets, seeds[0]))
+    return {"name": name, "budget": budget, "nats": nats, "ttt": ttt, "cmd": shown}
+
+
+def _fmt(row: dict) -> str:
+    n = row["nats"]
+    spread = f" ± {statistics.pstdev(n):.3f}" if len(n) > 1 else ""
+    hit = [t for t in row["ttt"] if t is not None]
+    ttt = f"{statistics.mean(hit):.0f} s ({len(hit)}/{len(n)})" if hit else "-"
+    return (
+        f"| {row['name']} | {row['budget']:g} s | {statistics.mean(n):.3f}{spread} | {ttt} | "
+        f"`{row['cmd']}` |"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--budgets", type=float, nargs="+", default=[75, 150, 300])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--target", type=float, default=NANOGPT_LOSS, help="loss for time-to-target")
+    ap.add_argument("--only", nargs="*", default=None, help="baseline and these techniques only")
+    ap.add_argument("--no-combination", action="store_true", help="skip the best-combination row")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--workdir", default="runs/speedrun")
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    ap.add_argument("--max-chars", type=int, default=None, help="a prefix of pydoc (smoke tests)")
+    args = ap.parse_args()
+    techniques = {k: v for k, v in TECHNIQUES.items() if args.only is None or k in args.only}
+    unknown = set(args.only or []) - set(TECHNIQUES) - {"baseline"}
+    if unknown:
+        raise SystemExit(f"unknown techniques {sorted(unknown)}; choose from {sorted(TECHNIQUES)}")
+    Path(args.workdir).mkdir(parents=True, exist_ok=True)
+    val_ids = pydoc_task(max_chars=args.max_chars).splits["val"]
+    rows = []
+    for budget in args.budgets:
+        base = measure("baseline", [], budget, args.seeds, args, val_ids)
+        rows.append(base)
+        alone = [measure(k, v, budget, args.seeds, args, val_ids) for k, v in techniques.items()]
+        rows += alone
+        best = statistics.mean(base["nats"])
+        winners = [r["name"] for r in alone if statistics.mean(r["nats"]) < best]
+        if len(winners) > 1 and not args.no_combination:
+            sets = [s for w in winners for s in TECHNIQUES[w]]
+            rows.append(measure("+".join(winners), sets, budget, args.seeds, args, val_ids))
+    print(
+        f"\npydoc, last 10 %, 64-character windows; seeds {args.seeds}; target {args.target} "
+        f"({torch.get_num_threads()} threads)\n"
+    )
+    print("| recipe | budget | nats/char | time to target (runs reaching it) | command |")
+    print("|---|---:|---:|---:|---|")
+    for row in rows:
+        print(_fmt(row))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
