@@ -2,8 +2,9 @@
 
 Every row is ``attnlab train lm --max-time S`` run as a user would (a subprocess): the baseline
 with nothing else (today's budget rule chooses the model and recipe), then one technique added
-with ``--set``, then the best combination (every technique whose mean score beat the baseline at
-that budget). Data and scoring are those of ``benchmarks/lm_vs_nanogpt.py`` (``pydoc_score.py``:
+with ``--set`` to the baseline's own recorded settings (``--config`` its config.json: naming a
+model field would otherwise turn the budget rule off and change more than the technique), then
+the best combination (every technique whose mean score beat the baseline at that budget). Data and scoring are those of ``benchmarks/lm_vs_nanogpt.py`` (``pydoc_score.py``:
 attnlab's character ids, first 90 % of pydoc for training, last 10 % scored in non-overlapping
 64-character windows).
 
@@ -48,9 +49,10 @@ TECHNIQUES: dict[str, list[str]] = {
 NANOGPT_LOSS = 1.423
 
 
-def command(budget: float, sets: list[str], seed: int) -> list[str]:
-    """The row's command line, as the table shows it."""
+def command(budget: float, sets: list[str], seed: int, config: Path | None = None) -> list[str]:
+    """The row's command line, as the table shows it (``config``: the baseline's config.json)."""
     cmd = ["attnlab", "train", "lm", "--max-time", f"{budget:g}"]
+    cmd += ["--config", str(config)] if config else []
     for s in sets:
         cmd += ["--set", s]
     return cmd + (["--set", f"train.seed={seed}"] if seed else [])
@@ -82,15 +84,17 @@ def time_to_target(run_dir: Path, target: float) -> float | None:
     return None
 
 
-def measure(name, sets, budget, seeds, args, val_ids) -> dict:
-    """Train and score one row over the seeds."""
+def measure(name, sets, budget, seeds, args, val_ids, base: Path | None = None) -> dict:
+    """Train and score one row over the seeds (``base``: the baseline run whose config.json
+    the technique starts from)."""
     nats, ttt = [], []
+    config = None if base is None else base / "config.json"
     for seed in seeds:
         out = Path(args.workdir) / f"{name}_{budget:g}s_seed{seed}"
-        run(command(budget, sets, seed), out, args.threads, args.max_chars)
+        run(command(budget, sets, seed, config), out, args.threads, args.max_chars)
         nats.append(score(attnlab.load(out, weights="last").model, val_ids))
         ttt.append(time_to_target(out, args.target))
-    shown = " ".join(command(budget, sets, seeds[0]))
+    shown = " ".join(command(budget, sets, seeds[0], config))
     return {"name": name, "budget": budget, "nats": nats, "ttt": ttt, "cmd": shown}
 
 
@@ -127,13 +131,18 @@ def main() -> None:
     for budget in args.budgets:
         base = measure("baseline", [], budget, args.seeds, args, val_ids)
         rows.append(base)
-        alone = [measure(k, v, budget, args.seeds, args, val_ids) for k, v in techniques.items()]
+        # the baseline's own settings (a named model turns the budget rule off) plus one change
+        frozen = Path(args.workdir) / f"baseline_{budget:g}s_seed{args.seeds[0]}"
+        alone = [
+            measure(k, v, budget, args.seeds, args, val_ids, frozen) for k, v in techniques.items()
+        ]
         rows += alone
         best = statistics.mean(base["nats"])
         winners = [r["name"] for r in alone if statistics.mean(r["nats"]) < best]
         if len(winners) > 1 and not args.no_combination:
             sets = [s for w in winners for s in TECHNIQUES[w]]
-            rows.append(measure("+".join(winners), sets, budget, args.seeds, args, val_ids))
+            combo = measure("+".join(winners), sets, budget, args.seeds, args, val_ids, frozen)
+            rows.append(combo)
     print(
         f"\npydoc, last 10 %, 64-character windows; seeds {args.seeds}; target {args.target} "
         f"({torch.get_num_threads()} threads)\n"

@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from attnlab.config import ModelConfig
 from attnlab.config.base import ConfigError
+from attnlab.errors import UserError
+from attnlab.interop import to_hf
 from attnlab.layers.ffn import MLP
 from attnlab.models.lm import DecoderLM
 
@@ -65,3 +67,15 @@ def test_softcap_is_c_tanh_of_the_plain_logits_also_in_the_loss():
     torch.testing.assert_close(loss, F.cross_entropy(got.reshape(-1, 23), idx.reshape(-1)))
     with pytest.raises(ConfigError, match="logit_softcap"):
         ModelConfig(logit_softcap=-1.0)
+
+
+def test_relu2_exports_to_hf_gpt2_with_the_same_logits_and_softcap_is_refused(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    model = _lm(activation="relu2", bias=True)
+    out = to_hf(model, tmp_path / "hf")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    idx = _idx()
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(input_ids=idx).logits, model(idx), atol=1e-5, rtol=0)
+    with pytest.raises(UserError, match="logit_softcap"):
+        to_hf(_lm(logit_softcap=15.0), tmp_path / "capped")

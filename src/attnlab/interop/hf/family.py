@@ -53,9 +53,16 @@ HF_ACTIVATIONS = {
     "relu": "relu",
     "silu": "silu",
     "swish": "silu",
+    "relu2": "relu2",
 }
 #: attnlab's activation -> the Hugging Face name written to config.json.
-TO_HF_ACTIVATION = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu", "silu": "silu"}
+TO_HF_ACTIVATION = {
+    "gelu": "gelu",
+    "gelu_tanh": "gelu_new",
+    "relu": "relu",
+    "silu": "silu",
+    "relu2": "relu2",  # transformers' ReLUSquaredActivation
+}
 
 
 @dataclass(frozen=True)

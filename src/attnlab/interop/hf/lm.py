@@ -380,7 +380,7 @@ def lm_config_to_hf(c: ModelConfig, family: str) -> dict:
         UserError: a setting the family cannot express (named).
     """
     what = ARCHITECTURES[family]
-    require(c, what, norm_position="pre", qk_norm=None, embed_scale=1.0)  # HF: no scale
+    require(c, what, norm_position="pre", qk_norm=None, embed_scale=1.0, logit_softcap=None)
     if family == "gpt2":
         require_plain_heads(c, what)
         return {
