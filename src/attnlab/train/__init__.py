@@ -1,7 +1,7 @@
 """attnlab.train: the training loop every model family shares.
 
 ``train(model, task, TrainConfig(...), run_dir)`` runs AdamW (no decay on norms, biases,
-embeddings) with warm-up + cosine / inverse-sqrt / constant learning rate, gradient accumulation,
+embeddings; or Muon for the hidden matrices, ``optimizer="muon"``) with warm-up + cosine / inverse-sqrt / constant learning rate, gradient accumulation,
 global-norm clipping, optional bf16 autocast and ``torch.compile``, periodic validation, best and
 last checkpoints, exact ``resume``, and data parallelism under ``torchrun``. A model family
 provides a :class:`Task` (batches, loss, validation set).
