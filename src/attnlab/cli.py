@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "attnlab.commands.vision",
     "attnlab.commands.vision_experiments",
     "attnlab.commands.multimodal",
+    "attnlab.commands.clip",
     "attnlab.commands.efficient",
     "attnlab.commands.interop",
     "attnlab.commands.experiments",

@@ -29,7 +29,7 @@ __all__ = [
 FFNKind = Literal["mlp", "swiglu", "gated", "moe", "none"]
 NormKind = Literal["layernorm", "rmsnorm"]
 NormPosition = Literal["pre", "post"]
-Activation = Literal["gelu_tanh", "gelu", "relu", "silu", "relu2"]
+Activation = Literal["gelu_tanh", "gelu", "relu", "silu", "relu2", "quick_gelu"]
 #: 1-D position schemes (vision families narrow or extend this in their own configs)
 PositionKind = Literal["learned", "sinusoidal", "rope", "alibi", "t5", "none"]
 

@@ -110,6 +110,9 @@ class ViTConfig(BlockConfig):
         position: ``learned`` (one trained vector per token) or ``sincos`` (fixed 2-D sin-cos),
             added to the patch tokens; resampled to other patch grids.
         pooler: HF ``ViTModel``'s pooler, ``tanh(W · cls)``; only for checkpoint parity.
+        patch_bias: a bias in the patch projection (CLIP's image tower has none).
+        embed_norm: a norm over the embedded tokens before the first block (CLIP's
+            ``pre_layrnorm``).
         init_std: standard deviation of the truncated-normal initialisation.
         labels: class names (optional; as many as ``num_classes``).
     """
@@ -127,6 +130,8 @@ class ViTConfig(BlockConfig):
     qkv_bias: bool = True
     pooling: Literal["cls", "mean"] = "cls"
     pooler: bool = False
+    patch_bias: bool = True
+    embed_norm: bool = False
     init_std: float = 0.02
     labels: list[str] = field(default_factory=list)
 

@@ -22,6 +22,8 @@ Transforms (each a pair of inverse maps; shape legend E experts, I FFN width, C 
 - :class:`Concat`: ``ours = cat(theirs, dim)`` (a fused Q|K|V, with GQA sizes).
 - :class:`Stack`: ``ours = stack(each(group) for group in theirs, dim)`` (per-expert weights
   stacked into ``(E, ...)``; ``each`` fuses one expert's tensors, e.g. ``Concat`` of w1 | w3).
+- :class:`LeadingOnes`: ours has ``n`` extra leading dimensions of size 1 (a class token
+  ``(1, 1, C)`` stored as ``(C,)``).
 - :class:`ZeroBias`: theirs also holds a bias that is zero and ours has not.
 - :class:`Chain` (composition, applied left to right towards theirs) and :class:`Inverse`
   (the two directions swapped: ours holds the zero bias).
@@ -46,6 +48,7 @@ __all__ = [
     "Transpose",
     "Concat",
     "Stack",
+    "LeadingOnes",
     "ZeroBias",
     "Chain",
     "Inverse",
@@ -152,6 +155,24 @@ class Stack(Transform):
                 f"{list(stacked.shape)} does not hold {groups} groups along {self.dim}"
             )
         return [t for p in parts for t in self.each.to_theirs([p], n // groups)]
+
+
+@dataclass(frozen=True)
+class LeadingOnes(Transform):
+    """Ours is theirs with ``n`` leading dimensions of size 1 (``(C,)`` <-> ``(1, 1, C)``)."""
+
+    n: int = 1
+
+    def to_ours(self, tensors: list[Tensor], n: int) -> list[Tensor]:
+        return [t.reshape((1,) * self.n + tuple(t.shape)) for t in tensors]
+
+    def to_theirs(self, tensors: list[Tensor], n: int) -> list[Tensor]:
+        out = []
+        for t in tensors:
+            if tuple(t.shape[: self.n]) != (1,) * self.n:
+                raise ValueError(f"{list(t.shape)} does not start with {self.n} dimension(s) of 1")
+            out.append(t.reshape(t.shape[self.n :]))
+        return out
 
 
 @dataclass(frozen=True)

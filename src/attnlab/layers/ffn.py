@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -18,7 +19,7 @@ from attnlab.layers.hook import HookPoint
 
 __all__ = ["MLP", "GatedFFN", "SwiGLU", "ACTIVATIONS", "Activation"]
 
-Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "relu2"]
+Activation = Literal["relu", "gelu", "gelu_tanh", "silu", "relu2", "quick_gelu"]
 
 ACTIVATIONS = {
     "relu": F.relu,
@@ -26,6 +27,7 @@ ACTIVATIONS = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
     "silu": F.silu,
     "relu2": lambda x: F.relu(x).square(),  # ReLU² (So et al. 2021, Primer; modded-nanogpt)
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),  # CLIP's x·σ(1.702x)
 }
 
 
@@ -35,7 +37,8 @@ class MLP(nn.Module):
     Args:
         d_model: input and output width.
         hidden: inner width (default ``4 * d_model``).
-        activation: ``relu`` | ``gelu`` | ``gelu_tanh`` | ``silu`` | ``relu2`` (ReLU²).
+        activation: ``relu`` | ``gelu`` | ``gelu_tanh`` | ``silu`` | ``relu2`` (ReLU²) |
+            ``quick_gelu`` (CLIP).
         bias: use biases in both layers.
         dropout: dropout on the output.
     """

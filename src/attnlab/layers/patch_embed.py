@@ -58,10 +58,18 @@ class PatchEmbedding(nn.Module):
         in_channels: Cin.
         d_model: output width C.
         patch_size: P.
+        bias: a bias in the projection (CLIP's has none).
     """
 
     def __init__(
-        self, in_channels: int, d_model: int, patch_size: int, *, device=None, dtype=None
+        self,
+        in_channels: int,
+        d_model: int,
+        patch_size: int,
+        *,
+        bias: bool = True,
+        device=None,
+        dtype=None,
     ) -> None:
         super().__init__()
         self.patch_size = patch_size
@@ -70,6 +78,7 @@ class PatchEmbedding(nn.Module):
             d_model,
             kernel_size=patch_size,
             stride=patch_size,
+            bias=bias,
             device=device,
             dtype=dtype,
         )

@@ -46,6 +46,7 @@ from attnlab.data.tokenizers import load_tokenizer
 from attnlab.errors import UserError, did_you_mean
 from attnlab.models.registry import build_model, get_kind
 from attnlab.runspec.budget import choose_lm_settings, fastest_ref_steps_per_s
+from attnlab.runspec.clip import CLIP
 from attnlab.runspec.scenes import CAPTION, VQA
 from attnlab.runspec.spec import Family, Given, RunSpec, merge_sections, refuse_resume_changes
 from attnlab.runspec.t5_span import T5_SPAN
@@ -98,6 +99,7 @@ FAMILIES: dict[str, Family] = {
     "image": IMAGE,
     "caption": CAPTION,
     "vqa": VQA,
+    "clip": CLIP,
     "translate": TRANSLATION,
     "t5-span": T5_SPAN,
 }

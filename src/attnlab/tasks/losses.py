@@ -1,19 +1,20 @@
 """Losses shared by the tasks: the cross-entropy (:mod:`attnlab.layers.losses`), its form fused
-with the output projection (:mod:`attnlab.fast.loss`), which the LM task chooses, and DeiT's
-distillation loss.
+with the output projection (:mod:`attnlab.fast.loss`), which the LM task chooses, DeiT's
+distillation loss and the symmetric contrastive loss of dual encoders.
 
 Shape legend: B batch, L classes.
 """
 
 from typing import Literal
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.fast.loss import linear_cross_entropy
 from attnlab.layers.losses import cross_entropy
 
-__all__ = ["cross_entropy", "linear_cross_entropy", "distillation_loss"]
+__all__ = ["cross_entropy", "linear_cross_entropy", "distillation_loss", "contrastive_loss"]
 
 
 def distillation_loss(
@@ -56,3 +57,24 @@ def distillation_loss(
         distil = F.kl_div(log_p_student, log_p_teacher, reduction="batchmean", log_target=True)
         distil = distil * t * t
     return (1 - alpha) * base + alpha * distil
+
+
+def contrastive_loss(logits_per_image: Tensor) -> Tensor:
+    """CLIP's symmetric InfoNCE loss of a batch of B matching pairs.
+
+    With ``S = logits_per_image (B, B)`` (``S_ij`` the scaled cosine similarity of image i and
+    text j; pair i is the match):
+
+        L = ½ · (CE(S, [0..B)) + CE(Sᵀ, [0..B)))
+          = −1/(2B) Σ_i [log softmax_j(S_ij)|_{j=i} + log softmax_j(S_ji)|_{j=i}]
+
+    the image→text and the text→image classification of the matching partner among the batch.
+
+    Raises:
+        ValueError: a matrix that is not square.
+    """
+    s = logits_per_image
+    if s.dim() != 2 or s.shape[0] != s.shape[1]:
+        raise ValueError(f"contrastive_loss needs a square (B, B) matrix, got {tuple(s.shape)}")
+    target = torch.arange(s.shape[0], device=s.device)
+    return 0.5 * (cross_entropy(s, target) + cross_entropy(s.T, target))

@@ -7,7 +7,8 @@ the config describes (built on the ``meta`` device, within bounds from the safet
 checked before anything is allocated or read; then the key map converts the tensors. Writing runs the same key map the
 other way. The families: GPT-2, Llama, Mixtral (:mod:`~attnlab.interop.hf.lm`), ViT, Swin
 (:mod:`~attnlab.interop.hf.vision`), DeiT (:mod:`~attnlab.interop.hf.deit`), BERT
-(:mod:`~attnlab.interop.hf.bert`), T5 (:mod:`~attnlab.interop.hf.t5`).
+(:mod:`~attnlab.interop.hf.bert`), T5 (:mod:`~attnlab.interop.hf.t5`), CLIP
+(:mod:`~attnlab.interop.hf.clip`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from attnlab.interop.hf.checkpoint import (
     weight_files,
     write_checkpoint,
 )
+from attnlab.interop.hf.clip import CLIP, clip_export
 from attnlab.interop.hf.deit import DEIT, deit_export
 from attnlab.interop.hf.family import Family, check_config, load_weights, prepare
 from attnlab.interop.hf.lm import LM_FAMILIES, lm_export
@@ -50,7 +52,7 @@ __all__ = [
     "load_hf_lm",
 ]
 
-FAMILIES: tuple[Family, ...] = (*LM_FAMILIES, VIT, DEIT, SWIN, BERT, T5_FAMILY)
+FAMILIES: tuple[Family, ...] = (*LM_FAMILIES, VIT, DEIT, SWIN, BERT, T5_FAMILY, CLIP)
 SUPPORTED_ARCHITECTURES = tuple(a for f in FAMILIES for a in f.architectures)
 
 
@@ -94,7 +96,8 @@ def from_hf(path: str | os.PathLike, *, dtype: torch.dtype | str | None = None) 
     ``...ForImageClassification``) and DeiT (``DeiTModel``,
     ``DeiTForImageClassificationWithTeacher``) the vision models of :mod:`attnlab.models.vision`; BERT
     (``BertForMaskedLM`` / ``BertModel``) an :class:`attnlab.models.encoder.EncoderMLM`; T5
-    (``T5ForConditionalGeneration``, 1.0 and 1.1 layouts) a :class:`attnlab.models.t5.T5`.
+    (``T5ForConditionalGeneration``, 1.0 and 1.1 layouts) a :class:`attnlab.models.t5.T5`;
+    ``CLIPModel`` a :class:`attnlab.models.multimodal.clip.DualEncoder`.
 
     Args:
         path: folder with ``config.json`` and ``model.safetensors`` (or shards plus
@@ -145,6 +148,8 @@ def _export(model: nn.Module, moe_layout: str) -> tuple[dict, KeyMap]:
         return bert_export(model)
     if kind in ("t5", "t5_span"):
         return t5_export(model)
+    if kind == "clip":
+        return clip_export(model)
     return lm_export(model, moe_layout=moe_layout)  # refuses anything else, by name
 
 
@@ -167,7 +172,8 @@ def to_hf(
 
     Args:
         model: a DecoderLM expressible as GPT-2, Llama or Mixtral, a ViT / Swin model, an
-            EncoderMLM expressible as BERT, or a T5 with shared embeddings.
+            EncoderMLM expressible as BERT, a T5 with shared embeddings, or a DualEncoder
+            expressible as CLIP.
         path: output folder (created).
         tokenizer: a ``tokenizers.Tokenizer`` or attnlab byte-level BPE tokenizer (saved as
             ``tokenizer.json``), or the path of a Hugging Face ``tokenizer.json`` to copy.

@@ -54,6 +54,7 @@ HF_ACTIVATIONS = {
     "silu": "silu",
     "swish": "silu",
     "relu2": "relu2",
+    "quick_gelu": "quick_gelu",
 }
 #: attnlab's activation -> the Hugging Face name written to config.json.
 TO_HF_ACTIVATION = {
@@ -62,6 +63,7 @@ TO_HF_ACTIVATION = {
     "relu": "relu",
     "silu": "silu",
     "relu2": "relu2",  # transformers' ReLUSquaredActivation
+    "quick_gelu": "quick_gelu",
 }
 
 

@@ -252,7 +252,8 @@ def vit_export(model: VisionTransformer) -> tuple[dict, KeyMap]:
             learned positions and a plain pre-norm block are).
     """
     c = model.config
-    require(c, "HF ViT", pooling="cls", position="learned", **_HF_BLOCK)
+    require(c, "HF ViT", pooling="cls", position="learned", patch_bias=True, embed_norm=False)
+    require(c, "HF ViT", **_HF_BLOCK)
     require_plain_heads(c, "HF ViT")
     has_head = c.num_classes > 0
     cfg = _hf_config(

@@ -8,6 +8,7 @@ attend to every other patch. The class token's output (or the mean of the patch 
 classified by one linear layer.
 
     x = [cls; patch_1 W_E; …; patch_N W_E] + E_pos
+    x = LN_emb(x)                                    (CLIP only: embed_norm)
     x = x + MHA(LN(x));  x = x + MLP(LN(x))          (× n_layers)
     logits = W_head · pool(LN(x))
 
@@ -61,7 +62,7 @@ class VisionTransformer(nn.Module):
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         self.config = c = config
-        self.patch_embed = PatchEmbedding(c.in_channels, c.d_model, c.patch_size)
+        self.patch_embed = PatchEmbedding(c.in_channels, c.d_model, c.patch_size, bias=c.patch_bias)
         self.n_prefix = (1 if c.pooling == "cls" else 0) + self.n_extra_tokens
         if self.n_prefix:
             self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model))
@@ -70,6 +71,11 @@ class VisionTransformer(nn.Module):
             grid, c.d_model, kind=c.position, n_prefix=self.n_prefix, init_std=None
         )  # initialised by reset_parameters
         self.drop = nn.Dropout(c.dropout)
+        self.embed_norm = (
+            make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)
+            if c.embed_norm
+            else nn.Identity()
+        )  # CLIP's pre_layrnorm
         self.blocks = nn.ModuleList(
             build_vision_block(c, qkv_bias=c.qkv_bias, drop_path=rate)
             for rate in drop_path_rates(c.drop_path, c.n_layers)
@@ -116,6 +122,7 @@ class VisionTransformer(nn.Module):
         if self.n_prefix:
             x = torch.cat((self.prefix_tokens(B), x), dim=1)  # (B, n_prefix + N, C)
         x = self.drop(self.pos_embed.embed(x, grid=(H // c.patch_size, W // c.patch_size)))
+        x = self.embed_norm(x)
         for blk in self.blocks:
             x = blk(x)  # bidirectional: no mask, is_causal=False
         return self.norm(x)
