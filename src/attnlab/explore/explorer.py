@@ -19,7 +19,7 @@ from types import ModuleType
 import torch
 
 from attnlab.errors import UserError
-from attnlab.explore import act, caption, mlm, spans, text, translation, vision, vqa
+from attnlab.explore import act, caption, clip, mlm, spans, text, translation, vision, vqa
 from attnlab.explore.heads import ablated, add_head_rows
 from attnlab.explore.payload import check_size
 from attnlab.runs import load, read_config
@@ -33,7 +33,7 @@ __all__ = [
     "MAX_QUESTION_CHARS",
 ]
 
-FAMILIES: tuple[ModuleType, ...] = (text, mlm, translation, spans, vision, caption, vqa, act)
+FAMILIES: tuple[ModuleType, ...] = (text, mlm, translation, spans, vision, caption, vqa, act, clip)
 
 #: kinds with nothing to show, and what to train instead
 NO_ATTENTION = {
