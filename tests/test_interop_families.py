@@ -15,6 +15,7 @@ from attnlab.interop.hf.family import expected_shapes, prepare
 from attnlab.interop.hf.lm import llama_keymap
 from test_deit import build_hf_deit
 from test_interop_bert import build_hf as build_bert
+from test_interop_clip import build_hf as build_clip
 from test_interop_hf import build_hf, randomise
 from test_interop_vision import build_swin, build_vit, old_swin_name, save_with_names
 from test_t5 import build_hf as build_t5
@@ -150,10 +151,15 @@ def test_t5(layout):
     check_keymap(hf, sd if layout == "1.0" else None)
 
 
+@pytest.mark.parametrize("eos", [3, 2])
+def test_clip(eos):
+    check_keymap(build_clip(eos))
+
+
 def test_every_family_is_covered():
     """The tests above touch every family from_hf reads."""
     names = {f.name for f in FAMILIES}
-    assert names == {"gpt2", "llama", "mixtral", "vit", "deit", "swin", "bert", "t5"}
+    assert names == {"gpt2", "llama", "mixtral", "vit", "deit", "swin", "bert", "t5", "clip"}
 
 
 def test_a_bias_free_gpt2_is_written_with_zero_biases(tmp_path):

@@ -30,7 +30,7 @@ CAPTION_KINDS = FAMILIES["caption"].kinds
 VQA_KINDS = FAMILIES["vqa"].kinds
 WEIGHTS_HELP = "best: the checkpoint with the lowest validation loss (default); last: the final one"
 #: --model of 'attnlab train caption' is the captioner's arch
-CAPTION_MODELS = ("lstm", "transformer")
+CAPTION_MODELS = ("lstm", "transformer", "prefix")
 PRESETS = ("tiny", "small")
 #: flags of both train sub-commands -> their settings ("section.key")
 _SHARED_KEYS = {
@@ -59,8 +59,9 @@ def register(groups) -> None:
         groups,
         "caption",
         help="train an image captioner on generated scenes",
-        description="CNN features -> LSTM (--model lstm) or image tokens + Transformer decoder "
-        "with cross-attention (--model transformer), trained on generated scenes.",
+        description="CNN features -> LSTM (--model lstm), image tokens + Transformer decoder "
+        "with cross-attention (--model transformer), or image tokens prepended to a "
+        "decoder-only LM's words (--model prefix, LLaVA-style), trained on generated scenes.",
         models=CAPTION_MODELS,
         default="transformer",
         lr=2e-3,

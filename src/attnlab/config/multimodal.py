@@ -170,7 +170,8 @@ class SceneModelConfig(BlockConfig):
     """What the captioners and the VQA models share: the image encoder and the text side.
 
     Attributes:
-        arch: ``lstm`` or ``transformer``.
+        arch: ``lstm``, ``transformer`` (cross-attention to the image tokens) or ``prefix``
+            (captioner only: the image tokens prepended to the words of a decoder-only LM).
         vocab_size: words including the 4 special tokens.
         image_size: side of the square input image (the encoder's ``image_size`` follows it).
         encoder: the image encoder's own config: a :class:`~attnlab.config.CNNConfig` (the
@@ -185,7 +186,7 @@ class SceneModelConfig(BlockConfig):
             to 2·d_model for the MLP.
     """
 
-    arch: Literal["lstm", "transformer"] = "transformer"
+    arch: Literal["lstm", "transformer", "prefix"] = "transformer"
     vocab_size: int = 64
     image_size: int = 32
     encoder: CNNConfig | ViTConfig = field(default_factory=scene_encoder)
@@ -207,7 +208,7 @@ class SceneModelConfig(BlockConfig):
         if (self.encoder.image_size, self.encoder.in_channels) != (self.image_size, 3):
             # the scene decides: the encoder reads the model's RGB images
             self.encoder = self.encoder.replace(image_size=self.image_size, in_channels=3)
-        if self.arch == "transformer" and self.d_model % 4:
+        if self.arch != "lstm" and self.d_model % 4:
             raise ConfigError(
                 f"d_model={self.d_model} must be divisible by 4 (2-D sin-cos image positions)"
             )
@@ -234,8 +235,9 @@ class SceneModelConfig(BlockConfig):
 
 @dataclass
 class CaptionConfig(SceneModelConfig):
-    """A captioner: ``caption_lstm`` (CNN features -> LSTM initial state) or
-    ``caption_transformer`` (image tokens + causal decoder with cross-attention).
+    """A captioner: ``caption_lstm`` (CNN features -> LSTM initial state),
+    ``caption_transformer`` (image tokens + causal decoder with cross-attention) or
+    ``caption_prefix`` (LLaVA-style: projected image tokens prepended to a decoder-only LM).
 
     Attributes:
         num_classes: the encoder's classification head (pre-training as a shape classifier).
@@ -265,6 +267,11 @@ class CaptionConfig(SceneModelConfig):
                 f"features='logits' needs an encoder head: num_classes >= 1, got {self.num_classes}"
             )
         self.positive("num_classes", allow_zero=True)
+        if self.arch == "prefix" and self.position not in ("learned", "sinusoidal", "none"):
+            raise ConfigError(
+                f"the prefix captioner adds positions to the words (learned, sinusoidal or "
+                f"none); position={self.position!r} would rotate or bias the image tokens too"
+            )
 
 
 @dataclass

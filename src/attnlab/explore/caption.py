@@ -6,6 +6,10 @@ The caption is generated greedily through :mod:`attnlab.decoding`
 cross-attention ``(H, L, N)`` from the words to the N image tokens (a grid over the image), and
 the words' own causal self-attention. Row t is the position that produced word t.
 
+The prefix (LLaVA-style) captioner has no cross-attention: its blocks' self-attention runs over
+``[N image tokens; L words]``, and the same two views are its word rows read against the image
+columns (text → image tokens) and against the word columns.
+
 Shape legend: L caption tokens, N = Gh·Gw image tokens.
 """
 
@@ -36,7 +40,7 @@ __all__ = [
     "read_scene_input",
 ]
 
-KINDS = ("caption_transformer",)
+KINDS = ("caption_transformer", "caption_prefix")
 INPUT = "image"
 QUESTION = False
 
@@ -104,6 +108,19 @@ def _classify(stack: str, attn: str, name: str) -> str | None:
     return "words"
 
 
+def _split_prefix(groups: dict[str, list[LayerAttention]], n: int) -> dict:
+    """The prefix captioner's self-attention ``(H, N + L, N + L)`` as the two views' layers:
+    ``cross`` (words → image tokens, ``(H, L, N)``) and ``words`` (``(H, L, L)``)."""
+
+    def cut(la: LayerAttention, cols: slice) -> LayerAttention:
+        s = None if la.scores is None else la.scores[:, n:, cols]
+        return LayerAttention(la.name, la.weights[:, n:, cols], s)
+
+    layers = groups.get("words", [])
+    return {"cross": [cut(la, slice(0, n)) for la in layers],
+            "words": [cut(la, slice(n, None)) for la in layers]}  # fmt: skip
+
+
 def explain(run: LoadedRun, inp) -> dict:
     """The payload of one image: the caption, its per-word image attention and word attention."""
     model, vocab = run.model, run.tokenizer
@@ -126,6 +143,8 @@ def explain(run: LoadedRun, inp) -> dict:
     with torch.no_grad(), capture_attention(model, scores=True) as maps:
         model(x, torch.tensor([tokens]))
     groups = group_layers(maps, _classify)
+    if run.kind == "caption_prefix":
+        groups = _split_prefix(groups, int(model.n_image))
     produced = [vocab.itos[i] for i in out]
     read = [vocab.itos[i] for i in tokens]
     views = [
@@ -133,7 +152,9 @@ def explain(run: LoadedRun, inp) -> dict:
             run,
             groups,
             produced,
-            title="word → image (cross-attention)",
+            title="word → image tokens (self-attention over the image prefix)"
+            if run.kind == "caption_prefix"
+            else "word → image (cross-attention)",
             note="Choose a word: the image shows where the decoder looked while producing it.",
         )
     ]

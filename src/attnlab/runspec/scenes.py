@@ -95,7 +95,7 @@ def _builder(
 CAPTION = Family(
     "caption",
     "captioner",
-    ("caption_lstm", "caption_transformer"),
+    ("caption_lstm", "caption_transformer", "caption_prefix"),
     CaptionTaskConfig,
     CaptionTask,
     {},

@@ -36,6 +36,7 @@ from attnlab.attention.capture import AttentionMaps, capture_attention
 from attnlab.config.multimodal import CaptionConfig
 from attnlab.layers.rnn import stacked_rnn
 from attnlab.models.multimodal.encoders import ImageEncoder, upgrade_weights
+from attnlab.models.multimodal.prefix import PrefixCaptioner
 from attnlab.models.multimodal.trunk import ImageTextTransformer
 from attnlab.models.registry import register_kind
 
@@ -227,8 +228,11 @@ class TransformerCaptioner(ImageTextTransformer):
         return self.head(hidden[:, -1]), state
 
 
-def build_captioner(config: CaptionConfig) -> LSTMCaptioner | TransformerCaptioner:
-    """The captioner named by ``config.arch``."""
+def build_captioner(config: CaptionConfig) -> nn.Module:
+    """The captioner named by ``config.arch`` (``prefix``: :class:`~attnlab.models.multimodal.
+    prefix.PrefixCaptioner`)."""
+    if config.arch == "prefix":
+        return PrefixCaptioner(config)
     return LSTMCaptioner(config) if config.arch == "lstm" else TransformerCaptioner(config)
 
 
