@@ -78,6 +78,7 @@ def register(groups) -> None:
         models=tuple(VQA_MODELS),
         default="lstm-concat",
         lr=3e-3,
+        extra=_vqa_model_args,
     )
     p.set_defaults(func=_run_train_vqa)
 
@@ -188,6 +189,16 @@ def _train_parser(groups, name, *, help, description, models, default, lr, extra
     return p
 
 
+def _vqa_model_args(m) -> None:
+    # fmt: off
+    add_flags(m, [
+        ("--answers", ["softmax", "choice"], "softmax",
+         "softmax: a classifier over the answer list (default); choice: multiple choice, each "
+         "answer's word vector scored against the fused image-question feature"),
+    ])
+    # fmt: on
+
+
 def _caption_model_args(m) -> None:
     # fmt: off
     add_flags(m, [
@@ -276,7 +287,7 @@ def _run_train_vqa(args: argparse.Namespace) -> int:
     from attnlab.config.multimodal import VQA_MODELS
     from attnlab.train import train
 
-    built = _build(args, "vqa", {}, **VQA_MODELS[args.model])
+    built = _build(args, "vqa", {"answers": "model.answers"}, **VQA_MODELS[args.model])
     if built is None:
         return 0
     model, task, cfg = built
@@ -288,7 +299,8 @@ def _run_train_vqa(args: argparse.Namespace) -> int:
 
     c = model.config
     print(
-        f"trained vqa {c.arch}/{c.fusion} ({_n_params(model):,} parameters) for {result.steps} "
+        f"trained vqa {c.arch}/{c.fusion}{' multiple-choice' if c.answers == 'choice' else ''} "
+        f"({_n_params(model):,} parameters) for {result.steps} "
         f"steps in {result.elapsed:.0f}s: train loss {result.final_train_loss:.3f}, val loss "
         f"{_fmt(result.val_loss)}, val accuracy {acc['all']:.1%} (answering from training "
         f"answer frequencies: {base('answer'):.1%} with the most common answer, "

@@ -60,6 +60,16 @@ def register_experiments(experiments) -> None:
         _run_caption_retrieval,
     )
     e.add_argument("--beam", type=int, default=1, help="beam width (default 1: greedy)")
+    e.add_argument(
+        "--models",
+        nargs="+",
+        choices=["lstm", "transformer", "prefix"],
+        default=["lstm", "transformer"],
+        help="captioners (default lstm transformer; prefix: LLaVA-style image tokens in the LM)",
+    )
+    e.add_argument(
+        "--encoder", choices=["cnn", "vit"], default="cnn", help="image encoder (default cnn)"
+    )
     e.add_argument("--n-eval", type=int, default=200, help="val and unseen scenes captioned")
     e = exp_args(
         "caption-features",

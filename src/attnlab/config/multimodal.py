@@ -283,6 +283,10 @@ class VQAConfig(SceneModelConfig):
         fusion: LSTM model only: ``concat``, ``product`` (element-wise), or ``none`` — the blind,
             question-only model (no image encoder at all).
         n_answers: size of the answer list.
+        answers: ``softmax`` (a classifier with one output per answer) or ``choice`` (multiple
+            choice: each answer's word embedding, projected, scored against the fused feature;
+            :mod:`attnlab.models.multimodal.answers`).
+        answer_ids: the word id of each answer (``choice`` reads them; the task fills them in).
     """
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
@@ -294,9 +298,22 @@ class VQAConfig(SceneModelConfig):
     fusion: Literal["concat", "product", "none"] = "concat"
     n_answers: int = 25
     n_layers: int = 1
+    answers: Literal["softmax", "choice"] = "softmax"
+    answer_ids: list[int] = field(default_factory=list)
 
     def validate(self) -> None:
         super().validate()
+        if self.answers == "choice":
+            if len(self.answer_ids) != self.n_answers:
+                raise ConfigError(
+                    f"answers='choice' needs the word id of each of the n_answers={self.n_answers} "
+                    f"answers, got {len(self.answer_ids)} answer_ids"
+                )
+            bad = [i for i in self.answer_ids if not 0 <= i < self.vocab_size]
+            if bad:
+                raise ConfigError(
+                    f"answer_ids {bad} are not word ids of vocab_size={self.vocab_size}"
+                )
         if self.arch == "transformer" and self.fusion == "none":
             raise ConfigError("the blind (fusion='none') model is the LSTM one: use arch='lstm'")
         self.positive("n_answers")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -42,7 +43,11 @@ from attnlab.tasks.caption import CaptionTask, caption_metrics
 __all__ = ["CaptionRetrievalConfig", "run", "format_table", "nearest_neighbour_captions"]
 
 METRICS = ("bleu", "retrieved", "exact_match", "object_precision", "novel_combo")
-CAPTIONERS = {"lstm": "cnn+lstm", "transformer": "patches+transformer"}
+CAPTIONERS = {
+    "lstm": "cnn+lstm",
+    "transformer": "patches+transformer",
+    "prefix": "image tokens+prefix LM",  # LLaVA-style: no cross-attention
+}
 
 
 @dataclass
@@ -50,13 +55,16 @@ class CaptionRetrievalConfig(SceneExperimentConfig):
     """Settings of the experiment (see :class:`SceneExperimentConfig`).
 
     Attributes:
-        models: captioner architectures (``lstm``, ``transformer``).
+        models: captioner architectures (``lstm``, ``transformer``, ``prefix``: the image tokens
+            prepended to a decoder-only LM, against ``transformer``'s cross-attention).
+        encoder: every captioner's image encoder (``cnn`` grid or ``vit`` patches).
         n_eval: val and unseen scenes captioned.
         beam_size: beam width of the captions (1: greedy).
     """
 
     out: str = "runs/caption-retrieval"
-    models: list[str] = field(default_factory=lambda: list(CAPTIONERS))
+    models: list[str] = field(default_factory=lambda: ["lstm", "transformer"])
+    encoder: Literal["cnn", "vit"] = "cnn"
     n_eval: int = 200
     beam_size: int = 1
 
@@ -97,7 +105,9 @@ def run(cfg: CaptionRetrievalConfig) -> dict:
         name = CAPTIONERS[arch]
         torch.manual_seed(cfg.seed)
         model = build_captioner(
-            CaptionConfig.preset(cfg.preset, arch=arch, vocab_size=len(task.vocab))
+            CaptionConfig.preset(
+                cfg.preset, arch=arch, vocab_size=len(task.vocab), encoder=cfg.encoder
+            )
         )
         res = train_for_experiment(model, task, cfg, out / arch)
         results["steps"][name], results["seconds"][name] = res.steps, round(res.elapsed, 1)

@@ -112,5 +112,10 @@ VQA = Family(
     {},
     kind_flag="--model",
     resolver=resolve_scene,
-    builder=_builder(VQAConfig, build_vqa, n_answers=lambda t: len(t.vocab.answers)),
+    builder=_builder(
+        VQAConfig,
+        build_vqa,
+        n_answers=lambda t: len(t.vocab.answers),
+        answer_ids=lambda t: [t.vocab.stoi[a] for a in t.vocab.answers],
+    ),
 )

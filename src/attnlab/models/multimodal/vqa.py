@@ -1,4 +1,6 @@
-"""Visual question answering as classification over a fixed answer list.
+"""Visual question answering as classification over a fixed answer list (``answers="softmax"``)
+or as multiple choice over the answers' vectors (``answers="choice"``,
+:mod:`~attnlab.models.multimodal.answers`).
 
 LSTM model (the lecture's early VQA architecture):
 
@@ -28,6 +30,7 @@ from attnlab.attention.capture import capture_attention
 from attnlab.config.multimodal import VQAConfig
 from attnlab.errors import UserError
 from attnlab.layers.rnn import stacked_rnn
+from attnlab.models.multimodal.answers import AnswerScorer
 from attnlab.models.multimodal.encoders import ImageEncoder, check_images, upgrade_weights
 from attnlab.models.multimodal.trunk import ImageTextTransformer
 from attnlab.models.registry import register_kind
@@ -53,14 +56,24 @@ def _check_inputs(config: VQAConfig, images: Tensor, questions: Tensor, lengths:
         )
 
 
-def _classifier(config: VQAConfig, width: int) -> nn.Sequential:
-    """``(B, width) -> (B, A)``: dropout, a hidden ReLU layer of 2·D, the answer scores."""
+def _classifier(config: VQAConfig, width: int) -> nn.Module:
+    """``(B, width) -> (B, A)``: dropout, a hidden ReLU layer of 2·D, the answer scores
+    (``answers="choice"``: an :class:`AnswerScorer`, called with the word embeddings)."""
+    if config.answers == "choice":
+        return AnswerScorer(width, config.d_model, config.answer_ids, config.dropout)
     return nn.Sequential(
         nn.Dropout(config.dropout),
         nn.Linear(width, 2 * config.d_model),
         nn.ReLU(),
         nn.Linear(2 * config.d_model, config.n_answers),
     )
+
+
+def _answer(head: nn.Module, z: Tensor, embedding: nn.Embedding) -> Tensor:
+    """The answer scores of the fused features ``z``, by either kind of head."""
+    if isinstance(head, AnswerScorer):
+        return head(z, embedding.weight)
+    return head(z)
 
 
 class LSTMVQA(nn.Module):
@@ -104,9 +117,10 @@ class LSTMVQA(nn.Module):
         q = self.question_vector(questions, lengths)
         fusion = self.config.fusion
         if fusion == "none":
-            return self.head(q)
+            return _answer(self.head, q, self.tok_emb)
         v = self.image_vector(images)
-        return self.head(torch.cat((v, q), dim=-1) if fusion == "concat" else v * q)
+        z = torch.cat((v, q), dim=-1) if fusion == "concat" else v * q
+        return _answer(self.head, z, self.tok_emb)
 
 
 class TransformerVQA(ImageTextTransformer):
@@ -140,7 +154,7 @@ class TransformerVQA(ImageTextTransformer):
         real = torch.arange(L, device=questions.device)[None, :] < lengths[:, None]  # (B, L)
         x = self.run_text(questions, self.image_tokens(images), mask=real[:, None, None, :])
         pooled = (x * real[..., None]).sum(1) / lengths[:, None].to(x.dtype)  # (B, D)
-        return self.head(pooled)
+        return _answer(self.head, pooled, self.tok_emb)
 
 
 def build_vqa(config: VQAConfig) -> LSTMVQA | TransformerVQA:
