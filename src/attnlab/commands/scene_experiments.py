@@ -1,4 +1,5 @@
-"""``attnlab experiment vqa-bias | caption-retrieval | caption-features``: the scene experiments
+"""``attnlab experiment vqa-bias | caption-retrieval | caption-bptt | caption-features``: the
+scene experiments
 (registered by :mod:`attnlab.commands.multimodal`; the work is in :mod:`attnlab.experiments`)."""
 
 from __future__ import annotations
@@ -72,6 +73,20 @@ def register_experiments(experiments) -> None:
     )
     e.add_argument("--n-eval", type=int, default=200, help="val and unseen scenes captioned")
     e = exp_args(
+        "caption-bptt",
+        "LSTM captioner: truncated backpropagation through time vs full, accuracy by position",
+        "runs/caption-bptt",
+        2000,
+        _run_caption_bptt,
+    )
+    # fmt: off
+    add_flags(e, [
+        ("--windows", int, [0, 2], "truncation windows in words, 0 = full (default 0 2)",
+         {"nargs": "+"}),
+        ("--n-eval", int, 200, "val scenes measured"),
+    ])
+    # fmt: on
+    e = exp_args(
         "caption-features",
         "CNN+LSTM captioner from the classifier's logits vs its penultimate features",
         "runs/caption-features",
@@ -105,6 +120,16 @@ def _run_caption_retrieval(args: argparse.Namespace) -> int:
     cfg = from_args(cr.CaptionRetrievalConfig, args, beam_size=args.beam)
     print("Captioners: composition vs retrieval\n")
     print(cr.format_table(cr.run(cfg)))
+    return 0
+
+
+def _run_caption_bptt(args: argparse.Namespace) -> int:
+    from attnlab.commands.config_args import from_args
+    from attnlab.experiments import caption_bptt
+
+    cfg = from_args(caption_bptt.CaptionBPTTConfig, args)
+    print("LSTM captioner: truncated vs full backpropagation through time\n")
+    print(caption_bptt.format_table(caption_bptt.run(cfg)))
     return 0
 
 

@@ -17,12 +17,15 @@ from torch import Tensor, nn
 from attnlab.config.base import ConfigError
 from attnlab.data.scenes import SceneSet, Vocab, images_to_tensor
 from attnlab.decoding.search import Hypothesis, beam_search
+from attnlab.errors import UserError
 from attnlab.layers import evaluating
 from attnlab.metrics.captions import score_captions
 from attnlab.tasks.losses import cross_entropy
 from attnlab.tasks.scenes import SceneTask, SceneTaskConfig, forward_with_aux, pad_ids
 
 __all__ = [
+    "accuracy_by_position",
+    "truncated_logits",
     "CaptionTaskConfig",
     "CaptionTask",
     "decode_captions",
@@ -40,14 +43,19 @@ class CaptionTaskConfig(SceneTaskConfig):
             precision.
         pretrain_steps: ``attnlab train caption`` first trains the encoder as a majority-shape
             classifier for this many steps (0: no pre-training).
+        bptt_window: LSTM captioner only: truncated backpropagation through time, the recurrent
+            state detached every this many words (0: full backpropagation from ``<end>`` back
+            to the image feature, the lecture's prescription).
     """
 
     eval_scenes: int = 64
     pretrain_steps: int = 0
+    bptt_window: int = 0
 
     def validate(self) -> None:
         super().validate()
         self.positive("eval_scenes")
+        self.positive("bptt_window", allow_zero=True)
         if self.pretrain_steps < 0:
             raise ConfigError(
                 f"pretrain_steps (--pretrain-steps) must be >= 0, got {self.pretrain_steps}"
@@ -79,7 +87,13 @@ class CaptionTask(SceneTask):
 
     def loss(self, model: nn.Module, batch: dict, cfg: Any) -> tuple[Tensor, dict[str, float]]:
         tokens = batch["tokens"]
-        logits, aux = forward_with_aux(model, batch["images"], tokens[:, :-1])  # (B, L-1, V)
+        if self.config.bptt_window:
+            logits, aux = (
+                truncated_logits(model, batch["images"], tokens[:, :-1], self.config.bptt_window),
+                None,
+            )
+        else:
+            logits, aux = forward_with_aux(model, batch["images"], tokens[:, :-1])  # (B, L-1, V)
         target = tokens[:, 1:].masked_fill(tokens[:, 1:] == Vocab.PAD, -100)
         loss = cross_entropy(logits, target, label_smoothing=getattr(cfg, "label_smoothing", 0.0))
         with torch.no_grad():
@@ -121,6 +135,60 @@ class CaptionTask(SceneTask):
                 model, vocab, sset, range(min(n, len(sset))), train_captions=train_caps
             )
         return out
+
+
+def truncated_logits(model: nn.Module, images: Tensor, tokens: Tensor, window: int) -> Tensor:
+    """Teacher-forced logits ``(B, L, V)`` of an LSTM captioner with truncated backpropagation
+    through time: the words run ``window`` at a time and the recurrent state is detached between
+    windows, so the loss of a word reaches back at most ``window`` steps — and only the first
+    window's words reach the image feature that set h₀, c₀.
+
+    Raises:
+        UserError: a model without a recurrent state (the Transformer captioners).
+    """
+    base = getattr(model, "module", model)
+    if not hasattr(base, "run_words"):
+        raise UserError(
+            f"bptt_window (truncated backpropagation) is for the LSTM captioner, not "
+            f"{getattr(base, 'kind', type(base).__name__)}"
+        )
+    state = base.initial_state(images)
+    out = []
+    for s in range(0, tokens.shape[1], window):
+        logits, state = base.run_words(tokens[:, s : s + window], state)
+        out.append(logits)
+        state = type(state)(state.h.detach(), state.c.detach())  # the truncation
+    return torch.cat(out, dim=1)
+
+
+@torch.no_grad()
+def accuracy_by_position(model: nn.Module, task: CaptionTask, n: int = 200) -> list[float]:
+    """Teacher-forced next-word accuracy at each caption position on ``n`` validation scenes
+    (every reference caption of each scene): entry t is the accuracy of predicting word t + 1
+    from the image and the reference words before it (positions with fewer than 20 words left
+    out at the end)."""
+    sset = task.sets("val")
+    idx = np.arange(min(n, len(sset)))
+    device = next(model.parameters()).device
+    hits: list[float] = []
+    counts: list[float] = []
+    with evaluating(model):
+        for i in idx:
+            caps = sset.captions[i]
+            tokens = pad_ids([task.vocab.encode_caption(c) for c in caps]).to(device)
+            images = images_to_tensor(sset.images[[i] * len(caps)]).to(device)
+            logits = model(images, tokens[:, :-1])
+            target = tokens[:, 1:]
+            ok = target != Vocab.PAD
+            right = ((logits.argmax(-1) == target) & ok).sum(0).tolist()
+            seen = ok.sum(0).tolist()
+            for t, (r, c) in enumerate(zip(right, seen, strict=True)):
+                if t >= len(hits):
+                    hits.append(0.0)
+                    counts.append(0.0)
+                hits[t] += r
+                counts[t] += c
+    return [h / c for h, c in zip(hits, counts, strict=True) if c >= 20]
 
 
 @torch.no_grad()

@@ -126,6 +126,11 @@ class LSTMCaptioner(nn.Module):
         c = self.init_c(f).view(B, Y, D)  # (B, Y, D)
         return LSTMCaptionState(h, c)
 
+    def run_words(self, tokens: Tensor, state: LSTMCaptionState) -> tuple[Tensor, LSTMCaptionState]:
+        """Logits ``(B, L, V)`` of ``tokens (B, L)`` read from ``state``, and the state after them
+        (what truncated backpropagation through time runs window by window)."""
+        return self._run(tokens, state)
+
     def _run(self, tokens: Tensor, state: LSTMCaptionState) -> tuple[Tensor, LSTMCaptionState]:
         h, c = (s.transpose(0, 1).contiguous() for s in (state.h, state.c))  # (Y, B, D)
         out, (h, c) = self.lstm(self.drop(self.tok_emb(tokens)), (h, c))  # out (B, L, D)
