@@ -175,6 +175,7 @@ CASES: dict[tuple, tuple[list[str], list]] = {
     ),
     ("train", "caption"): (["--n-train", "16", "--n-val", "8", *TRAIN], ["--config"]),
     ("train", "vqa"): (["--n-train", "16", "--n-val", "8", *TRAIN], ["--config"]),
+    ("train", "clip"): (["--n-train", "16", "--n-val", "8", *TRAIN], ["--config"]),
     ("train", "mlm"): (
         ["--data", "inputs/small.txt", "--preset", "tiny", "--seq-len", "16", *TRAIN],
         ["--data", "--config"],
@@ -196,6 +197,8 @@ CASES: dict[tuple, tuple[list[str], list]] = {
     ),
     ("experiment", "vqa-bias"): (["--n-train", "16", "--models", "blind", *EXPERIMENT], []),
     ("experiment", "caption-retrieval"): (["--n-train", "16", "--n-eval", "4", *EXPERIMENT], []),
+    ("experiment", "caption-bptt"): (["--n-train", "16", "--n-eval", "4", *EXPERIMENT], []),
+    ("experiment", "clip"): (["--n-train", "16", "--n-eval", "4", *EXPERIMENT], []),
     ("experiment", "caption-features"): (
         ["--n-train", "16", "--n-eval", "4", "--pretrain-steps", "1", *EXPERIMENT],
         [],
@@ -259,6 +262,7 @@ CASES: dict[tuple, tuple[list[str], list]] = {
     ("samples",): (["runs/img_cnn", "--n", "3", "--out", OUT], [0]),
     ("caption",): (["runs/cap_lstm", "inputs/scene_0.png"], [0, 1]),
     ("ask",): (["runs/vqa_lstm", "inputs/scene_0.png", "what colour is the circle?"], [0, 1]),
+    ("zero-shot",): (["runs/clip", "inputs/scene_0.png", "--prompts", "a red circle"], [0, 1]),
     ("scene",): (["--out", OUT], []),
     ("bench", "attention"): (["--n", "32", "--backends", "math", "--out", OUT], []),
     ("bench", "long-context"): (["--seq-len", "32", "--preset", "tiny", "--no-measure"], []),
@@ -418,6 +422,10 @@ def sandbox(tmp_path_factory) -> Path:
         tiny_t5 = [*CASES[("train", "t5-span")][0], "--steps", "2", "--eval-every", "2"]
         tiny_t5[tiny_t5.index(OUT)] = str(runs / "t5")
         assert main(["train", "t5-span", *tiny_t5]) == 0
+        tiny_clip = [*CASES[("train", "clip")][0], "--image-size", "16", "--eval-every", "3"]
+        tiny_clip += ["--set", "task.eval_scenes=4"]
+        tiny_clip[tiny_clip.index(OUT)] = str(runs / "clip")
+        assert main(["train", "clip", *tiny_clip]) == 0  # (for zero-shot)
     return work
 
 
