@@ -101,7 +101,7 @@ def register(groups) -> None:
     )
     # fmt: off
     add_flags(e, [
-        ("--out", None, "runs/clip", "output directory (default %(default)s)"),
+        ("--out", None, "runs/clip-towers", "output directory (default %(default)s)"),
         ("--steps", int, 800, "steps per model (default 800)"),
         ("--max-time", float, None, "seconds of training per model (overrides --steps)",
          {"metavar": "SECONDS"}),

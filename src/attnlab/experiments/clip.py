@@ -50,7 +50,7 @@ class ClipExperimentConfig(SceneExperimentConfig):
         n_eval: held-out scenes of each measurement.
     """
 
-    out: str = "runs/clip"
+    out: str = "runs/clip-towers"
     lr: float = 2e-3
     n_train: int = 3000
     text_towers: list[str] = field(default_factory=lambda: list(TEXT_TOWERS))
