@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,8 +70,6 @@ def _read_text_file(path: Path) -> str | None:
 
 
 def _stdlib_text(max_chars: int) -> str:
-    import sysconfig
-
     root = Path(sysconfig.get_paths()["stdlib"])
     parts, size = [], 0
     for path in stdlib_files():

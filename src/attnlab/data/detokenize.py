@@ -26,6 +26,7 @@ are decoded as a whole each time and the new text is what was added.
 from __future__ import annotations
 
 import codecs
+import json
 from functools import lru_cache
 
 __all__ = ["StreamDecoder", "token_bytes_table"]
@@ -48,8 +49,6 @@ def _byte_of_symbol() -> dict[str, int]:
 def token_bytes_table(tokenizer) -> list[bytes] | None:
     """The bytes of every id of a byte-level BPE ``tokenizers.Tokenizer`` (added tokens as their
     UTF-8 text), or None when the tokenizer is not byte-level."""
-    import json
-
     data = json.loads(tokenizer.to_str())
     if (data.get("decoder") or {}).get("type") != "ByteLevel":
         return None

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from attnlab.data.encoding import Encoder, check_workers, token_dtype
 from attnlab.data.shards import (
@@ -60,6 +61,11 @@ from attnlab.data.tokenizers import (
 )
 from attnlab.errors import UserError
 from attnlab.fileio import atomic_write_text
+
+try:
+    import fcntl  # POSIX only: without it the cache is not locked
+except ImportError:
+    fcntl = None
 
 __all__ = [
     "BPE_SAMPLE_CHARS",
@@ -122,8 +128,6 @@ class PrepareSummary:
 
 
 def _progress(progress: bool, total: int, desc: str, initial: int = 0) -> Any:
-    from tqdm.auto import tqdm
-
     return tqdm(
         total=total,
         initial=initial,
@@ -466,9 +470,7 @@ def _locked(path: Path) -> Iterator[None]:
     leaves only what it prepared in the cache, and a refused one (an empty corpus) nothing.
     A process that locked a file deleted meanwhile by the holder locks the new one instead.
     """
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock
+    if fcntl is None:  # not POSIX: no lock
         yield
         return
     while True:

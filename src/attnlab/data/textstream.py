@@ -18,11 +18,13 @@ pieces come out therefore depends on the text only, never on how it was read.
 from __future__ import annotations
 
 import codecs
+import hashlib
 import re
 import sysconfig
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from pydoc_data.topics import topics
 
 from attnlab.errors import UserError
 
@@ -90,14 +92,10 @@ def stdlib_files() -> list[Path]:
 
 def pydoc_text() -> str:
     """CPython's help topics (``pydoc_data.topics``), joined in sorted order."""
-    from pydoc_data.topics import topics
-
     return "\n\n".join(topics[k].strip("\n") for k in sorted(topics)) + "\n"
 
 
 def _builtin(name: str, max_chars: int | None) -> Document:
-    import hashlib
-
     if name == "pydoc":
         text = pydoc_text()
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]

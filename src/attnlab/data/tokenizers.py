@@ -30,6 +30,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from attnlab.errors import RunDirError, UserError
 from attnlab.fileio import atomic_write_text
 
@@ -171,8 +173,6 @@ class ByteBPETokenizer(_SavedTokenizer):
         Raises:
             UserError: ``vocab_size`` below 256.
         """
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
         if vocab_size < 256:
             raise UserError(
                 "a byte-level BPE vocabulary needs at least 256 tokens (one per "
@@ -209,8 +209,6 @@ class ByteBPETokenizer(_SavedTokenizer):
 
     @classmethod
     def from_json(cls, text: str) -> ByteBPETokenizer:
-        from tokenizers import Tokenizer
-
         return cls(Tokenizer.from_str(text))
 
 
@@ -321,8 +319,6 @@ def as_hf_tokenizer(tok: CharTokenizer | ByteBPETokenizer | TokenizerWithSpecial
     characters joined); BERT's specials, if any, are added special tokens with their ids. A BPE
     tokenizer is its own ``tokenizers`` object.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
     base = tok.base if isinstance(tok, TokenizerWithSpecials) else tok
     if isinstance(base, ByteBPETokenizer):
         return Tokenizer.from_str(tok.to_json())

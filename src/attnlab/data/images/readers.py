@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
 from attnlab.data.images.splits import ImageSplits, hold_out_val, split_images
@@ -44,7 +45,7 @@ IMAGE_EXTENSIONS = (
 
 def load_digits(*, seed: int = 0) -> ImageSplits:
     """scikit-learn's 8×8 digits (pixel values 0–16 scaled to [0, 1]), 1 channel, 10 classes."""
-    from sklearn.datasets import load_digits as sk_load_digits
+    from sklearn.datasets import load_digits as sk_load_digits  # heavy: scikit-learn takes ~1 s
 
     d = sk_load_digits()
     images = torch.tensor(d.images, dtype=torch.float32)[:, None] / 16.0  # (N, 1, 8, 8)
@@ -59,8 +60,6 @@ def resize_image(im, width: int, height: int):
     a box filter: each output pixel is the mean of its block, so an enlarged copy reads back as
     the original. Any other size is bilinear (PIL's, which widens the filter when shrinking).
     """
-    from PIL import Image
-
     if im.size == (width, height):
         return im
     fx, fy = im.size[0] / width, im.size[1] / height
@@ -81,8 +80,6 @@ def read_image(path: str | Path, *, image_size: int | None = None, channels: int
         FileNotFoundError: no such file.
         UserError: the file is not a readable image (the message names it).
     """
-    from PIL import Image, UnidentifiedImageError
-
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"image file {str(path)!r} does not exist")

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 
 from attnlab.data.scenes.captions import scene_captions
 from attnlab.data.scenes.questions import scene_questions
@@ -67,8 +68,6 @@ class SceneSet:
             Each scene's text lines: a header, ``captions:``, the captions, ``questions:``, one
             ``[type] question -> answer`` line each.
         """
-        from PIL import Image  # (Pillow: only where images are written or read)
-
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         texts = []

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
+from attnlab.data.images.readers import resize_image
 from attnlab.data.scenes.world import COLOURS, Scene
 from attnlab.errors import UserError
 
@@ -61,10 +63,6 @@ def read_scene_image(path: str | Path, image_size: int, *, resize: bool = True) 
     Raises:
         UserError: the file is missing, not an image, or of the wrong size and not ``resize``.
     """
-    from PIL import Image, UnidentifiedImageError
-
-    from attnlab.data.images.readers import resize_image
-
     path = Path(path)
     if not path.exists():
         raise UserError(f"image file {str(path)!r} does not exist")

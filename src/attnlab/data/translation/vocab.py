@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 from attnlab.config.translation import VOCAB_LEVELS, TranslationTaskConfig
 from attnlab.errors import UserError, did_you_mean
 from attnlab.fileio import atomic_write_text
@@ -105,8 +107,6 @@ class Vocab:
         self.bpe_json = bpe_json
         self._bpe = None
         if level == "bpe":
-            from tokenizers import Tokenizer
-
             if bpe_json is None:
                 raise ValueError("a BPE vocabulary needs its tokenizer (bpe_json)")
             self._bpe = Tokenizer.from_str(bpe_json)
@@ -131,8 +131,6 @@ class Vocab:
         """
         texts = list(texts)
         if level == "bpe":
-            from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
             tok = Tokenizer(models.BPE(unk_token=UNK))
             tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
             tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
