@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from attnlab.errors import RunDirError, UserError
+from attnlab.plotting import pyplot
 from attnlab.runs import atomic_write_text
 from attnlab.train import TrainConfig, TrainingDiverged, cross_entropy, train
 
@@ -328,9 +329,7 @@ def test_existing_run_dir_is_protected(tmp_path):
 def warm_imports():
     """Budgets under a second: the first optimizer (torch imports its compiler then) and the
     first plot (matplotlib) take a second or more once per process; pay it before the clock."""
-    from attnlab.train.curves import load_matplotlib
-
-    load_matplotlib()
+    pyplot()
     torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
 
 

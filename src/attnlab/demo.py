@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from attnlab.errors import UserError
+from attnlab.plotting import pyplot
 
 __all__ = ["run_demo"]
 
@@ -47,10 +48,7 @@ def _plot_val_curves(
     read 4 batches (``eval_batches``), the star at the end is the final model on the whole
     validation split (``final``: the number the printed table shows). ``same`` says what the
     models share ("60 s each")."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from attnlab.runs import atomic_save
 
@@ -84,9 +82,8 @@ def _plot_val_curves(
                 color=line.get_color() if line else None,
                 label=f"{name} (train)",
             )
-    from matplotlib.ticker import FuncFormatter
 
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:,.0f}"))
     ax.set_xlabel("training tokens")
     ax.set_ylabel("cross-entropy (nats / char)")
     ax.set_title(f"pydoc, character level: {same}, same batches and trainer")

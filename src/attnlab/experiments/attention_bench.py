@@ -25,6 +25,7 @@ from typing import Any
 
 from attnlab.config.base import Config
 from attnlab.experiments.sparse_bench import bench_attention_fn, estimate_extra_gb
+from attnlab.plotting import pyplot
 
 __all__ = [
     "BenchConfig",
@@ -353,11 +354,7 @@ def _ok(row: dict | None) -> bool:
 
 def plot_results(rows: list[dict], path: str | Path, cfg: BenchConfig) -> Path:
     """Log-log plot: time and peak memory against N, one line per backend, per mode."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
+    plt = pyplot()
 
     modes = list(cfg.modes)
     fig, axes = plt.subplots(2, len(modes), figsize=(5.5 * len(modes), 8), squeeze=False)
@@ -379,7 +376,7 @@ def plot_results(rows: list[dict], path: str | Path, cfg: BenchConfig) -> Path:
             ax.set_yscale("log")
             ns = sorted({r["n"] for r in rows if r["mode"] == mode})
             ax.set_xticks(ns, [f"{n:,}" for n in ns])  # 512, 1,024 ... rather than 2⁹, 2¹⁰
-            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.xaxis.set_minor_formatter(plt.NullFormatter())
             ax.set_xlabel("sequence length N")
             ax.set_ylabel("ms" if key == "time_s" else "MiB")
             ax.set_title(f"{'forward' if mode == 'fwd' else 'forward+backward'} {label}")

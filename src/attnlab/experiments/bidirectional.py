@@ -34,6 +34,7 @@ from attnlab.errors import RunDirError, UserError
 from attnlab.experiments.common import undertrained
 from attnlab.experiments.training import train_settings
 from attnlab.fileio import atomic_write_text
+from attnlab.plotting import pyplot
 
 __all__ = ["BidirectionalConfig", "run_bidirectional", "inside_word_positions", "summarise"]
 
@@ -162,10 +163,7 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
 
 
 def _plot(path: Path, rows: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 3.6))
     width = 0.38

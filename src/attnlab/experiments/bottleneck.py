@@ -23,6 +23,7 @@ from attnlab.config.base import Config
 from attnlab.errors import RunDirError
 from attnlab.experiments.common import undertrained
 from attnlab.experiments.training import numbers_data, train_settings, translation_model
+from attnlab.plotting import pyplot
 
 __all__ = ["BottleneckConfig", "run_bottleneck", "format_table", "summarise"]
 
@@ -233,10 +234,7 @@ def summarise(results: dict) -> str:
 
 def plot_bottleneck(results: dict, path: str | Path) -> None:
     """Exact match (%) against source length bucket, one line per model."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from attnlab.fileio import atomic_save
 

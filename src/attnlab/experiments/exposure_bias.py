@@ -35,6 +35,7 @@ import torch
 
 from attnlab.config.translation import ScheduledSamplingConfig
 from attnlab.experiments import common, training
+from attnlab.plotting import pyplot
 
 __all__ = ["ExposureBiasConfig", "run_exposure_bias", "schedule_for", "DECAYS", "length_buckets"]
 
@@ -319,10 +320,7 @@ def summarise(results: dict) -> str:
 
 def plot_exposure_bias(results: dict, path: str | Path) -> None:
     """Three panels: ε over training, the two NLLs per run, exact match by output length."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from attnlab.fileio import atomic_save
 

@@ -32,6 +32,7 @@ from attnlab.experiments import common
 from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results
 from attnlab.experiments.training import train_settings
 from attnlab.layers import evaluating
+from attnlab.plotting import pyplot
 
 __all__ = [
     "ExtrapolationConfig",
@@ -296,10 +297,7 @@ def summarise(results: dict) -> str:
 
 def plot_loss_by_position(results: dict, path: str | Path) -> None:
     """Loss by position at the longest length (learned: at L), a dashed line at L."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from attnlab.fileio import atomic_save
 

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.experiments import common
+from attnlab.plotting import pyplot
 
 __all__ = [
     "GrokkingConfig",
@@ -408,10 +409,7 @@ def summarise(results: dict) -> str:
 
 def plot_grokking(results: dict, path: str | Path) -> None:
     """Train and test accuracy and loss over steps (log-scale step axis), one colour per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from attnlab.fileio import atomic_save
 

@@ -61,6 +61,7 @@ from attnlab.experiments.induction_data import (
 )
 from attnlab.inspect import ablate_heads
 from attnlab.models.lm import DecoderLM
+from attnlab.plotting import pyplot
 
 __all__ = [
     "InductionConfig",
@@ -513,10 +514,7 @@ def summarise(results: dict) -> str:
 def plot_induction(results: dict, path: str | Path) -> None:
     """Per setting (a row), over steps: the best last-layer prefix-matching score, the deepest
     model's layer-1 previous-token score, and the second-copy loss (against ln V)."""
-    import matplotlib  # optional plotting dependency
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # optional plotting dependency
+    plt = pyplot()
 
     from attnlab.fileio import atomic_save
 

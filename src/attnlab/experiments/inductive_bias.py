@@ -40,6 +40,7 @@ from attnlab.errors import RunDirError, UserError
 from attnlab.experiments import common
 from attnlab.fileio import atomic_save, atomic_write_text
 from attnlab.models.vision.factory import build_image_classifier
+from attnlab.plotting import pyplot
 from attnlab.tasks.distill import Teacher
 from attnlab.tasks.image import ImageClassificationTask, load_task_data
 from attnlab.train import TrainConfig, train
@@ -396,10 +397,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = result["table"]
     n = [r["n_train"] for r in rows]

@@ -26,6 +26,7 @@ from pathlib import Path
 from attnlab.experiments import common
 from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results, undertrained_lm
 from attnlab.experiments.training import train_settings
+from attnlab.plotting import pyplot
 
 __all__ = ["NormPlacementConfig", "run_norm_placement", "init_grad_norms", "NORMS"]
 
@@ -220,10 +221,7 @@ def summarise(results: dict) -> str:
 
 def plot_norm_placement(results: dict, path: str | Path) -> None:
     """Three panels: gradient norm by layer at init; loss curves without and with warm-up."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from attnlab.fileio import atomic_save
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from attnlab.experiments import common
 from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results, undertrained_lm
 from attnlab.experiments.training import train_settings
+from attnlab.plotting import pyplot
 
 __all__ = ["WarmupConfig", "run_warmup"]
 
@@ -189,10 +190,7 @@ def summarise(results: dict) -> str:
 
 def plot_warmup(results: dict, path: str | Path) -> None:
     """Two panels: final loss by peak rate (every seed, diverged seeds marked); loss curves."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from attnlab.fileio import atomic_save
 

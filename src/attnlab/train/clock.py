@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 
+from attnlab.plotting import pyplot
 from attnlab.train.config import TrainConfig
 from attnlab.train.distributed import broadcast_float
 
@@ -67,9 +68,7 @@ class Budget:
     """
 
     def __init__(self, max_time: float, *, warn: bool = True, device=None) -> None:
-        from attnlab.train.curves import load_matplotlib
-
-        load_matplotlib()  # a one-off import (the first loss plot's), not what a validation costs
+        pyplot()  # a one-off import (the first loss plot's), not what a validation costs
         self.max_time = max_time
         self.device = device
         self.step_time: float | None = None  # running mean of one optimizer step (seconds)

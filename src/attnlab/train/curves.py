@@ -5,28 +5,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 from attnlab.fileio import atomic_save
+from attnlab.plotting import pyplot
 
-__all__ = ["plot_curves", "read_metrics", "load_matplotlib", "smoothing_floor"]
-
-
-def load_matplotlib():
-    """``matplotlib.pyplot`` for PNG files (imported on first use: it takes a second).
-
-    The Agg backend is chosen only where nothing chose one before: a pyplot already in use or
-    ``MPLBACKEND`` (Jupyter's inline backend) is left as it is, so training in a notebook does
-    not stop the notebook's own figures from showing.
-    """
-    import matplotlib
-
-    if "matplotlib.pyplot" not in sys.modules and not os.environ.get("MPLBACKEND"):
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+__all__ = ["plot_curves", "read_metrics", "smoothing_floor"]
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
@@ -75,8 +59,7 @@ def plot_curves(
     Raises:
         FileNotFoundError: if the metrics file does not exist.
     """
-    plt = load_matplotlib()
-    from matplotlib.ticker import FuncFormatter
+    plt = pyplot()
 
     records = read_metrics(metrics_jsonl_path)
     settings = _run_settings(Path(metrics_jsonl_path))
@@ -121,7 +104,7 @@ def plot_curves(
         values = [v for _, v in train + val if v > 0]
         if values and max(values) / min(values) > 10:
             ax.set_yscale("log")
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+        ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:,.0f}"))
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
         ax.set_title(title or Path(metrics_jsonl_path).parent.name or "training")

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from attnlab.plotting import pyplot
 from attnlab.runs import atomic_save
 
 __all__ = ["plot_attention", "plot_attention_grid", "MAX_TICKS", "tick_labels", "visible"]
@@ -67,10 +68,7 @@ def _label_axis(ax, axis: str, tokens: Sequence[str] | None, n: int, name: str, 
 
 
 def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     return plt
 

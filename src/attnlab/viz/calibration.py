@@ -11,6 +11,7 @@ from pathlib import Path
 
 from attnlab.fileio import atomic_save
 from attnlab.metrics.calibration import ReliabilityBin
+from attnlab.plotting import pyplot
 
 __all__ = ["plot_reliability"]
 
@@ -36,10 +37,7 @@ def plot_reliability(
     Returns:
         ``path``.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     n = max(1, len(diagrams))
     fig, axes = plt.subplots(1, n, figsize=(3.4 * n, 3.6), squeeze=False)

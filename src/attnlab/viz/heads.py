@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 
 from attnlab.inspect.diagnostics import HeadScores
+from attnlab.plotting import pyplot
 from attnlab.runs import atomic_save
 
 __all__ = ["plot_head_scores", "SCORES"]
@@ -34,10 +35,7 @@ def plot_head_scores(scores: Sequence[HeadScores], path: str | os.PathLike) -> l
     Returns:
         The names of the panels drawn.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
 
     rows = list(dict.fromkeys((s.stack, s.attention, s.layer) for s in scores))

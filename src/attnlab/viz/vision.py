@@ -20,6 +20,7 @@ from torch import Tensor
 
 from attnlab.fileio import atomic_save
 from attnlab.layers import evaluating
+from attnlab.plotting import pyplot
 
 __all__ = ["cls_attention", "attention_rollout", "overlay_attention", "plot_vit_attention"]
 
@@ -91,10 +92,7 @@ def overlay_attention(
         path: output PNG.
         title: figure title.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     if image.dim() != 3 or image.shape[0] not in (1, 3):
         raise ValueError(f"image must be (1 or 3, H, W), got {tuple(image.shape)}")

@@ -1,0 +1,24 @@
+"""matplotlib's ``pyplot`` for PNG files (no display needed), imported on first use."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["pyplot"]
+
+
+def pyplot():
+    """The ``matplotlib.pyplot`` module.
+
+    The Agg backend is chosen only where nothing chose one before: a pyplot already in use or
+    ``MPLBACKEND`` (Jupyter's inline backend) is left as it is, so training in a notebook does
+    not stop the notebook's own figures from showing.
+    """
+    import matplotlib  # heavy (about a second): imported only when a figure is drawn
+
+    if "matplotlib.pyplot" not in sys.modules and not os.environ.get("MPLBACKEND"):
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # heavy, as above; after the backend is chosen
+
+    return plt
