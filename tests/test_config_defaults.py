@@ -20,7 +20,7 @@ from torch import nn
 import attnlab.config as C
 from attnlab.config import BlockConfig
 from attnlab.config.multimodal import SceneModelConfig
-from attnlab.layers import build_block
+from attnlab.layers.builders import build_block
 
 #: the config that builds the modules of each models/ file (BlockConfig for everything else)
 FAMILY_CONFIG = {

@@ -13,7 +13,7 @@ from attnlab.attention import key_padding_mask
 from attnlab.attention.cache import KVCache
 from attnlab.attention.linformer import LinformerProjection
 from attnlab.config import BlockConfig, ConfigError, ModelConfig
-from attnlab.layers import build_block
+from attnlab.layers.builders import build_block
 from attnlab.models.builders import multi_head_attention
 from attnlab.models.lm import DecoderLM
 

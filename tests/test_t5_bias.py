@@ -9,7 +9,8 @@ import torch
 
 from attnlab.attention.cache import KVCache
 from attnlab.config import BlockConfig, ModelConfig
-from attnlab.layers import T5RelativeBias, build_block, build_positions
+from attnlab.layers import T5RelativeBias
+from attnlab.layers.builders import build_block, build_positions
 from attnlab.models.builders import multi_head_attention, transformer_block
 from attnlab.models.lm import DecoderLM
 

@@ -42,7 +42,7 @@ def swiglu_hidden(d_model: int, multiple_of: int = 8) -> int:
 
 @dataclass
 class BlockConfig(Config):
-    """The fields of one Transformer block (see :func:`attnlab.layers.build_block`).
+    """The fields of one Transformer block (see :func:`attnlab.layers.builders.build_block`).
 
     Attributes:
         d_model: residual width C.

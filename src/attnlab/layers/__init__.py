@@ -1,6 +1,11 @@
 """Transformer building blocks: positions, norms, FFNs, mixture of experts, drop-path, patch
-embedding, the block, the RNN baselines' recurrent stacks, the cross-entropy, and the ``evaluating``
-mode switch."""
+embedding, the RNN baselines' recurrent stacks, the cross-entropy, and the ``evaluating`` mode
+switch.
+
+The block (:mod:`attnlab.layers.block`) and the builders (:mod:`attnlab.layers.builders`) are
+imported from their modules: they need :mod:`attnlab.attention`, whose multi-head layer needs
+this package's norms and positions, so importing them here would make the two packages' inits
+import each other."""
 
 from attnlab.layers.drop_path import DropPath, drop_path
 from attnlab.layers.ffn import MLP, GatedFFN, SwiGLU
@@ -45,14 +50,8 @@ __all__ = [
     "SwiGLU",
     "GatedFFN",
     "T5RelativeBias",
-    "TransformerBlock",
     "alibi_bias",
     "alibi_slopes",
-    "build_attention",
-    "build_block",
-    "build_ffn",
-    "build_final_norm",
-    "build_positions",
     "check_images",
     "cross_entropy",
     "drop_path",
@@ -64,23 +63,3 @@ __all__ = [
     "sinusoidal_table",
     "stacked_rnn",
 ]
-
-
-def __getattr__(name: str):
-    # block.py and builders.py need attnlab.attention, whose multi-head layer needs layers.norm/position:
-    # importing it here eagerly would make the two package inits import each other
-    if name == "TransformerBlock":
-        from attnlab.layers import block
-
-        return block.TransformerBlock
-    if name in (
-        "build_attention",
-        "build_block",
-        "build_ffn",
-        "build_final_norm",
-        "build_positions",
-    ):
-        from attnlab.layers import builders
-
-        return getattr(builders, name)
-    raise AttributeError(f"module 'attnlab.layers' has no attribute {name!r}")

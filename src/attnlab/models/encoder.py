@@ -79,7 +79,7 @@ class EncoderMLM(nn.Module):
         pos_emb: the position module (only the learned one has weights, ``pos_emb.weight``).
         type_emb: ``nn.Embedding(type_vocab_size, C)``, token types (segments A/B).
         emb_norm: the norm over the summed embeddings (``nn.Identity`` without ``embed_norm``).
-        blocks: ``nn.ModuleList`` of :class:`~attnlab.layers.TransformerBlock`.
+        blocks: ``nn.ModuleList`` of :class:`~attnlab.layers.block.TransformerBlock`.
         norm_f: final norm of pre-norm encoders (``nn.Identity`` for post-norm ones).
         head: the :class:`MLMHead` (its decoder weight is ``tok_emb.weight`` when tied).
 

@@ -7,7 +7,7 @@ The defaults are the paper's: post-norm residuals, sinusoidal positions, ReLU FF
 self-attention that ignores source padding, decoder self-attention that is causal, and
 cross-attention from every decoder position to the (unpadded) encoder outputs. Pre-norm, RoPE,
 ALiBi, learned positions, RMSNorm, SwiGLU, MoE... are fields of :class:`Seq2SeqConfig` (a
-:class:`attnlab.config.BlockConfig`): every block is built by :func:`attnlab.layers.build_block`,
+:class:`attnlab.config.BlockConfig`): every block is built by :func:`attnlab.layers.builders.build_block`,
 the block the decoder-only LM and ViT use. Positions go through the one interface of
 :mod:`attnlab.layers.position`: the model owns one position module (``pos_emb``) whose ``embed``
 adds absolute positions and whose ``rotate``/``bias`` (RoPE, ALiBi) the blocks' self-attention
@@ -60,7 +60,7 @@ class Seq2SeqTransformer(nn.Module):
 
     Attributes:
         src_emb, tgt_emb: token embeddings; pos_emb: the position module (shared by both stacks);
-        encoder, decoder: ``nn.ModuleList`` of :class:`attnlab.layers.TransformerBlock` (the
+        encoder, decoder: ``nn.ModuleList`` of :class:`attnlab.layers.block.TransformerBlock` (the
         decoder's with cross-attention); enc_norm, dec_norm: final norms (``nn.Identity`` without
         ``final_norm``); lm_head: output projection (the target embedding when tied).
     """

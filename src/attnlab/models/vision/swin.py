@@ -14,7 +14,7 @@ scale. Swin puts both back:
   and projected to 2C: the resolution halves and the width doubles, giving a CNN-like hierarchy.
 
 Norms, the MLP and the residuals act on each token alone, and rolling and window partitioning only
-reorder tokens, so a Swin block is the shared :class:`~attnlab.layers.TransformerBlock` run on the
+reorder tokens, so a Swin block is the shared :class:`~attnlab.layers.block.TransformerBlock` run on the
 windows as a batch, with the window table (and the shift mask) as its attention bias: see
 :class:`SwinBlock`. Hugging Face ``SwinModel`` / ``SwinForImageClassification`` checkpoints
 convert through :mod:`attnlab.interop.hf.vision`.

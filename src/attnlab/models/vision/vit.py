@@ -12,7 +12,7 @@ classified by one linear layer.
     x = x + MHA(LN(x));  x = x + MLP(LN(x))          (× n_layers)
     logits = W_head · pool(LN(x))
 
-The blocks are the shared :class:`~attnlab.layers.TransformerBlock`, built from the config's block
+The blocks are the shared :class:`~attnlab.layers.block.TransformerBlock`, built from the config's block
 fields, so GQA, QK-norm, SwiGLU, MoE and drop-path apply here too. Hugging Face ``ViTModel`` /
 ``ViTForImageClassification`` checkpoints convert through :mod:`attnlab.interop.hf.vision`.
 
