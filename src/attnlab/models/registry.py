@@ -16,6 +16,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from torch import Tensor, nn
@@ -65,9 +66,8 @@ def register_kind(
 
 def _import_all() -> None:
     """Import every module of :mod:`attnlab.models` (each registers its kinds)."""
-    import attnlab.models as package
-
-    for info in pkgutil.walk_packages(package.__path__, prefix="attnlab.models."):
+    package_dir = str(Path(__file__).parent)  # this module's package: attnlab.models
+    for info in pkgutil.walk_packages([package_dir], prefix="attnlab.models."):
         importlib.import_module(info.name)
 
 
