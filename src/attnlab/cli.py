@@ -16,6 +16,7 @@ import os
 import sys
 import time
 
+from attnlab.commands import add_eval_parser
 from attnlab.commands.parser import Parser
 from attnlab.errors import UserError
 
@@ -65,16 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(name).register(groups)
     for name, sub in groups["train"].choices.items():  # (`train translate` has its own --task)
         sub.set_defaults(train_kind=name)
-    from attnlab.commands import add_eval_parser
 
     add_eval_parser(top)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from attnlab.train import clock
-
     started = time.perf_counter()
+    from attnlab.train import clock  # after `started`: --max-time counts importing torch too
+
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

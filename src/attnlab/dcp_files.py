@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from safetensors import safe_open
 from torch import nn
 
 from attnlab.errors import RunDirError
@@ -46,8 +47,6 @@ _STEP_DIR = re.compile(r"step-(\d+)\Z")
 
 def weights_step(path: str | os.PathLike) -> int | None:
     """The training step in a safetensors file's metadata (``None``: none recorded)."""
-    from safetensors import safe_open
-
     with safe_open(str(path), "pt") as f:
         meta = f.metadata() or {}
     return int(meta["step"]) if "step" in meta else None
@@ -100,6 +99,7 @@ def newest_weights(run_dir: str | os.PathLike) -> Path:
 
 def sharded_mismatch(folder: Path, shapes: dict[str, tuple[int, ...]], prefix: str) -> str | None:
     """How a sharded checkpoint's tensors ``prefix + name`` differ from ``shapes`` (None: fit)."""
+    # lazy: torch.distributed.checkpoint takes ~1.5 s to import; only sharded runs need it
     from torch.distributed.checkpoint import FileSystemReader
 
     try:
@@ -172,6 +172,7 @@ def read_sharded_weights(model: nn.Module, folder: Path, what: str) -> None:
     Raises:
         RunDirError: the checkpoint's tensors do not fit the model (named).
     """
+    # lazy: torch.distributed.checkpoint takes ~1.5 s to import; only sharded runs need it
     import torch.distributed.checkpoint as dcp
 
     state = model.state_dict()
@@ -180,7 +181,7 @@ def read_sharded_weights(model: nn.Module, folder: Path, what: str) -> None:
         raise RunDirError(
             f"{what}: the sharded checkpoint {folder} does not fit the model: {problem}"
         )
-    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.api import CheckpointException  # lazy, as dcp above
 
     try:
         with single_process_dcp():

@@ -25,8 +25,21 @@ from typing import Any
 
 import torch
 
+from attnlab.config import LMTaskConfig, ModelConfig
+from attnlab.decoding import generate
 from attnlab.errors import UserError
+from attnlab.models.lm import DecoderLM
+from attnlab.models.rnn_lm import LSTMLM, BigramConfig, BigramLM, LSTMConfig
 from attnlab.plotting import pyplot
+from attnlab.runs import atomic_save, atomic_write_text
+from attnlab.tasks.lm import LMTask
+from attnlab.train import TrainConfig, clock, train
+from attnlab.train.budget import (
+    choose_lm_settings,
+    fastest_ref_steps_per_s,
+    measure_ref_steps_per_s,
+)
+from attnlab.viz.attention import plot_attention_grid
 
 __all__ = ["run_demo"]
 
@@ -49,8 +62,6 @@ def _plot_val_curves(
     validation split (``final``: the number the printed table shows). ``same`` says what the
     models share ("60 s each")."""
     plt = pyplot()
-
-    from attnlab.runs import atomic_save
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for name, res in results.items():
@@ -135,15 +146,6 @@ def run_demo(
     Raises:
         UserError: a setting out of range; ``out`` holding other files.
     """
-    from attnlab.config import LMTaskConfig, ModelConfig
-    from attnlab.models.lm import DecoderLM
-    from attnlab.tasks.lm import LMTask
-    from attnlab.train.budget import (
-        choose_lm_settings,
-        fastest_ref_steps_per_s,
-        measure_ref_steps_per_s,
-    )
-
     say = log or (lambda s: None)
     for flag, value in (("--steps", steps), ("--val-batches", val_batches), ("--threads", threads)):
         if value is not None and value < 1:
@@ -213,12 +215,6 @@ def _run(
     out, task, transformer, choice, budget, steps, seed, device, progress, val_batches, threads, say
 ) -> dict[str, Any]:
     """The three trainings, the measurements and the figures (see :func:`run_demo`)."""
-    from attnlab.decoding import generate
-    from attnlab.models.rnn_lm import LSTMLM, BigramConfig, BigramLM, LSTMConfig
-    from attnlab.runs import atomic_write_text
-    from attnlab.train import TrainConfig, clock, train
-    from attnlab.viz.attention import plot_attention_grid
-
     V, seq_len, batch = task.vocab_size, choice.seq_len, choice.batch_size
     name_t = f"Transformer ({choice.row.n_layers}x{choice.row.d_model}, RoPE)"
     common = dict(

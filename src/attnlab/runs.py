@@ -36,9 +36,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from safetensors.torch import save_model as st_save_model
 from torch import nn
 
 from attnlab.checkpoint_check import check_run_weights, read_header, sharded_header
+from attnlab.data.images import ImageSettings
+from attnlab.data.scenes import Vocab
+from attnlab.data.tokenizers import TOKENIZER_FILE, load_tokenizer
+from attnlab.data.translation import load_vocabs
 
 # atomic writes and the sharded-checkpoint helpers live in fileio and dcp_files; their names
 # stay importable from here (earlier releases exported them)
@@ -57,6 +64,7 @@ from attnlab.dcp_files import (
     weights_step,
 )
 from attnlab.errors import RunDirError, UserError
+from attnlab.fast.quant import quantize_int8
 from attnlab.fileio import atomic_save, atomic_write_bytes, atomic_write_text
 from attnlab.models.registry import ModelKind, get_kind
 from attnlab.runspec import RunSpec, build_run, resolve
@@ -117,8 +125,6 @@ def read_config(run_dir: str | os.PathLike) -> dict:
 
 def save_model(model: nn.Module, path: str | os.PathLike) -> None:
     """Save weights as safetensors, atomically (tied weights are stored once)."""
-    from safetensors.torch import save_model as st_save_model
-
     atomic_save(path, lambda tmp: st_save_model(model, tmp))
 
 
@@ -287,8 +293,6 @@ def load_model(
         UserError: an unknown dtype or quantisation.
     """
     dtype = resolve_dtype(dtype, quantize)
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
     run_dir = Path(run_dir)
     cfg = read_config(run_dir)
@@ -321,8 +325,6 @@ def _cast(model: nn.Module, dtype: torch.dtype | None, quantize: str | None = No
             if p.is_floating_point():
                 p.data = p.data.to(dtype)
     if quantize == "int8":
-        from attnlab.fast.quant import quantize_int8
-
         quantize_int8(model)
     return model
 
@@ -360,8 +362,6 @@ def _load_state(model: nn.Module, state: dict, wpath: Path) -> None:
 
 
 def _read_tokenizer(run_dir: Path, cfg: dict) -> Any:
-    from attnlab.data.tokenizers import TOKENIZER_FILE, load_tokenizer
-
     # a run converted from a checkpoint without tokenizer.json still loads (tokenizer None)
     if not (run_dir / TOKENIZER_FILE).exists():
         return None
@@ -369,20 +369,14 @@ def _read_tokenizer(run_dir: Path, cfg: dict) -> Any:
 
 
 def _read_translation_vocab(run_dir: Path, cfg: dict) -> Any:
-    from attnlab.data.translation import load_vocabs
-
     return load_vocabs(run_dir)
 
 
 def _read_scene_vocab(run_dir: Path, cfg: dict) -> Any:
-    from attnlab.data.scenes import Vocab
-
     return Vocab.load(run_dir / "vocab.json")
 
 
 def _read_labels(run_dir: Path, cfg: dict) -> Any:
-    from attnlab.data.images import ImageSettings
-
     return ImageSettings.from_run(run_dir, cfg)
 
 

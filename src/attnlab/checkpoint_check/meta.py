@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from attnlab.checkpoint_check.explain import (
@@ -81,8 +82,6 @@ def read_header(
     Raises:
         error: a file that is missing or not safetensors (named).
     """
-    from safetensors import safe_open
-
     shapes: dict[str, tuple[int, ...]] = {}
     nbytes = 0
     files = [Path(f) for f in files]
@@ -123,6 +122,7 @@ def sharded_header(
     Raises:
         error: the metadata cannot be read.
     """
+    # lazy: torch.distributed.checkpoint takes ~1.5 s to import; only sharded runs need it
     from torch.distributed.checkpoint import FileSystemReader
 
     folder = Path(folder)

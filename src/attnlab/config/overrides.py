@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import ast
 import json
+import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from attnlab.config.base import ConfigError
 from attnlab.errors import did_you_mean
@@ -110,12 +113,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"cannot read config file {path}: {err}") from None
     try:
         if suffix == ".toml":
-            import tomllib
-
             data = tomllib.loads(text)
         elif suffix in (".yaml", ".yml"):
-            import yaml
-
             data = yaml.safe_load(text)
         elif suffix == ".json":
             data = json.loads(text)

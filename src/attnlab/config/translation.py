@@ -285,6 +285,7 @@ _DEFAULT_LEVELS = {"numbers": ("word", "bpe"), "dates": ("char", "char"), "tsv":
 
 def number_languages() -> list[str]:
     """Target languages ``num2words`` can write (English is the source)."""
+    # lazy: num2words imports ~60 modules (~0.15 s); only the number-pair corpora need it
     from num2words import CONVERTER_CLASSES
 
     return sorted(k for k in CONVERTER_CLASSES if k != "en")

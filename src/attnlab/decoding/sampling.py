@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from attnlab.decoding.interface import supports_decoding
 from attnlab.decoding.probs import next_token_probs
 from attnlab.decoding.search import Hypothesis, beam_search
+from attnlab.decoding.speculative import speculative_stream
 from attnlab.errors import UserError
 from attnlab.fast.compiled import capacity_bucket, start_static
 from attnlab.layers import evaluating
@@ -147,7 +148,6 @@ def stream_generate(
     if draft is not None or prompt_lookup is not None:
         if not use_cache:
             raise UserError("speculative decoding runs over the KV caches: drop use_cache=False")
-        from attnlab.decoding.speculative import speculative_stream
 
         rows = idx.tolist() if attention_mask is None else [
             [t for t, real in zip(r, m) if real]

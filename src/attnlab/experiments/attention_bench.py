@@ -17,15 +17,23 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import statistics
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from attnlab.config import BlockConfig
 from attnlab.config.base import Config
 from attnlab.experiments.sparse_bench import bench_attention_fn, estimate_extra_gb
+from attnlab.layers.builders import build_block
 from attnlab.plotting import pyplot
+from attnlab.runs import atomic_write_text
 
 __all__ = [
     "BenchConfig",
@@ -110,11 +118,6 @@ def estimate_gb(backend: str, n: int, cfg: BenchConfig, mode: str) -> float:
 
 def measure_case(spec: dict) -> dict:
     """Run one case in *this* process and return its timings and peak memory (see module doc)."""
-    import statistics
-    import time
-
-    import torch
-
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     device = torch.device(spec["device"])
@@ -178,7 +181,6 @@ _HWM_RESET = False
 
 def _reset_peak(device) -> None:
     global _HWM_RESET
-    import torch
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -192,8 +194,6 @@ def _reset_peak(device) -> None:
 
 
 def _memory_now(device) -> int:
-    import torch
-
     if device.type == "cuda":
         torch.cuda.synchronize()
         return torch.cuda.memory_allocated(device)
@@ -202,10 +202,6 @@ def _memory_now(device) -> int:
 
 
 def _memory_peak(device) -> int:
-    import resource
-
-    import torch
-
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     kb = _status_kb("VmHWM") if _HWM_RESET else None
@@ -394,8 +390,6 @@ def plot_results(rows: list[dict], path: str | Path, cfg: BenchConfig) -> Path:
 
 def save_results(rows: list[dict], cfg: BenchConfig, out_dir: str | Path) -> dict[str, Path]:
     """Write ``attention.json``, ``attention.md`` and ``attention.png`` into ``out_dir``."""
-    from attnlab.runs import atomic_write_text
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {
@@ -454,13 +448,6 @@ def lm_attention_memory_formula(
 
 def _measure_block(spec: dict) -> dict:
     """Forward+backward of one Transformer block at (1, seq_len, d_model), peak memory."""
-    import time
-
-    import torch
-
-    from attnlab.config import BlockConfig
-    from attnlab.layers import build_block
-
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     device = torch.device(spec["device"])

@@ -29,12 +29,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from attnlab.config import EncoderConfig, LMTaskConfig, MLMTaskConfig, ModelConfig
 from attnlab.config.base import Config
 from attnlab.errors import RunDirError, UserError
 from attnlab.experiments.common import undertrained
 from attnlab.experiments.training import train_settings
 from attnlab.fileio import atomic_write_text
+from attnlab.models.encoder import EncoderMLM
+from attnlab.models.lm import DecoderLM
 from attnlab.plotting import pyplot
+from attnlab.tasks.lm import LMTask
+from attnlab.tasks.mlm import MLMTask
+from attnlab.train import train
 
 __all__ = ["BidirectionalConfig", "run_bidirectional", "inside_word_positions", "summarise"]
 
@@ -227,13 +233,6 @@ def summarise(report: dict) -> str | None:
 
 
 def _run(cfg: BidirectionalConfig, out: Path) -> dict[str, Any]:
-    from attnlab.config import EncoderConfig, LMTaskConfig, MLMTaskConfig, ModelConfig
-    from attnlab.models.encoder import EncoderMLM
-    from attnlab.models.lm import DecoderLM
-    from attnlab.tasks.lm import LMTask
-    from attnlab.tasks.mlm import MLMTask
-    from attnlab.train import train
-
     t0 = time.perf_counter()
     T = cfg.seq_len
     data = dict(data=cfg.data, tokenizer="char", seq_len=T, seed=cfg.seed, max_chars=cfg.max_chars)

@@ -23,7 +23,11 @@ from attnlab.config.base import Config
 from attnlab.errors import RunDirError
 from attnlab.experiments.common import undertrained
 from attnlab.experiments.training import numbers_data, train_settings, translation_model
+from attnlab.fileio import atomic_save, atomic_write_text
+from attnlab.metrics.translation import evaluate_pairs, token_bleu
 from attnlab.plotting import pyplot
+from attnlab.tasks.translation import TranslationTask, train_defaults
+from attnlab.train import train
 
 __all__ = ["BottleneckConfig", "run_bottleneck", "format_table", "summarise"]
 
@@ -80,10 +84,6 @@ def run_bottleneck(cfg: BottleneckConfig, out_dir: str | Path, *, overwrite: boo
     Raises:
         RunDirError: ``out_dir`` already holds results and ``overwrite`` is not set.
     """
-    from attnlab.metrics.translation import evaluate_pairs
-    from attnlab.tasks.translation import TranslationTask, train_defaults
-    from attnlab.train import train
-
     out = Path(out_dir)
     if (out / "results.json").exists() and not overwrite:
         raise RunDirError(f"{out} already holds bottleneck results; pass --overwrite")
@@ -124,7 +124,6 @@ def run_bottleneck(cfg: BottleneckConfig, out_dir: str | Path, *, overwrite: boo
         }
     results["summary"] = summarise(results)
     out.mkdir(parents=True, exist_ok=True)
-    from attnlab.fileio import atomic_write_text
 
     atomic_write_text(out / "results.json", json.dumps(results, indent=2))
     atomic_write_text(out / "table.md", format_table(results) + "\n\n" + results["summary"] + "\n")
@@ -134,8 +133,6 @@ def run_bottleneck(cfg: BottleneckConfig, out_dir: str | Path, *, overwrite: boo
 
 def evaluate_subset(ev: dict, vocabs, idx: list[int]) -> dict:
     """Exact match and token BLEU of the hypotheses ``idx`` of an :func:`evaluate_pairs` result."""
-    from attnlab.metrics.translation import token_bleu
-
     if not idx:
         return {"exact_match": None, "bleu": None}
     hyps = [ev["hypotheses"][i] for i in idx]
@@ -235,8 +232,6 @@ def summarise(results: dict) -> str:
 def plot_bottleneck(results: dict, path: str | Path) -> None:
     """Exact match (%) against source length bucket, one line per model."""
     plt = pyplot()
-
-    from attnlab.fileio import atomic_save
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     xs = results["buckets"]

@@ -28,6 +28,9 @@ from torch import nn
 
 from attnlab.errors import RunDirError, UserError
 from attnlab.fileio import atomic_write_text
+from attnlab.tasks import to_device
+from attnlab.train.distributed import resolve_device
+from attnlab.train.optim import make_optimizer
 
 __all__ = [
     "Budget",
@@ -115,10 +118,6 @@ def seconds_per_step(
         train_cfg: the :class:`attnlab.train.TrainConfig` of the real run (batch size,
             accumulation, device).
     """
-    from attnlab.tasks import to_device
-    from attnlab.train.distributed import resolve_device
-    from attnlab.train.optim import make_optimizer
-
     device = resolve_device(train_cfg.device)
     probe = copy.deepcopy(model).to(device).train()
     optimizer = make_optimizer(probe, train_cfg, device)

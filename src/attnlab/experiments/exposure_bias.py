@@ -34,8 +34,15 @@ from pathlib import Path
 import torch
 
 from attnlab.config.translation import ScheduledSamplingConfig
+from attnlab.errors import UserError
 from attnlab.experiments import common, training
+from attnlab.fileio import atomic_save
+from attnlab.metrics.exposure import prefix_losses
+from attnlab.metrics.translation import evaluate_pairs
+from attnlab.models.translation import TRANSLATION_KINDS
 from attnlab.plotting import pyplot
+from attnlab.tasks.translation import TranslationTask, train_defaults
+from attnlab.train import train
 
 __all__ = ["ExposureBiasConfig", "run_exposure_bias", "schedule_for", "DECAYS", "length_buckets"]
 
@@ -136,13 +143,6 @@ def run_exposure_bias(
         RunDirError: ``out_dir`` holds files and ``overwrite`` is not set.
         UserError: a bad setting (unknown model or decay, a budget too small...).
     """
-    from attnlab.errors import UserError
-    from attnlab.metrics.exposure import prefix_losses
-    from attnlab.metrics.translation import evaluate_pairs
-    from attnlab.models.translation import TRANSLATION_KINDS
-    from attnlab.tasks.translation import TranslationTask, train_defaults
-    from attnlab.train import train
-
     for kind in cfg.models:
         if kind not in TRANSLATION_KINDS:
             raise UserError(f"unknown model {kind!r}; choose from {list(TRANSLATION_KINDS)}")
@@ -321,8 +321,6 @@ def summarise(results: dict) -> str:
 def plot_exposure_bias(results: dict, path: str | Path) -> None:
     """Three panels: ε over training, the two NLLs per run, exact match by output length."""
     plt = pyplot()
-
-    from attnlab.fileio import atomic_save
 
     runs = results["runs"]
     fig, (ax0, ax1, ax2) = plt.subplots(1, 3, figsize=(15, 4.2))

@@ -28,11 +28,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.errors import UserError
 from attnlab.experiments import common
-from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results
+from attnlab.experiments.lm_runs import LMExperimentConfig, lm_model, lm_results, lm_task, train_run
 from attnlab.experiments.training import train_settings
+from attnlab.fileio import atomic_save
 from attnlab.layers import evaluating
+from attnlab.layers.position import POSITION_KINDS, LearnedPositionalEmbedding
 from attnlab.plotting import pyplot
+from attnlab.tasks.lm import LMTask
 
 __all__ = [
     "ExtrapolationConfig",
@@ -73,8 +77,6 @@ def cannot_evaluate(model: nn.Module, length: int) -> str | None:
 
     A learned position table has one row per position it was built for (``max_seq_len``).
     """
-    from attnlab.layers.position import LearnedPositionalEmbedding
-
     rows = model.config.max_seq_len
     if length <= rows:
         return None
@@ -120,14 +122,10 @@ def loss_by_position(
 
 def _eval_windows(task, length: int, n_windows: int) -> tuple[Tensor, Tensor]:
     """The first ``n_windows`` consecutive held-out windows of ``length`` tokens."""
-    from attnlab.tasks.lm import LMTask
-
     long = LMTask(task.ids, task.tokenizer, task.config.replace(seq_len=length))
     xs, ys = zip(*long.eval_batches(n_windows, 1))
     idx, tgt = torch.cat(xs), torch.cat(ys)
     if idx.shape[0] == 0:
-        from attnlab.errors import UserError
-
         raise UserError(f"the held-out split has no window of {length} tokens; lower --context")
     return idx, tgt
 
@@ -146,10 +144,6 @@ def run_extrapolation(
         RunDirError: ``out_dir`` holds files and ``overwrite`` is not set.
         UserError: a bad setting.
     """
-    from attnlab.errors import UserError
-    from attnlab.experiments.lm_runs import lm_model, lm_task, train_run
-    from attnlab.layers.position import POSITION_KINDS
-
     bad = [p for p in cfg.positions if p not in POSITION_KINDS]
     if not cfg.positions or bad:
         raise UserError(f"unknown position scheme(s) {bad}; choose from {', '.join(POSITIONS)}")
@@ -298,8 +292,6 @@ def summarise(results: dict) -> str:
 def plot_loss_by_position(results: dict, path: str | Path) -> None:
     """Loss by position at the longest length (learned: at L), a dashed line at L."""
     plt = pyplot()
-
-    from attnlab.fileio import atomic_save
 
     L = results["data"]["context"]
     lengths = results["data"]["lengths"]

@@ -32,8 +32,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.config.lm import ModelConfig
+from attnlab.errors import UserError
 from attnlab.experiments import common
+from attnlab.fileio import atomic_save, atomic_write_text
+from attnlab.models.lm import DecoderLM
 from attnlab.plotting import pyplot
+from attnlab.runs import save_model
 
 __all__ = [
     "GrokkingConfig",
@@ -96,8 +101,6 @@ def modular_addition(p: int, train_fraction: float, *, seed: int = 0) -> dict[st
     Raises:
         UserError: ``p < 2`` or a fraction that leaves a split empty.
     """
-    from attnlab.errors import UserError
-
     if p < 2:
         raise UserError(f"the modulus p must be at least 2, got {p}")
     n = p * p
@@ -115,9 +118,6 @@ def modular_addition(p: int, train_fraction: float, *, seed: int = 0) -> dict[st
 def grokking_model(cfg: GrokkingConfig) -> nn.Module:
     """The one-layer :class:`DecoderLM` of the experiment (untied embedding and unembedding,
     learned positions for the three slots), initialised under ``cfg.seed``."""
-    from attnlab.config.lm import ModelConfig
-    from attnlab.models.lm import DecoderLM
-
     mcfg = ModelConfig.preset(
         "tiny",
         vocab_size=cfg.p + 1,
@@ -254,9 +254,6 @@ def train_modular(
 def save_run(model: nn.Module, run_dir: Path, task: dict, train: dict, history: list) -> None:
     """A run directory :func:`attnlab.load` opens: ``config.json`` (kind, model, ``task``,
     ``train``), ``model.safetensors`` and ``metrics.jsonl``."""
-    from attnlab.fileio import atomic_write_text
-    from attnlab.runs import save_model
-
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = {"kind": "decoder_lm", "model": model.config.to_dict(), "task": task, "train": train}
     atomic_write_text(run_dir / "config.json", json.dumps(cfg, indent=2) + "\n")
@@ -276,8 +273,6 @@ def run_grokking(cfg: GrokkingConfig, out_dir: str | Path, *, overwrite: bool = 
         RunDirError: ``out_dir`` holds files and ``overwrite`` is not set.
         UserError: a bad setting.
     """
-    from attnlab.errors import UserError
-
     if not cfg.weight_decays:
         raise UserError("give at least one weight decay")
     if cfg.steps is not None and cfg.steps < 1:
@@ -410,8 +405,6 @@ def summarise(results: dict) -> str:
 def plot_grokking(results: dict, path: str | Path) -> None:
     """Train and test accuracy and loss over steps (log-scale step axis), one colour per run."""
     plt = pyplot()
-
-    from attnlab.fileio import atomic_save
 
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2))
     for r, colour in zip(results["runs"], ("C0", "C3", "C2", "C1")):

@@ -59,6 +59,7 @@ from attnlab.experiments.induction_data import (
     repeated_spans,
     repeated_tokens,
 )
+from attnlab.fileio import atomic_save
 from attnlab.inspect import ablate_heads
 from attnlab.models.lm import DecoderLM
 from attnlab.plotting import pyplot
@@ -515,8 +516,6 @@ def plot_induction(results: dict, path: str | Path) -> None:
     """Per setting (a row), over steps: the best last-layer prefix-matching score, the deepest
     model's layer-1 previous-token score, and the second-copy loss (against ln V)."""
     plt = pyplot()
-
-    from attnlab.fileio import atomic_save
 
     settings = list(dict.fromkeys(r.get("setting", "random") for r in results["runs"]))
     fig, axes = plt.subplots(len(settings), 2, figsize=(11, 4.0 * len(settings)), squeeze=False)

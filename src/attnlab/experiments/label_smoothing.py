@@ -25,7 +25,18 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from attnlab.errors import UserError
 from attnlab.experiments import common, training
+from attnlab.metrics.calibration import (
+    ReliabilityBin,
+    confidences,
+    expected_calibration_error,
+    reliability_bins,
+)
+from attnlab.metrics.translation import evaluate_pairs, teacher_forced_tokens
+from attnlab.tasks.translation import TranslationTask, train_defaults
+from attnlab.train import train
+from attnlab.viz.calibration import plot_reliability
 
 __all__ = ["LabelSmoothingConfig", "run_label_smoothing"]
 
@@ -68,16 +79,6 @@ def run_label_smoothing(
         RunDirError: ``out_dir`` holds files and ``overwrite`` is not set.
         UserError: a bad setting.
     """
-    from attnlab.errors import UserError
-    from attnlab.metrics.calibration import (
-        confidences,
-        expected_calibration_error,
-        reliability_bins,
-    )
-    from attnlab.metrics.translation import evaluate_pairs, teacher_forced_tokens
-    from attnlab.tasks.translation import TranslationTask, train_defaults
-    from attnlab.train import train
-
     if not cfg.epsilons or not all(0.0 <= e < 1.0 for e in cfg.epsilons):
         raise UserError(f"label smoothing values must lie in [0, 1), got {cfg.epsilons}")
     budget = common.Budget(cfg.max_time)
@@ -168,9 +169,6 @@ def run_label_smoothing(
 
 
 def _plot(results: dict, path: Path) -> None:
-    from attnlab.metrics.calibration import ReliabilityBin
-    from attnlab.viz.calibration import plot_reliability
-
     diagrams = {
         f"ε = {r['epsilon']:g}": [ReliabilityBin(**b) for b in r["reliability"]]
         for r in results["runs"]

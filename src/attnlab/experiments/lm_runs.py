@@ -25,7 +25,12 @@ import torch
 from torch import nn
 
 from attnlab.config.base import Config
+from attnlab.config.lm import LMTaskConfig, ModelConfig
 from attnlab.experiments.common import undertrained
+from attnlab.models.lm import DecoderLM
+from attnlab.tasks.lm import LMTask
+from attnlab.train import TrainingDiverged, train
+from attnlab.train.checkpoint import METRICS_FILE
 
 __all__ = [
     "lm_results",
@@ -91,9 +96,6 @@ def lm_task(data: str, seq_len: int, *, max_chars: int | None = None, seed: int 
     Raises:
         UserError: an unknown corpus or one too short for ``seq_len``.
     """
-    from attnlab.config.lm import LMTaskConfig
-    from attnlab.tasks.lm import LMTask
-
     cfg = LMTaskConfig(data=data, tokenizer="char", seq_len=seq_len, max_chars=max_chars, seed=seed)
     return LMTask.build(cfg)
 
@@ -105,9 +107,6 @@ def lm_model(preset: str, vocab_size: int, *, seed: int, **overrides: Any) -> nn
     Raises:
         ConfigError: an unknown preset or a bad override.
     """
-    from attnlab.config.lm import ModelConfig
-    from attnlab.models.lm import DecoderLM
-
     overrides = {k: v for k, v in overrides.items() if v is not None}
     cfg = ModelConfig.preset(preset, vocab_size=vocab_size, dropout=0.0, **overrides)
     torch.manual_seed(seed)
@@ -149,8 +148,6 @@ def lm_results(cfg: Any, task: Any, *, data: dict | None = None, **parts: Any) -
 
 
 def _read_history(run_dir: Path) -> list[dict]:
-    from attnlab.train.checkpoint import METRICS_FILE
-
     path = run_dir / METRICS_FILE
     if not path.exists():
         return []
@@ -169,8 +166,6 @@ def train_run(model: nn.Module, task: Any, train_cfg: Any, run_dir: Path) -> dic
         (bool), "diverged_at" (the step whose loss was non-finite, else None), "how"
         ("non-finite loss", "loss blew up", "no progress" or "")}``.
     """
-    from attnlab.train import TrainingDiverged, train
-
     diverged_at = None
     try:
         res = train(model, task, train_cfg, run_dir)

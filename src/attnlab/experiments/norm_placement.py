@@ -23,9 +23,20 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnlab.errors import UserError
 from attnlab.experiments import common
-from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results, undertrained_lm
+from attnlab.experiments.lm_runs import (
+    DIVERGED_MEANS,
+    LMExperimentConfig,
+    layer_grad_norms,
+    lm_model,
+    lm_results,
+    lm_task,
+    train_run,
+    undertrained_lm,
+)
 from attnlab.experiments.training import train_settings
+from attnlab.fileio import atomic_save
 from attnlab.plotting import pyplot
 
 __all__ = ["NormPlacementConfig", "run_norm_placement", "init_grad_norms", "NORMS"]
@@ -56,8 +67,6 @@ def init_grad_norms(
 ) -> list[float]:
     """The gradient norm of each block's parameters of a freshly initialised ``DecoderLM``
     (``seed``), on training batch 0."""
-    from attnlab.experiments.lm_runs import layer_grad_norms, lm_model
-
     model = lm_model(preset, vocab_size, seed=seed, n_layers=depth, norm_position=norm, **kw)
     return layer_grad_norms(model, task, task.get_batch("train", 0, batch_size))
 
@@ -76,9 +85,6 @@ def run_norm_placement(
         RunDirError: ``out_dir`` holds files and ``overwrite`` is not set.
         UserError: a bad setting.
     """
-    from attnlab.errors import UserError
-    from attnlab.experiments.lm_runs import DIVERGED_MEANS, lm_model, lm_task, train_run
-
     if not cfg.depths or any(d < 1 for d in cfg.depths):
         raise UserError(f"depths must be positive layer counts, got {cfg.depths}")
     if not 0.0 < cfg.warmup_frac < 1.0:
@@ -222,8 +228,6 @@ def summarise(results: dict) -> str:
 def plot_norm_placement(results: dict, path: str | Path) -> None:
     """Three panels: gradient norm by layer at init; loss curves without and with warm-up."""
     plt = pyplot()
-
-    from attnlab.fileio import atomic_save
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     styles = {"post": "-", "pre": "--"}

@@ -28,7 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
+from attnlab.attention import scaled_dot_product_attention
+from attnlab.attention import scaled_dot_product_attention as attend
 from attnlab.fileio import atomic_write_text
 
 __all__ = [
@@ -68,10 +71,6 @@ def bench_attention_fn(spec: dict, q, k, v, backward: bool) -> tuple[Callable[[]
     Raises:
         ValueError: Linformer asked for causal attention or for more rows than the sequence.
     """
-    import torch
-
-    from attnlab.attention import scaled_dot_product_attention
-
     options = dict(spec["options"])
     if spec["backend"] != "linformer":
         return (
@@ -97,9 +96,6 @@ def bench_attention_fn(spec: dict, q, k, v, backward: bool) -> tuple[Callable[[]
 
 
 def _inputs(kind: str, b: int, h: int, n: int, d: int, gen):
-    import torch
-    import torch.nn.functional as F
-
     if kind == "iid":
         return [torch.randn(b, h, n, d, generator=gen) for _ in range(3)]
     if kind != "smooth":
@@ -136,10 +132,6 @@ def linformer_error(
     Raises:
         ValueError: ``k > n`` or an unknown input kind.
     """
-    import torch
-
-    from attnlab.attention import scaled_dot_product_attention as attend
-
     if not 1 <= k <= n:
         raise ValueError(f"linformer k={k} must be between 1 and the sequence length N={n}")
     gen = torch.Generator().manual_seed(seed)

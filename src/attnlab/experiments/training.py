@@ -9,6 +9,9 @@ from typing import Any
 
 from attnlab.config.base import Config
 from attnlab.config.train import TrainConfig
+from attnlab.config.translation import TranslationTaskConfig
+from attnlab.data.translation import build_data
+from attnlab.models.translation import build_translation_model
 
 __all__ = ["train_settings", "NumbersExperimentConfig", "numbers_data", "translation_model"]
 
@@ -56,9 +59,6 @@ def numbers_data(cfg: Any, **settings: Any) -> Any:
     """The numbers task of a translation experiment: ``cfg``'s ``lang``, ``high``, ``n_examples``
     and ``seed``, plus ``settings`` (``low``, split fractions...); a
     :class:`~attnlab.data.translation.TranslationData`."""
-    from attnlab.config.translation import TranslationTaskConfig
-    from attnlab.data.translation import build_data
-
     shared = {name: getattr(cfg, name) for name in ("lang", "high", "n_examples", "seed")}
     return build_data(TranslationTaskConfig(task="numbers", **shared, **settings))
 
@@ -66,8 +66,6 @@ def numbers_data(cfg: Any, **settings: Any) -> Any:
 def translation_model(kind: str, data: Any, preset: str) -> Any:
     """A translation model of ``kind`` sized for ``data``'s vocabularies, with positions for
     twice its longest sentence (plus 16)."""
-    from attnlab.models.translation import build_translation_model
-
     longest = max(data.stats["max_src_len"], data.stats["max_tgt_len"])
     return build_translation_model(
         kind, len(data.src_vocab), len(data.tgt_vocab), preset=preset, max_seq_len=2 * longest + 16

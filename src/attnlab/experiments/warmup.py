@@ -22,9 +22,19 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnlab.errors import UserError
 from attnlab.experiments import common
-from attnlab.experiments.lm_runs import LMExperimentConfig, lm_results, undertrained_lm
+from attnlab.experiments.lm_runs import (
+    DIVERGED_MEANS,
+    LMExperimentConfig,
+    lm_model,
+    lm_results,
+    lm_task,
+    train_run,
+    undertrained_lm,
+)
 from attnlab.experiments.training import train_settings
+from attnlab.fileio import atomic_save
 from attnlab.plotting import pyplot
 
 __all__ = ["WarmupConfig", "run_warmup"]
@@ -63,9 +73,6 @@ def run_warmup(cfg: WarmupConfig, out_dir: str | Path, *, overwrite: bool = Fals
         RunDirError: ``out_dir`` holds files and ``overwrite`` is not set.
         UserError: a bad setting.
     """
-    from attnlab.errors import UserError
-    from attnlab.experiments.lm_runs import DIVERGED_MEANS, lm_model, lm_task, train_run
-
     if not cfg.lrs or not all(lr > 0 for lr in cfg.lrs):
         raise UserError(f"peak learning rates must be positive, got {cfg.lrs}")
     if cfg.seeds < 1:
@@ -191,8 +198,6 @@ def summarise(results: dict) -> str:
 def plot_warmup(results: dict, path: str | Path) -> None:
     """Two panels: final loss by peak rate (every seed, diverged seeds marked); loss curves."""
     plt = pyplot()
-
-    from attnlab.fileio import atomic_save
 
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(13, 4.5))
     warm = results["warmup_steps"]

@@ -21,9 +21,10 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.capture import capture_attention
+from attnlab.data.scenes import SceneConfig, SceneSet
 from attnlab.decoding import greedy_search
 from attnlab.errors import UserError
-from attnlab.explore.images import image_payload
+from attnlab.explore.images import image_payload, png_bytes
 from attnlab.explore.payload import LayerAttention, group_layers, head_dim_of, make_view
 from attnlab.explore.vision import grid_spec, patch_labels, read_input_image
 from attnlab.runs import LoadedRun
@@ -183,9 +184,6 @@ def explain(run: LoadedRun, inp) -> dict:
 def default_scene(run: LoadedRun):
     """The first ``val`` scene of seed 0 at the model's size (what ``attnlab scene`` writes as
     ``scene_0.png``): ``(PNG bytes, its questions)``."""
-    from attnlab.data.scenes import SceneConfig, SceneSet
-    from attnlab.explore.images import png_bytes
-
     sset = SceneSet(SceneConfig(image_size=int(run.model.config.image_size)), "val", 1, 0)
     image = torch.from_numpy(sset.images[0]).permute(2, 0, 1).float() / 255.0  # (3, S, S)
     return png_bytes(image), sset.questions[0]

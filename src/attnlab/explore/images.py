@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 
 from attnlab.data.images.readers import resize_image
@@ -68,8 +69,6 @@ def decode_image(
     Raises:
         UserError: empty, oversized or undecodable data.
     """
-    from PIL import Image, UnidentifiedImageError
-
     if not data:
         raise UserError(f"{name} is empty")
     if len(data) > MAX_IMAGE_BYTES:
@@ -90,8 +89,6 @@ def decode_image(
 
 def png_bytes(image: Tensor) -> bytes:
     """``(C, H, W)`` in [0, 1] (C = 1 or 3) -> the bytes of a PNG file."""
-    from PIL import Image
-
     a = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu()
     arr = a[0].numpy() if a.shape[0] == 1 else a.permute(1, 2, 0).numpy()
     buf = io.BytesIO()

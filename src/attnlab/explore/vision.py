@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.capture import capture_attention
+from attnlab.data.images import load_digits, make_shapes
 from attnlab.errors import UserError
 from attnlab.explore.images import decode_image, image_payload, png_bytes
 from attnlab.explore.payload import (
@@ -197,12 +198,8 @@ def default_input(run: LoadedRun) -> dict | None:
     task = run.task
     source, seed = task.get("data"), int(task.get("seed") or 0)
     if source == "digits":
-        from attnlab.data.images import load_digits
-
         images = load_digits(seed=seed).test[0]
     elif source == "shapes":
-        from attnlab.data.images import make_shapes
-
         size = int(task.get("image_size") or run.tokenizer.image_shape[-1])
         label = task.get("shapes_label") or "shape"
         images = make_shapes(20, size, label=label, seed=seed).test[0]

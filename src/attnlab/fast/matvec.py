@@ -35,6 +35,7 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.flop_counter import register_flop_formula
 
 __all__ = ["Linear", "matvec", "matvec_available", "use_matvec"]
 
@@ -154,7 +155,7 @@ def _put_ninja_on_path() -> None:
     # interpreter of a virtual environment that is used without being activated
     if shutil.which("ninja") is None:
         try:
-            import ninja
+            import ninja  # the kernel build's tool: imported only when the kernel is built
 
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         except ImportError:
@@ -186,6 +187,7 @@ def _extension():
     if not _cpu_has_avx2_fma():
         return None
     try:
+        # lazy: the C++ kernel build (torch's extension loader) runs only when a fast path asks
         from torch.utils.cpp_extension import _get_build_directory, load_inline
 
         _put_ninja_on_path()
@@ -221,7 +223,6 @@ def matvec_available() -> bool:
 
 def _register_fake() -> None:
     # shapes for torch.compile, and FLOPs for torch.utils.flop_counter (2·N·K, as F.linear)
-    from torch.utils.flop_counter import register_flop_formula
 
     @torch.library.register_fake("attnlab::matvec")
     def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab.attention.core import check_backend
 from attnlab.config import ConfigError, LMTaskConfig, MLMTaskConfig
 from attnlab.config.base import Config
 from attnlab.config.overrides import load_config_file, parse_overrides
@@ -321,8 +322,6 @@ def _check_resume(spec: RunSpec, saved: Mapping[str, Any]) -> None:
 def _check_backend(config: Config) -> None:
     """Run the attention backend once on a tiny input: a bad backend fails before the corpus."""
     if hasattr(config, "backend"):
-        from attnlab.attention.core import check_backend  # the attention layer: its own check
-
         check_backend(config.backend, config.backend_options, dropout_p=config.attn_dropout)
 
 

@@ -36,6 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
+
+from attnlab.config.lm import PRESETS, ModelConfig
+from attnlab.models.lm import DecoderLM
 
 __all__ = [
     "BudgetRow",
@@ -86,8 +90,6 @@ class BudgetRow:
 
     def model_fields(self) -> dict[str, Any]:
         """The :class:`attnlab.config.ModelConfig` fields (a ``gpt2-mini``-style model, RoPE)."""
-        from attnlab.config.lm import PRESETS
-
         return {
             **PRESETS["gpt2-mini"],
             "n_layers": self.n_layers,
@@ -265,11 +267,6 @@ def measure_ref_steps_per_s(
     tokens, after two warm-up steps; a low quartile of at least three. The random-number state is
     saved and restored, so measuring does not change a seeded run.
     """
-    import torch.nn.functional as F
-
-    from attnlab.config.lm import ModelConfig
-    from attnlab.models.lm import DecoderLM
-
     row = REFERENCE
     rng = torch.get_rng_state()
     try:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_model
 from torch import nn
 
 from attnlab import dcp_files, fileio
@@ -43,7 +44,9 @@ from attnlab.fileio import (
     lock_holder,
     remove_temporaries,
 )
+from attnlab.runs import check_resumable
 from attnlab.train import distributed as dist_utils
+from attnlab.train.curves import plot_curves
 
 __all__ = [
     "CONFIG_FILE",
@@ -207,8 +210,6 @@ def check_run_dir(
                 f"cannot resume {str(run_dir)!r}: no checkpoint there (missing "
                 f"{', '.join(missing)})"
             )
-        from attnlab.runs import check_resumable
-
         check_resumable(run_dir)  # config.json against the weights, before any build
         return
     if run_dir.exists() and _holds_files(run_dir):
@@ -306,8 +307,6 @@ def clear_run_dir(run_dir: Path) -> None:
 
 
 def _weights_writer(model: nn.Module, step: int):
-    from safetensors.torch import save_model
-
     return lambda tmp: save_model(model, tmp, metadata={"step": str(step)})
 
 
@@ -377,8 +376,6 @@ def plot_loss(run_dir: Path, kept: int) -> None:
     Raises:
         RunWriteError: it could not be written (``kept``: the checkpoint on disk).
     """
-    from attnlab.train.curves import plot_curves
-
     with writing("loss curve", kept):
         plot_curves(run_dir / METRICS_FILE, run_dir / CURVE_FILE)
 

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from attnlab.errors import UserError
 from attnlab.layers.block import TransformerBlock
@@ -66,6 +67,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def _fsdp():
     """``fully_shard``, ``FSDPModule``, ``MixedPrecisionPolicy`` (public since torch 2.6)."""
+    # lazy: torch.distributed.fsdp takes ~1 s to import; only FSDP runs (torchrun) need it
     try:
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
     except ImportError:  # torch 2.5
@@ -183,8 +185,7 @@ def shard_model(model: nn.Module, cfg: TrainConfig, device: torch.device) -> lis
     Returns:
         The names of the units.
     """
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import register_fsdp_forward_method
+    from torch.distributed.fsdp import register_fsdp_forward_method  # lazy, as in _fsdp()
 
     fully_shard, _, _ = _fsdp()
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
@@ -253,6 +254,7 @@ def full_state_dict(model: nn.Module) -> dict[str, Tensor]:
     A collective: every rank calls it; the others get ``{}``. Used for the consolidated
     ``model.safetensors`` / ``best.safetensors``.
     """
+    # lazy: torch.distributed.checkpoint takes ~1.5 s to import; only sharded runs need it
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     full = get_model_state_dict(

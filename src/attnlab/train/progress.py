@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from attnlab.train.checkpoint import Progress
 from attnlab.train.config import TrainConfig
 
@@ -16,8 +18,6 @@ def open_bar(cfg: TrainConfig, prog: Progress) -> Any:
 
     Redirected to a file or a CI log, it writes a line every 30 s instead of redrawing per step.
     """
-    from tqdm.auto import tqdm
-
     quiet = {} if sys.stderr.isatty() else {"mininterval": 30.0}
     if cfg.timed:
         return tqdm(

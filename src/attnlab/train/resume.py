@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, load_model
 from torch import nn
 
 from attnlab import dcp_files, runs
@@ -79,8 +80,6 @@ def _load_whole(
     run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, device
 ) -> None:
     """Weights from model.safetensors, optimizer from state.pt (checked to be of one step)."""
-    from safetensors.torch import load_file, load_model
-
     what = f"cannot resume {str(run_dir)!r}"
     step = state["progress"]["step"]
     weights_step = dcp_files.weights_step(run_dir / LAST_FILE)

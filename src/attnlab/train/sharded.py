@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from safetensors.torch import save_file
 from torch import nn
 
 from attnlab import dcp_files
@@ -150,6 +151,7 @@ def save_sharded(
         RunWriteError: on every rank, when any rank could not write its part; the previous
             checkpoint is kept whole.
     """
+    # lazy: torch.distributed.checkpoint takes ~1.5 s to import; only sharded runs need it
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -220,6 +222,7 @@ def load_sharded(
         RunDirError: the checkpoint is from another model (config or tensor shapes, named), or
             cannot be read.
     """
+    # lazy: torch.distributed.checkpoint takes ~1.5 s to import; only sharded runs need it
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -253,6 +256,7 @@ def load_full_into_sharded(
     Raises:
         RunDirError: the weights or the optimizer state do not fit.
     """
+    # lazy: torch.distributed.checkpoint takes ~1.5 s to import; only sharded runs need it
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     for names in param_names(model).values():  # a tied tensor is stored under one name
@@ -288,8 +292,6 @@ def write_consolidated(
     path: Path, model: nn.Module, step: int, *, main: bool, device: torch.device, kept: int
 ) -> None:
     """Every rank: gather the weights and (rank 0) write them to ``path`` as safetensors."""
-    from safetensors.torch import save_file
-
     weights = full_state_dict(model)  # a collective; {} on the other ranks
     error = None
     if main:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import numpy as np
+
 from attnlab.inspect.diagnostics import HeadScores
 from attnlab.plotting import pyplot
 from attnlab.runs import atomic_save
@@ -36,7 +38,6 @@ def plot_head_scores(scores: Sequence[HeadScores], path: str | os.PathLike) -> l
         The names of the panels drawn.
     """
     plt = pyplot()
-    import numpy as np
 
     rows = list(dict.fromkeys((s.stack, s.attention, s.layer) for s in scores))
     n_heads = max(s.head for s in scores) + 1

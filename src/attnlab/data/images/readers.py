@@ -45,7 +45,8 @@ IMAGE_EXTENSIONS = (
 
 def load_digits(*, seed: int = 0) -> ImageSplits:
     """scikit-learn's 8×8 digits (pixel values 0–16 scaled to [0, 1]), 1 channel, 10 classes."""
-    from sklearn.datasets import load_digits as sk_load_digits  # heavy: scikit-learn takes ~1 s
+    # lazy: scikit-learn takes a second or more to import; only this data set needs it
+    from sklearn.datasets import load_digits as sk_load_digits
 
     d = sk_load_digits()
     images = torch.tensor(d.images, dtype=torch.float32)[:, None] / 16.0  # (N, 1, 8, 8)

@@ -57,7 +57,8 @@ def make_numbers(
     Raises:
         UserError: unknown language or an empty/negative range.
     """
-    from num2words import num2words  # heavy (~0.15 s, 60 modules): only number-pair corpora need it
+    # lazy: num2words imports ~60 modules (~0.15 s); only the number-pair corpora need it
+    from num2words import num2words
 
     check_number_language(lang)
     if low < 0 or high < low:

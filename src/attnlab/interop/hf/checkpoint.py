@@ -15,9 +15,19 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor
 
+from attnlab.data.tokenizers import (
+    ByteBPETokenizer,
+    CharTokenizer,
+    TokenizerWithSpecials,
+    as_hf_tokenizer,
+    tokenizer_from_json,
+)
 from attnlab.errors import UserError
+from attnlab.fileio import atomic_save, atomic_write_text
 
 __all__ = [
     "CONFIG_NAME",
@@ -98,8 +108,6 @@ def read_hf_config(path: str | os.PathLike) -> dict:
 
 def _open(shard: Path):
     """``safe_open`` with unreadable files reported as a UserError naming the file."""
-    from safetensors import safe_open
-
     try:
         return safe_open(str(shard), "pt")
     except Exception as err:  # safetensors raises its own error type for a corrupted file
@@ -208,8 +216,6 @@ def load_hf_tokenizer(path: str | os.PathLike):
     Raises:
         UserError: the file is not a readable ``tokenizers`` JSON.
     """
-    from attnlab.data.tokenizers import tokenizer_from_json
-
     tok_path = check_dir(path) / TOKENIZER_NAME
     if not tok_path.exists():
         return None
@@ -236,13 +242,6 @@ def tokenizer_json(tokenizer) -> str | None:
     Raises:
         UserError: something that is neither a tokenizer nor a tokenizer.json path.
     """
-    from attnlab.data.tokenizers import (
-        ByteBPETokenizer,
-        CharTokenizer,
-        TokenizerWithSpecials,
-        as_hf_tokenizer,
-    )
-
     if tokenizer is None:
         return None
     if isinstance(tokenizer, (str, os.PathLike)):
@@ -328,10 +327,6 @@ def write_checkpoint(
     Returns:
         ``path``.
     """
-    from safetensors.torch import save_file
-
-    from attnlab.fileio import atomic_save, atomic_write_text
-
     # safetensors refuses tensors sharing storage (q/k/v are views of one qkv weight)
     sd = {
         n: t.detach().to("cpu", dtype or t.dtype).contiguous().clone()
