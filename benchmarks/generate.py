@@ -43,10 +43,12 @@ from pathlib import Path
 
 import torch
 
+import attnlab
 from attnlab.config import ModelConfig
 from attnlab.decoding import generate
 from attnlab.fast import CompiledDecoder, Int8Linear, for_decoding
 from attnlab.models.lm import DecoderLM
+from attnlab.tasks.lm import LMTask
 
 sys.path.insert(0, str(Path(__file__).parent))
 from train_throughput import hf_gpt2_from  # noqa: E402  (the same weight copy as that benchmark)
@@ -255,9 +257,6 @@ def throughput_table(args, models, hfs, device: str) -> None:
 
 def agreement(args, device: str) -> None:
     """How often bf16 and int8 greedy continuations equal fp32's, on a trained run."""
-    import attnlab
-    from attnlab.tasks.lm import LMTask
-
     fp32 = attnlab.load(args.agreement, map_location=device)
     task = LMTask.from_config(fp32.task, fp32.tokenizer)
     T, k, P = 64, 64, args.prompts

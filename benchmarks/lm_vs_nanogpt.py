@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import attnlab
+
 sys.path.insert(0, str(Path(__file__).parent))
 from pydoc_score import pydoc_task, score  # noqa: E402
 
@@ -189,7 +191,6 @@ def main() -> None:
         peer = score(lambda x: _nanogpt_logits(model, x), val_ids, device=args.device)
         label = "nanoGPT CPU recipe (4x128, block 64, batch 12)"
         rows.append((label, peer_s, PEER["max_iters"], peer))
-    import attnlab
 
     for budget in [peer_s, *args.budgets]:
         out = work / f"attnlab_{budget:.0f}s"

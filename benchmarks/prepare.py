@@ -144,6 +144,7 @@ def measure_train(path: str, vocab: int, work: Path) -> dict:
 
 
 def child(how: str, kind: str, vocab: int, path: str, work: str) -> None:
+    # each path is imported inside its branch: the child's peak memory is the one path's alone
     t0 = time.perf_counter()
     if how == "new":
         from attnlab.data.prepare import prepare_corpus

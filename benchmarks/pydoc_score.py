@@ -17,6 +17,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from attnlab.config import LMTaskConfig
+from attnlab.tasks.lm import LMTask
+
 __all__ = ["WINDOW", "pydoc_task", "windows", "score"]
 
 WINDOW = 64
@@ -25,9 +28,6 @@ WINDOW = 64
 def pydoc_task(seq_len: int = WINDOW, max_chars: int | None = None):
     """attnlab's character-level pydoc task (last 10 % held out), with a window of ``seq_len``
     (``max_chars``: only the corpus's first characters, for smoke tests)."""
-    from attnlab.config import LMTaskConfig
-    from attnlab.tasks.lm import LMTask
-
     config = LMTaskConfig(
         data="pydoc", tokenizer="char", seq_len=seq_len, seed=0, max_chars=max_chars
     )

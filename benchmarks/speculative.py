@@ -40,6 +40,10 @@ from pathlib import Path
 
 import torch
 
+from attnlab import cli
+from attnlab.interop import to_hf
+from attnlab.tasks.lm import LMTask
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch._dynamo.config.recompile_limit = 64
 
@@ -57,8 +61,6 @@ DRAFT = {"d_model": 128, "n_layers": 1, "n_heads": 4}
 
 def train_run(out: Path, model: dict, seconds: float, seq_len: int, seed: int) -> Path:
     """Train (or reuse) a GPT-2 style char LM on pydoc for ``seconds``."""
-    from attnlab.cli import main
-
     settings = {"model": model, "seconds": seconds, "seq_len": seq_len, "seed": seed}
     marker = out / "bench_settings.json"
     if marker.exists() and json.loads(marker.read_text()) == settings:
@@ -69,7 +71,7 @@ def train_run(out: Path, model: dict, seconds: float, seq_len: int, seed: int) -
     argv += ["--max-time", str(seconds), "--batch-size", "8", "--lr", "3e-3", "--warmup", "5"]
     argv += ["--seed", str(seed), "--no-progress", "--out", str(out), "--overwrite"]
     print(f"training {out.name}: {model}, {seconds:g} s ...", flush=True)
-    if main(argv) != 0:
+    if cli.main(argv) != 0:
         raise SystemExit(f"training {out} failed")
     marker.write_text(json.dumps(settings))
     return out
@@ -82,8 +84,6 @@ def load(run: Path, setting: str):
 
 def held_out_prompts(loaded, n: int, length: int) -> list[list[int]]:
     """``n`` prompts of ``length`` tokens, evenly spaced over the held-out split."""
-    from attnlab.tasks.lm import LMTask
-
     task = LMTask.from_config(loaded.task, loaded.tokenizer)
     val = task.splits["val"]
     ids = val[: len(val)].astype("int64").tolist()
@@ -149,9 +149,7 @@ def hf_fn(hf, n: int, **kw):
 
 
 def export_hf(run: Path, folder: Path, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
-
-    from attnlab.interop import to_hf
+    from transformers import AutoModelForCausalLM  # heavy optional (the test extra): HF side only
 
     if not (folder / "config.json").exists():
         with contextlib.redirect_stdout(io.StringIO()):

@@ -60,7 +60,10 @@ def _sync(device: str) -> None:
 
 def hf_gpt2_from(model: DecoderLM):
     """A GPT2LMHeadModel with the same configuration and weights as ``model``."""
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import (  # heavy optional (the test extra): HF side only
+        GPT2Config,
+        GPT2LMHeadModel,
+    )
 
     c = model.config
     hf_cfg = GPT2Config(
