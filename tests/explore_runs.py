@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from attnlab.data.tokenizers import CharTokenizer, TokenizerWithSpecials
 from attnlab.models.registry import get_kind
 from attnlab.runs import save_model
 
@@ -45,8 +46,6 @@ def _save(run: Path, kind: str, config, *, seed: int = 0) -> torch.nn.Module:
 
 def lm_run(run: Path, *, max_seq_len: int = 32) -> Path:
     """A decoder_lm run with a character tokenizer over :data:`LM_TEXT`'s alphabet."""
-    from attnlab.data.tokenizers import CharTokenizer
-
     tok = CharTokenizer.train(LM_TEXT + "ehlowrdbq")
     cfg = _config("decoder_lm", vocab_size=tok.vocab_size, max_seq_len=max_seq_len)
     _save(run, "decoder_lm", cfg)
@@ -57,8 +56,6 @@ def lm_run(run: Path, *, max_seq_len: int = 32) -> Path:
 def mlm_run(run: Path, *, max_seq_len: int = 32) -> Path:
     """An encoder_mlm run with a character tokenizer (plus ``[PAD] [CLS] [SEP] [MASK]``) over
     :data:`LM_TEXT`'s alphabet."""
-    from attnlab.data.tokenizers import CharTokenizer, TokenizerWithSpecials
-
     tok = TokenizerWithSpecials(CharTokenizer.train(LM_TEXT + "ehlowrdbq"))
     cfg = _config("encoder_mlm", vocab_size=tok.vocab_size, max_seq_len=max_seq_len)
     _save(run, "encoder_mlm", cfg)

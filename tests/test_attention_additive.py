@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attnlab.attention import AdditiveAttention, padding_mask
+from attnlab.attention import AdditiveAttention, capture_attention, padding_mask
 
 
 @torch.no_grad()
@@ -70,8 +70,6 @@ def test_bad_shapes_raise_naming_them():
 def test_weights_are_reported_to_a_capture_and_not_kept():
     """Inside capture_attention the layer reports exactly the α it returns, per call; outside a
     capture nothing is recorded and the module holds no weights afterwards."""
-    from attnlab.attention import capture_attention
-
     attn = AdditiveAttention(6, 5)
     s, h = torch.randn(2, 3, 6), torch.randn(2, 4, 5)
     real = padding_mask([4, 2], 4)

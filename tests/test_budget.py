@@ -6,7 +6,10 @@ import itertools
 import json
 
 import pytest
+import torch
 
+from attnlab.cli import main
+from attnlab.runspec import budget
 from attnlab.runspec.budget import (
     MAX_PARAMS_PER_TOKEN,
     REFERENCE,
@@ -129,10 +132,6 @@ def test_dropout_rises_with_the_passes_over_the_corpus():
 def test_the_speed_measurement_leaves_torch_on_the_faster_thread_count(
     monkeypatch, one_thread_faster
 ):
-    import torch
-
-    from attnlab.runspec import budget
-
     before = torch.get_num_threads()
     speeds = {1: 30.0 if one_thread_faster else 10.0, 2: 20.0}
     monkeypatch.setattr(  # the measurement itself stands in: a speed per thread count
@@ -156,8 +155,6 @@ def _cache(tmp_path, monkeypatch):
 def test_train_lm_without_a_model_uses_the_rule_and_keeps_explicit_settings(
     tmp_path, capsys, _cache
 ):
-    from attnlab.cli import main
-
     common = ["--max-chars", "40000", "--no-progress", "--eval-batches", "1"]
     run = tmp_path / "auto"
     assert main(["train", "lm", *common, "--steps", "2", "--out", str(run)]) == 0

@@ -9,17 +9,22 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import attnlab.tasks.caption as cap
 from attnlab.attention.cache import DecodeState
 from attnlab.config.multimodal import CaptionConfig
-from attnlab.data.scenes import Vocab, build_vocab, images_to_tensor
+from attnlab.data.scenes import SceneConfig, SceneSet, Vocab, build_vocab, images_to_tensor
 from attnlab.decoding.search import length_penalty
 from attnlab.errors import UserError
+from attnlab.experiments.caption_retrieval import nearest_neighbour_captions
+from attnlab.metrics.captions import score_captions
 from attnlab.models.multimodal.captioner import (
     LSTMCaptioner,
     TransformerCaptioner,
     build_captioner,
 )
+from attnlab.runs import load
 from attnlab.tasks.caption import CaptionTask, caption_metrics, decode_captions
+from attnlab.train import TrainConfig, train
 
 V = len(build_vocab())
 BANNED = (Vocab.PAD, Vocab.START)  # never generated
@@ -376,9 +381,6 @@ def test_short_training_names_objects_in_the_image(tmp_path, arch, steps, margin
     against the others: what a captioner with these word habits gets without looking). A
     uniformly random colour-shape pair would be too weak a chance level: the data favour some
     colours, so naming the common pairs blindly already beats it by half."""
-    from attnlab.runs import load
-    from attnlab.train import TrainConfig, train
-
     task = CaptionTask(n_train=1500, n_val=100, n_unseen=50)
     vocab = task.vocab
     torch.manual_seed(0)
@@ -411,9 +413,6 @@ def test_short_training_names_objects_in_the_image(tmp_path, arch, steps, margin
 def test_caption_metrics_on_known_captions(monkeypatch):
     """Reference listings of unseen scenes name their held-out combination and were never
     training captions; a fixed caption names none."""
-    import attnlab.tasks.caption as cap
-    from attnlab.data.scenes import SceneConfig, SceneSet
-
     cfg = SceneConfig()
     train_caps = SceneSet(cfg, "train", 300).caption_set()
     unseen = SceneSet(cfg, "unseen", 40, seed=5)
@@ -446,10 +445,6 @@ def test_caption_metrics_on_known_captions(monkeypatch):
 def test_nearest_neighbour_baseline_retrieves_the_closest_training_caption():
     """Queried with the training scenes themselves, the pixel-space neighbour of each scene is
     itself; scored, its captions are verbatim training captions that name only present objects."""
-    from attnlab.data.scenes import SceneConfig, SceneSet
-    from attnlab.experiments.caption_retrieval import nearest_neighbour_captions
-    from attnlab.metrics.captions import score_captions
-
     train = SceneSet(SceneConfig(), "train", 50, seed=2)
     hyps = nearest_neighbour_captions(train, train, range(50))
     assert hyps == [caps[0] for caps in train.captions]

@@ -7,6 +7,7 @@ import pytest
 from PIL import Image
 
 from attnlab.cli import main
+from attnlab.data.scenes import build_vocab
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +71,6 @@ def cap_run(tmp_path_factory):
 
 @pytest.mark.parametrize("run,beam", [("tr", "1"), ("tr", "3"), ("lstm", "2")])
 def test_caption_prints_vocabulary_words(cap_run, capsys, run, beam):
-    from attnlab.data.scenes import build_vocab
-
     capsys.readouterr()
     assert (
         main(

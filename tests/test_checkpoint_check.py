@@ -33,9 +33,13 @@ from attnlab.checkpoint_check import (
     implied_size,
     model_shapes,
     read_header,
+    sharded_header,
 )
+from attnlab.cli import main
 from attnlab.errors import RunDirError, UserError
+from attnlab.interop import from_hf
 from attnlab.models.registry import get_kind, known_kinds
+from attnlab.runs import single_process_dcp
 
 FIXTURES = Path(__file__).parent / "fixtures" / "release_0_1" / "runs"
 LIMIT = 4 << 30  # bytes of address space for the child processes
@@ -392,8 +396,6 @@ def test_classify_and_convert_of_a_vit_run_that_lies_are_one_line(refusals):
 
 
 def test_a_caption_resume_checks_the_config_before_building(tmp_path, capsys):
-    from attnlab.cli import main
-
     run = edit_config(FIXTURES / "cap_transformer", tmp_path / "run", "model", d_model=96)
     (run / "state.pt").write_bytes(b"")
     assert main(["train", "caption", "--resume", "--out", str(run)]) == 2
@@ -406,8 +408,6 @@ def test_convert_of_a_folder_without_weights_is_one_line(refusals):
 
 
 def test_a_folder_that_tells_the_truth_still_loads(hf_dirs):
-    from attnlab.interop import from_hf
-
     hf = transformers.GPT2LMHeadModel.from_pretrained(hf_dirs["gpt2"]).eval()
     ours = from_hf(hf_dirs["gpt2"])
     idx = torch.randint(0, 61, (1, 7))
@@ -435,9 +435,6 @@ def test_read_header_gives_shapes_and_bytes_without_data(tmp_path):
 
 def test_sharded_header_reads_a_distributed_checkpoint_without_data(tmp_path):
     import torch.distributed.checkpoint as dcp
-
-    from attnlab.checkpoint_check import sharded_header
-    from attnlab.runs import single_process_dcp
 
     tensors = {"a.weight": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16)}
     with single_process_dcp():

@@ -19,9 +19,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from attnlab.attention import capture_attention
 from attnlab.attention.core import scaled_dot_product_attention
 from attnlab.config.translation import TranslationTaskConfig
 from attnlab.data.translation import PAD_ID, build_data
+from attnlab.experiments.bottleneck import BottleneckConfig, run_bottleneck
 from attnlab.models.builders import multi_head_attention
 from attnlab.models.translation import build_translation_model
 from attnlab.tasks.translation import TranslationTask
@@ -126,7 +128,6 @@ def test_qk_norm_bounds_the_scores_whatever_the_scale_of_x():
     torch.manual_seed(0)
     mha = multi_head_attention(16, 2, qk_norm="rmsnorm").double()
     x = 1e4 * torch.randn(1, 6, 16, dtype=torch.float64)
-    from attnlab.attention import capture_attention
 
     with capture_attention(mha) as maps:
         mha(x)
@@ -181,8 +182,6 @@ def test_translation_loss_is_the_label_smoothing_formula(small_numbers, kind):
 def test_fixed_context_rnn_falls_well_below_rnn_attn_on_the_longest_sources(tmp_path):
     """Measured (numbers up to 10¹²−1, tiny GRUs, 300 steps of 32 at lr 4e-3): exact match on
     17–20-word sources rnn 0 %, rnn-attn 90 % (5–8 words: 58 % vs 90 %)."""
-    from attnlab.experiments.bottleneck import BottleneckConfig, run_bottleneck
-
     cfg = BottleneckConfig(
         models=("rnn", "rnn-attn"),
         high=10**12 - 1,

@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+import attnlab
 from attnlab.data.textstream import pydoc_text
 from attnlab.experiments.grokking import (
     GrokkingConfig,
@@ -94,8 +95,6 @@ def test_weight_decay_groks_and_no_decay_stays_memorised(one_thread):
 
 
 def test_grokking_runs_are_run_directories(tmp_path, one_thread):
-    import attnlab
-
     cfg = GrokkingConfig(p=7, train_fraction=0.5, d_model=16, ffn_hidden=32, steps=3,
                          weight_decays=(1.0, 0.0), progress=False)  # fmt: skip
     res = run_grokking(cfg, tmp_path)
@@ -231,8 +230,6 @@ def test_two_layers_form_an_induction_head_and_one_layer_does_not(one_thread):
 
 
 def test_induction_runs_are_run_directories(tmp_path, one_thread):
-    import attnlab
-
     cfg = InductionConfig(seq_len=16, d_model=16, n_heads=2, steps=3, max_chars=5000,
                           progress=False)  # fmt: skip
     res = run_induction(cfg, tmp_path)

@@ -9,9 +9,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.config import CaptionConfig, CNNConfig, ConfigError, ViTConfig, VQAConfig
+from attnlab.config import (
+    CaptionConfig,
+    CNNConfig,
+    ConfigError,
+    Seq2SeqConfig,
+    ViTConfig,
+    VQAConfig,
+)
 from attnlab.config.multimodal import scene_encoder
+from attnlab.layers.ffn import MLP, SwiGLU
+from attnlab.layers.norm import RMSNorm
 from attnlab.models.multimodal.captioner import build_captioner
+from attnlab.models.seq2seq import Seq2SeqTransformer
 
 RUNS = Path(__file__).parent / "fixtures" / "release_0_1" / "runs"
 
@@ -76,11 +86,6 @@ def test_a_bad_encoder_says_what_is_wrong(encoder, match):
 
 
 def test_seq2seq_stacks_can_have_their_own_block_config():
-    from attnlab.config import Seq2SeqConfig
-    from attnlab.layers.ffn import MLP, SwiGLU
-    from attnlab.layers.norm import RMSNorm
-    from attnlab.models.seq2seq import Seq2SeqTransformer
-
     cfg = Seq2SeqConfig.preset(
         "tiny", src_vocab_size=30, tgt_vocab_size=40, decoder={"ffn": "swiglu", "norm": "rmsnorm"}
     )
@@ -97,8 +102,6 @@ def test_seq2seq_stacks_can_have_their_own_block_config():
 
 
 def test_a_first_release_seq2seq_config_has_no_stack_of_its_own():
-    from attnlab.config import Seq2SeqConfig
-
     model = json.loads((RUNS / "tr_transformer" / "config.json").read_text())["model"]
     cfg = Seq2SeqConfig.from_dict(model)
     assert cfg.encoder is None and cfg.decoder is None
@@ -107,7 +110,5 @@ def test_a_first_release_seq2seq_config_has_no_stack_of_its_own():
 
 @pytest.mark.parametrize("field, value", [("d_model", 32), ("position", "rope")])
 def test_the_stacks_share_width_and_positions(field, value):
-    from attnlab.config import Seq2SeqConfig
-
     with pytest.raises(ConfigError, match=f"decoder.{field}"):
         Seq2SeqConfig.from_dict({"decoder": {field: value}})

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.config import LMTaskConfig
+from attnlab.config import LMTaskConfig, ModelConfig
 from attnlab.data import corpus as corpus_mod
 from attnlab.data.corpus import load_corpus, tokenize_cached
 from attnlab.data.tokenizers import (
@@ -16,6 +16,8 @@ from attnlab.data.tokenizers import (
     train_tokenizer,
 )
 from attnlab.errors import RunDirError, UserError
+from attnlab.layers.moe import load_balancing_loss
+from attnlab.models.lm import DecoderLM
 from attnlab.tasks.lm import LMTask
 
 
@@ -184,10 +186,6 @@ def test_splits_are_disjoint_tail_and_eval_batches_fixed(task):
 def test_loss_adds_the_moe_aux_loss(task):
     """The task's loss is CE + moe_aux_coef × the load-balancing losses of every MoE layer,
     recomputed here from each layer's router on the input that layer saw."""
-    from attnlab.config import ModelConfig
-    from attnlab.layers.moe import load_balancing_loss
-    from attnlab.models.lm import DecoderLM
-
     model = DecoderLM(
         ModelConfig.preset(
             "mixtral-tiny", vocab_size=task.vocab_size, max_seq_len=32, moe_aux_coef=0.5
@@ -216,9 +214,6 @@ def test_loss_adds_the_moe_aux_loss(task):
 
 
 def test_a_dense_model_has_no_aux_term(task):
-    from attnlab.config import ModelConfig
-    from attnlab.models.lm import DecoderLM
-
     model = DecoderLM(ModelConfig.preset("tiny", vocab_size=task.vocab_size, max_seq_len=32))
     batch = task.get_batch("train", 0, 4)
     loss, metrics = task.loss(model, batch, None)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnlab.attention.core import causal_mask, key_padding_mask, scaled_dot_product_attention
-from attnlab.attention.efficient import elu_feature_map
+from attnlab.attention.efficient import elu_feature_map, window_attention
 
 ATOL = 1e-5
 
@@ -132,8 +132,6 @@ def test_no_n_by_n_tensor_forward_or_backward(backend, opts):
 
 
 def test_window_returns_weights_only_when_asked():
-    from attnlab.attention.efficient import window_attention
-
     q = torch.randn(1, 2, 10, 4)
     out, weights = window_attention(q, q, q, scale=0.5, window=3)
     assert weights is None and out.shape == (1, 2, 10, 4)

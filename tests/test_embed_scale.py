@@ -25,6 +25,7 @@ from attnlab.config import ModelConfig
 from attnlab.errors import UserError
 from attnlab.experiments.extrapolation import loss_by_position
 from attnlab.experiments.lm_runs import lm_model, lm_task, train_run
+from attnlab.interop.hf.lm import lm_config_to_hf
 from attnlab.models.lm import DecoderLM
 from attnlab.train import TrainConfig
 
@@ -68,8 +69,6 @@ def test_embedding_is_scaled_tokens_plus_positions():
 
 
 def test_hf_export_refuses_a_scale_it_cannot_express():
-    from attnlab.interop.hf.lm import lm_config_to_hf
-
     cfg = ModelConfig.preset("tiny", embed_scale=2.0)  # learned positions: GPT-2 otherwise
     with pytest.raises(UserError, match="embed_scale=1.0, not embed_scale=2.0"):
         lm_config_to_hf(cfg, "gpt2")

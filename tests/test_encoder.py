@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from attnlab.config import EncoderConfig
 from attnlab.data.tokenizers import (
@@ -190,8 +191,6 @@ def test_char_specials_come_after_the_characters_and_round_trip(tmp_path):
 
 
 def test_bpe_specials_are_added_tokens_a_huggingface_tokenizer_reads(tmp_path):
-    from tokenizers import Tokenizer
-
     text = "def function(x):\n    return x + 1\n" * 50
     plain = train_tokenizer("bpe", text, 300)
     tok = TokenizerWithSpecials(plain)

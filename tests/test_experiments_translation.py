@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import statistics
+import tempfile
 from types import SimpleNamespace
 
 import pytest
@@ -19,19 +20,32 @@ import torch
 from attnlab.cli import main
 from attnlab.config.base import ConfigError
 from attnlab.config.translation import ScheduledSamplingConfig, TranslationTaskConfig
-from attnlab.data.translation import START_ID, build_data
+from attnlab.data.translation import START_ID, build_data, collate
 from attnlab.errors import RunDirError, UserError
-from attnlab.experiments.common import Budget, Table, prepare_out_dir, steps_within
-from attnlab.experiments.exposure_bias import length_buckets, schedule_for
+from attnlab.experiments.common import (
+    Budget,
+    Table,
+    prepare_out_dir,
+    seconds_per_step,
+    steps_within,
+)
+from attnlab.experiments.exposure_bias import (
+    ExposureBiasConfig,
+    length_buckets,
+    run_exposure_bias,
+    schedule_for,
+)
 from attnlab.metrics.calibration import (
     confidences,
     expected_calibration_error,
     reliability_bins,
 )
 from attnlab.metrics.exposure import free_running_logits, prefix_losses
+from attnlab.metrics.translation import teacher_forced_tokens
 from attnlab.models.translation import build_translation_model
 from attnlab.tasks.scheduled_sampling import draw_gold_mask, mix_inputs, uses_stepwise
-from attnlab.tasks.translation import TranslationTask
+from attnlab.tasks.translation import TranslationTask, train_defaults
+from attnlab.train import TrainConfig, train
 
 # ----------------------------------------------------------------------------------------------
 # the schedules
@@ -221,7 +235,6 @@ def test_prefix_losses_teacher_forced_part_is_the_task_loss(numbers):
     pair = numbers.splits["test"][:1]
     res = prefix_losses(model, numbers.vocabs(), pair)
     src, tgt = [numbers.src_vocab.encode(pair[0][0])], [numbers.tgt_vocab.encode(pair[0][1])]
-    from attnlab.data.translation import collate
 
     with torch.no_grad():
         loss, _ = TranslationTask(numbers).loss(
@@ -284,9 +297,6 @@ def test_budget_shares_what_remains_and_steps_fit_it():
 
 
 def test_seconds_per_step_times_training_steps_and_leaves_the_model_alone(numbers):
-    from attnlab.experiments.common import seconds_per_step
-    from attnlab.train import TrainConfig
-
     model = _model(numbers, "rnn-attn")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = TrainConfig(steps=1, batch_size=8, device="cpu", progress=False)
@@ -379,8 +389,6 @@ def test_label_smoothing_cli_writes_table_json_and_reliability_diagram(tmp_path,
 @pytest.mark.slow
 def test_exposure_bias_fits_its_budget(tmp_path):
     """--max-time: a timing probe turns the budget into equal steps for every run of a kind."""
-    from attnlab.experiments.exposure_bias import ExposureBiasConfig, run_exposure_bias
-
     cfg = ExposureBiasConfig(
         max_time=20,
         models=("rnn-attn",),
@@ -404,11 +412,6 @@ def test_exposure_bias_fits_its_budget(tmp_path):
 
 
 def _train_fixed(data, kind, steps, *, batch_size, lr, warmup, ss=None, eps=None, seed=0):
-    import tempfile
-
-    from attnlab.tasks.translation import train_defaults
-    from attnlab.train import TrainConfig, train
-
     if ss is not None:
         data = dataclasses.replace(data, config=data.config.replace(scheduled_sampling=ss))
     torch.manual_seed(seed)
@@ -459,8 +462,6 @@ def test_scheduled_sampling_shrinks_the_own_prediction_loss_gap(kind, lr, warmup
 def test_label_smoothing_lowers_the_calibration_error_of_an_overconfident_model():
     """Measured (transformer tiny, 200 training pairs, 250 steps): ε=0 is overconfident (mean
     confidence 0.538 vs accuracy 0.476, ECE 0.066); ε=0.1 has ECE 0.029 and a lower NLL."""
-    from attnlab.metrics.translation import teacher_forced_tokens
-
     data = build_data(
         TranslationTaskConfig(
             task="numbers", lang="it", n_examples=2000, val_frac=0.45, test_frac=0.45, seed=0

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import http.client
 import io
 import json
+import logging
 import math
 import re
 import socket
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +21,28 @@ import pytest
 import torch
 
 from attnlab.attention import capture_attention
-from attnlab.explore import ExploreInput, Explorer, render_page
+from attnlab.cli import main
+from attnlab.data.images import load_digits
+from attnlab.data.scenes import SceneConfig, SceneSet
+from attnlab.explore import ExploreInput, Explorer, make_server, render_page
+from attnlab.explore import server as srv
+from attnlab.explore.images import decode_image
 from attnlab.explore.payload import entropy_bits, rollout_matrix
+from attnlab.explore.text import DEFAULT_TEXT
 from attnlab.runs import load
-from explore_runs import LM_TEXT, image_file, image_run, lm_run
+from attnlab.tasks.mlm import fill_mask
+from attnlab.viz.vision import attention_rollout
+from explore_runs import (
+    LM_TEXT,
+    _config,
+    _save,
+    image_file,
+    image_run,
+    lm_run,
+    mlm_run,
+    scene_run,
+    translation_run,
+)
 
 
 def decode(arr: dict) -> torch.Tensor:
@@ -37,8 +58,6 @@ def lm(tmp_path_factory):
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     """``attnlab ARGS`` in this process (a subprocess would import torch again for each)."""
-    from attnlab.cli import main
-
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         rc = main(list(args))
@@ -100,8 +119,6 @@ def test_entropy_is_mean_row_entropy_in_bits():
 def test_rollout_matches_the_vision_rollout_and_is_row_stochastic():
     """Row 0 of the rollout matrix is the class token's rollout of attnlab.viz.vision (a live
     reference), and every row of it is a distribution."""
-    from attnlab.viz.vision import attention_rollout
-
     torch.manual_seed(0)
     w = torch.rand(3, 2, 5, 5).softmax(-1)  # (L, H, T, T)
     r = rollout_matrix(w)
@@ -133,16 +150,12 @@ def test_cli_writes_the_page(lm, tmp_path):
 
 @pytest.fixture(scope="module")
 def lstm(tmp_path_factory):
-    from explore_runs import _save
-
     run = tmp_path_factory.mktemp("explore") / "lstm"
     _save(run, "lstm_lm", load_config("lstm_lm"))
     return run
 
 
 def load_config(kind):
-    from explore_runs import _config
-
     return _config(kind)
 
 
@@ -219,8 +232,6 @@ def test_swin_windows_are_put_back_on_the_grid(tmp_path):
 
 
 def test_translation_payload_has_the_three_alignments(tmp_path):
-    from explore_runs import translation_run
-
     for kind, views in (("transformer", ["cross", "encoder", "decoder"]), ("rnn-attn", ["cross"])):
         run = translation_run(tmp_path / kind, kind)
         payload = Explorer(run).explain(ExploreInput(text="Two hundred and three"))
@@ -237,11 +248,6 @@ def test_translation_payload_has_the_three_alignments(tmp_path):
 
 
 def test_server_answers_json_and_refuses_foreign_hosts_and_large_bodies(lm):
-    import http.client
-    import threading
-
-    from attnlab.explore import make_server
-
     server = make_server(Explorer(lm), port=0)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
@@ -277,10 +283,7 @@ def test_server_answers_json_and_refuses_foreign_hosts_and_large_bodies(lm):
 def test_caption_and_vqa_payloads_put_the_words_over_the_image(tmp_path):
     """Captioning: one row per generated word (its cross-attention over the image-token grid,
     the numbers of a teacher-forced pass over the caption); VQA: one row per question word."""
-    from explore_runs import scene_run
-
     data = image_file(tmp_path / "scene.png", size=32, channels=3).read_bytes()
-    from attnlab.explore.images import decode_image
 
     x = decode_image(data, size=(32, 32), channels=3)[None]
     run = scene_run(tmp_path / "cap", "caption_transformer")
@@ -337,12 +340,6 @@ def test_server_answers_every_bad_request_with_a_4xx_json_error_and_keeps_servin
     bodies, unknown paths and methods, a broken request line, empty text, text outside the
     vocabulary: each is a 4xx with ``{"error": ...}``, nothing reaches the log as a traceback,
     and the next good request is answered."""
-    import logging
-    import threading
-
-    from attnlab.explore import make_server
-    from attnlab.explore import server as srv
-
     monkeypatch.setattr(srv._Handler, "timeout", 1.0)  # the stalled client below
     caplog.set_level(logging.DEBUG, logger="attnlab")
     server = make_server(Explorer(lm), port=0)
@@ -424,9 +421,6 @@ def test_mlm_payload_is_bidirectional_and_predicts_the_masks_as_fill_mask_does(t
     """An encoder_mlm run: one view over ``[CLS] text [SEP]`` holding the model's own weights
     (every query attends to keys on both sides), and per [MASK] the candidates and
     probabilities of :func:`attnlab.tasks.mlm.fill_mask`; the CLI writes its page."""
-    from attnlab.tasks.mlm import fill_mask
-    from explore_runs import mlm_run
-
     run = mlm_run(tmp_path / "mlm")
     text = "the [MASK]at sat on [MASK]he mat"
     payload = Explorer(run).explain(ExploreInput(text=text))
@@ -464,18 +458,11 @@ def test_served_page_opens_with_an_example_input_for_every_family(lm, tmp_path):
     """Without --input the served page shows an example the run can read: a sentence in its
     vocabulary, the first test digit of a digits classifier, a generated scene (with its first
     question for VQA); a classifier of files on disk opens with the bare form."""
-    from attnlab.data.images import load_digits
-    from attnlab.data.scenes import SceneConfig, SceneSet
-    from attnlab.explore import make_server
-    from attnlab.explore.images import decode_image
-    from explore_runs import mlm_run, scene_run, translation_run
 
     def first_payload(run):
         server = make_server(Explorer(run), port=0)
         server.server_close()
         return server.payload
-
-    from attnlab.explore.text import DEFAULT_TEXT
 
     alphabet = set(LM_TEXT + "ehlowrdbq")  # lm_run's characters; its context is 32
     readable = "".join(c for c in DEFAULT_TEXT if c in alphabet)

@@ -16,6 +16,7 @@ import torch
 
 from attnlab.attention import capture_attention
 from attnlab.explore import ExploreInput, Explorer, make_server
+from attnlab.explore.images import decode_image
 from attnlab.runs import load
 from explore_browser import Page, assert_shown, browser_fixture, file_page  # noqa: F401
 from explore_runs import image_file, image_run, lm_run, translation_run
@@ -127,7 +128,6 @@ def test_vit_page_shows_patch_attention_over_the_image(browser, runs):
     query = 1 + 2 * 4 + 3  # after the class token
     assert page.state() == {"view": 0, "layer": 0, "head": 1, "query": query}
     model, settings = load(runs["vit"])
-    from attnlab.explore.images import decode_image
 
     image = decode_image(data, size=(8, 8), channels=1)
     x = ((image - 0.5) / 0.25)[None]

@@ -9,15 +9,26 @@
 - ``torch.compile`` (inductor, no mocking) trains like eager.
 """
 
+import copy
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters
 
+import attnlab
 from attnlab.attention import scaled_dot_product_attention
-from attnlab.config import ModelConfig
+from attnlab.cli import main
+from attnlab.config import LMTaskConfig, ModelConfig
+from attnlab.data.tokenizers import CharTokenizer
 from attnlab.decoding import generate
 from attnlab.fast.attention import ONE_QUERY_FP32_FROM
+from attnlab.fast.compiled import capacity_bucket
+from attnlab.fast.quant import Int8Linear, int8_error_bound, quantize_int8
 from attnlab.models.lm import DecoderLM
+from attnlab.tasks.lm import LMTask
+from attnlab.train import TrainConfig, train
 
 POSITIONS = ["learned", "rope", "alibi", "sinusoidal", "none"]
 
@@ -79,8 +90,6 @@ def test_each_model_keeps_its_compiled_step_and_a_changed_model_compiles_anew():
     another activation) must not share a graph, new weights must be read at call time, and a
     model changed in place (another dtype) must not reuse its old graph. (One test: each cold
     compile costs many seconds.)"""
-    from torch._dynamo.utils import counters
-
     models = []
     for activation in ("gelu_tanh", "relu"):  # the same weights, another activation
         torch.manual_seed(1)
@@ -117,8 +126,6 @@ def test_each_model_keeps_its_compiled_step_and_a_changed_model_compiles_anew():
 
 
 def test_capacity_buckets_cover_the_need_with_few_graphs_and_little_waste():
-    from attnlab.fast.compiled import capacity_bucket
-
     caps = [capacity_bucket(n, 4096) for n in range(1, 4097)]
     assert all(c >= n for n, c in zip(range(1, 4097), caps))  # room for every token
     assert caps == sorted(caps)  # a longer need never gets a smaller cache
@@ -137,8 +144,6 @@ def test_capacity_buckets_cover_the_need_with_few_graphs_and_little_waste():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k", [64, 17])  # 17: not a multiple of 8, the portable path
 def test_int8_linear_is_within_the_rounding_bound_of_the_float_layer(dtype, k):
-    from attnlab.fast.quant import Int8Linear, int8_error_bound
-
     linear = torch.nn.Linear(k, 48).to(dtype)
     q = Int8Linear.from_linear(linear)
     x = torch.randn(5, 3, k, dtype=dtype)
@@ -156,8 +161,6 @@ def test_int8_linear_is_within_the_rounding_bound_of_the_float_layer(dtype, k):
 
 
 def test_quantize_int8_swaps_every_linear_including_the_tied_head():
-    from attnlab.fast.quant import Int8Linear, quantize_int8
-
     model = _model("rope")
     n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     quantize_int8(model)
@@ -178,8 +181,6 @@ INT8_RELATIVE_TOLERANCE = 0.05
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @torch.no_grad()
 def test_int8_model_logits_are_within_the_documented_tolerance_of_fp32(dtype):
-    from attnlab.fast.quant import quantize_int8
-
     model = _model("rope", n_layers=2)
     for p in model.parameters():  # trained-like weights: larger than the N(0, 0.02) init
         p.add_(torch.randn_like(p) * 0.1)
@@ -197,8 +198,6 @@ def test_int8_model_logits_are_within_the_documented_tolerance_of_fp32(dtype):
 def test_a_bf16_int8_layer_compiles_with_inductor_and_computes_like_eager():
     """The int8 kernel takes its scales in the activations' dtype; they are stored so (a
     conversion inside the compiled graph did not lower), so ``--quantize int8 --compile`` runs."""
-    from attnlab.fast.quant import Int8Linear
-
     lin = torch.nn.Linear(64, 32).to(torch.bfloat16)
     q = Int8Linear.from_linear(lin)
     assert q.scale.dtype == torch.bfloat16
@@ -209,8 +208,6 @@ def test_a_bf16_int8_layer_compiles_with_inductor_and_computes_like_eager():
 
 
 def _copy(model):
-    import copy
-
     return copy.deepcopy(model)
 
 
@@ -237,8 +234,6 @@ def test_bf16_and_int8_decoding_run_and_mostly_agree_with_fp32():
     """On fp32's greedy continuation, the bf16 and int8 (weights; bf16 activations) decoding
     paths give logits within :data:`LOGIT_TOLERANCE` of fp32's, the same next token at >= 95 %
     of positions, and their own greedy continuations share >= 90 % of fp32's tokens."""
-    from attnlab.fast.quant import quantize_int8
-
     torch.manual_seed(0)
     model = _model("learned")
     idx, mask = _prompts()
@@ -264,12 +259,6 @@ def test_bf16_and_int8_decoding_run_and_mostly_agree_with_fp32():
 
 
 def _toy_lm_task():
-    import numpy as np
-
-    from attnlab.config import LMTaskConfig
-    from attnlab.data.tokenizers import CharTokenizer
-    from attnlab.tasks.lm import LMTask
-
     text = "the quick brown fox jumps over the lazy dog; " * 60
     tok = CharTokenizer.train(text)
     ids = np.asarray(tok.encode(text), dtype=np.int64)
@@ -280,8 +269,6 @@ def _toy_lm_task():
 def test_compiled_training_with_inductor_matches_eager(tmp_path):
     """``TrainConfig(compile=True)``: the trainer's torch.compile (inductor: generated C++ on a
     CPU, no mocking) gives eager's losses within float tolerance, step after step."""
-    from attnlab.train import TrainConfig, train
-
     task = _toy_lm_task()
     cfg = ModelConfig.preset(
         "tiny", vocab_size=task.vocab_size, max_seq_len=16, d_model=32, n_heads=2, n_layers=1
@@ -314,10 +301,6 @@ def test_compiled_training_with_inductor_matches_eager(tmp_path):
 
 @pytest.mark.slow
 def test_load_and_generate_with_dtype_and_int8(tmp_path, capsys, monkeypatch):
-    import attnlab
-    from attnlab.cli import main
-    from attnlab.fast.quant import Int8Linear
-
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
     run = tmp_path / "run"
     args = ["--preset", "tiny", "--set", "d_model=32", "--set", "n_layers=1", "--seq-len", "32"]

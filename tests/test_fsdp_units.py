@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file
 from torch import nn
 
 from attnlab import runs
@@ -25,7 +26,8 @@ from attnlab.layers.block import TransformerBlock
 from attnlab.models.lm import DecoderLM
 from attnlab.train import RunWriteError, TrainConfig, train
 from attnlab.train import fsdp as fsdp_mod
-from attnlab.train.distributed import share_of
+from attnlab.train.distributed import setup, share_of
+from test_train import ToyConfig, ToyModel, ToyTask, base_cfg, make_model
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -116,8 +118,6 @@ def test_one_process_shares_are_one():
 
 
 def test_fsdp_outside_torchrun_is_refused_clearly(tmp_path, monkeypatch):
-    from test_train import ToyTask, base_cfg, make_model
-
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
     with pytest.raises(UserError, match=r"torchrun --nproc_per_node=N"):
@@ -130,8 +130,6 @@ def test_fsdp_outside_torchrun_is_refused_clearly(tmp_path, monkeypatch):
 
 
 def test_sharded_lm_keeps_tied_weights_and_gathers_them_once(group_of_one):
-    from attnlab.train.distributed import setup
-
     setup("cpu", group=True)
     model = _tiny_lm(tie_embeddings=True)
     whole = {k: v.clone() for k, v in model.state_dict().items()}
@@ -160,8 +158,6 @@ def test_failed_sharded_save_keeps_the_previous_checkpoint_which_resumes_exactly
     """ENOSPC in the middle of the DCP write of step 4: one RunWriteError line naming the kept
     checkpoint (step 2); nothing of step 4 is published; the resume equals an unbroken run."""
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
-
-    from test_train import ToyTask, base_cfg, make_model
 
     cfg = base_cfg(strategy="fsdp", steps=4, eval_every=2, schedule="constant", warmup_steps=1)
     whole = train(make_model(), ToyTask(), cfg.replace(strategy="ddp"), tmp_path / "one")
@@ -193,7 +189,6 @@ def test_failed_sharded_save_keeps_the_previous_checkpoint_which_resumes_exactly
     losses = lambda recs: [r["loss"] for r in recs if "loss" in r]  # noqa: E731
     assert losses(_records(run)) == pytest.approx(losses(whole.history), rel=1e-6)
     # the end of the session gathered a model.safetensors equal to the one-process weights
-    from safetensors.torch import load_file
 
     a, b = load_file(run / "model.safetensors"), load_file(tmp_path / "one" / "model.safetensors")
     assert sorted(a) == sorted(b)
@@ -202,8 +197,6 @@ def test_failed_sharded_save_keeps_the_previous_checkpoint_which_resumes_exactly
 
 
 def test_sharded_checkpoint_of_another_model_is_refused_by_name(tmp_path, group_of_one):
-    from test_train import ToyConfig, ToyModel, ToyTask, base_cfg
-
     cfg = base_cfg(strategy="fsdp", steps=2, eval_every=2)
     torch.manual_seed(0)
     train(ToyModel(ToyConfig()), ToyTask(), cfg, tmp_path / "a")

@@ -5,11 +5,14 @@ batched left-padded prompts equal each prompt alone, greedy equals a hand-writte
 beam search as wide as the search space equals exhaustive search, top-k / top-p restrict the
 support, stop ids, the sliding context, bad input."""
 
+import importlib
+import inspect
 import itertools
 
 import pytest
 import torch
 
+import attnlab
 from attnlab import generate as attnlab_generate
 from attnlab.config import PRESETS, BigramConfig, LSTMConfig, ModelConfig
 from attnlab.decoding import beam_generate, generate, left_pad, sample_next, stream_generate
@@ -213,10 +216,6 @@ def test_generation_hands_a_training_model_back_in_training_mode_even_on_error()
 
 
 def test_package_attribute_generate_is_the_function_even_after_importing_the_module():
-    import importlib
-
-    import attnlab
-
     importlib.import_module("attnlab.decoding.sampling")  # where generate lives now
     assert callable(attnlab.generate) and attnlab.generate.__name__ == "generate"
 
@@ -344,10 +343,6 @@ def test_the_bigram_table_generates_by_recomputation_and_refuses_beam_search():
 
 
 def test_generate_takes_stream_generates_settings_and_names_a_misspelt_one():
-    import inspect
-
-    from attnlab.decoding import stream_generate
-
     model = DecoderLM(ModelConfig.preset("tiny")).eval()
     idx = torch.randint(0, 64, (1, 3))
     params = list(inspect.signature(generate).parameters)

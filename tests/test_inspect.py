@@ -4,11 +4,15 @@ direct logit attribution against the logits, caches that keep only what was aske
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from attnlab.config.lm import ModelConfig
+from attnlab.config.translation import Seq2SeqConfig, TranslationTaskConfig
+from attnlab.data.translation.pairs import make_dates
+from attnlab.data.translation.vocab import TranslationVocabs, Vocab, normalizer_for
 from attnlab.inspect import (
     ablate_experts,
     ablate_heads,
@@ -24,8 +28,11 @@ from attnlab.inspect import (
     run_with_cache,
     run_with_hooks,
 )
+from attnlab.inspect.alignment import date_fields, token_fields
 from attnlab.inspect.diagnostics import repeated_scores
+from attnlab.inspect.probe import probe_for
 from attnlab.models.lm import DecoderLM
+from attnlab.models.seq2seq import Seq2SeqTransformer
 
 T = 6
 
@@ -290,8 +297,6 @@ def test_bad_ablation_requests_are_clear_errors():
 
 
 def test_date_fields_find_year_month_and_day_in_every_format():
-    from attnlab.inspect.alignment import date_fields, token_fields
-
     def fields(src, iso):
         s, _ = date_fields(src, iso)
         words = src.replace(",", " ").split()
@@ -308,14 +313,6 @@ def test_date_fields_find_year_month_and_day_in_every_format():
 
 
 def test_translation_probe_on_dates_gives_the_alignment_and_diagnose_scores_it():
-    from types import SimpleNamespace
-
-    from attnlab.config.translation import Seq2SeqConfig, TranslationTaskConfig
-    from attnlab.data.translation.pairs import make_dates
-    from attnlab.data.translation.vocab import TranslationVocabs, Vocab, normalizer_for
-    from attnlab.inspect.probe import probe_for
-    from attnlab.models.seq2seq import Seq2SeqTransformer
-
     task = TranslationTaskConfig(task="dates", src_level="char", tgt_level="char")
     pairs = make_dates(200, seed=0)
     src, tgt = (

@@ -12,10 +12,12 @@ import urllib.request
 import pytest
 import torch
 
+from attnlab.config.translation import Seq2SeqConfig
 from attnlab.errors import UserError
 from attnlab.explore import ExploreInput, Explorer, make_server, show
 from attnlab.explore.heads import _decode
 from attnlab.inspect import ablate_heads
+from attnlab.models.seq2seq import Seq2SeqTransformer
 from explore_runs import lm_run, translation_run
 
 CHROMIUM = os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium")
@@ -96,9 +98,6 @@ def test_the_server_ablates_heads_on_request(runs):
 
 
 def test_show_renders_any_model_inline_without_a_run(runs):
-    from attnlab.config.translation import Seq2SeqConfig
-    from attnlab.models.seq2seq import Seq2SeqTransformer
-
     torch.manual_seed(0)
     model = Seq2SeqTransformer(Seq2SeqConfig.preset("tiny", src_vocab_size=20, tgt_vocab_size=20))
     src, tgt = torch.randint(4, 20, (2, 6)), torch.randint(4, 20, (2, 4))

@@ -4,6 +4,9 @@ layer is the output, a broken causal mask is caught."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -23,6 +26,7 @@ from attnlab.inspect import (
     run_with_hooks,
 )
 from attnlab.inspect.ablation import ablate_heads
+from attnlab.layers.hook import hook_name
 from attnlab.models.encoder import EncoderMLM
 from attnlab.models.lm import DecoderLM
 from attnlab.models.multimodal.captioner import TransformerCaptioner
@@ -138,8 +142,6 @@ def _first_attention(model):
 
 
 def _module_path(model, hook_prefix):
-    from attnlab.layers.hook import hook_name
-
     return next(p for p, _ in model.named_modules() if p and hook_name(p) == hook_prefix)
 
 
@@ -229,9 +231,6 @@ def test_rnn_bahdanau_weights_are_hooked_once_per_step_and_diagnosed():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_docs_list_every_hook_name(family):
-    import re
-    from pathlib import Path
-
     doc = (Path(__file__).parent.parent / "docs" / "inspect.md").read_text(encoding="utf-8")
     model, _ = build(family)
     stacks = find_stacks(model)

@@ -17,6 +17,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 import attnlab
+from attnlab.cli import main
 from attnlab.config import EncoderConfig
 from attnlab.errors import UserError
 from attnlab.interop import from_hf, to_hf
@@ -264,8 +265,6 @@ def test_a_key_map_refuses_tensors_no_rule_claims_and_incomplete_rules():
 
 
 def test_convert_a_bert_folder_to_a_run_and_an_mlm_run_back(tmp_path, capsys, monkeypatch):
-    from attnlab.cli import main
-
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
     hf = build_hf()
     hf.save_pretrained(tmp_path / "hf")

@@ -7,9 +7,11 @@ import json
 import pytest
 import torch
 import transformers  # test extra, pinned in pyproject
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 import attnlab
 from attnlab.cli import main
+from attnlab.commands.interop import parse_size
 from attnlab.config import ModelConfig
 from attnlab.interop import from_hf, load_hf_lm, to_hf
 from attnlab.models.lm import DecoderLM
@@ -19,8 +21,6 @@ from test_interop_hf import V, build_hf, randomise
 
 def word_tokenizer():
     """A tiny word-level ``tokenizers`` tokenizer with V tokens w0 … w96."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(V)}, unk_token="w0"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     return tok
@@ -136,8 +136,6 @@ def test_native_presets_export_to_transformers(tmp_path, preset, overrides):
 
 
 def test_parse_shard_size():
-    from attnlab.commands.interop import parse_size
-
     assert parse_size("2GB") == 2 * 10**9 and parse_size("500MiB") == 500 * 2**20
     assert parse_size("4096") == 4096
     with pytest.raises(attnlab.errors.UserError, match="--max-shard-size"):

@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from attnlab.cli import main
 from attnlab.config import ModelConfig
 from attnlab.errors import UserError
 from attnlab.interop import SUPPORTED_ARCHITECTURES, from_hf, load_hf_tokenizer, to_hf
@@ -110,7 +111,6 @@ def test_shape_mismatch_names_tensor_and_both_shapes(tmp_path, llama_dir):
     assert "model.layers.0.mlp.gate_proj.weight has shape [96, 64] in the file" in msg
     assert "implies [80, 64]" in msg and "nothing was loaded" in msg
     # nor written: the CLI leaves no half-made run directory behind
-    from attnlab.cli import main
 
     assert main(["convert", "--from-hf", str(bad), "--out", str(tmp_path / "run")]) == 2
     assert not (tmp_path / "run").exists()

@@ -9,10 +9,13 @@ import torch
 import transformers  # test extra, pinned in pyproject
 from safetensors.torch import load_file
 
+from attnlab.config import ModelConfig
 from attnlab.errors import UserError
+from attnlab.interop import from_hf, to_hf
 from attnlab.interop.hf.api import FAMILIES, family_of_config
 from attnlab.interop.hf.family import expected_shapes, prepare
 from attnlab.interop.hf.lm import llama_keymap
+from attnlab.models.lm import DecoderLM
 from test_deit import build_hf_deit
 from test_interop_bert import build_hf as build_bert
 from test_interop_clip import build_hf as build_clip
@@ -165,9 +168,6 @@ def test_every_family_is_covered():
 def test_a_bias_free_gpt2_is_written_with_zero_biases(tmp_path):
     """GPT-2 always has biases: a bias-free attnlab model gets zero ones (Chain(ZeroBias,
     Transpose)) and transformers computes the same logits."""
-    from attnlab.config import ModelConfig
-    from attnlab.interop import from_hf, to_hf
-    from attnlab.models.lm import DecoderLM
 
     model = randomise(DecoderLM(ModelConfig.preset("gpt2-tiny", n_layers=1, bias=False))).eval()
     to_hf(model, tmp_path)

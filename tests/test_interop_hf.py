@@ -10,11 +10,14 @@ that ``transformers`` loads back to the very same weights and logits.
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 import transformers  # test extra, pinned in pyproject
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from attnlab.decoding import generate
 from attnlab.interop import from_hf, to_hf
@@ -87,8 +90,6 @@ def save_fused_mixtral(hf_model, path: Path) -> Path:
 
     ``save_pretrained`` in transformers 5.24 writes the per-expert layout instead.
     """
-    from safetensors.torch import save_file
-
     path.mkdir(parents=True)
     sd = {k: v.contiguous() for k, v in hf_model.state_dict().items()}
     assert any(k.endswith("experts.gate_up_proj") for k in sd)
@@ -243,7 +244,6 @@ def test_mixtral_per_expert_layout(tmp_path):
     """save_pretrained writes block_sparse_moe.experts.N.w1/w2/w3 (the older layout)."""
     hf = build_hf("mixtral")
     hf.save_pretrained(tmp_path / "hf")
-    from safetensors import safe_open
 
     with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as f:
         assert "model.layers.0.block_sparse_moe.experts.3.w1.weight" in set(f.keys())
@@ -269,7 +269,6 @@ def test_mixtral_router_renormalises_top_k():
     x = torch.randn(5, 32)
     with torch.no_grad():
         ref = hf.model.layers[0].mlp(x[None])[0]
-    import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         hf.save_pretrained(d)

@@ -12,7 +12,10 @@ import re
 import pytest
 import torch
 import transformers  # test extra, pinned in pyproject
+from safetensors.torch import save_file
 
+import attnlab
+from attnlab.cli import main
 from attnlab.errors import UserError
 from attnlab.interop import from_hf, to_hf
 from test_interop_hf import randomise
@@ -52,8 +55,6 @@ def build_swin():
 
 def save_with_names(hf_model, path, rename):
     """Save by hand with keys renamed as older transformers releases wrote them."""
-    from safetensors.torch import save_file
-
     path.mkdir()
     sd = {rename(k): v.contiguous() for k, v in hf_model.state_dict().items()}
     save_file(sd, str(path / "model.safetensors"), metadata={"format": "pt"})
@@ -146,7 +147,6 @@ def test_swin_older_key_names_and_index_buffer(tmp_path):
     block = hf.swin.encoder.layers[0].blocks[0].attention
     sd = save_with_names(hf, tmp_path / "hf", old_swin_name)
     assert "swin.encoder.layers.0.blocks.0.attention.self.query.weight" in sd
-    from safetensors.torch import save_file
 
     sd[index_key] = block.relative_position_bias.relative_position_index.clone()
     save_file(sd, str(tmp_path / "hf" / "model.safetensors"), metadata={"format": "pt"})
@@ -166,9 +166,6 @@ def test_vision_shape_mismatch_names_tensor(tmp_path):
 
 
 def test_convert_cli_vision_run(tmp_path):
-    import attnlab
-    from attnlab.cli import main
-
     hf = build_swin()
     hf.save_pretrained(tmp_path / "hf")
     run = tmp_path / "run"

@@ -13,6 +13,7 @@ from attnlab.attention import key_padding_mask
 from attnlab.attention.cache import KVCache
 from attnlab.attention.linformer import LinformerProjection
 from attnlab.config import BlockConfig, ConfigError, ModelConfig
+from attnlab.experiments.sparse_bench import linformer_error
 from attnlab.layers.builders import build_block
 from attnlab.models.builders import multi_head_attention
 from attnlab.models.lm import DecoderLM
@@ -110,8 +111,6 @@ def test_bad_requests_name_the_value():
 
 
 def test_measured_error_falls_when_e_and_f_are_fitted_on_smooth_inputs():
-    from attnlab.experiments.sparse_bench import linformer_error
-
     row = linformer_error(64, 16, inputs="smooth", heads=2, head_dim=16, fit_steps=60)
     assert row["fitted"] < 0.5 * row["random"]
     exact = linformer_error(16, 16, inputs="iid", heads=1, head_dim=8, fit_steps=0)

@@ -3,6 +3,8 @@ each bad input is one 'attnlab: error:' line and exit status 2."""
 
 import json
 import math
+import shutil
+from pydoc_data.topics import topics
 
 import pytest
 import torch
@@ -11,6 +13,11 @@ from safetensors.torch import load_file
 
 import attnlab
 from attnlab.cli import main
+from attnlab.config import ModelConfig
+from attnlab.data.tokenizers import ByteBPETokenizer
+from attnlab.decoding import beam_generate, generate
+from attnlab.interop import to_hf
+from attnlab.models.lm import DecoderLM
 
 pytestmark = pytest.mark.slow
 
@@ -106,8 +113,6 @@ def test_train_generate_eval_resume(tmp_path, capsys):
 def _val_loss_by_hand(run, n_windows):
     """Mean next-token cross-entropy of the run's model on the first ``n_windows`` held-out
     windows, rebuilt from the raw corpus text and the saved tokenizer (last 10 % of the ids)."""
-    from pydoc_data.topics import topics
-
     model, tok = attnlab.load(run)
     T = model.config.max_seq_len
     text = "\n\n".join(topics[k].strip("\n") for k in sorted(topics)) + "\n"
@@ -209,8 +214,6 @@ def test_bad_input_gives_one_clear_error(tmp_path, capsys, trained):
 
 
 def test_corrupted_and_foreign_run_dirs(tmp_path, capsys, trained):
-    import shutil
-
     bad = tmp_path / "bad"
     shutil.copytree(trained, bad)
     (bad / "config.json").write_text("{oops")
@@ -264,14 +267,6 @@ def test_demo_runs_and_can_run_again(tmp_path, capsys):
 
 
 def test_generate_from_a_hugging_face_folder(tmp_path, capsys):
-    import torch
-
-    from attnlab.config import ModelConfig
-    from attnlab.data.tokenizers import ByteBPETokenizer
-    from attnlab.decoding import generate
-    from attnlab.interop import to_hf
-    from attnlab.models.lm import DecoderLM
-
     tok = ByteBPETokenizer.train("def f(x):\n    return x\n" * 50, vocab_size=280)
     model = DecoderLM(ModelConfig.preset("tiny", vocab_size=tok.vocab_size)).eval()
     to_hf(model, tmp_path / "hf", tokenizer=tok)
@@ -379,8 +374,6 @@ def test_a_toml_config_file_with_a_preset(tmp_path):
 
 
 def test_beam_search_from_the_command_line(trained, capsys):
-    from attnlab.decoding import beam_generate
-
     greedy = ["generate", str(trained), "--prompt", "The ", "-n", "12"]
     assert main([*greedy, "--temperature", "0"]) == 0
     sampled_greedy = capsys.readouterr().out

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.cli import main
-from attnlab.experiments.extrapolation import cannot_evaluate, loss_by_position
+from attnlab.experiments.extrapolation import _eval_windows, cannot_evaluate, loss_by_position
 from attnlab.experiments.lm_runs import lm_model, lm_task, train_run
 from attnlab.experiments.norm_placement import init_grad_norms
 from attnlab.experiments.warmup import WarmupConfig, run_warmup
@@ -267,8 +267,6 @@ def test_alibi_stays_flat_past_L_while_rope_and_learned_rise(tmp_path):
     """Seeded: trained on windows of L = 16 characters (d_model 32, 400 steps, lr 1e-2), read on
     windows of 4L. Measured (one thread, shared busy machine) loss @ 4L − loss @ L: ALiBi +0.020,
     RoPE +0.295, a learned table of 4L rows (rows past L never trained) +0.095."""
-    from attnlab.experiments.extrapolation import _eval_windows
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

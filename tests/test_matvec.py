@@ -7,7 +7,9 @@ the module-scoped ``kernel`` fixture, by the first test that needs it: never at 
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 
 import pytest
 import torch
@@ -138,11 +140,6 @@ def test_use_matvec_swaps_plain_linears_in_place_keeping_names_and_ties():
 def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     """A build killed mid-way leaves torch's lock file, on which every later build would wait
     forever; an old lock is removed, a recent one (a build in progress) is left alone."""
-    import os
-    import time
-
-    from attnlab.fast import matvec as mv
-
     lock = tmp_path / "lock"
     lock.write_text("")
     mv._clear_stale_lock(str(lock))

@@ -22,7 +22,9 @@ from safetensors.torch import load_file
 import attnlab
 from attnlab.cli import main
 from attnlab.config import EncoderConfig, MLMTaskConfig
+from attnlab.experiments.bidirectional import inside_word_positions
 from attnlab.models.encoder import EncoderMLM
+from attnlab.tasks.lm import LMTask
 from attnlab.tasks.mlm import IGNORE, MLMTask, fill_mask, mask_tokens
 
 
@@ -113,8 +115,6 @@ def test_batches_depend_only_on_seed_split_and_step_and_split_over_ranks(task):
 
 def test_the_corpus_ids_are_the_language_models(task):
     """The plain tokenizer is the LM's: the corpus's ids (and their cache) are shared."""
-    from attnlab.tasks.lm import LMTask
-
     lm = LMTask.build(attnlab.config.LMTaskConfig(data="pydoc", max_chars=30000, seq_len=22))
     assert lm.tokenizer.to_json() == task.tokenizer.base.to_json()
     assert np.array_equal(np.asarray(lm.splits["train"]), np.asarray(task.splits["train"]))
@@ -232,8 +232,6 @@ def test_train_mlm_refusals(tmp_path, capsys):
 
 
 def test_inside_word_positions_have_letters_on_both_sides():
-    from attnlab.experiments.bidirectional import inside_word_positions
-
     chars = sorted(set("ab cd.\n"))
     text = "ab cd. abcd ab\ncd abc"
     ids = np.array([chars.index(c) for c in text])

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import attnlab.decoding.text
 from attnlab.cli import main
-from attnlab.data.detokenize import StreamDecoder
+from attnlab.data.detokenize import StreamDecoder, _byte_of_symbol
 from attnlab.data.tokenizers import ByteBPETokenizer, CharTokenizer, load_tokenizer
 
 RUNS = Path(__file__).parent / "fixtures" / "release_0_1" / "runs"
@@ -28,8 +29,6 @@ def bpe() -> ByteBPETokenizer:
 
 def _byte_ids(tok, data: bytes) -> list[int]:
     """One token per byte (the 256 single-byte tokens every byte-level BPE has)."""
-    from attnlab.data.detokenize import _byte_of_symbol
-
     symbol = {b: s for s, b in _byte_of_symbol().items()}
     return [tok.tokenizer.token_to_id(symbol[b]) for b in data]
 
@@ -69,7 +68,6 @@ def test_other_tokenizers_are_decoded_whole():
 
 def _generate_with(monkeypatch, tokens: list[int]):
     """Make generation emit ``tokens`` (whatever the model would sample)."""
-    import attnlab.decoding.text
 
     def fake(model, idx, n, **kw):
         for t in tokens[:n]:

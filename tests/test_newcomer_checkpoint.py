@@ -7,6 +7,7 @@ weights (the head scaled), so that reading the wrong one shows.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 import attnlab
-from attnlab.cli import main
+from attnlab.cli import build_parser, main
 from attnlab.explore import ExploreInput, Explorer
 from attnlab.runs import describe_weights, load_model
 from attnlab.train.checkpoint import save_weights
@@ -93,13 +94,9 @@ def test_without_validation_best_means_last_and_says_so(tmp_path):
 
 
 def test_every_command_defaults_to_best():
-    from attnlab.cli import build_parser
-
     parser, found = build_parser(), {}
 
     def walk(p, prefix):
-        import argparse
-
         for action in p._actions:
             if isinstance(action, argparse._SubParsersAction):
                 for name, sub in action.choices.items():

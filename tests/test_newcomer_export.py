@@ -8,10 +8,12 @@ trained here.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
 
 from attnlab.cli import main
 from attnlab.data.tokenizers import (
@@ -22,6 +24,7 @@ from attnlab.data.tokenizers import (
     load_tokenizer,
     tokenizer_from_json,
 )
+from attnlab.interop.hf.checkpoint import tokenizer_config, tokenizer_json
 
 RUNS = Path(__file__).parent / "fixtures" / "release_0_1" / "runs"
 TEXT = "The return value of f(x) is 'é'?\n  def g():"
@@ -68,12 +71,9 @@ def test_the_round_trip_through_a_hugging_face_folder(name, tmp_path, capsys, mo
 def test_a_character_tokenizer_with_specials_opens_in_auto_tokenizer(tmp_path):
     from transformers import AutoTokenizer
 
-    from attnlab.interop.hf.checkpoint import tokenizer_config, tokenizer_json
-
     tok = TokenizerWithSpecials(CharTokenizer.train("the cat sat\n on a mat"))
     text = tokenizer_json(tok)
     (tmp_path / "tokenizer.json").write_text(text)
-    import json
 
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(text)))
     auto = AutoTokenizer.from_pretrained(tmp_path)
@@ -91,8 +91,6 @@ def test_a_character_tokenizer_with_specials_opens_in_auto_tokenizer(tmp_path):
 
 def test_other_tokenizers_json_stay_what_they_are():
     """A WordLevel tokenizer over words (not the character form) is not read as characters."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
     hf = Tokenizer(models.WordLevel({"the": 0, "cat": 1, "[UNK]": 2}, unk_token="[UNK]"))
     hf.pre_tokenizer = pre_tokenizers.Whitespace()
     tok = tokenizer_from_json(hf.to_str())

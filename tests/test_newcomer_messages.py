@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image, ImageOps
 
 from attnlab.cli import main
 from attnlab.data.images import ImageSettings, read_image
@@ -64,8 +66,6 @@ def test_samples_then_classify_and_the_inverted_drawing(tmp_path, capsys):
     res = capsys.readouterr()
     assert res.out.split()[0] == "7" and "notice" not in res.err
 
-    from PIL import Image, ImageOps
-
     drawing = tmp_path / "black_on_white.png"
     ImageOps.invert(Image.open(seven).convert("L")).save(drawing)
     assert main(["classify", run, str(drawing), "--top-k", "1"]) == 0
@@ -96,8 +96,6 @@ def test_sentences_may_follow_the_flags(capsys):
 
 
 def test_a_converted_run_without_tokenizer_json_says_what_is_missing(tmp_path, capsys):
-    import shutil
-
     run = tmp_path / "converted"
     shutil.copytree(RUNS / "lm_gpt2", run)
     (run / "tokenizer.json").unlink()

@@ -5,6 +5,13 @@ from __future__ import annotations
 import json
 
 import matplotlib
+import numpy as np
+
+from attnlab.experiments.attention_bench import BenchConfig, plot_results
+from attnlab.viz import plot_attention, plot_attention_grid
+from attnlab.viz.attention import tick_labels
+from attnlab.viz.captions import plot_word_attention
+from attnlab.viz.vision import overlay_attention
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -73,8 +80,6 @@ def test_no_notes_without_smoothing_or_a_low_validation(tmp_path, figures):
 
 
 def test_attention_benchmark_axes_read_as_sequence_lengths(tmp_path, figures):
-    from attnlab.experiments.attention_bench import BenchConfig, plot_results
-
     rows = [
         {"backend": "math", "n": n, "mode": "fwd", "time_s": n * 1e-6, "peak_bytes": n * 100}
         for n in (512, 1024, 2048)
@@ -86,20 +91,12 @@ def test_attention_benchmark_axes_read_as_sequence_lengths(tmp_path, figures):
 
 
 def test_tick_labels_show_every_kth_token_of_a_long_input():
-    from attnlab.viz.attention import tick_labels
-
     assert tick_labels(list("abc")) == ([0, 1, 2], ["a", "b", "c"], 1)
     pos, labels, k = tick_labels([f"t{i}" for i in range(100)], limit=40)
     assert k == 3 and pos == list(range(0, 100, 3)) and labels[1] == "t3" and len(pos) <= 40
 
 
 def test_heatmaps_have_colour_bars_readable_ticks_and_named_queries(tmp_path, figures):
-    import numpy as np
-
-    from attnlab.viz import plot_attention, plot_attention_grid
-    from attnlab.viz.captions import plot_word_attention
-    from attnlab.viz.vision import overlay_attention
-
     w = torch.rand(2, 5, 5).softmax(-1)
     plot_attention_grid(w, tmp_path / "g.png", rows=list("abcde"), cols=list("abcde"))
     fig = figures[-1]

@@ -5,10 +5,12 @@ says it is complete."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from attnlab.cli import main
@@ -97,10 +99,6 @@ def test_a_run_interrupted_before_its_first_checkpoint_saves_one(tmp_path, monke
 def test_a_timed_run_resumes_to_its_own_budget(tmp_path, monkeypatch, capsys):
     """--max-time: bare --resume spends what is left of the run's budget (not the default
     --steps), and the clock of both sessions together stays inside it."""
-    import json
-
-    import torch
-
     run = tmp_path / "run"
     budget = 8  # seconds: room for a step after the start-up and validation on a busy machine
     argv = ["train", "image", *KINDS["image"], "--max-time", str(budget), "--log-every", "1"]

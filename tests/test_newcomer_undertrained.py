@@ -9,7 +9,22 @@ from __future__ import annotations
 
 import re
 
-from attnlab.experiments import bottleneck, extrapolation, label_smoothing
+from attnlab.data.scenes import QUESTION_TYPES
+from attnlab.experiments import (
+    bidirectional,
+    bottleneck,
+    caption_features,
+    caption_retrieval,
+    exposure_bias,
+    extrapolation,
+    grokking,
+    induction,
+    inductive_bias,
+    label_smoothing,
+    norm_placement,
+    vqa_bias,
+    warmup,
+)
 from attnlab.experiments.common import undertrained
 
 
@@ -75,8 +90,6 @@ def test_extrapolation_needs_the_trained_length_learnt_first():
 
 
 def test_inductive_bias_reads_no_gap_from_models_that_cannot_read_digits():
-    from attnlab.experiments import inductive_bias
-
     def result(acc):
         row = {"fraction": 1.0, "n_train": 1257, "gap": 0.0}
         for k in ("cnn", "vit"):
@@ -90,8 +103,6 @@ def test_inductive_bias_reads_no_gap_from_models_that_cannot_read_digits():
 
 
 def test_exposure_bias_reads_no_gap_before_the_shortest_targets_are_translated():
-    from attnlab.experiments import exposure_bias
-
     def results(em_short):
         runs = [
             {
@@ -118,8 +129,6 @@ def _lm_data():
 
 
 def test_warmup_gives_counts_but_no_reading_from_runs_still_at_the_starting_loss():
-    from attnlab.experiments import warmup
-
     def results(loss):
         settings = [
             {"lr": lr, "warmup_steps": w, "diverged": 0, "of": 1, "final_loss": loss + lr}
@@ -140,8 +149,6 @@ def test_warmup_gives_counts_but_no_reading_from_runs_still_at_the_starting_loss
 
 
 def test_norm_placement_flags_runs_that_learnt_nothing():
-    from attnlab.experiments import norm_placement
-
     def results(loss):
         runs = [
             {"depth": 2, "norm": n, "warmup_steps": w, "diverged": False, "final_loss": loss}
@@ -162,8 +169,6 @@ def test_norm_placement_flags_runs_that_learnt_nothing():
 
 
 def test_grokking_needs_the_decayed_run_to_memorise_first():
-    from attnlab.experiments import grokking
-
     def results(train_acc):
         runs = [
             {
@@ -184,8 +189,6 @@ def test_grokking_needs_the_decayed_run_to_memorise_first():
 
 
 def test_grokking_trained_run_is_read():
-    from attnlab.experiments import grokking
-
     four = {"fraction": 0.5}
     runs = [
         {
@@ -202,8 +205,6 @@ def test_grokking_trained_run_is_read():
 
 
 def test_induction_heads_reads_no_head_from_a_model_at_chance():
-    from attnlab.experiments import induction
-
     def results(loss2):
         runs = [
             {
@@ -225,8 +226,6 @@ def test_induction_heads_reads_no_head_from_a_model_at_chance():
 
 
 def test_bidirectional_compares_only_models_above_the_letter_frequencies():
-    from attnlab.experiments import bidirectional
-
     def report(top1):
         models = {k: {"top1": top1, "steps": 2} for k in ("encoder", "decoder")}
         return {
@@ -241,9 +240,6 @@ def test_bidirectional_compares_only_models_above_the_letter_frequencies():
 
 
 def test_vqa_bias_needs_every_model_above_the_per_type_answer_prior():
-    from attnlab.data.scenes import QUESTION_TYPES
-    from attnlab.experiments import vqa_bias
-
     def results(acc):
         models = ("blind", "transformer")
         return {
@@ -261,8 +257,6 @@ def test_vqa_bias_needs_every_model_above_the_per_type_answer_prior():
 
 
 def test_caption_retrieval_reads_no_retrieval_from_captioners_that_name_nothing():
-    from attnlab.experiments import caption_retrieval
-
     def results(prec):
         row = {
             "bleu": 5.0,
@@ -289,8 +283,6 @@ def test_caption_retrieval_reads_no_retrieval_from_captioners_that_name_nothing(
 
 
 def test_caption_features_needs_shapes_right_before_colours_are_compared():
-    from attnlab.experiments import caption_features
-
     def results(acc, shape):
         row = {
             "bleu": 5.0,

@@ -5,6 +5,7 @@ creates a virtual environment."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -50,8 +51,6 @@ def test_make_refuses_an_older_python_with_one_line(tmp_path):
 def test_the_repository_tracks_no_packages_or_large_binaries():
     """Data is generated or read from installed packages; fixtures stay small (the old release's
     runs, under 1 MB each); no wheel, archive or compiled object is committed."""
-    import shutil
-
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
     tracked = subprocess.run(

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
+import attnlab.train.trainer as trainer
 from attnlab import fileio
 from attnlab.errors import RunDirError
 from attnlab.fileio import AtomicFiles, DirectoryLock, LockHeld, atomic_save, lock_holder
@@ -267,7 +268,6 @@ def test_safetensors_and_torch_disk_errors_become_os_errors_naming_the_file(tmp_
     """The libraries report a full disk their own way (safetensors: SafetensorError '... (os
     error 28)'; torch.save to a path: RuntimeError 'unexpected pos'); the writers attnlab uses
     turn both into the OSError, naming the target, not the temporary."""
-    from safetensors import SafetensorError
 
     def st_full(tmp):
         raise SafetensorError(
@@ -420,8 +420,6 @@ def test_a_signal_during_the_parameter_update_waits_for_the_update(
 ):
     """SIGTERM arriving inside optimizer.step() is raised once the step is complete: the
     checkpoint holds that step, not a half-updated model."""
-    import attnlab.train.trainer as trainer
-
     real = trainer.make_optimizer
 
     def make_optimizer(model, cfg, device):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 
 import pytest
 
 from attnlab.errors import RunDirError
-from attnlab.runs import atomic_save, atomic_write_text, load, read_config
+from attnlab.runs import atomic_save, atomic_write_text, load, load_model, read_config
 
 
 def test_atomic_files_get_the_same_permissions_as_a_plain_open(tmp_path):
@@ -58,10 +59,6 @@ def test_missing_run_directory(tmp_path):
 
 
 def test_load_names_a_misspelt_option_before_reading_anything(tmp_path):
-    import inspect
-
-    from attnlab.runs import load_model
-
     assert list(inspect.signature(load).parameters) == [
         *inspect.signature(load_model).parameters,
         "kinds",

@@ -12,6 +12,7 @@ import torch
 from attnlab.config import ConfigError, EncoderConfig, ModelConfig
 from attnlab.errors import UserError
 from attnlab.runs import RunSpec, build_run, resolve
+from attnlab.runspec.budget import choose_lm_settings
 
 
 @pytest.fixture(autouse=True)
@@ -106,8 +107,6 @@ def test_build_run_reads_the_corpus_and_seeds_the_model():
 
 @pytest.mark.slow
 def test_build_run_applies_the_budget_rule_once_the_corpus_is_read():
-    from attnlab.runspec.budget import choose_lm_settings
-
     spec = resolve(None, {"train.steps": 3, "task.max_chars": 20000}, [])
     model, task = build_run(spec)
     expect = choose_lm_settings(steps=3, corpus_tokens=task.n_tokens["train"])

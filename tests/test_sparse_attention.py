@@ -23,6 +23,7 @@ from attnlab.attention.sparse import (
 from attnlab.attention.tiled import count_tiles
 from attnlab.cli import main
 from attnlab.config import ModelConfig
+from attnlab.config.overrides import apply_overrides, parse_overrides
 from attnlab.models.builders import multi_head_attention
 from attnlab.models.lm import DecoderLM
 
@@ -242,8 +243,6 @@ def test_bigbird_lm_with_t5_positions_decodes_with_the_cache():
 
 
 def test_set_overrides_reach_the_model_config():
-    from attnlab.config.overrides import apply_overrides, parse_overrides
-
     opts = '{"pattern": "longformer", "window": 8, "global_tokens": [0], "block_size": 8}'
     sets = ["backend=block_sparse", f"backend_options={opts}", "position=t5", "d_model=32"]
     sections = apply_overrides({"model": {}}, parse_overrides(sets))

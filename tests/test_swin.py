@@ -7,12 +7,17 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers  # test extra, pinned in pyproject
+from safetensors.torch import load_file
 
+from attnlab.attention import collect_aux_losses
 from attnlab.config.block import BlockConfig
 from attnlab.config.vision import SwinConfig
 from attnlab.errors import UserError
+from attnlab.interop import from_hf
 from attnlab.interop.hf.vision import swin_from_hf_state_dict, swin_to_hf
+from attnlab.layers.drop_path import DropPath
 from attnlab.layers.position.relative import RelativePositionBias
+from attnlab.models.registry import get_kind
 from attnlab.models.vision.swin import (
     PatchMerging,
     SwinBlock,
@@ -280,10 +285,6 @@ def test_swin_without_qkv_bias_matches_hf():
 def test_from_hf_folder_goes_through_this_conversion(tmp_path):
     """attnlab.interop.from_hf loads Swin folders through the same key map as swin_from_hf_state_dict,
     the function the parity tests above check: the same weights, the same logits."""
-    from safetensors.torch import load_file
-
-    from attnlab.interop import from_hf
-
     hf = _hf_swin(transformers.SwinForImageClassification)
     hf.save_pretrained(tmp_path)
     ours = from_hf(tmp_path)
@@ -325,8 +326,6 @@ def test_need_weights_are_softmax_of_qk_plus_table_and_shift_mask():
 
 def test_drop_path_drops_whole_images_not_windows():
     """Stochastic depth in a Swin block draws once per image for all of its windows."""
-    from attnlab.layers.drop_path import DropPath
-
     cfg = BlockConfig(d_model=8, n_heads=2, ffn_hidden=16)
     blk = build_swin_block(cfg, resolution=8, window_size=4, shift=2, drop_path=0.5)
     assert isinstance(blk.block.drop_path, DropPath) and blk.block.drop_path.group == 4
@@ -350,8 +349,6 @@ def test_drop_path_drops_whole_images_not_windows():
 )
 def test_block_fields_work_for_swin(block):
     """GQA per stage, QK-norm, SwiGLU, MoE and RMSNorm come from the shared block config."""
-    from attnlab.attention import collect_aux_losses
-
     cfg = SwinConfig.preset("tiny", **block)
     model = SwinTransformer(cfg).train()
     for s, stage in enumerate(model.stages):
@@ -371,8 +368,6 @@ def test_block_fields_work_for_swin(block):
 def test_first_release_names_and_config_keys_load():
     """First-release Swin runs: ``embed_dim`` is ``d_model``; a block's parts moved into its
     shared ``block`` and absolute positions into ``pos_embed.weight`` (the kind's upgrade)."""
-    from attnlab.models.registry import get_kind
-
     old_cfg = SwinConfig.preset("tiny", absolute_positions=True).to_dict()
     old_cfg["embed_dim"] = old_cfg.pop("d_model")
     for derived in ("n_kv_heads", "head_dim", "ffn_hidden", "ffn", "norm", "qk_norm", "position"):

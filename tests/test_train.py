@@ -10,18 +10,21 @@ import json
 import math
 import random
 import time
+from collections import namedtuple
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from attnlab.errors import RunDirError, UserError
 from attnlab.plotting import pyplot
 from attnlab.runs import atomic_write_text
-from attnlab.train import TrainConfig, TrainingDiverged, cross_entropy, train
+from attnlab.train import TrainConfig, TrainingDiverged, cross_entropy, to_device, train
+from attnlab.train.checkpoint import save_weights
 
 # ---------------------------------------------------------------------------------------------
 # toy model and task
@@ -88,8 +91,6 @@ class ToyTask:
         if self.interrupt_at is not None and step == self.interrupt_at:
             raise KeyboardInterrupt
         if self.delay:
-            import time
-
             time.sleep(self.delay)
         x, y = self._make(split, step, batch_size)
         share = batch_size // world
@@ -264,8 +265,6 @@ def test_not_a_task_is_rejected(tmp_path):
 
 def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path):
     """NaN at the 5th step: TrainingDiverged names step 5; the step-3 checkpoint is intact."""
-    from safetensors import safe_open
-
     run = tmp_path / "run"
     cfg = base_cfg(steps=12, eval_every=3, log_every=4)
     with pytest.raises(TrainingDiverged, match=r"at step 5\b.*loss is nan.*step 3") as info:
@@ -311,7 +310,6 @@ def test_existing_run_dir_is_protected(tmp_path):
         train(make_model(), ToyTask(), cfg, tmp_path / "missing", resume=True)
     with pytest.raises(UserError, match="resume.*overwrite"):
         train(make_model(), ToyTask(), cfg, run, resume=True, overwrite=True)
-    from attnlab.train.checkpoint import save_weights
 
     save_weights(make_model(), run / "model.safetensors", step=99)  # as if killed mid-save
     with pytest.raises(RunDirError, match="model.safetensors is from step 99 but state.pt"):
@@ -459,17 +457,12 @@ def test_compile_trains_through_torch_compile(tmp_path, monkeypatch):
         [v for _, v in train_losses(ref)], abs=1e-6
     )
     # the saved weights carry the plain module's names (no "_orig_mod." prefix)
-    from safetensors import safe_open
 
     with safe_open(str(tmp_path / "c" / "model.safetensors"), "pt") as f:
         assert sorted(f.keys()) == sorted(k for k, _ in model.named_parameters())
 
 
 def test_to_device_moves_nested_batches():
-    from collections import namedtuple
-
-    from attnlab.train import to_device
-
     Pair = namedtuple("Pair", "a b")
 
     @dataclass

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from attnlab.train import train
+from test_train import ToyTask, base_cfg, make_model
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -61,8 +62,6 @@ def _records(run: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_two_processes_match_one_process(tmp_path):
-    from test_train import ToyTask, base_cfg, make_model
-
     script = tmp_path / "ddp_train.py"
     script.write_text(SCRIPT.format(tests_dir=str(TESTS_DIR), cfg=CFG))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

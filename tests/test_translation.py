@@ -3,11 +3,13 @@
 import datetime as dt
 import json
 import re
+import tempfile
 
 import pytest
 import torch
 from num2words import num2words
 
+from attnlab.attention import collect_aux_losses
 from attnlab.cli import main
 from attnlab.config.translation import TranslationTaskConfig as DataConfig
 from attnlab.data.translation import (
@@ -17,13 +19,18 @@ from attnlab.data.translation import (
     START_ID,
     Vocab,
     build_data,
+    load_vocabs,
     make_dates,
     make_numbers,
     read_tsv,
 )
 from attnlab.errors import UserError
+from attnlab.metrics.translation import evaluate_pairs
 from attnlab.models.translation import build_translation_model as build_model
+from attnlab.tasks.losses import cross_entropy
 from attnlab.tasks.translation import TranslationTask
+from attnlab.train import TrainConfig, train
+from attnlab.viz import attention as viz
 
 # ---------------------------------------------------------------------------------------------
 # data
@@ -246,8 +253,6 @@ def test_translate_cli(run_dir, tmp_path, capsys):
 def test_alignment_heatmap_rows_are_outputs_and_columns_are_source_tokens(
     run_dir, tmp_path, capsys, monkeypatch
 ):
-    from attnlab.viz import attention as viz
-
     seen = {}
     real_plot, real_grid = viz.plot_attention, viz.plot_attention_grid
 
@@ -458,9 +463,6 @@ def test_config_file_flags_and_set_merge_in_order(tmp_path, capsys):
 def test_moe_transformer_adds_its_load_balancing_loss():
     """ffn=moe: the task's loss is the token cross-entropy plus moe_aux_coef × the experts'
     load-balancing losses reported during that forward (nothing stored on the model)."""
-    from attnlab.attention import collect_aux_losses
-    from attnlab.tasks.losses import cross_entropy
-
     data = build_data(DataConfig(task="numbers", lang="it", high=99, n_examples=100))
     task = TranslationTask(data, eval_examples=0)
     model = build_model(
@@ -489,9 +491,6 @@ def test_moe_transformer_adds_its_load_balancing_loss():
 def test_small_transformer_learns_italian_numbers():
     """English -> Italian numbers 0-999: a tiny Transformer reaches high exact match on numbers
     it never saw in training within a short CPU run."""
-    from attnlab.metrics.translation import evaluate_pairs
-    from attnlab.train import TrainConfig, train
-
     data = build_data(DataConfig(task="numbers", lang="it", high=999, n_examples=1000))
     task = TranslationTask(data, eval_examples=0)
     model = build_model("transformer", len(data.src_vocab), len(data.tgt_vocab), preset="tiny")
@@ -508,11 +507,8 @@ def test_small_transformer_learns_italian_numbers():
         progress=False,
         device="cpu",
     )
-    import tempfile
-
     with tempfile.TemporaryDirectory() as d:
         train(model, task, cfg, d)
-        from attnlab.data.translation import load_vocabs
 
         vocabs = load_vocabs(d)
     res = evaluate_pairs(model, vocabs, data.splits["test"])

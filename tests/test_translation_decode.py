@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from attnlab.attention.cache import DecodeState
-from attnlab.data.translation import END_ID, PAD_ID, START_ID
+from attnlab.data.translation import END_ID, PAD_ID, START_ID, Normalizer, TranslationVocabs, Vocab
 from attnlab.decoding import length_penalty
-from attnlab.metrics.translation import decode
+from attnlab.metrics.translation import decode, evaluate_pairs
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.models.translation import build_translation_model
 
@@ -318,9 +318,6 @@ class OracleState(DecodeState):
 def test_a_perfect_translator_scores_full_marks(level):
     """Exact match, BLEU and chrF of a model that outputs every reference exactly are 100, also
     for punctuation that word-level detokenisation writes with extra spaces."""
-    from attnlab.data.translation import Normalizer, TranslationVocabs, Vocab
-    from attnlab.metrics.translation import evaluate_pairs
-
     pairs = [
         ("Good morning, Anna!", "Buongiorno, Anna!"),
         ("Where is the station?", "Dov'è la stazione?"),

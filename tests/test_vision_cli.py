@@ -13,8 +13,17 @@ from PIL import Image
 from attnlab.cli import main
 from attnlab.config.overrides import parse_value
 from attnlab.config.vision import ViTConfig
+from attnlab.data.images import load_digits
+from attnlab.errors import UserError
+from attnlab.experiments import common
+from attnlab.experiments import inductive_bias as ib
 from attnlab.models.vision import VisionTransformer
-from attnlab.viz.vision import attention_rollout, cls_attention, overlay_attention
+from attnlab.viz.vision import (
+    attention_rollout,
+    cls_attention,
+    overlay_attention,
+    plot_vit_attention,
+)
 
 FAST = ["--steps", "3", "--batch-size", "16", "--eval-every", "3", "--warmup", "1", "--no-progress"]
 
@@ -30,8 +39,6 @@ def vit_run(tmp_path_factory):
 
 
 def _digit_png(path, size=8):
-    from attnlab.data.images import load_digits
-
     x = load_digits().test[0][0, 0]
     Image.fromarray((x.numpy() * 255).astype(np.uint8)).resize((size, size)).save(path)
     return path
@@ -180,8 +187,6 @@ def test_bad_input_exit_2_with_named_values(vit_run, tmp_path, capsys):
 
 
 def test_model_rejects_wrong_channels_through_the_library():
-    from attnlab.errors import UserError
-
     model = VisionTransformer(ViTConfig.preset("tiny"))
     with pytest.raises(UserError, match="1-channel images, got 3 channels"):
         model(torch.zeros(1, 3, 8, 8))
@@ -231,10 +236,6 @@ def test_inductive_bias_experiment_small(tmp_path, capsys):
 def test_inductive_bias_max_time_sizes_equal_steps_from_measured_speed(monkeypatch):
     """With --max-time every run gets the same steps: (1 - RESERVE) of the budget over the
     (seed, fraction) pairs, divided by the CNN's plus the ViT's measured seconds per step."""
-    from attnlab.data.images import load_digits
-    from attnlab.experiments import common
-    from attnlab.experiments import inductive_bias as ib
-
     speeds = iter([0.01, 0.03])  # the CNN, then the ViT
     monkeypatch.setattr(common, "seconds_per_step", lambda *a, **k: next(speeds))
     now = [0.0]
@@ -293,8 +294,6 @@ def test_model_attention_maps_and_overlay(tmp_path):
 
 def test_plot_vit_attention_maps_are_softmax_qk_of_the_last_block(tmp_path):
     """The class-token map equals softmax(QKᵀ/√d) of the last block recomputed from its weights."""
-    from attnlab.viz.vision import plot_vit_attention
-
     model = VisionTransformer(ViTConfig.preset("tiny")).eval()
     block_inputs = []
     model.blocks[-1].register_forward_pre_hook(lambda m, args: block_inputs.append(args[0]))

@@ -7,21 +7,25 @@ from __future__ import annotations
 import gzip
 import pickle
 import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+import attnlab.data.images as images
 from attnlab.data.images import (
     load_cifar10,
     load_digits,
+    load_image_data,
     load_image_folder,
     load_mnist,
     make_shapes,
     random_crop,
     random_flip,
     read_image,
+    safe_unpickle,
 )
 from attnlab.errors import UserError
 from attnlab.tasks.image import ImageClassificationTask
@@ -233,8 +237,6 @@ def test_train_fraction_keeps_a_subset():
 
 
 def test_image_size_resizes_fixed_size_sources():
-    from attnlab.data.images import load_image_data
-
     d = load_digits()
     assert load_image_data("digits", image_size=8).image_shape == (1, 8, 8)
     big = load_image_data("digits", image_size=16)
@@ -288,8 +290,6 @@ def test_cifar10_crafted_pickle_is_refused_before_it_runs(tmp_path, protocol):
 
 
 def test_cifar10_refuses_every_global_but_numpy_arrays(tmp_path):
-    from attnlab.data.images import safe_unpickle
-
     path = tmp_path / "b"
     for payload in (
         b"cos\nsystem\n(S'touch x'\ntR.",  # protocol 0: os.system("touch x")
@@ -335,10 +335,6 @@ def test_cifar10_real_format_batches_load_at_every_protocol(tmp_path, protocol):
 
 def test_no_image_reader_unpickles():
     """Only the CIFAR-10 reader touches pickles, and only through the restricted unpickler."""
-    from pathlib import Path
-
-    import attnlab.data.images as images
-
     for path in Path(images.__file__).parent.glob("*.py"):
         text = path.read_text()
         assert "pickle.load(" not in text and "torch.load(" not in text, path.name

@@ -7,12 +7,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers  # test extra, pinned in pyproject
+from safetensors.torch import load_file
 
+from attnlab.attention import collect_aux_losses
 from attnlab.config.vision import VIT_PRESETS, ViTConfig
 from attnlab.errors import UserError
+from attnlab.interop import from_hf
 from attnlab.interop.hf.vision import vit_from_hf_state_dict, vit_to_hf
+from attnlab.layers.position import sincos_2d
 from attnlab.layers.position.grid import interpolate_positions
 from attnlab.metrics.classification import evaluate_classifier
+from attnlab.models.registry import get_kind
 from attnlab.models.vision import VisionTransformer
 
 
@@ -202,8 +207,6 @@ def test_no_causal_mask_first_token_sees_last_patch(pooling):
 
 
 def test_sincos_positions_are_fixed_2d_tables():
-    from attnlab.layers.position import sincos_2d
-
     model = VisionTransformer(ViTConfig.preset("tiny", position="sincos"))
     assert not any(n.startswith("pos_embed") for n, _ in model.named_parameters())
     assert "pos_embed.weight" not in model.state_dict()  # fixed: nothing to store
@@ -287,10 +290,6 @@ def test_vit_without_qkv_bias_and_with_tanh_gelu_matches_hf():
 def test_from_hf_folder_goes_through_this_conversion(tmp_path):
     """attnlab.interop.from_hf loads ViT folders through the same key map as vit_from_hf_state_dict,
     the function the parity tests above check: the same weights, the same logits."""
-    from safetensors.torch import load_file
-
-    from attnlab.interop import from_hf
-
     hf = _hf_vit(transformers.ViTForImageClassification)
     hf.save_pretrained(tmp_path)
     ours = from_hf(tmp_path)  # save_pretrained writes the older key names: both rename them
@@ -336,8 +335,6 @@ def test_need_weights_are_softmax_qk_of_every_layer():
 )
 def test_block_fields_work_for_vit(block):
     """GQA, QK-norm, SwiGLU, MoE, RMSNorm and drop-path come from the shared block config."""
-    from attnlab.attention import collect_aux_losses
-
     model = VisionTransformer(ViTConfig.preset("tiny", **block)).train()
     blk = model.blocks[-1]
     assert blk.attn.n_kv_heads == model.config.n_kv_heads
@@ -353,8 +350,6 @@ def test_block_fields_work_for_vit(block):
 def test_first_release_weight_names_load():
     """The first release stored the learned positions as ``pos_embed``: the vit kind's upgrade
     maps them to ``pos_embed.weight``."""
-    from attnlab.models.registry import get_kind
-
     model = VisionTransformer(ViTConfig.preset("tiny"))
     old = {
         ("pos_embed" if k == "pos_embed.weight" else k): v for k, v in model.state_dict().items()

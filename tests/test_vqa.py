@@ -8,7 +8,10 @@ from attnlab.config.multimodal import VQAConfig
 from attnlab.data.scenes import build_vocab
 from attnlab.errors import UserError
 from attnlab.models.multimodal.vqa import LSTMVQA, TransformerVQA, build_vqa
+from attnlab.runs import load
 from attnlab.tasks.vqa import VQATask
+from attnlab.train import TrainConfig, train
+from test_caption import recomputed_cross_attention
 
 VOCAB = build_vocab()
 
@@ -88,8 +91,6 @@ def test_transformer_cross_attention_rows_sum_to_one():
 def test_captured_question_to_image_attention_equals_the_softmax_recomputed():
     """The weights need_weights returns are softmax(q kᵀ / √d) of the cross-attention's own
     projections of the question states and image tokens it was given."""
-    from test_caption import recomputed_cross_attention
-
     m = tiny("transformer", n_layers=2, position="rope", n_heads=4, n_kv_heads=1)
     q, n = questions(TEXTS)
     x = torch.rand(2, 3, 32, 32)
@@ -150,9 +151,6 @@ def test_short_run_reads_the_image_beyond_what_the_question_gives_away(tmp_path)
     seed 0 failed by a hair. 400 steps give 54.3 %, 52.7 %, 52.1 % (blind model, seed 0:
     40.1 %) for a third more steps (about 66 s of CPU in all); neither a higher learning rate nor
     smaller batches with more steps did as well for the same time."""
-    from attnlab.runs import load
-    from attnlab.train import TrainConfig, train
-
     task = VQATask(n_train=1500, n_val=150, n_unseen=50)
     cfg = TrainConfig(
         steps=400,

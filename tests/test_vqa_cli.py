@@ -1,12 +1,14 @@
 """CLI: attnlab scene, train vqa, ask (unknown words, bad images), eval, and exit codes."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from attnlab.cli import main
+from attnlab.data.scenes import COLOURS, answer_list
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +51,12 @@ def test_scene_writes_image_captions_and_answers(vqa_run):
     assert img.shape == (32, 32, 3)
     info = json.loads((vqa_run / "scenes" / "scene_1.json").read_text())
     assert info["captions"] and info["questions"] and info["objects"]
-    from attnlab.data.scenes import COLOURS
 
     for o in info["objects"]:  # the saved PNG shows each listed object in its colour
         assert tuple(img[int(o["y"]), int(o["x"])]) == COLOURS[o["colour"]]
 
 
 def test_ask_answers_from_the_answer_list(vqa_run, capsys):
-    from attnlab.data.scenes import answer_list
-
     capsys.readouterr()
     rc = main(
         [
@@ -159,8 +158,6 @@ def test_training_again_from_the_saved_config_reproduces_the_losses(vqa_run, tmp
 def test_resume_reads_the_runs_own_settings(vqa_run, tmp_path):
     """--resume continues with the run's config.json: the data and model flags need not be
     typed again (their defaults differ from what the run was trained with)."""
-    import shutil
-
     run = tmp_path / "run"
     shutil.copytree(vqa_run / "run", run)
     assert main(["train", "vqa", "--out", str(run), "--resume", "--steps", "5"]) == 0
