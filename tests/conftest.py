@@ -29,7 +29,7 @@ def _browser_missing() -> str | None:
     if shutil.which(CHROMIUM) is None:
         return f"Chromium not found at {CHROMIUM} (apt-get install chromium)"
     try:
-        import playwright.sync_api  # noqa: F401
+        import playwright.sync_api  # noqa: F401  (optional: the browser tests skip without it)
     except ImportError:
         return "playwright is not installed (pip install -e '.[test]')"
     return None

@@ -18,7 +18,7 @@ CHROMIUM = os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium")  # never Play
 @pytest.fixture(scope="module", name="browser")
 def browser_fixture():
     """One headless Chromium per test module (import this into a module to use ``browser``)."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # optional: only the browser tests need it
 
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, headless=True)

@@ -434,7 +434,7 @@ def test_read_header_gives_shapes_and_bytes_without_data(tmp_path):
 
 
 def test_sharded_header_reads_a_distributed_checkpoint_without_data(tmp_path):
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp  # heavy (~1.5 s): this test only
 
     tensors = {"a.weight": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.bfloat16)}
     with single_process_dcp():

@@ -147,7 +147,7 @@ _PUBLISHED = {"bert-mini": 11.3, "bert-small": 29.1, "bert-base": 110, "bert-lar
 def test_every_bert_sized_preset_has_the_size_of_huggingface_bert(name):
     """Parameters counted on the ``meta`` device (nothing allocated): exactly those of
     transformers' BertForMaskedLM of the same sizes, and the published size within 2 %."""
-    import transformers
+    import transformers  # heavy optional reference (the test extra): this test only
 
     cfg = EncoderConfig.preset(name)
     hf_cfg = transformers.BertConfig(

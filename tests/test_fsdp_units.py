@@ -157,6 +157,7 @@ def test_failed_sharded_save_keeps_the_previous_checkpoint_which_resumes_exactly
 ):
     """ENOSPC in the middle of the DCP write of step 4: one RunWriteError line naming the kept
     checkpoint (step 2); nothing of step 4 is published; the resume equals an unbroken run."""
+    # heavy (torch.distributed.checkpoint, ~1.5 s): this test only
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
     cfg = base_cfg(strategy="fsdp", steps=4, eval_every=2, schedule="constant", warmup_steps=1)

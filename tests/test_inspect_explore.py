@@ -120,7 +120,7 @@ def test_show_renders_any_model_inline_without_a_run(runs):
 def test_heads_table_and_ablation_in_the_browser(runs, tmp_path):
     if not os.path.exists(CHROMIUM):
         pytest.skip(f"no Chromium at {CHROMIUM}")
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # optional: only the browser tests need it
 
     model = Explorer(runs["lm"]).run.model
     notebook = tmp_path / "inline.html"

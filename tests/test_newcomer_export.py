@@ -37,7 +37,7 @@ def _out(capsys, argv: list[str]) -> str:
 
 @pytest.mark.parametrize("name", ["lm_gpt2", "lm_llama"])  # char tokenizer, byte-level BPE
 def test_the_round_trip_through_a_hugging_face_folder(name, tmp_path, capsys, monkeypatch):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy optional reference (the test extra)
 
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
     run, hf, back = tmp_path / "run", tmp_path / "hf", tmp_path / "back"
@@ -69,7 +69,7 @@ def test_the_round_trip_through_a_hugging_face_folder(name, tmp_path, capsys, mo
 
 
 def test_a_character_tokenizer_with_specials_opens_in_auto_tokenizer(tmp_path):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # heavy optional reference (the test extra)
 
     tok = TokenizerWithSpecials(CharTokenizer.train("the cat sat\n on a mat"))
     text = tokenizer_json(tok)

@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 
 def _hf_attention(n_heads: int, num_buckets: int, max_distance: int, decoder: bool):
+    # heavy optional reference (the test extra): imported by the tests that compare with it
     from transformers import T5Config
     from transformers.models.t5.modeling_t5 import T5Attention
 

@@ -10,6 +10,7 @@ import pathlib
 
 import pytest
 import torch
+import yaml
 
 from attnlab.cli import main
 from attnlab.errors import RunDirError
@@ -35,8 +36,6 @@ def test_a_yaml_config_file_end_to_end(tmp_path):
 
 
 def test_a_yaml_tag_that_builds_an_object_is_refused_and_runs_nothing(tmp_path, capsys):
-    import yaml
-
     marker = tmp_path / "marker"
     evil = tmp_path / "evil.yml"
     evil.write_text(

@@ -32,7 +32,7 @@ from attnlab.tasks.image import ImageClassificationTask
 
 
 def test_digits_are_sklearn_digits_in_unit_range():
-    from sklearn.datasets import load_digits as sk
+    from sklearn.datasets import load_digits as sk  # heavy (~1 s): this test only
 
     d = load_digits()
     assert d.image_shape == (1, 8, 8) and d.classes == [str(i) for i in range(10)]
