@@ -42,6 +42,7 @@ from attnlab.experiments import common
 from attnlab.fileio import atomic_save, atomic_write_text
 from attnlab.layers import evaluating
 from attnlab.models.universal import UniversalTransformer
+from attnlab.plotting import pyplot
 from attnlab.runs import save_model
 from attnlab.train.distributed import resolve_device
 
@@ -303,10 +304,7 @@ def summarise(results: dict) -> str:
 
 def plot_steps_and_accuracy(results: dict, path: str | Path) -> None:
     """Left: ACT steps by length; right: both models' accuracy by length."""
-    import matplotlib  # (heavy, optional: only where a plot is drawn)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     act, fixed = results["act"]["by_length"], results["fixed"]
     xs = [int(n) for n in act]

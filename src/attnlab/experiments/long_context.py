@@ -50,6 +50,7 @@ from attnlab.experiments.lm_runs import lm_task
 from attnlab.fileio import atomic_save, atomic_write_text
 from attnlab.layers import evaluating
 from attnlab.models.transformer_xl import TransformerXL
+from attnlab.plotting import pyplot
 from attnlab.runs import save_model
 from attnlab.train.distributed import resolve_device
 
@@ -431,10 +432,7 @@ def summarise(results: dict) -> str:
 
 def plot_loss_by_position(results: dict, path: str | Path) -> None:
     """Loss at each position of the documents, one line per reading."""
-    import matplotlib  # (heavy, optional: only where a plot is drawn)
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
     L = results["config"]["segment"]
