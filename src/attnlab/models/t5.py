@@ -56,7 +56,7 @@ class T5(nn.Module):
     Attributes:
         src_emb, tgt_emb: token embeddings (one module when ``share_embeddings``);
         enc_bias, dec_bias: the two relative-bias tables (``T5RelativeBias``, one per stack);
-        encoder, decoder: ``nn.ModuleList`` of :class:`attnlab.layers.TransformerBlock`;
+        encoder, decoder: ``nn.ModuleList`` of :class:`attnlab.layers.block.TransformerBlock`;
         enc_norm, dec_norm: the final RMS norms; lm_head: output projection (the target
         embedding when tied).
     """
