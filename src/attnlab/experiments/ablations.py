@@ -43,8 +43,10 @@ from attnlab.errors import UserError
 from attnlab.experiments import common
 from attnlab.experiments.induction import InductionConfig, TokenSource
 from attnlab.experiments.lm_runs import undertrained_lm
+from attnlab.fileio import atomic_save
 from attnlab.models.encoder import EncoderMLM
 from attnlab.models.lm import DecoderLM
+from attnlab.plotting import pyplot
 
 __all__ = [
     "ROWS",
@@ -398,12 +400,7 @@ def summarise(results: dict) -> str:
 
 def plot_ablations(results: dict, path: str | Path) -> None:
     """Training loss of every variant, one panel per row; the MoE row's expert loads."""
-    import matplotlib  # optional plotting dependency
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # optional plotting dependency
-
-    from attnlab.fileio import atomic_save
+    plt = pyplot()
 
     rows = results["rows"]
     panels = len(rows) + ("moe" in rows)

@@ -34,9 +34,9 @@ from attnlab.errors import UserError
 from attnlab.experiments import common
 from attnlab.fileio import atomic_save
 from attnlab.models.vision.factory import build_image_classifier
+from attnlab.plotting import pyplot
 from attnlab.tasks.image import ImageClassificationTask, load_task_data
 from attnlab.train import TrainConfig, train
-from attnlab.train.curves import load_matplotlib
 
 __all__ = [
     "PatchSizeSettings",
@@ -285,7 +285,7 @@ def _table(rows: list[dict[str, Any]]) -> common.Table:
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
-    plt = load_matplotlib()
+    plt = pyplot()
     rows = result["table"]
     p = [r["patch_size"] for r in rows]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.6))
