@@ -29,6 +29,7 @@ from attnlab.experiments.scene_runs import (
 )
 from attnlab.fileio import atomic_write_text
 from attnlab.models.multimodal.captioner import build_captioner
+from attnlab.plotting import pyplot
 from attnlab.tasks.caption import CaptionTask, accuracy_by_position, caption_metrics
 
 __all__ = ["CaptionBPTTConfig", "run", "format_table"]
@@ -107,12 +108,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
-    try:
-        import matplotlib  # (optional dependency: the plot is skipped without it)
-    except ImportError:
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # (after choosing the headless backend)
+    plt = pyplot()  # (matplotlib is a dependency of attnlab)
 
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for name, accs in result["by_position"].items():

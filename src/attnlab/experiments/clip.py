@@ -33,6 +33,7 @@ from attnlab.experiments.scene_runs import (
 )
 from attnlab.fileio import atomic_write_text
 from attnlab.models.multimodal.clip import DualEncoder
+from attnlab.plotting import pyplot
 from attnlab.tasks.clip import ClipTask
 
 __all__ = ["ClipExperimentConfig", "run", "format_table", "TEXT_TOWERS"]
@@ -133,12 +134,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def _plot(result: dict[str, Any], path: Path) -> None:
-    try:
-        import matplotlib  # (optional dependency: the plot is skipped without it)
-    except ImportError:
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # (after choosing the headless backend)
+    plt = pyplot()  # (matplotlib is a dependency of attnlab)
 
     towers = list(result["results"])
     fig, ax = plt.subplots(figsize=(7, 3.6))
