@@ -30,6 +30,7 @@ from attnlab.commands.lm_speculative import (
 from attnlab.decoding.text import beam_text, encode_prompt, stop_list, stream_sample
 from attnlab.errors import RunDirError, UserError
 from attnlab.runspec import FAMILIES
+from attnlab.runspec.lm_xl import xl_task
 
 LM = FAMILIES["lm"]
 LM_KINDS = LM.kinds
@@ -251,7 +252,7 @@ def _eval_lm(args: argparse.Namespace) -> int:
             "held-out split to evaluate (a run converted from a Hugging Face folder that attnlab "
             "did not export)"
         )
-    task = LMTask.from_config(loaded.task, loaded.tokenizer)
+    task = xl_task(loaded.kind, LMTask.from_config(loaded.task, loaded.tokenizer))
     res = task.val_loss(loaded.model, batch_size=args.batch_size, n_batches=args.max_batches)
     print(
         f"{args.run_dir}: val loss {res['loss']:.4f}, perplexity {res['perplexity']:.3f} "
@@ -340,7 +341,9 @@ def _add_train_lm_parser(groups) -> None:
          "cache, streaming), or a directory written by 'attnlab prepare' (= --set task.data=...)",
          {"metavar": "CORPUS"}),
         ("--arch", sorted(LM.kind_names), None,
-         "model family: transformer (DecoderLM, default), lstm or bigram baselines"),
+         "model family: transformer (DecoderLM, default), transformer-xl (segments with memory, "
+         "read as contiguous streams; --seq-len is the segment, --set mem_len=M the memory), "
+         "lstm or bigram baselines"),
         ("--preset", None, None,
          "size/style preset (default: a Transformer chosen by the budget rule; the "
          f"baselines' tiny); transformer: {', '.join(sorted(PRESETS))}; "

@@ -212,7 +212,10 @@ def stream_generate(
                 kwargs = dict(fwd_kwargs)
                 if has_padding:
                     kwargs["attention_mask"] = mask[:, start:]
-                logits = model(tokens[:, start:], **kwargs)[:, -1]  # (B, V)
+                out = model(tokens[:, start:], **kwargs)
+                if isinstance(out, tuple):  # (logits, memory) of a Transformer-XL: no memory
+                    out = out[0]
+                logits = out[:, -1]  # (B, V)
             nxt = sample_next(
                 logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
             )

@@ -52,6 +52,7 @@ from attnlab.layers import evaluating
 from attnlab.models.transformer_xl import TransformerXL
 from attnlab.plotting import pyplot
 from attnlab.runs import save_model
+from attnlab.tasks.lm_xl import streams as text_streams
 from attnlab.train.distributed import resolve_device
 
 __all__ = ["LongContextConfig", "run_long_context", "Reading", "read_sliding", "read_memory"]
@@ -204,12 +205,6 @@ def read_memory(model: TransformerXL, docs: Tensor, segment: int) -> Reading:
     return Reading(nll, rows, pairs, time.perf_counter() - start)
 
 
-def _streams(ids: np.ndarray, batch_size: int) -> np.ndarray:
-    """The training split as ``batch_size`` contiguous streams ``(B, n)``."""
-    n = len(ids) // batch_size
-    return np.asarray(ids[: n * batch_size], dtype=np.int64).reshape(batch_size, n)
-
-
 def train_xl(
     model: TransformerXL,
     ids: np.ndarray,
@@ -224,7 +219,7 @@ def train_xl(
     Returns:
         ``{"steps", "seconds", "losses"}``.
     """
-    streams = torch.from_numpy(_streams(ids, cfg.batch_size)).to(device)
+    streams = torch.from_numpy(text_streams(ids, cfg.batch_size)).to(device)
     L = cfg.segment
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
     warmup = max(1, min(100, (cfg.steps or 1000) // 10))

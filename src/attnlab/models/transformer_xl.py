@@ -23,11 +23,13 @@ Shape legend: B batch, T segment, M memory, C d_model, V vocab_size, L layers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from attnlab.attention.cache import DecodeState
 from attnlab.attention.relative_xl import SegmentMemory, XLAttention
 from attnlab.config.variants import TransformerXLConfig
 from attnlab.errors import UserError
@@ -39,7 +41,7 @@ from attnlab.layers.norm import make_norm
 from attnlab.layers.position.xl import XLRelativePositions
 from attnlab.models.registry import register_kind
 
-__all__ = ["TransformerXL", "XLOutput", "build_xl_block"]
+__all__ = ["TransformerXL", "XLOutput", "XLDecodeState", "build_xl_block"]
 
 
 class XLOutput(NamedTuple):
@@ -52,6 +54,14 @@ class XLOutput(NamedTuple):
 
     out: Tensor
     memory: list[Tensor]
+
+
+@dataclass
+class XLDecodeState(DecodeState):
+    """The decoding state of a :class:`TransformerXL`: its memory, one ``(B, M, C)`` tensor per
+    layer (beam search reorders the rows)."""
+
+    memory: list[Tensor] = field(default_factory=list)
 
 
 def build_xl_block(config: TransformerXLConfig) -> TransformerBlock:
@@ -161,6 +171,31 @@ class TransformerXL(nn.Module):
         if targets is not None:
             return XLOutput(cross_entropy(self.lm_head(h), targets), new_memory)
         return XLOutput(self.lm_head(h), new_memory)
+
+    def start_decoding(self, batch_size: int, max_len: int | None = None) -> XLDecodeState:
+        """An empty memory for ``batch_size`` rows (``max_len`` is not needed: the memory keeps
+        only the last ``mem_len`` states)."""
+        return XLDecodeState(self.empty_memory(batch_size))
+
+    @torch.no_grad()
+    def decode_step(
+        self, tokens: Tensor, state: XLDecodeState, *, attention_mask: Tensor | None = None
+    ) -> tuple[Tensor, XLDecodeState]:
+        """Read ``tokens (B, T)`` after the state's memory, in segments of at most
+        ``max_seq_len − mem_len`` tokens (a prompt fills the memory segment by segment; then one
+        token per step); the logits ``(B, V)`` of the next token.
+
+        Raises:
+            UserError: an attention mask (padded prompts are not supported here).
+        """
+        if attention_mask is not None:
+            raise UserError("Transformer-XL decodes unpadded prompts only: give one prompt")
+        step = self.config.max_seq_len - self.config.mem_len
+        memory = state.memory
+        for begin in range(0, tokens.shape[1], step):
+            logits, memory = self(tokens[:, begin : begin + step], memory=memory)
+        state.memory = memory
+        return logits[:, -1], state
 
     def _check_memory(self, memory: list[Tensor], B: int, T: int) -> None:
         c = self.config

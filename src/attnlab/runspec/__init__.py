@@ -20,7 +20,8 @@ the run as saved: settings that contradict it are refused, each named.
     model, task = build_run(spec)          # reads the corpus, builds the model (seeded)
     train(model, task, spec.train, "runs/exp")
 
-Families: ``lm`` (decoder-only Transformer, LSTM and bigram LMs) and ``mlm`` (the BERT-style
+Families: ``lm`` (decoder-only Transformer, Transformer-XL (:mod:`attnlab.runspec.lm_xl`), LSTM
+and bigram LMs) and ``mlm`` (the BERT-style
 encoder), resolved here; ``image`` (:mod:`attnlab.runspec.vision`), ``caption`` and ``vqa``
 (:mod:`attnlab.runspec.scenes`) and ``translate`` (:mod:`attnlab.runspec.translation`) bring
 their own resolver and builder; ``t5-span`` (:mod:`attnlab.runspec.t5_span`) is a corpus family
@@ -48,6 +49,7 @@ from attnlab.errors import UserError, did_you_mean
 from attnlab.models.registry import build_model, get_kind
 from attnlab.runspec.budget import choose_lm_settings, fastest_ref_steps_per_s
 from attnlab.runspec.clip import CLIP
+from attnlab.runspec.lm_xl import XL_KIND, xl_lengths, xl_task
 from attnlab.runspec.scenes import CAPTION, VQA
 from attnlab.runspec.spec import Family, Given, RunSpec, merge_sections, refuse_resume_changes
 from attnlab.runspec.t5_span import T5_SPAN
@@ -80,12 +82,17 @@ FAMILIES: dict[str, Family] = {
     "lm": Family(
         "lm",
         "language model",
-        ("decoder_lm", "lstm_lm", "bigram_lm"),
+        ("decoder_lm", "lstm_lm", "bigram_lm", "transformer_xl"),
         LMTaskConfig,
         LMTask,
         _CORPUS_FLAGS,
         kind_flag="--arch",
-        kind_names={"transformer": "decoder_lm", "lstm": "lstm_lm", "bigram": "bigram_lm"},
+        kind_names={
+            "transformer": "decoder_lm",
+            "lstm": "lstm_lm",
+            "bigram": "bigram_lm",
+            "transformer-xl": "transformer_xl",
+        },
         budget_rule=True,
     ),
     "mlm": Family(
@@ -251,14 +258,17 @@ def resolve(
     }
     task = dict(sections["task"])
     given_len = {**file_model, **cli_model}.get("max_seq_len")  # not a preset's default
-    if given_len is not None and task.get("seq_len", given_len) != given_len:
+    if kind == XL_KIND:  # a segment and a memory: max_seq_len = seq_len + mem_len
+        xl_lengths(model, task, given_len, cls)
+    elif given_len is not None and task.get("seq_len", given_len) != given_len:
         raise UserError(
             f"--seq-len {task['seq_len']} and --set max_seq_len={given_len} disagree "
             "(task.seq_len and model.max_seq_len are the same thing: give one)"
         )
-    if "seq_len" not in task:
-        task["seq_len"] = model.get("max_seq_len", cls().max_seq_len)
-    model["max_seq_len"] = task["seq_len"]
+    if kind != XL_KIND:
+        if "seq_len" not in task:
+            task["seq_len"] = model.get("max_seq_len", cls().max_seq_len)
+        model["max_seq_len"] = task["seq_len"]
     train = TrainConfig.from_dict(sections["train"])
     # the task's seed (window positions, masks) follows --seed unless set apart
     if task.get("seed") is None or (
@@ -414,6 +424,7 @@ def build_run(spec: RunSpec, *, ref_steps_per_s: float | None = None) -> tuple[n
         if spec.run_dir is None:
             raise UserError("a resumed RunSpec needs run_dir (the run's directory)")
         task = fam.task_type.from_config(spec.resume["task"], load_tokenizer(spec.run_dir))
+        task = xl_task(spec.resume["kind"], task)
         return build_model(spec.resume["kind"], spec.resume["model"]), task
     _check_backend(spec.model_config(vocab_size=256 + fam.specials_for(spec.task.to_dict())))
     if fam.task_type is LMTask:
@@ -425,4 +436,4 @@ def build_run(spec: RunSpec, *, ref_steps_per_s: float | None = None) -> tuple[n
         task = _apply_budget_rule(spec, task, ref_steps_per_s)
     config = spec.model_config(task.vocab_size)
     torch.manual_seed(spec.train.seed)
-    return build_model(spec.kind, config), task
+    return build_model(spec.kind, config), xl_task(spec.kind, task)

@@ -38,7 +38,7 @@ from attnlab.train.optim import LRSchedule
 from attnlab.train.rng import restore_rng, seed_all
 from attnlab.train.sharded import load_full_into_sharded, load_sharded
 
-__all__ = ["load_checkpoint", "warn_about_settings"]
+__all__ = ["load_checkpoint", "restore_task_state", "warn_about_settings"]
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,17 @@ def _load_whole(
         optimizer.load_state_dict(state["optimizer"])
     except ValueError as err:
         raise RunDirError(f"cannot resume: optimizer state does not fit the model: {err}") from None
+
+
+def restore_task_state(run_dir: Path, task) -> None:
+    """Give a task with ``load_state_dict`` (:class:`~attnlab.tasks.lm_xl.XLTask`: the memory
+    carried between steps) what its ``state_dict`` left in state.pt, when there is any."""
+    path = run_dir / STATE_FILE
+    if not hasattr(task, "load_state_dict") or not path.exists():
+        return
+    saved = read_state(path).get("task")
+    if saved is not None:
+        task.load_state_dict(saved)
 
 
 def load_checkpoint(

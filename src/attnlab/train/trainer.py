@@ -69,7 +69,7 @@ from attnlab.train.clock import Budget, after_step, schedule_point, session_star
 from attnlab.train.config import TrainConfig
 from attnlab.train.optim import LRSchedule, make_optimizer
 from attnlab.train.progress import open_bar
-from attnlab.train.resume import load_checkpoint, warn_about_settings
+from attnlab.train.resume import load_checkpoint, restore_task_state, warn_about_settings
 from attnlab.train.rng import capture_rng, seed_all
 from attnlab.train.sharded import remove_sharded, save_sharded, write_consolidated
 from attnlab.train.signals import Interrupts, Terminated
@@ -214,6 +214,8 @@ def train(
             prog, history = load_checkpoint(
                 run_dir, model, optimizer, schedule, cfg, kind, model_cfg, device, rank
             )
+            if world == 1:  # a task's carried state (Transformer-XL's memory), one process only
+                restore_task_state(run_dir, task)
         else:
             seed_all(cfg.seed + rank)
         if main:  # messages and files once, from rank 0
@@ -520,6 +522,8 @@ class _Loop:
             "schedule": self.schedule.state_dict(),
             "rng": rng,
         }
+        if self.world == 1 and not self.sharded and hasattr(self.task, "state_dict"):
+            state["task"] = self.task.state_dict()  # Transformer-XL's memory
         # all files written before any is renamed (a folder renamed last for a sharded one): a
         # full disk or a signal in the middle keeps the previous checkpoint whole
         if self.sharded:
