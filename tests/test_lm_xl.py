@@ -125,3 +125,10 @@ def test_decoding_with_memory_equals_the_concatenated_forward():
 def test_memory_too_long_for_max_seq_len_is_refused():
     with pytest.raises(UserError, match=r"mem_len=48 is too long.*max_seq_len=40"):
         resolve(None, {**_FLAGS, "task.seq_len": 32}, ["model.mem_len=48", "max_seq_len=40"])
+
+
+def test_a_runs_config_with_a_longer_memory_derives_max_seq_len_again(tmp_path):
+    run = tmp_path / "xl"
+    _run(run, stop=1, mem_len=8)  # seq_len 8 + mem_len 8: max_seq_len 16
+    spec = resolve(run / "config.json", {}, ["mem_len=24"], family="lm")
+    assert (spec.task.seq_len, spec.model["mem_len"], spec.model["max_seq_len"]) == (8, 24, 32)

@@ -321,7 +321,7 @@ def _add_train_lm_parser(groups) -> None:
 
     p = groups["train"].add_parser(
         "lm",
-        help="train a language model (Transformer, LSTM or bigram) on a text corpus",
+        help="train a language model (Transformer, Transformer-XL, LSTM or bigram) on a text corpus",
         description="Train a language model on a local corpus (nothing is downloaded). "
         "Without a preset or model keys a Transformer's size, window, batch size, learning rate "
         "and warm-up come from the budget rule (the budget, the corpus size and this machine's "
@@ -347,13 +347,14 @@ def _add_train_lm_parser(groups) -> None:
         ("--preset", None, None,
          "size/style preset (default: a Transformer chosen by the budget rule; the "
          f"baselines' tiny); transformer: {', '.join(sorted(PRESETS))}; "
-         "lstm: tiny, small, medium; bigram: tiny (= --set model.preset=NAME)"),
+         "lstm: tiny, small, medium; bigram: tiny; transformer-xl: tiny, mini "
+         "(= --set model.preset=NAME)"),
         ("--tokenizer", ["char", "bpe"], None,
          "character-level (default) or byte-level BPE trained on the corpus"),
         ("--vocab-size", int, None, "BPE vocabulary size (default 512; at least 256)"),
         ("--seq-len", int, None,
          "training window = the model's context length (default: the preset's, or the budget "
-         "rule's)"),
+         "rule's; transformer-xl: the segment, its max_seq_len = seq-len + mem_len)"),
         ("--max-chars", int, None, "use only the first N characters of the corpus"),
         ("--backend", None, None,
          "attention backend: auto (default), sdpa, math, tiled, window, linear (same as --set "

@@ -135,7 +135,7 @@ def _preset_fields(cls: type[Config], name: str | None) -> dict[str, Any]:
 def _file_model(base: Mapping[str, Any], cls: type[Config], fam: Family) -> dict[str, Any]:
     """The model section of a config file, without what a run's config.json records although it
     follows from other values: the tokenizer's ``vocab_size`` (plus the specials),
-    ``max_seq_len`` = the task's ``seq_len``, and (in a complete section) head widths, KV heads
+    ``max_seq_len`` = the task's ``seq_len`` (Transformer-XL: ``seq_len + mem_len``), and (in a complete section) head widths, KV heads
     and FFN widths equal to their derived values, so that ``--set d_model=128`` on a run's
     config derives them again."""
     model = dict(base.get("model") or {})
@@ -145,6 +145,9 @@ def _file_model(base: Mapping[str, Any], cls: type[Config], fam: Family) -> dict
         del model["vocab_size"]
     if "max_seq_len" in model and model["max_seq_len"] == task.get("seq_len"):
         del model["max_seq_len"]
+    elif base.get("kind") == XL_KIND and "max_seq_len" in model and "seq_len" in task:
+        if model["max_seq_len"] == task["seq_len"] + model.get("mem_len", cls().mem_len):
+            del model["max_seq_len"]  # segment + memory: derived again
     fields = set(cls.field_names())
     if "preset" in model or not set(_DERIVED_FROM) <= set(model) or not set(model) <= fields:
         return model
