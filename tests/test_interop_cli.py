@@ -57,11 +57,17 @@ def test_convert_from_hf_and_back(tmp_path, capsys):
 
 def test_convert_failure_writes_nothing(tmp_path, capsys):
     (tmp_path / "hf").mkdir()
-    (tmp_path / "hf" / "config.json").write_text(json.dumps({"architectures": ["T5Model"]}))
+    (tmp_path / "hf" / "config.json").write_text(
+        json.dumps({"architectures": ["MambaForCausalLM"]})
+    )
     rc = main(["convert", "--from-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")])
     assert rc == 2
     err = capsys.readouterr().err
-    assert err.startswith("attnlab: error:") and "T5Model" in err and "LlamaForCausalLM" in err
+    assert (
+        err.startswith("attnlab: error:")
+        and "MambaForCausalLM" in err
+        and "LlamaForCausalLM" in err
+    )
     assert not (tmp_path / "run").exists()
     (tmp_path / "file").write_text("x")
     for argv in (
