@@ -333,3 +333,30 @@ def _run(
     }
     atomic_write_text(files["report"], json.dumps(report, indent=2) + "\n")
     return report
+
+
+def format_report(report: dict[str, Any], seconds: float) -> str:
+    """What ``attnlab demo`` prints at the end: the final losses of the three models beside the
+    tokens each read, the sample, the files written and the time the demo took."""
+    same = (
+        f"{report['budget']:.0f} s of training each"
+        if report["budget"] is not None
+        else f"{report['models'][0]['steps']} steps each"
+    )
+    lines = [
+        "",
+        f"Validation loss of the final models on the whole held-out pydoc split (the plot's "
+        f"stars; its circles read 4 batches during training); {same}, the same batches of "
+        f"{report['batch_size']} windows of {report['seq_len']} characters "
+        f"({report['tokenizer']} tokenizer):",
+        f"  {'model':<32}{'params':>10}{'tokens':>12}{'val loss':>10}{'ppl':>9}{'time':>8}",
+    ]
+    lines += [
+        f"  {row['name']:<32}{row['params']:>10,}{row['tokens']:>12,}{row['val_loss']:>10.4f}"
+        f"{math.exp(row['val_loss']):>9.2f}{row['time']:>7.0f}s"
+        for row in report["models"]
+    ]
+    lines += ["", f"Sample (temperature {report['temperature']}):", report["sample"], ""]
+    lines += [f"{name}: {path}" for name, path in report["files"].items()]
+    lines.append(f"demo finished in {seconds:.0f} s")
+    return "\n".join(lines)

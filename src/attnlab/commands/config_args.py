@@ -15,12 +15,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
+from attnlab.commands.flags import add_flags
 from attnlab.config.overrides import load_config_file
 from attnlab.config.train import TrainConfig
+from attnlab.errors import RunDirError, UserError
+from attnlab.runs import build_run, read_config
 from attnlab.runspec import Family, RunSpec, merge_sections, refuse_resume_changes, resolve
+from attnlab.train import add_train_args, check_run_dir
+from attnlab.train.distributed import resolve_device
+from attnlab.train.stopping import completion
 
 __all__ = [
     "add_config_args",
@@ -33,6 +40,8 @@ __all__ = [
     "flag_settings",
     "train_flag_keys",
     "resolve_spec",
+    "add_train_parser",
+    "start_run",
 ]
 
 _GIVEN = "_explicit_dests"
@@ -200,12 +209,6 @@ def resumed_config(
     Raises:
         UserError: ``--resume`` with ``--config``; RunDirError: a run of another kind.
     """
-    from pathlib import Path
-
-    from attnlab.errors import RunDirError, UserError
-    from attnlab.runs import read_config
-    from attnlab.train import check_run_dir
-
     check_run_dir(args.out, args.resume, args.overwrite)
     if not args.resume:
         return None
@@ -215,3 +218,61 @@ def resumed_config(
     if saved["kind"] not in kinds or (saved.get("task") or {}).get("type") != task_type:
         raise RunDirError(f"{str(Path(args.out))!r} does not hold a {what} training run")
     return saved
+
+
+def add_train_parser(
+    groups,
+    name: str,
+    func,
+    *,
+    sections: Iterable[tuple[str | None, Iterable[tuple]]],
+    train: Mapping[str, Any],
+    **kwargs: Any,
+) -> argparse.ArgumentParser:
+    """``attnlab train NAME``: its flag tables, the shared training flags, ``--config`` / ``--set``.
+
+    Args:
+        groups: the sub-parser collections (``groups["train"]``).
+        name, func: the sub-command and what runs it.
+        sections: ``(argument group title or None, flag rows)`` in ``--help``'s order.
+        train: the family's defaults for :func:`attnlab.train.add_train_args`.
+        **kwargs: ``help``, ``description`` of ``add_parser``.
+    """
+    p = groups["train"].add_parser(name, **kwargs)
+    for title, rows in sections:
+        add_flags(p if title is None else p.add_argument_group(title), rows)
+    add_train_args(p, **train)
+    add_config_args(p)
+    p.set_defaults(func=func)
+    return track_explicit(p)
+
+
+def start_run(
+    args: argparse.Namespace,
+    family: Family,
+    flag_keys: Mapping[str, str],
+    saved: Mapping[str, Any] | None,
+    *,
+    check_device: bool = False,
+    **given: Any,
+) -> tuple[RunSpec, Any, Any] | None:
+    """:func:`resolve_spec`, then :func:`attnlab.runs.build_run`: ``(spec, model, task)``.
+
+    Args:
+        saved: the resumed run's settings (None: a new run, or a file read as ``--config``).
+        check_device: refuse a bad ``--device`` in one line before the data is read.
+        **given: ``kind``, ``typed``, ``defaults`` of :func:`resolve_spec`.
+
+    Returns:
+        None when ``--resume`` finds the run complete already (which it prints, before any
+        data is read).
+    """
+    spec = resolve_spec(args, family, flag_keys, saved, **given)
+    done = completion(args.out, spec.train) if args.resume else None
+    if done:
+        print(done)
+        return None
+    if check_device:
+        resolve_device(spec.train.device)
+    model, task = build_run(spec)  # the budget rule chooses when no model is named
+    return spec, model, task

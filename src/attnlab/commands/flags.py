@@ -34,10 +34,11 @@ def add_flags(parser, rows: Iterable[tuple]) -> None:
     Args:
         parser: where the flags go.
         rows: ``(flag, kind, default, help[, keywords])`` rows, in the order ``--help`` lists
-            them. A ``None`` default of an action or a positional is argparse's own (False for
+            them (``flag`` may be a tuple of names: ``("-n", "--max-new-tokens")``). A ``None`` default of an action or a positional is argparse's own (False for
             ``store_true``).
     """
     for flag, kind, default, text, *more in rows:
+        names = flag if isinstance(flag, tuple) else (flag,)  # ("-n", "--max-new-tokens")
         kw: dict[str, Any] = {"help": text}
         if isinstance(kind, (list, tuple)):
             kw["choices"] = kind
@@ -47,11 +48,11 @@ def add_flags(parser, rows: Iterable[tuple]) -> None:
             kw["action"] = kind
         elif kind is not None:
             kw["type"] = kind
-        if default is not None or ("action" not in kw and flag.startswith("-")):
+        if default is not None or ("action" not in kw and names[0].startswith("-")):
             kw["default"] = default  # (argparse marks a '*' positional given one not required)
         if more:
             kw.update(more[0])
-        parser.add_argument(flag, **kw)
+        parser.add_argument(*names, **kw)
 
 
 def add_command(subparsers, name: str, *, func, flags: Iterable[tuple] = (), **kwargs: Any):

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from attnlab.config.base import Config
+from attnlab.config.overrides import parse_overrides
 from attnlab.config.vision import ImageTaskConfig
 from attnlab.errors import RunDirError, UserError
 from attnlab.experiments import common
@@ -424,3 +425,32 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
+
+
+def parse_sweep(fractions: str, seeds: str) -> tuple[list[float], list[int]]:
+    """``"0.1,0.25,0.5,1"`` and ``"0,1"`` -> the fractions and seeds of a sweep.
+
+    Raises:
+        UserError: a value that is not a number.
+    """
+    try:
+        return [float(f) for f in fractions.split(",")], [int(s) for s in seeds.split(",")]
+    except ValueError:
+        raise UserError(
+            f"--fractions/--seeds must be comma-separated numbers, got {fractions!r} / {seeds!r}"
+        ) from None
+
+
+def model_overrides(items: list[str], flag: str) -> dict[str, Any]:
+    """``--vit-set d_model=96`` items -> ``{"d_model": 96}`` (the one ``--set`` value parser).
+
+    Raises:
+        UserError: an item that sets another section than ``model``.
+    """
+    out = {}
+    for key, value in parse_overrides(items).items():
+        section, _, name = key.partition(".")
+        if section != "model":
+            raise UserError(f"{flag} sets model fields (KEY=VALUE), got {key!r}")
+        out[name] = value
+    return out
