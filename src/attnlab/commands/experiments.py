@@ -6,8 +6,7 @@
     attnlab experiment norm-placement --max-time 240 --out runs/norm-placement
     attnlab experiment warmup --max-time 240 --out runs/warmup
     attnlab experiment grokking --max-time 150 --out runs/grokking
-    attnlab experiment induction-heads --max-time 300 --out runs/induction-heads
-    attnlab experiment ablations --max-time 300 --out runs/ablations
+    attnlab experiment induction-heads --max-time 120 --out runs/induction-heads
 
 Every experiment here takes ``--max-time SECONDS`` for the whole experiment (it splits the budget
 over its runs) or ``--steps N`` per run (repeatable), writes ``table.md``, ``results.json`` and a
@@ -20,7 +19,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import torch
+
+from attnlab.commands.config_args import from_args
 from attnlab.commands.flags import add_flags, at_least_one
+from attnlab.experiments.common import TABLE_FILE
+from attnlab.experiments.exposure_bias import ExposureBiasConfig, run_exposure_bias
+from attnlab.experiments.extrapolation import ExtrapolationConfig, run_extrapolation
+from attnlab.experiments.grokking import GrokkingConfig, run_grokking
+from attnlab.experiments.induction import InductionConfig, run_induction
+from attnlab.experiments.label_smoothing import LabelSmoothingConfig, run_label_smoothing
+from attnlab.experiments.norm_placement import NormPlacementConfig, run_norm_placement
+from attnlab.experiments.warmup import WarmupConfig, run_warmup
 
 __all__ = ["register", "add_experiment_args"]
 
@@ -45,7 +55,8 @@ def add_experiment_args(p: argparse.ArgumentParser, *, name: str, max_time: floa
 
 
 def _experiments() -> list[dict]:
-    """Each experiment of this module: its parser's words, budget, own flags and runner.
+    """Each experiment of this module: its parser's words, budget, own flags and
+    ``(run function, config class)`` (``renamed``: config fields whose flag is named otherwise).
 
     ``lm`` holds the arguments of :func:`_lm_model_args` for the language-model experiments
     (``flags after lm`` follow that group on the usage line).
@@ -74,7 +85,7 @@ def _experiments() -> list[dict]:
                 ("--batch-size", int, 64, None),
                 ("--max-test", int, 1000, "held-out pairs scored"),
             ],
-            "func": _run_exposure_bias,
+            "run": (run_exposure_bias, ExposureBiasConfig),
         },
         {
             "name": "label-smoothing",
@@ -101,7 +112,7 @@ def _experiments() -> list[dict]:
                 ("--n-bins", int, 15, "confidence bins (default 15)"),
                 ("--max-test", int, 1000, None),
             ],
-            "func": _run_label_smoothing,
+            "run": (run_label_smoothing, LabelSmoothingConfig),
         },
         {
             "name": "extrapolation",
@@ -125,7 +136,7 @@ def _experiments() -> list[dict]:
                 ("--eval-windows", int, 128,
                  "held-out windows of the longest length scored (default 128)"),
             ],
-            "func": _run_extrapolation,
+            "run": (run_extrapolation, ExtrapolationConfig),
         },
         {
             "name": "norm-placement",
@@ -146,7 +157,7 @@ def _experiments() -> list[dict]:
                  "the warmed-up runs (default 0.2)"),
             ],
             "lm": {"lr": 1e-2, "context": 32},
-            "func": _run_norm_placement,
+            "run": (run_norm_placement, NormPlacementConfig),
         },
         {
             "name": "warmup",
@@ -170,7 +181,8 @@ def _experiments() -> list[dict]:
                  "norm placement of the blocks (default post, the original Transformer's)"),
             ],
             "lm": {"lr": None, "context": 32},
-            "func": _run_warmup,
+            "run": (run_warmup, WarmupConfig),
+            "renamed": {"norm_position": "norm"},
         },
         {
             "name": "grokking",
@@ -198,73 +210,37 @@ def _experiments() -> list[dict]:
                 ("--threads", int, 1, "torch CPU threads (default 1: tiny models, and much "
                  "faster than all cores on a busy machine)"),
             ],
-            "func": _run_grokking,
+            "run": (run_grokking, GrokkingConfig),
         },
         {
             "name": "induction-heads",
-            "help": "attention-only Transformers of 1 and 2 layers on repeated spans (random "
-            "tokens, pydoc): prefix-matching and previous-token scores, second-copy loss, ablation",
+            "help": "attention-only Transformers of 1 and 2 layers on repeated random spans: "
+            "prefix-matching and previous-token scores, second-copy loss, ablation",
             "description": "Train attention-only DecoderLMs (ffn none) of each depth on windows "
-            "(random tokens, and pydoc by characters) in which a span of random length repeats "
-            "to the end (same seed, the same steps per setting, fitted into --max-time by the "
-            "deepest, or --steps). Measure over training, on repeated random tokens [r, r]: "
-            "each head's prefix-matching score, the previous-token scores, the loss on the "
-            "second copy against ln V and the in-context-learning score; at the end "
-            "zero-ablate the 2-layer model's previous-token head (and a control head) and "
-            "measure again.",
-            "max_time": 300.0,
+            "of random tokens with one repeated span each (same seed, the same steps, fitted "
+            "into --max-time by the deepest, or --steps). Measure over training, on repeated "
+            "random tokens [r, r]: each head's prefix-matching score, the layer-1 heads' "
+            "previous-token scores, the loss on the second copy against ln V and the "
+            "in-context-learning score; at the end zero-ablate the 2-layer model's "
+            "previous-token head (and a control head) and measure again.",
+            "max_time": 120.0,
             "flags": [
                 ("--layers", _ints, (1, 2), "comma-separated depths (default 1,2)"),
-                ("--settings", _split, ("random", "pydoc"),
-                 "comma-separated base sequences: random tokens, pydoc characters (default both)"),
                 ("--vocab-size", int, 32, "random tokens (default 32)"),
                 ("--seq-len", int, 32, "window T, even (default 32)"),
-                ("--d-model", int, 128, None),
-                ("--n-heads", int, 4, "heads per layer (default 4)"),
+                ("--d-model", int, 64, None),
+                ("--n-heads", int, 2, "heads per layer (default 2)"),
                 ("--batch-size", int, 32, None),
-                ("--lr", float, 1e-3, "AdamW learning rate (default %(default)s)"),
-                ("--position", ["rope", "learned", "alibi"], "rope", None),
-                ("--min-span", float, 0.125,
-                 "shortest repeated span as a fraction of the window (default 0.125)"),
+                ("--lr", float, 3e-3, "AdamW learning rate (default %(default)s)"),
+                ("--position", ["learned", "rope", "alibi"], "learned", None),
                 ("--max-span", float, 0.5,
                  "longest repeated span as a fraction of the window (default 0.5)"),
-                ("--max-chars", int, None, "characters of pydoc read (default all)"),
                 ("--threshold", float, 0.3,
                  "prefix-matching score of an induction head (default 0.3)"),
                 ("--threads", int, 1, "torch CPU threads (default 1: tiny models, and much "
                  "faster than all cores on a busy machine)"),
             ],
-            "func": _run_induction,
-        },
-        {
-            "name": "ablations",
-            "help": "one part taken out of a tiny LM: the causal mask, heads at equal width, "
-            "MoE load balancing, QK-norm and clipping at a high learning rate",
-            "description": "Train variants of a tiny DecoderLM on pydoc characters from the same "
-            "seed for the same steps (fitted into --max-time, or --steps): with and without the "
-            "causal mask (teacher-forced loss against the loss where generation reads it), one "
-            "head against several at equal width, a mixture of experts with and without the "
-            "load-balancing loss (expert load, dead experts), QK-norm and gradient clipping at "
-            "a high learning rate (gradient spikes).",
-            "max_time": 300.0,
-            "flags": [
-                ("--rows", _split, ("causal", "heads", "moe", "qk-norm", "clipping"),
-                 "comma-separated rows (default causal,heads,moe,qk-norm,clipping)"),
-                ("--seq-len", int, 64, "window T (default 64)"),
-                ("--d-model", int, 64, None),
-                ("--n-layers", int, 2, None),
-                ("--n-heads", int, 4, "heads of the multi-head variants (default 4)"),
-                ("--n-experts", int, 8, None),
-                ("--top-k", int, 2, None),
-                ("--batch-size", int, 32, None),
-                ("--lr", float, 3e-3, "AdamW learning rate (default %(default)s)"),
-                ("--high-lr", float, 3e-2,
-                 "learning rate of the qk-norm and clipping rows (default %(default)s)"),
-                ("--position", ["rope", "learned", "alibi"], "rope", None),
-                ("--max-chars", int, None, "characters of pydoc read (default all)"),
-                ("--threads", int, 1, "torch CPU threads (default 1)"),
-            ],
-            "func": _run_ablations,
+            "run": (run_induction, InductionConfig),
         },
     ]
 
@@ -280,7 +256,7 @@ def register(groups) -> None:
         if "lm" in spec:
             _lm_model_args(e, **spec["lm"])
         add_flags(e, spec.get("flags after lm", ()))
-        e.set_defaults(func=spec["func"])
+        e.set_defaults(func=_experiment(spec))
 
 
 def _lm_model_args(p: argparse.ArgumentParser, *, lr: float | None, context: int | None = None):
@@ -327,68 +303,23 @@ _floats = _list_of(float, "numbers")
 _ints = _list_of(int, "whole numbers")
 
 
-def _experiment(run, config_cls: type, args: argparse.Namespace, **extra) -> int:
-    """Check the shared flags, build ``config_cls`` from the flags, run it and print its table."""
-    from attnlab.commands.config_args import from_args
-    from attnlab.experiments.common import TABLE_FILE
+def _experiment(spec: dict):
+    """The runner of one experiment: check the shared flags, build its config from the flags,
+    run it and print its table."""
+    run, config_cls = spec["run"]
+    renamed = spec.get("renamed", {})  # config field -> flag dest
 
-    threads = getattr(args, "threads", None)  # (the language-model experiments have it)
-    if threads is not None:
-        at_least_one(args, "threads")
-    at_least_one(args, "steps")
-    if threads is not None:
-        import torch
+    def func(args: argparse.Namespace) -> int:
+        threads = getattr(args, "threads", None)  # (the language-model experiments have it)
+        if threads is not None:
+            at_least_one(args, "threads")
+        at_least_one(args, "steps")
+        if threads is not None:
+            torch.set_num_threads(threads)
+        extra = {name: getattr(args, dest) for name, dest in renamed.items()}
+        run(from_args(config_cls, args, **extra), args.out, overwrite=args.overwrite)
+        print((Path(args.out) / TABLE_FILE).read_text(encoding="utf-8").rstrip())
+        print(f"\ntable.md, results.json and the plot are in {args.out}")
+        return 0
 
-        torch.set_num_threads(threads)
-    run(from_args(config_cls, args, **extra), args.out, overwrite=args.overwrite)
-    print((Path(args.out) / TABLE_FILE).read_text(encoding="utf-8").rstrip())
-    print(f"\ntable.md, results.json and the plot are in {args.out}")
-    return 0
-
-
-def _run_exposure_bias(args: argparse.Namespace) -> int:
-    from attnlab.experiments.exposure_bias import ExposureBiasConfig, run_exposure_bias
-
-    return _experiment(run_exposure_bias, ExposureBiasConfig, args)
-
-
-def _run_label_smoothing(args: argparse.Namespace) -> int:
-    from attnlab.experiments.label_smoothing import LabelSmoothingConfig, run_label_smoothing
-
-    return _experiment(run_label_smoothing, LabelSmoothingConfig, args)
-
-
-def _run_extrapolation(args: argparse.Namespace) -> int:
-    from attnlab.experiments.extrapolation import ExtrapolationConfig, run_extrapolation
-
-    return _experiment(run_extrapolation, ExtrapolationConfig, args)
-
-
-def _run_norm_placement(args: argparse.Namespace) -> int:
-    from attnlab.experiments.norm_placement import NormPlacementConfig, run_norm_placement
-
-    return _experiment(run_norm_placement, NormPlacementConfig, args)
-
-
-def _run_warmup(args: argparse.Namespace) -> int:
-    from attnlab.experiments.warmup import WarmupConfig, run_warmup
-
-    return _experiment(run_warmup, WarmupConfig, args, norm_position=args.norm)
-
-
-def _run_grokking(args: argparse.Namespace) -> int:
-    from attnlab.experiments.grokking import GrokkingConfig, run_grokking
-
-    return _experiment(run_grokking, GrokkingConfig, args)
-
-
-def _run_induction(args: argparse.Namespace) -> int:
-    from attnlab.experiments.induction import InductionConfig, run_induction
-
-    return _experiment(run_induction, InductionConfig, args)
-
-
-def _run_ablations(args: argparse.Namespace) -> int:
-    from attnlab.experiments.ablations import AblationsConfig, run_ablations
-
-    return _experiment(run_ablations, AblationsConfig, args)
+    return func

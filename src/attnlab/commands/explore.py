@@ -15,78 +15,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnlab.commands.flags import add_flags
+from attnlab.commands.flags import add_command, add_flags
+from attnlab.commands.inspect import WEIGHTS_HELP
 from attnlab.errors import UserError
-
-
-def register(groups) -> None:
-    """Add ``attnlab explore``."""
-    p = groups["top"].add_parser(
-        "explore",
-        help="an interactive page of every attention layer and head for one input",
-        description="Write one self-contained HTML page (no network, nothing loaded from "
-        "anywhere) showing the attention of a run for one input: head view, model view, raw "
-        "scores q·k/√d next to the weights, entropy and rollout; an MLM's guesses at each "
-        "[MASK]; translation alignments; attention over images. With --serve, a local page "
-        "(127.0.0.1 only) recomputes it for new input.",
-    )
-    # fmt: off
-    add_flags(p, [
-        ("run_dir", None, None, "run directory written by 'attnlab train'"),
-        ("--input", None, None,
-         "the text (language models, translation; with [MASK] for an MLM encoder) or image "
-         "file (vit, swin, captioning, VQA) to explain; required with --out; --serve without "
-         "it opens with an example", {"metavar": "TEXT|IMAGE"}),
-        ("--question", None, None, "VQA: the question about the image"),
-    ])
-    # fmt: on
-    where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--out", metavar="PAGE.html", help="write the page to this file")
-    where.add_argument(
-        "--serve", action="store_true", help="serve the page on 127.0.0.1 and recompute it live"
-    )
-    p.add_argument("--port", type=int, default=8000, help="--serve: port (default 8000)")
-    p.add_argument(
-        "--weights",
-        choices=["best", "last"],
-        default="best",
-        help="best: the checkpoint with the lowest validation loss (default, as in every "
-        "command); last: the final one",
-    )
-    p.set_defaults(func=_run_explore)
-
-
-def _input(explorer, value: str | None, question: str | None):
-    from attnlab.explore import ExploreInput
-    from attnlab.explore.images import looks_like_image, read_image_file
-
-    if value is None:
-        return None if question is None else ExploreInput(question=question)
-    path = Path(value)
-    as_image = (
-        (looks_like_image(value) and (explorer.input_kind == "image" or path.is_file()))
-        if len(value) < 4096
-        else False
-    )
-    if explorer.input_kind == "image" and not as_image and path.is_file():
-        as_image = True  # an image file with an unusual name
-    if as_image:
-        return ExploreInput(image=read_image_file(path), image_name=path.name, question=question)
-    return ExploreInput(text=value, question=question)
+from attnlab.explore import Explorer, make_server, write_page
+from attnlab.explore.inputs import explore_input
 
 
 def _run_explore(args: argparse.Namespace) -> int:
-    from attnlab.explore import Explorer, make_server, write_page
-
     if args.out and args.input is None:
         raise UserError("--out needs --input (the text or image file to explain)")
     if args.out and Path(args.out).is_dir():
         raise UserError(f"--out {args.out!r} is a directory; give a file name such as page.html")
     explorer = Explorer(args.run_dir, weights=args.weights)
-    first = _input(explorer, args.input, args.question)
+    first = explore_input(explorer, args.input, args.question)
     if args.out:
-        payload = explorer.explain(first)
-        write_page(payload, args.out)
+        write_page(explorer.explain(first), args.out)
         size = Path(args.out).stat().st_size
         print(
             f"wrote {args.out} ({size / 1024:.0f} kB) from the {explorer.run.checkpoint}: "
@@ -108,3 +52,31 @@ def _run_explore(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
     return 0
+
+
+# fmt: off
+def register(groups) -> None:
+    """Add ``attnlab explore``."""
+    p = add_command(groups["top"], "explore", func=_run_explore,
+        help="an interactive page of every attention layer and head for one input",
+        description="Write one self-contained HTML page (no network, nothing loaded from "
+        "anywhere) showing the attention of a run for one input: head view, model view, raw "
+        "scores q·k/√d next to the weights, entropy and rollout; an MLM's guesses at each "
+        "[MASK]; translation alignments; attention over images. With --serve, a local page "
+        "(127.0.0.1 only) recomputes it for new input.", flags=[
+        ("run_dir", None, None, "run directory written by 'attnlab train'"),
+        ("--input", None, None,
+         "the text (language models, translation; with [MASK] for an MLM encoder) or image "
+         "file (vit, swin, captioning, VQA) to explain; required with --out; --serve without "
+         "it opens with an example", {"metavar": "TEXT|IMAGE"}),
+        ("--question", None, None, "VQA: the question about the image"),
+    ])
+    add_flags(p.add_mutually_exclusive_group(required=True), [
+        ("--out", None, None, "write the page to this file", {"metavar": "PAGE.html"}),
+        ("--serve", "store_true", None, "serve the page on 127.0.0.1 and recompute it live"),
+    ])
+    add_flags(p, [
+        ("--port", int, 8000, "--serve: port (default 8000)"),
+        ("--weights", ["best", "last"], "best", WEIGHTS_HELP),
+    ])
+# fmt: on

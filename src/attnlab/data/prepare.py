@@ -119,6 +119,19 @@ class PrepareSummary:
     def n_tokens(self) -> int:
         return int(self.manifest["n_tokens"])
 
+    def describe(self) -> str:
+        """One line: tokens, shards, documents, bytes, tokenizer, files skipped, time."""
+        m = self.manifest
+        tok = m["tokenizer"]
+        done = sum(d["status"] == "done" for d in m["documents"])
+        skipped = ", ".join(f"{n} {k.replace('_', '-')}" for k, n in m["skipped"].items() if n)
+        return (
+            f"{self.directory}: {m['n_tokens']:,} tokens ({m['dtype']}) in "
+            f"{len(m['shards'])} shard(s) from {done} document(s), {m['n_bytes'] / 1e6:.1f} MB; "
+            f"{tok['type']} tokenizer, vocab {tok['vocab_size']}; "
+            f"skipped: {skipped or 'none'}; {self.seconds:.1f} s"
+        )
+
     @property
     def skipped(self) -> dict[str, int]:
         return dict(self.manifest["skipped"])
