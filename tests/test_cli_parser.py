@@ -6,8 +6,7 @@ import argparse
 
 import pytest
 
-from attnlab.cli import build_parser, main
-from attnlab.commands.parser import Parser, suggest
+from attnlab.cli import Parser, build_parser, main, suggest
 
 
 def _error(capsys, argv: list[str]) -> str:

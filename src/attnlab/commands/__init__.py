@@ -5,9 +5,9 @@ Each module exposes ``register(groups)`` where ``groups`` holds the argparse sub
 collections ``"top"`` (``attnlab <verb>``), ``"train"`` (``attnlab train <task>``) and
 ``"experiment"`` (``attnlab experiment <name>``). Every parser sets ``func(args) -> int``.
 
-``attnlab eval RUN_DIR`` is shared: every family of :data:`attnlab.runspec.FAMILIES` with an
-evaluator in :data:`attnlab.tasks.evaluate.EVALUATORS` is evaluated by it; another family
-registers its own for its model kinds with :func:`register_evaluator`.
+``attnlab eval RUN_DIR`` is shared: a run of a family of :data:`attnlab.runspec.FAMILIES` is
+loaded and scored by its evaluator in :data:`attnlab.tasks.evaluate.EVALUATORS`; another family
+registers one for its model kinds with :func:`register_evaluator`.
 """
 
 from __future__ import annotations
@@ -23,38 +23,13 @@ from attnlab.tasks.evaluate import EVALUATORS as TASK_EVALUATORS
 from attnlab.train.distributed import resolve_device
 
 EVALUATORS: dict[str, Callable[[argparse.Namespace], int]] = {}
-#: where ``attnlab eval`` puts a family's model (the others: the CPU)
-_EVAL_DEVICE = {"lm": "auto"}
+#: model kind -> its family, for the families with an evaluator in tasks/evaluate.py
+_FAMILY_OF = {kind: name for name in TASK_EVALUATORS for kind in FAMILIES[name].kinds}
 
 
 def register_evaluator(kind: str, fn: Callable[[argparse.Namespace], int]) -> None:
     """``attnlab eval`` on a run of model ``kind`` calls ``fn(args)``."""
     EVALUATORS[kind] = fn
-
-
-def family_evaluator(family: str) -> Callable[[argparse.Namespace], int]:
-    """``attnlab eval`` for a family of :data:`~attnlab.runspec.FAMILIES`: its run loaded, scored
-    by :data:`attnlab.tasks.evaluate.EVALUATORS`, the lines printed."""
-
-    def run(args: argparse.Namespace) -> int:
-        device = str(resolve_device(_EVAL_DEVICE.get(family, "cpu")))
-        kinds = FAMILIES[family].kinds
-
-        def load():
-            return runs.load(args.run_dir, weights=args.weights, map_location=device, kinds=kinds)
-
-        lines = TASK_EVALUATORS[family](
-            load, batch_size=args.batch_size, max_batches=args.max_batches
-        )
-        print("\n".join(lines))
-        return 0
-
-    return run
-
-
-for _name in TASK_EVALUATORS:
-    for _kind in FAMILIES[_name].kinds:
-        register_evaluator(_kind, family_evaluator(_name))
 
 
 def add_eval_parser(top) -> None:
@@ -73,6 +48,17 @@ def add_eval_parser(top) -> None:
 
 def _run_eval(args: argparse.Namespace) -> int:
     kind = runs.read_config(args.run_dir)["kind"]
-    if kind not in EVALUATORS:
-        raise RunDirError(f"no evaluator for model kind {kind!r}; known: {sorted(EVALUATORS)}")
-    return EVALUATORS[kind](args)
+    if kind in EVALUATORS:
+        return EVALUATORS[kind](args)
+    if kind not in _FAMILY_OF:
+        known = sorted({*EVALUATORS, *_FAMILY_OF})
+        raise RunDirError(f"no evaluator for model kind {kind!r}; known: {known}")
+    family = _FAMILY_OF[kind]
+    device = str(resolve_device("auto" if family == "lm" else "cpu"))  # (an LM: a GPU if any)
+
+    def load():
+        return runs.load(args.run_dir, weights=args.weights, map_location=device, kinds=(kind,))
+
+    evaluate = TASK_EVALUATORS[family]
+    print("\n".join(evaluate(load, batch_size=args.batch_size, max_batches=args.max_batches)))
+    return 0

@@ -1,14 +1,7 @@
-"""``--config FILE`` and ``--set KEY=VALUE`` for every ``attnlab train KIND``: one parser.
-
-The settings of a run come in three sections (``model``, ``train``, ``task``; see
-:mod:`attnlab.config.overrides`), merged from the lowest to the highest priority:
-
-    the command's defaults  <  --config FILE (or the run's config.json on --resume)
-                            <  flags typed on the command line  <  --set KEY=VALUE
-
-Only flags the user actually typed override the file: :func:`track_explicit` marks them. The
-length of a run is one choice: a typed ``--steps`` (without ``--max-time``) replaces a file's (or a
-resumed run's) ``max_time``, which would otherwise win over it.
+"""The flag helpers every ``attnlab train KIND`` shares: :func:`add_train_parser` (a command's
+flag tables, the shared training flags, ``--config`` / ``--set``) and :func:`from_args` (a
+dataclass from the flags named like its fields). Resolving the flags into a run is
+:mod:`attnlab.train.launch` (re-exported here).
 """
 
 from __future__ import annotations
@@ -16,166 +9,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from attnlab.commands.flags import add_flags
-from attnlab.config.overrides import load_config_file
-from attnlab.config.train import TrainConfig
-from attnlab.errors import RunDirError, UserError
-from attnlab.runs import build_run, read_config
-from attnlab.runspec import Family, RunSpec, merge_sections, refuse_resume_changes, resolve
-from attnlab.train import add_train_args, check_run_dir
-from attnlab.train.distributed import resolve_device
-from attnlab.train.stopping import completion
+from attnlab.train import add_train_args, train
+from attnlab.train.launch import *  # noqa: F403 (the train commands' helpers, in one place)
+from attnlab.train.launch import __all__ as _launch
+from attnlab.train.launch import add_config_args, track_explicit
 
-__all__ = [
-    "add_config_args",
-    "track_explicit",
-    "explicit_dests",
-    "resolve_sections",
-    "from_args",
-    "resumed_config",
-    "refuse_resume_changes",
-    "flag_settings",
-    "train_flag_keys",
-    "resolve_spec",
-    "add_train_parser",
-    "start_run",
-]
-
-_GIVEN = "_explicit_dests"
-
-
-def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--config FILE`` and ``--set KEY=VALUE`` (repeatable) to a train sub-command."""
-    g = parser.add_argument_group("configuration")
-    g.add_argument(
-        "--config",
-        metavar="FILE",
-        help="settings from a TOML, YAML or JSON file with [model], [train] and [task] sections "
-        "(a run's config.json works too); flags typed here override it",
-    )
-    g.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one setting: model.n_heads=8, train.lr=3e-4, task.seq_len=64; a key "
-        "without a section is a model field (--set position=alibi). Repeatable",
-    )
-
-
-def _tracked(action_cls: type) -> type:
-    def __call__(self, parser, namespace, values, option_string=None):  # noqa: N807
-        given = getattr(namespace, _GIVEN, None)
-        if given is None:
-            given = set()
-            setattr(namespace, _GIVEN, given)
-        given.add(self.dest)
-        return action_cls.__call__(self, parser, namespace, values, option_string)
-
-    return type(f"Tracked{action_cls.__name__}", (action_cls,), {"__call__": __call__})
-
-
-def track_explicit(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Make ``parser`` remember which options were typed (see :func:`explicit_dests`).
-
-    Call it after every argument has been added.
-    """
-    for action in parser._actions:
-        if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
-            continue
-        if not type(action).__name__.startswith("Tracked"):
-            action.__class__ = _tracked(type(action))
-    return parser
-
-
-def explicit_dests(args: argparse.Namespace) -> set[str]:
-    """The ``dest`` names of the options typed on the command line."""
-    return set(getattr(args, _GIVEN, set()))
-
-
-def resolve_sections(
-    args: argparse.Namespace,
-    flag_keys: Mapping[str, str],
-    *,
-    base: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Merge defaults, a config file (or ``base``), typed flags and ``--set`` into sections.
-
-    Args:
-        args: parsed arguments of a parser given to :func:`track_explicit`.
-        flag_keys: ``dest -> "section.key"`` for every flag that is a setting
-            (``{"lr": "train.lr", "seq_len": "task.seq_len", "preset": "model.preset"}``).
-        base: settings to start from instead of ``--config`` (a resumed run's config.json).
-
-    Returns:
-        ``{"model": {...}, "train": {...}, "task": {...}}`` (plus ``kind`` when the file has one).
-        Flag defaults that are ``None`` mean "not set" and are left out.
-
-    Raises:
-        ConfigError: a bad config file or ``--set`` item.
-    """
-    typed, defaults = flag_settings(args, flag_keys)
-    if base is None and getattr(args, "config", None):
-        base = load_config_file(args.config)
-    return merge_sections(defaults, base, typed, getattr(args, "set", None) or [])
-
-
-def flag_settings(
-    args: argparse.Namespace, flag_keys: Mapping[str, str]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(typed, defaults)``: the ``{"section.key": value}`` of the flags typed on the command
-    line, and of the other flags' defaults (those that are not ``None``)."""
-    given = explicit_dests(args)
-    defaults = {
-        key: getattr(args, dest)
-        for dest, key in flag_keys.items()
-        if dest not in given and getattr(args, dest, None) is not None
-    }
-    typed = {key: getattr(args, dest) for dest, key in flag_keys.items() if dest in given}
-    return typed, defaults
-
-
-def train_flag_keys() -> dict[str, str]:
-    """``dest -> "train.<field>"`` for every :class:`~attnlab.config.TrainConfig` field (the flags
-    of :func:`attnlab.train.add_train_args` are named after them)."""
-    return {name: f"train.{name}" for name in TrainConfig.field_names()}
-
-
-def resolve_spec(
-    args: argparse.Namespace,
-    family: Family,
-    flag_keys: Mapping[str, str],
-    saved: Mapping[str, Any] | None,
-    *,
-    kind: str | None = None,
-    typed: Mapping[str, Any] | None = None,
-    defaults: Mapping[str, Any] | None = None,
-) -> RunSpec:
-    """:func:`attnlab.runs.resolve` on parsed flags: ``--config``, the typed flags and their
-    defaults, ``--set``, and (``saved``, on ``--resume``) the run's own config.json.
-
-    Args:
-        kind: the model kind a typed flag chose (``--arch``); None when none was typed.
-        typed, defaults: more ``{"section.key": value}`` settings, as if typed or defaults
-            (those of a flag that stands for several fields).
-    """
-    typed_flags, flag_defaults = flag_settings(args, flag_keys)
-    typed = {**typed_flags, **(typed or {})}
-    defaults = {**flag_defaults, **(defaults or {})}
-    if kind is not None:
-        typed["kind"] = kind
-    return resolve(
-        getattr(args, "config", None),
-        typed,
-        getattr(args, "set", None) or [],
-        family=family,
-        defaults=defaults,
-        resume=saved,
-        run_dir=args.out if saved is not None else None,
-    )
+__all__ = [*_launch, "from_args", "add_train_parser", "train_started"]
 
 
 def from_args(cls: type, args: argparse.Namespace, /, **extra: Any) -> Any:
@@ -190,34 +32,6 @@ def from_args(cls: type, args: argparse.Namespace, /, **extra: Any) -> Any:
         if f.init and hasattr(args, f.name)
     }
     return cls(**{**values, **extra})
-
-
-def resumed_config(
-    args: argparse.Namespace, kinds: tuple[str, ...], task_type: str, what: str
-) -> dict[str, Any] | None:
-    """Check ``--out`` (before any data is read) and, on ``--resume``, read the run's settings.
-
-    Args:
-        args: parsed ``train`` flags (``out``, ``resume``, ``overwrite``, ``config``).
-        kinds: model kinds the command trains.
-        task_type: the ``"type"`` of the run's ``task`` section.
-        what: the run's name in the error message (``"language-model"``).
-
-    Returns:
-        The run's config.json on ``--resume``; None for a new run.
-
-    Raises:
-        UserError: ``--resume`` with ``--config``; RunDirError: a run of another kind.
-    """
-    check_run_dir(args.out, args.resume, args.overwrite)
-    if not args.resume:
-        return None
-    if args.config:
-        raise UserError("--resume continues the run's own config.json; drop --config")
-    saved = read_config(args.out)
-    if saved["kind"] not in kinds or (saved.get("task") or {}).get("type") != task_type:
-        raise RunDirError(f"{str(Path(args.out))!r} does not hold a {what} training run")
-    return saved
 
 
 def add_train_parser(
@@ -247,32 +61,21 @@ def add_train_parser(
     return track_explicit(p)
 
 
-def start_run(
-    args: argparse.Namespace,
-    family: Family,
-    flag_keys: Mapping[str, str],
-    saved: Mapping[str, Any] | None,
-    *,
-    check_device: bool = False,
-    **given: Any,
-) -> tuple[RunSpec, Any, Any] | None:
-    """:func:`resolve_spec`, then :func:`attnlab.runs.build_run`: ``(spec, model, task)``.
+def train_started(args: argparse.Namespace, started, report, *, before=None) -> int:
+    """Train a run that :func:`start_run` built and print ``report(spec, model, task, result)``.
 
     Args:
-        saved: the resumed run's settings (None: a new run, or a file read as ``--config``).
-        check_device: refuse a bad ``--device`` in one line before the data is read.
-        **given: ``kind``, ``typed``, ``defaults`` of :func:`resolve_spec`.
-
-    Returns:
-        None when ``--resume`` finds the run complete already (which it prints, before any
-        data is read).
+        started: ``(spec, model, task)``, or None (a complete resumed run: nothing to do).
+        report: the lines after training (None: print nothing, e.g. on a rank other than 0).
+        before: ``before(spec, model, task)``, called before training (to print what is trained).
     """
-    spec = resolve_spec(args, family, flag_keys, saved, **given)
-    done = completion(args.out, spec.train) if args.resume else None
-    if done:
-        print(done)
-        return None
-    if check_device:
-        resolve_device(spec.train.device)
-    model, task = build_run(spec)  # the budget rule chooses when no model is named
-    return spec, model, task
+    if started is None:
+        return 0
+    spec, model, task = started
+    if before is not None:
+        before(spec, model, task)
+    result = train(model, task, spec.train, args.out, resume=args.resume, overwrite=args.overwrite)
+    text = report(spec, model, task, result)
+    if text is not None:
+        print(text)
+    return 0

@@ -15,8 +15,12 @@ from attnlab.experiments.attention_bench import (
     run_benchmark,
     save_results,
 )
-from attnlab.experiments.bench_flags import bench_config, long_context_report, show_row
-from attnlab.experiments.sparse_bench import run_linformer_errors
+from attnlab.experiments.bench_flags import (
+    bench_config,
+    linformer_errors,
+    long_context_report,
+    show_row,
+)
 
 
 def run_attention_bench(args: argparse.Namespace) -> int:
@@ -27,9 +31,7 @@ def run_attention_bench(args: argparse.Namespace) -> int:
     print()
     print(files["table"].read_text())
     if args.linformer_error:  # Linformer's error for each N and input kind
-        sizes = {k: getattr(args, k) for k in ("heads", "head_dim", "fit_steps", "threads")}
-        table, more = run_linformer_errors(args.n, args.linformer_k, args.out,
-                                           progress=lambda line: print(line, flush=True), **sizes)  # fmt: skip
+        table, more = linformer_errors(args, progress=lambda line: print(line, flush=True))
         print(f"\n{table}")
         files.update(more)
     for name, path in files.items():

@@ -310,12 +310,9 @@ def _experiment(spec: dict):
     renamed = spec.get("renamed", {})  # config field -> flag dest
 
     def func(args: argparse.Namespace) -> int:
-        threads = getattr(args, "threads", None)  # (the language-model experiments have it)
-        if threads is not None:
-            at_least_one(args, "threads")
-        at_least_one(args, "steps")
-        if threads is not None:
-            torch.set_num_threads(threads)
+        at_least_one(args, *[n for n in ("threads", "steps") if hasattr(args, n)])
+        if getattr(args, "threads", None) is not None:  # (the language-model experiments)
+            torch.set_num_threads(args.threads)
         extra = {name: getattr(args, dest) for name, dest in renamed.items()}
         run(from_args(config_cls, args, **extra), args.out, overwrite=args.overwrite)
         print((Path(args.out) / TABLE_FILE).read_text(encoding="utf-8").rstrip())

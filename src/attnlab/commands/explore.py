@@ -37,8 +37,6 @@ def _run_explore(args: argparse.Namespace) -> int:
             "open it in a browser"
         )
         return 0
-    if first is not None and first.text is None and first.image is None:
-        first = explorer.default_input(first.question)  # only a question: the default image
     server = make_server(explorer, port=args.port, first=first)
     print(
         f"explorer for {args.run_dir} ({explorer.run.checkpoint}) on {server.url} "

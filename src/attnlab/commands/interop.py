@@ -29,16 +29,7 @@ __all__ = ["register", "parse_size"]
 
 def _from_hf(args: argparse.Namespace) -> int:
     src, out = Path(args.from_hf), Path(args.out)
-    model, arch, tok = import_run(src, out, dtype=args.dtype, overwrite=args.overwrite)
-    print(
-        f"converted {arch} ({n_params(model):,} parameters) from {src} into {out}"
-        + (
-            ""
-            if tok is not None
-            else f"; {src} has no tokenizer.json, so 'attnlab generate' and 'eval' "
-            "refuse the run until you copy the checkpoint's tokenizer.json into it"
-        )
-    )
+    print(import_run(src, out, dtype=args.dtype, overwrite=args.overwrite)[1])
     return 0
 
 

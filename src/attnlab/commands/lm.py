@@ -1,8 +1,12 @@
-"""Language-model commands: ``attnlab train lm``, ``attnlab generate`` and ``attnlab demo``
-(``attnlab eval`` of LM runs is :func:`attnlab.tasks.evaluate.evaluate_lm`).
+"""Language-model commands: ``attnlab train lm``, ``attnlab prepare``, ``attnlab generate`` and
+``attnlab demo`` (``attnlab eval`` of LM runs is :func:`attnlab.tasks.evaluate.evaluate_lm`).
+
+    attnlab prepare --data books/ notes.txt --tokenizer bpe --vocab-size 8192 --out prep/books
+    attnlab train lm --data prep/books --preset gpt2-mini --out runs/books
 
 The CLI only parses and prints; the work is done by :mod:`attnlab.tasks.lm` (corpus, tokenizer,
-batches, loss), :mod:`attnlab.models` (models), :mod:`attnlab.train` (the loop),
+batches, loss), :mod:`attnlab.data.prepare` (sharded corpora), :mod:`attnlab.models` (models),
+:mod:`attnlab.train` (the loop),
 :mod:`attnlab.decoding.flags` (generation) and :mod:`attnlab.runs` (loading runs).
 
 How ``attnlab train lm`` merges ``--config``, ``--set`` and its flags, and the budget rule, are
@@ -24,11 +28,17 @@ from attnlab.commands.config_args import (
     resumed_config,
     start_run,
     train_flag_keys,
+    train_started,
 )
 from attnlab.commands.flags import add_command, pick
-from attnlab.commands.lm_prepare import register_prepare
 from attnlab.config import PRESETS
-from attnlab.decoding.flags import check_generate_flags, generate_from_flags
+from attnlab.data.prepare import BPE_SAMPLE_CHARS, SHARD_TOKENS, prepare_corpus
+from attnlab.decoding.flags import (
+    SAMPLING_FLAGS,
+    SPEED_FLAGS,
+    check_generate_flags,
+    generate_from_flags,
+)
 from attnlab.demo import DEFAULT_BUDGET, format_report, run_demo
 from attnlab.errors import UserError
 from attnlab.fast.quant import quantize_int8
@@ -37,7 +47,6 @@ from attnlab.runs import load, resolve_dtype
 from attnlab.runspec import FAMILIES
 from attnlab.tasks.evaluate import require_tokenizer
 from attnlab.tasks.reports import lm_result, lm_start
-from attnlab.train import train
 from attnlab.train.distributed import resolve_device
 
 LM = FAMILIES["lm"]
@@ -45,9 +54,7 @@ LM_KINDS = LM.kinds
 #: the flags of ``train lm`` that are settings -> ``section.key``
 _FLAG_KEYS = {
     **train_flag_keys(),
-    **{
-        name: f"task.{name}" for name in ("data", "tokenizer", "vocab_size", "seq_len", "max_chars")
-    },
+    **{name: f"task.{name}" for name in LM.task_flags},
     "preset": "model.preset",
     "backend": "model.backend",
     "checkpointing": "model.activation_checkpointing",
@@ -63,37 +70,23 @@ def _train_lm(args: argparse.Namespace) -> int:
     saved = resumed_config(args, LM.kinds, "lm", "language-model")  # before reading the corpus
     kind = LM.kind_names[args.arch] if "arch" in explicit_dests(args) else None
     started = start_run(args, LM, _FLAG_KEYS, saved, kind=kind, check_device=True)
-    if started is None:
-        return 0
-    spec, model, task = started
-    main_rank = int(os.environ.get("RANK", "0")) == 0  # under torchrun only rank 0 prints
-    if main_rank and spec.choice is not None:
-        print(spec.describe_choice(), file=sys.stderr)
-    if main_rank:
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 prints
+        return train_started(args, started, lambda *_: None)
+
+    def describe(spec, model, task) -> None:
+        if spec.choice is not None:  # what the budget rule chose
+            print(spec.describe_choice(), file=sys.stderr)
         print(lm_start(model, task), file=sys.stderr)
-    result = train(model, task, spec.train, args.out, resume=args.resume, overwrite=args.overwrite)
-    if main_rank:
-        print(lm_result(result, spec.train.eval_batches))
-    return 0
+
+    return train_started(args, started, lambda s, m, t, r: lm_result(r, s.train.eval_batches),
+                         before=describe)  # fmt: skip
 
 
-def load_lm(
-    run_dir: str | Path,
-    weights: str = "best",
-    device: str = "cpu",
-    *,
-    dtype: str | None = None,
-    quantize: str | None = None,
-) -> Any:
-    """Load an LM run through :func:`attnlab.runs.load` (``weights`` best falls back to last).
-
-    Raises:
-        RunDirError: not an LM run, damaged, or without a tokenizer.
-    """
-    options = {"dtype": dtype, "quantize": quantize}
-    return require_tokenizer(
-        load(run_dir, weights=weights, map_location=device, kinds=LM_KINDS, **options)
-    )
+def load_lm(run_dir: str | Path, weights: str = "best", device: str = "cpu", **options: Any) -> Any:
+    """An LM run with its tokenizer, by :func:`attnlab.runs.load` (``options``: ``dtype``,
+    ``quantize``); RunDirError for another kind, a damaged run, or one without a tokenizer."""
+    run = load(run_dir, weights=weights, map_location=device, kinds=LM_KINDS, **options)
+    return require_tokenizer(run)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -115,6 +108,22 @@ def _generate(args: argparse.Namespace) -> int:
     else:
         raise UserError("give a run directory (or --from-hf DIR)")
     generate_from_flags(model, tok, args, stop_ids, load_lm)
+    return 0
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    sizes = pick(args, "vocab_size", "max_chars", "sample_chars", "shard_tokens")
+    for name, value in sizes.items():
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    summary = prepare_corpus(args.data, args.out, kind=args.tokenizer, **sizes,
+                             **pick(args, "seed", "workers", "overwrite"),
+                             progress=not args.no_progress)  # fmt: skip
+    if summary.was_complete:
+        print("already prepared (use --overwrite to prepare again)", file=sys.stderr)
+    elif summary.resumed:
+        print(f"resumed: {summary.resumed} document(s) were already done", file=sys.stderr)
+    print(summary.describe())
     return 0
 
 
@@ -176,7 +185,28 @@ def register(groups) -> None:
              {"const": True}),
         ])],
     )
-    register_prepare(groups)
+    add_command(groups["top"], "prepare", func=_prepare,
+        help="tokenize a corpus of any size into shards for 'attnlab train lm --data DIR'",
+        description="Read a corpus (built-in names 'pydoc'/'stdlib', files, folders) as a "
+        "stream, train a tokenizer (char: the corpus's characters; bpe: on a seeded sample) and "
+        "append the token ids to shard files in --out, in memory that does not grow with the "
+        "corpus. Binary, non-UTF-8 and empty files are skipped and counted. Interrupted, the "
+        "same command resumes after the documents already done.", flags=[
+        ("--data", None, None, "corpus sources",
+         {"nargs": "+", "required": True, "metavar": "PATH"}),
+        ("--out", None, None, "directory to write (or to resume)", {"required": True}),
+        ("--tokenizer", ["char", "bpe"], "char", None),
+        ("--vocab-size", int, 512, "BPE vocabulary (default 512)"),
+        ("--max-chars", int, None, "use the first N characters only"),
+        ("--sample-chars", int, BPE_SAMPLE_CHARS,
+         f"characters BPE is trained on, sampled at random (default {BPE_SAMPLE_CHARS:,})"),
+        ("--seed", int, 0, "seeds the BPE sample (default 0)"),
+        ("--workers", int, -1, "BPE encoding processes (default: one per CPU core; 0: none)"),
+        ("--shard-tokens", int, SHARD_TOKENS,
+         f"close a shard at the first file end after N tokens (default {SHARD_TOKENS:,})"),
+        ("--overwrite", "store_true", None, "start again instead of resuming"),
+        ("--no-progress", "store_true", None, "no progress bars"),
+    ])
     add_command(
         groups["top"], "generate", func=_generate,
         help="sample text from a trained language model (streams to stdout)",
@@ -192,44 +222,10 @@ def register(groups) -> None:
             ("--prompt", None, "", "text to continue (default: a new line)"),
             (("-n", "--max-new-tokens"), int, 200, "tokens to generate (default 200)",
              {"dest": "n"}),
-            ("--temperature", float, None, "sampling temperature; 0 = greedy (default 0.8)"),
-            ("--top-k", int, None, "sample among the k likeliest tokens"),
-            ("--top-p", float, None, "nucleus sampling threshold (0, 1]"),
-            ("--beam", int, None,
-             "beam search with N beams instead of sampling; prints the best beam "
-             "(the prompt and the new tokens must fit in the context)", {"metavar": "N"}),
-            ("--stop", None, None, "stop when this text is generated"),
-            ("--seed", int, 0, "random seed for sampling (default 0)"),
+            *SAMPLING_FLAGS,
             ("--weights", ["best", "last"], "best",
              "checkpoint to use (default best, falling back to last)"),
-            ("--dtype", ["float32", "bfloat16"], None,
-             "parameter and activation dtype (default float32; bfloat16 with --quantize): "
-             "bfloat16 halves the bytes read per token, about 2x faster batch-1 decoding on a "
-             "CPU"),
-            ("--quantize", ["int8"], None,
-             "weight-only int8 linear layers (per-channel scales, output head included): a "
-             "quarter of fp32's bytes; logits within about 1-4 %% of fp32's"),
-            ("--compile", "store_true", None,
-             "decode over a static KV cache with a torch.compile'd step (CUDA graphs on a GPU); "
-             "the first run compiles for tens of seconds on a CPU, so it pays for long outputs"),
-            ("--draft", None, None,
-             "speculative decoding: a smaller LM run with the same tokenizer drafts tokens that "
-             "the model checks several at a time (greedy output equals plain greedy decoding; "
-             "sampling keeps the model's distribution exactly)", {"metavar": "DRAFT_RUN"}),
-            ("--speculate", int, None,
-             "the most tokens drafted per round (default 5); each round drafts 0..K, chosen "
-             "from the recent acceptance rate unless --no-adapt", {"metavar": "K"}),
-            ("--prompt-lookup", int, None,
-             "speculative decoding without a draft model: propose the tokens that followed the "
-             "latest earlier occurrence of the last n-gram (n = N..1) of the context",
-             {"metavar": "N"}),
-            ("--no-adapt", "store_true", None, "draft exactly K tokens every round"),
-            ("--draft-dtype", ["float32", "bfloat16"], None,
-             "the draft's dtype (without it and --draft-quantize: the model's "
-             "--dtype/--quantize)"),
-            ("--draft-quantize", ["int8"], None, "quantise the draft's linear layers to int8"),
-            ("--no-cache", "store_true", None, "recompute the context every step"),
-            ("--no-stream", "store_true", None, "print only when finished"),
+            *SPEED_FLAGS,
             ("--device", None, "cpu", "cpu (default), cuda, or auto"),
         ],
     )

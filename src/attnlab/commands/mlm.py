@@ -7,10 +7,7 @@ bidirectional`` (``attnlab eval`` of encoder runs is :func:`attnlab.tasks.evalua
 
 The CLI only parses and prints; the work is done by :mod:`attnlab.tasks.mlm` (masking, loss,
 ``fill_mask``), :mod:`attnlab.models.encoder`, :mod:`attnlab.train` and
-:mod:`attnlab.experiments.bidirectional`. Settings merge as for every ``attnlab train KIND``
-(:func:`attnlab.runs.resolve`): defaults < ``--config FILE`` < typed flags < ``--set``; the
-model section starts from a preset (``tiny`` unless one is named), its vocabulary size comes from
-the tokenizer (plus the four specials) and its ``max_seq_len`` is ``task.seq_len``.
+:mod:`attnlab.experiments.bidirectional`; settings merge as for every ``attnlab train KIND``.
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ from attnlab.commands.config_args import (
     resumed_config,
     start_run,
     train_flag_keys,
+    train_started,
 )
 from attnlab.commands.flags import add_command, at_least_one
 from attnlab.config import EncoderConfig
@@ -33,7 +31,6 @@ from attnlab.runs import load
 from attnlab.runspec import FAMILIES
 from attnlab.tasks.mlm import check_masked_text, fill_mask
 from attnlab.tasks.reports import mlm_result, mlm_start
-from attnlab.train import train
 from attnlab.train.distributed import resolve_device
 
 MLM = FAMILIES["mlm"]
@@ -49,16 +46,10 @@ _FLAG_KEYS = {
 def _train_mlm(args: argparse.Namespace) -> int:
     saved = resumed_config(args, MLM.kinds, "mlm", "masked-LM")  # before reading the corpus
     started = start_run(args, MLM, _FLAG_KEYS, saved, check_device=True)
-    if started is None:
-        return 0
-    spec, model, task = started
-    main_rank = int(os.environ.get("RANK", "0")) == 0
-    if main_rank:
-        print(mlm_start(model, task), file=sys.stderr)
-    result = train(model, task, spec.train, args.out, resume=args.resume, overwrite=args.overwrite)
-    if main_rank:
-        print(mlm_result(result))
-    return 0
+    if int(os.environ.get("RANK", "0")) != 0:  # under torchrun only rank 0 prints
+        return train_started(args, started, lambda *_: None)
+    return train_started(args, started, lambda s, m, t, r: mlm_result(r),
+                         before=lambda s, m, t: print(mlm_start(m, t), file=sys.stderr))  # fmt: skip
 
 
 def _fill_mask(args: argparse.Namespace) -> int:

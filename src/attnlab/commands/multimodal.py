@@ -26,12 +26,13 @@ from attnlab.commands.config_args import (
     add_train_parser,
     explicit_dests,
     from_args,
+    saved_run,
     start_run,
     train_flag_keys,
+    train_started,
 )
 from attnlab.commands.flags import add_command
 from attnlab.config.multimodal import VQA_MODELS
-from attnlab.config.overrides import load_config_file
 from attnlab.data.scenes import SceneConfig, SceneSet
 from attnlab.errors import UserError
 from attnlab.experiments import caption_features, caption_retrieval, vqa_bias
@@ -39,7 +40,7 @@ from attnlab.experiments.scene_runs import pretrain_encoder
 from attnlab.runspec import FAMILIES
 from attnlab.tasks.reports import caption_result, vqa_result
 from attnlab.tasks.scene_use import answer_question, caption_files
-from attnlab.train import check_run_dir, train
+from attnlab.train import check_run_dir
 from attnlab.viz.captions import plot_word_attention
 
 CAPTION_KINDS = FAMILIES["caption"].kinds
@@ -62,50 +63,33 @@ _CAPTION_KEYS = {
 
 
 def _start(args: argparse.Namespace, family: str, keys: dict[str, str], **fields: Any):
-    """The RunSpec, model and task of a train sub-command (None: a resumed run that is complete
-    already, which it says). On ``--resume`` without ``--config`` the run's own config.json takes
-    the place of the file.
-
-    Args:
-        fields: model fields a flag stands for (``--model`` of ``train vqa``: arch and fusion):
-            like typed flags when it was typed, like defaults otherwise.
-    """
-    saved = Path(args.out) / "config.json"
-    base = None
-    if args.resume and not args.config and saved.is_file():
-        runs.check_resumable(args.out)  # config.json against the weights, before the build
-        base = load_config_file(saved)
+    """:func:`start_run` of a train sub-command; ``fields``: the model fields a flag stands for
+    (``--model`` of ``train vqa``: arch and fusion), like typed flags when it was typed, like
+    defaults otherwise. On ``--resume`` without ``--config`` the run's config.json is the file."""
     settings = {f"model.{k}": v for k, v in fields.items()}
     given = "typed" if "model" in explicit_dests(args) else "defaults"
-    return start_run(args, FAMILIES[family], {**keys, **_SHARED_KEYS}, base, **{given: settings})
+    keys = {**keys, **_SHARED_KEYS}
+    return start_run(args, FAMILIES[family], keys, saved_run(args, file=True), **{given: settings})
 
 
 def _run_train_caption(args: argparse.Namespace) -> int:
+    def pretrain(spec, model, task) -> None:
+        cfg, steps = spec.train, task.config.pretrain_steps
+        check_run_dir(args.out, args.resume, args.overwrite)
+        if steps > 0 and not args.resume:
+            acc = pretrain_encoder(model.encoder, task.sets("train"), steps,
+                                   batch_size=cfg.batch_size, seed=cfg.seed)  # fmt: skip
+            print(
+                f"encoder pre-trained as a majority-shape classifier: held-out accuracy {acc:.1%}"
+            )
+
     started = _start(args, "caption", _CAPTION_KEYS)
-    if started is None:
-        return 0
-    spec, model, task = started
-    cfg = spec.train
-    check_run_dir(args.out, args.resume, args.overwrite)
-    steps = task.config.pretrain_steps
-    if steps > 0 and not args.resume:
-        acc = pretrain_encoder(
-            model.encoder, task.sets("train"), steps, batch_size=cfg.batch_size, seed=cfg.seed
-        )
-        print(f"encoder pre-trained as a majority-shape classifier: held-out accuracy {acc:.1%}")
-    result = train(model, task, cfg, args.out, resume=args.resume, overwrite=args.overwrite)
-    print(caption_result(model, task, result))
-    return 0
+    return train_started(args, started, lambda s, m, t, r: caption_result(m, t, r), before=pretrain)
 
 
 def _run_train_vqa(args: argparse.Namespace) -> int:
     started = _start(args, "vqa", {}, **VQA_MODELS[args.model])
-    if started is None:
-        return 0
-    spec, model, task = started
-    result = train(model, task, spec.train, args.out, resume=args.resume, overwrite=args.overwrite)
-    print(vqa_result(model, task, result))
-    return 0
+    return train_started(args, started, lambda s, m, t, r: vqa_result(m, t, r))
 
 
 def _run_caption(args: argparse.Namespace) -> int:
@@ -129,11 +113,7 @@ def _run_ask(args: argparse.Namespace) -> int:
     ans = answer_question(model, vocab, args.image, args.question, top=args.top,
                           resize=not args.no_resize)  # fmt: skip
     if ans.unknown:
-        print(
-            f"notice: unknown word(s) {', '.join(map(repr, ans.unknown))} not in the model's "
-            "vocabulary; read as <unk>, so the answer may not mean much",
-            file=sys.stderr,
-        )
+        print(ans.notice(), file=sys.stderr)
     print(ans.text)
     if args.top > 1:
         print(f"  ({', '.join(f'{a} {p:.2f}' for a, p in ans.top)})", file=sys.stderr)

@@ -15,7 +15,14 @@ from __future__ import annotations
 import argparse
 
 from attnlab import runs
-from attnlab.commands.config_args import add_train_parser, from_args, start_run, train_flag_keys
+from attnlab.commands.config_args import (
+    add_train_parser,
+    from_args,
+    saved_run,
+    start_run,
+    train_flag_keys,
+    train_started,
+)
 from attnlab.commands.flags import add_command, at_least_one
 from attnlab.errors import UserError
 from attnlab.experiments.bottleneck import BottleneckConfig, format_table, run_bottleneck
@@ -27,9 +34,9 @@ from attnlab.tasks.translate_text import (
     read_sentences,
     translate_sentences,
 )
-from attnlab.train import check_run_dir, train
 from attnlab.viz.alignment import plot_alignment
 
+TRANSLATE = FAMILIES["translate"]
 # flag dest -> "section.key" (see attnlab.commands.config_args); --model is the kind
 _FLAG_KEYS = {
     **train_flag_keys(),
@@ -42,15 +49,9 @@ _FLAG_KEYS = {
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    check_run_dir(args.out, args.resume, args.overwrite)  # before generating the data
-    saved = runs.read_config(args.out) if args.resume else None
-    started = start_run(args, FAMILIES["translate"], _FLAG_KEYS, saved, kind=args.model)
-    if started is None:
-        return 0
-    spec, model, task = started
-    result = train(model, task, spec.train, args.out, resume=args.resume, overwrite=args.overwrite)
-    print(translate_result(spec.kind, model, task, result))
-    return 0
+    saved = saved_run(args)  # --out checked before the data is generated
+    started = start_run(args, TRANSLATE, _FLAG_KEYS, saved, kind=args.model)
+    return train_started(args, started, lambda s, m, t, r: translate_result(s.kind, m, t, r))
 
 
 def _run_translate(args: argparse.Namespace) -> int:

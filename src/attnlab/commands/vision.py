@@ -16,26 +16,20 @@ from pathlib import Path
 from attnlab.commands.config_args import (
     add_train_parser,
     explicit_dests,
-    from_args,
+    saved_run,
     start_run,
     train_flag_keys,
+    train_started,
 )
 from attnlab.commands.flags import add_command, add_flags, at_least_one
 from attnlab.errors import RunDirError, UserError
-from attnlab.experiments.inductive_bias import (
-    InductiveBiasSettings,
-    format_table,
-    model_overrides,
-    parse_sweep,
-    run_inductive_bias,
-)
-from attnlab.runs import load, read_config
+from attnlab.experiments.inductive_bias import format_table, run_inductive_bias, settings_from_flags
+from attnlab.runs import load
 from attnlab.runspec import FAMILIES
 from attnlab.runspec.vision import VISION_KINDS
 from attnlab.tasks.classify import classify_file
 from attnlab.tasks.image import ImageClassificationTask
 from attnlab.tasks.reports import image_result, image_start
-from attnlab.train import check_run_dir, train
 from attnlab.viz.samples import write_samples
 from attnlab.viz.vision import plot_vit_attention
 
@@ -52,21 +46,15 @@ _FLAG_KEYS = {
 
 
 def _train_image(args: argparse.Namespace) -> int:
-    check_run_dir(args.out, args.resume, args.overwrite)  # before the data is read
+    saved = saved_run(args)  # --out checked before the data is read
     if args.augment is not None:
         args.augment = AUGMENT[args.augment]
     if args.data_path:
         args.data_path = str(Path(args.data_path).resolve())
-    saved = read_config(args.out) if args.resume else None
     kind = args.model if "model" in explicit_dests(args) else None
     started = start_run(args, FAMILIES["image"], _FLAG_KEYS, saved, kind=kind)
-    if started is None:
-        return 0
-    spec, model, task = started
-    print(image_start(spec.kind, model, task))
-    res = train(model, task, spec.train, args.out, resume=args.resume, overwrite=args.overwrite)
-    print(image_result(model, task, res))
-    return 0
+    return train_started(args, started, lambda s, m, t, r: image_result(m, t, r),
+                         before=lambda s, m, t: print(image_start(s.kind, m, t)))  # fmt: skip
 
 
 def _classify(args: argparse.Namespace) -> int:
@@ -109,15 +97,7 @@ def _samples(args: argparse.Namespace) -> int:
 
 
 def _inductive_bias(args: argparse.Namespace) -> int:
-    fractions, seeds = parse_sweep(args.fractions, args.seeds)
-    settings = from_args(
-        InductiveBiasSettings,
-        args,
-        fractions=fractions,
-        seeds=seeds,
-        vit=model_overrides(args.vit_set, "--vit-set"),
-        cnn=model_overrides(args.cnn_set, "--cnn-set"),
-    )
+    settings = settings_from_flags(args)
     result = run_inductive_bias(
         settings, args.out, progress=not args.no_progress, overwrite=args.overwrite
     )

@@ -29,6 +29,8 @@ from attnlab.errors import UserError
 from attnlab.fast import for_decoding
 
 __all__ = [
+    "SAMPLING_FLAGS",
+    "SPEED_FLAGS",
     "check_generate_flags",
     "generate_from_flags",
     "check_speculative_flags",
@@ -36,6 +38,54 @@ __all__ = [
     "speculative_settings",
     "report_speculation",
 ]
+
+
+# The decoding flags of ``attnlab generate``, as rows of ``attnlab.commands.flags.add_flags``
+# (``(flag, kind, default, help[, keywords])``), next to what checks them.
+# fmt: off
+#: how tokens are chosen: sampling (temperature, top-k, top-p), beam search, stop text, seed
+SAMPLING_FLAGS = [
+    ("--temperature", float, None, "sampling temperature; 0 = greedy (default 0.8)"),
+    ("--top-k", int, None, "sample among the k likeliest tokens"),
+    ("--top-p", float, None, "nucleus sampling threshold (0, 1]"),
+    ("--beam", int, None,
+     "beam search with N beams instead of sampling; prints the best beam "
+     "(the prompt and the new tokens must fit in the context)", {"metavar": "N"}),
+    ("--stop", None, None, "stop when this text is generated"),
+    ("--seed", int, 0, "random seed for sampling (default 0)"),
+]
+#: how fast: dtype, int8, the compiled step, speculative decoding, the cache, streaming
+SPEED_FLAGS = [
+    ("--dtype", ["float32", "bfloat16"], None,
+     "parameter and activation dtype (default float32; bfloat16 with --quantize): "
+     "bfloat16 halves the bytes read per token, about 2x faster batch-1 decoding on a "
+     "CPU"),
+    ("--quantize", ["int8"], None,
+     "weight-only int8 linear layers (per-channel scales, output head included): a "
+     "quarter of fp32's bytes; logits within about 1-4 %% of fp32's"),
+    ("--compile", "store_true", None,
+     "decode over a static KV cache with a torch.compile'd step (CUDA graphs on a GPU); "
+     "the first run compiles for tens of seconds on a CPU, so it pays for long outputs"),
+    ("--draft", None, None,
+     "speculative decoding: a smaller LM run with the same tokenizer drafts tokens that "
+     "the model checks several at a time (greedy output equals plain greedy decoding; "
+     "sampling keeps the model's distribution exactly)", {"metavar": "DRAFT_RUN"}),
+    ("--speculate", int, None,
+     "the most tokens drafted per round (default 5); each round drafts 0..K, chosen "
+     "from the recent acceptance rate unless --no-adapt", {"metavar": "K"}),
+    ("--prompt-lookup", int, None,
+     "speculative decoding without a draft model: propose the tokens that followed the "
+     "latest earlier occurrence of the last n-gram (n = N..1) of the context",
+     {"metavar": "N"}),
+    ("--no-adapt", "store_true", None, "draft exactly K tokens every round"),
+    ("--draft-dtype", ["float32", "bfloat16"], None,
+     "the draft's dtype (without it and --draft-quantize: the model's "
+     "--dtype/--quantize)"),
+    ("--draft-quantize", ["int8"], None, "quantise the draft's linear layers to int8"),
+    ("--no-cache", "store_true", None, "recompute the context every step"),
+    ("--no-stream", "store_true", None, "print only when finished"),
+]
+# fmt: on
 
 
 def check_generate_flags(args: argparse.Namespace) -> None:

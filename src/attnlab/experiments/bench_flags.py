@@ -23,9 +23,9 @@ from attnlab.experiments.attention_bench import (
     block_memory,
     lm_attention_memory_formula,
 )
-from attnlab.experiments.sparse_bench import BENCH_ONLY_BACKENDS
+from attnlab.experiments.sparse_bench import BENCH_ONLY_BACKENDS, run_linformer_errors
 
-__all__ = ["bench_config", "check_device", "long_context_report", "show_row"]
+__all__ = ["bench_config", "check_device", "linformer_errors", "long_context_report", "show_row"]
 
 _POSITIVE = ("batch", "heads", "head_dim", "window", "n_features", "block_q", "block_k")
 _POSITIVE += ("block_size", "linformer_k", "fit_steps", "threads", "max_gb", "min_time")
@@ -112,6 +112,17 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
             },
         }
     )
+
+
+def linformer_errors(args: argparse.Namespace, progress=None) -> tuple[str, dict]:
+    """``--linformer-error``: Linformer's error against full attention for each ``--n`` and
+    input kind (:func:`~attnlab.experiments.sparse_bench.run_linformer_errors`).
+
+    Returns:
+        ``(the table, the files written)``.
+    """
+    sizes = {k: getattr(args, k) for k in ("heads", "head_dim", "fit_steps", "threads")}
+    return run_linformer_errors(args.n, args.linformer_k, args.out, progress=progress, **sizes)
 
 
 def show_row(row: dict) -> str:

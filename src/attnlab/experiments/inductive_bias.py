@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,9 @@ __all__ = [
     "summarize",
     "write_results",
     "format_table",
+    "parse_sweep",
+    "model_overrides",
+    "settings_from_flags",
 ]
 
 
@@ -454,3 +457,20 @@ def model_overrides(items: list[str], flag: str) -> dict[str, Any]:
             raise UserError(f"{flag} sets model fields (KEY=VALUE), got {key!r}")
         out[name] = value
     return out
+
+
+def settings_from_flags(args: Any) -> InductiveBiasSettings:
+    """The sweep ``attnlab experiment inductive-bias`` was given: its flags named like the
+    fields, ``--fractions`` / ``--seeds`` (comma lists) and the ``--vit-set`` / ``--cnn-set`` items.
+
+    Raises:
+        UserError: a list that is not numbers, an item that sets no model field.
+    """
+    fractions, seeds = parse_sweep(args.fractions, args.seeds)
+    named = {f.name: getattr(args, f.name) for f in fields(InductiveBiasSettings)
+             if f.init and hasattr(args, f.name)}  # fmt: skip
+    return InductiveBiasSettings(**{
+        **named, "fractions": fractions, "seeds": seeds,
+        "vit": model_overrides(args.vit_set, "--vit-set"),
+        "cnn": model_overrides(args.cnn_set, "--cnn-set"),
+    })  # fmt: skip

@@ -14,13 +14,14 @@ __all__ = ["explore_input"]
 def explore_input(
     explorer: Explorer, value: str | None, question: str | None
 ) -> ExploreInput | None:
-    """The input ``value`` stands for (None: none given, and no ``question`` either).
+    """The input ``value`` stands for (None: none given, and no ``question`` either; only a
+    ``question``: the run's default input with it).
 
     Raises:
         UserError: an image file that cannot be read.
     """
-    if value is None:
-        return None if question is None else ExploreInput(question=question)
+    if value is None:  # only a question: the run's default image
+        return None if question is None else explorer.default_input(question)
     path = Path(value)
     as_image = (
         (looks_like_image(value) and (explorer.input_kind == "image" or path.is_file()))

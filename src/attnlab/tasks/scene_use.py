@@ -80,6 +80,15 @@ class Answer:
     top: list[tuple[str, float]]
     unknown: list[str]
 
+    def notice(self) -> str | None:
+        """A line about the words read as ``<unk>`` (None: there were none)."""
+        if not self.unknown:
+            return None
+        return (
+            f"notice: unknown word(s) {', '.join(map(repr, self.unknown))} not in the model's "
+            "vocabulary; read as <unk>, so the answer may not mean much"
+        )
+
 
 @torch.no_grad()
 def answer_question(

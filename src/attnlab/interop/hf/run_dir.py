@@ -3,7 +3,7 @@ imported into a run (config.json with the model and where it came from, model.sa
 tokenizer), and what a run adds to an exported folder (its task section, generation settings,
 tokenizer).
 
-    model, arch, tokenizer = import_run("hf/gpt2", "runs/gpt2")
+    model, message = import_run("hf/gpt2", "runs/gpt2")
     extra, tokenizer, note = export_extras("runs/gpt2", read_config("runs/gpt2"))
 """
 
@@ -52,14 +52,14 @@ def parse_size(text: str) -> int:
 
 def import_run(
     src: str | Path, out: str | Path, *, dtype: str = "float32", overwrite: bool = False
-) -> tuple[Any, str, Any]:
+) -> tuple[Any, str]:
     """Convert the Hugging Face folder ``src`` into the run directory ``out``.
 
     A folder attnlab exported keeps the run's task (corpus, split), so ``attnlab eval`` works
     on the import again.
 
     Returns:
-        ``(model, architecture name, tokenizer or None)``.
+        ``(model, what was done in one line)``.
 
     Raises:
         RunDirError: ``out`` is a file, or a run that is not empty (without ``overwrite``).
@@ -91,7 +91,13 @@ def import_run(
     if tok is not None:
         shutil.copyfile(src / TOKENIZER_NAME, out / TOKENIZER_NAME)
     atomic_write_text(out / "config.json", json.dumps(config, indent=2) + "\n")
-    return model, arch, tok
+    n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    return model, f"converted {arch} ({n:,} parameters) from {src} into {out}" + (
+        ""
+        if tok is not None
+        else f"; {src} has no tokenizer.json, so 'attnlab generate' and 'eval' refuse the "
+        "run until you copy the checkpoint's tokenizer.json into it"
+    )
 
 
 def export_extras(run: str | Path, cfg: dict[str, Any]) -> tuple[dict[str, Any], Any, str]:
