@@ -9,12 +9,8 @@ from __future__ import annotations
 import argparse
 
 from attnlab.commands.flags import add_command
-from attnlab.experiments.attention_bench import (
-    DEFAULT_BACKENDS,
-    DEFAULT_NS,
-    run_benchmark,
-    save_results,
-)
+from attnlab.experiments import attention_bench
+from attnlab.experiments.attention_bench import DEFAULT_BACKENDS, DEFAULT_NS, save_results
 from attnlab.experiments.bench_flags import (
     bench_config,
     linformer_errors,
@@ -26,7 +22,7 @@ from attnlab.experiments.bench_flags import (
 def run_attention_bench(args: argparse.Namespace) -> int:
     """``attnlab bench attention``: run, print the tables, write the files."""
     cfg = bench_config(args)
-    rows = run_benchmark(cfg, progress=lambda row: print(show_row(row), flush=True))
+    rows = attention_bench.run_benchmark(cfg, progress=lambda row: print(show_row(row), flush=True))
     files = save_results(rows, cfg, args.out)
     print()
     print(files["table"].read_text())

@@ -15,10 +15,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from attnlab import explore
 from attnlab.commands.flags import add_command, add_flags
 from attnlab.commands.inspect import WEIGHTS_HELP
 from attnlab.errors import UserError
-from attnlab.explore import Explorer, make_server, write_page
+from attnlab.explore import Explorer, write_page
 from attnlab.explore.inputs import explore_input
 
 
@@ -37,7 +38,7 @@ def _run_explore(args: argparse.Namespace) -> int:
             "open it in a browser"
         )
         return 0
-    server = make_server(explorer, port=args.port, first=first)
+    server = explore.make_server(explorer, port=args.port, first=first)
     print(
         f"explorer for {args.run_dir} ({explorer.run.checkpoint}) on {server.url} "
         "(Ctrl-C stops it)",

@@ -35,8 +35,7 @@ from attnlab.commands.flags import add_command
 from attnlab.config.multimodal import VQA_MODELS
 from attnlab.data.scenes import SceneConfig, SceneSet
 from attnlab.errors import UserError
-from attnlab.experiments import caption_features, caption_retrieval, vqa_bias
-from attnlab.experiments.scene_runs import pretrain_encoder
+from attnlab.experiments import caption_features, caption_retrieval, scene_runs, vqa_bias
 from attnlab.runspec import FAMILIES
 from attnlab.tasks.reports import caption_result, vqa_result
 from attnlab.tasks.scene_use import answer_question, caption_files
@@ -77,7 +76,7 @@ def _run_train_caption(args: argparse.Namespace) -> int:
         cfg, steps = spec.train, task.config.pretrain_steps
         check_run_dir(args.out, args.resume, args.overwrite)
         if steps > 0 and not args.resume:
-            acc = pretrain_encoder(model.encoder, task.sets("train"), steps,
+            acc = scene_runs.pretrain_encoder(model.encoder, task.sets("train"), steps,
                                    batch_size=cfg.batch_size, seed=cfg.seed)  # fmt: skip
             print(
                 f"encoder pre-trained as a majority-shape classifier: held-out accuracy {acc:.1%}"

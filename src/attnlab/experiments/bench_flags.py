@@ -18,11 +18,8 @@ from attnlab.attention import available_backends
 from attnlab.attention.core import check_backend
 from attnlab.config import ModelConfig
 from attnlab.errors import UserError
-from attnlab.experiments.attention_bench import (
-    BenchConfig,
-    block_memory,
-    lm_attention_memory_formula,
-)
+from attnlab.experiments import attention_bench
+from attnlab.experiments.attention_bench import BenchConfig, lm_attention_memory_formula
 from attnlab.experiments.sparse_bench import BENCH_ONLY_BACKENDS, run_linformer_errors
 
 __all__ = ["bench_config", "check_device", "linformer_errors", "long_context_report", "show_row"]
@@ -177,7 +174,7 @@ def long_context_report(args: argparse.Namespace) -> Iterator[str]:
         f"\nmeasured: one block (d_model {c.d_model}, {c.n_heads} heads) forward+backward at "
         f"T={args.seq_len}, batch {args.batch}:"
     )
-    for row in block_memory(
+    for row in attention_bench.block_memory(
         seq_len=args.seq_len, d_model=c.d_model, n_heads=c.n_heads,
         backends=tuple(args.backends), batch=args.batch, threads=args.threads,
         device=args.device, options={"window": {"window": args.window}},
