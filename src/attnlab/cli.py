@@ -134,7 +134,6 @@ COMMAND_MODULES = [
     "attnlab.commands.efficient",
     "attnlab.commands.interop",
     "attnlab.commands.experiments",
-    "attnlab.commands.variant_experiments",
     "attnlab.commands.explore",
     "attnlab.commands.mlm",
     "attnlab.commands.t5",
