@@ -3,7 +3,8 @@
 Each evaluator checks its options, calls ``load()`` for the run (a
 :class:`attnlab.runs.LoadedRun`: model, tokenizer or vocabulary, kind, config; loading is the
 caller's, a layer above this one) and returns the report's lines; :data:`EVALUATORS` maps the
-family name (``lm``, ``mlm``, ``image``, ``caption``, ``vqa``, ``translate``) to its evaluator.
+family name (``lm``, ``mlm``, ``image``, ``caption``, ``vqa``, ``translate``, ``t5-span``) to its
+evaluator.
 
     lines = EVALUATORS["lm"](lambda: attnlab.load(run_dir), batch_size=32, max_batches=None)
 """
@@ -18,6 +19,7 @@ from attnlab.tasks.caption import CaptionTask
 from attnlab.tasks.image import ImageClassificationTask
 from attnlab.tasks.lm import LMTask
 from attnlab.tasks.mlm import MLMTask
+from attnlab.tasks.t5_span import SpanCorruptionTask
 from attnlab.tasks.translation import evaluate_heldout
 from attnlab.tasks.vqa import VQATask
 
@@ -76,6 +78,21 @@ def evaluate_mlm(load: Loader, *, batch_size: int, max_batches: int | None) -> l
     return [
         f"{run.run_dir}: val loss {res['loss']:.4f}, masked-token accuracy {res['acc']:.1%} "
         f"({res['predicted']:,} predicted tokens of {task.data!r}, {run.weights} weights)"
+    ]
+
+
+def evaluate_span(load: Loader, *, batch_size: int, max_batches: int | None) -> list[str]:
+    """Loss and target-token accuracy of a T5 span-corruption run on its validation split."""
+    if batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {batch_size}")
+    run = load()
+    if run.task.get("type") != "t5-span":
+        raise RunDirError(f"{str(run.run_dir)!r}: config.json has no span-corruption task")
+    task = SpanCorruptionTask.from_config(run.task, run.tokenizer)
+    res = task.val_metrics(run.model, batch_size=batch_size, n_batches=max_batches)
+    return [
+        f"{run.run_dir}: val loss {res['loss']:.4f}, target-token accuracy {res['acc']:.1%} "
+        f"({res['predicted']:,} target tokens of {task.data!r}, {run.weights} weights)"
     ]
 
 
@@ -150,4 +167,5 @@ EVALUATORS: dict[str, Callable[..., list[str]]] = {
     "caption": evaluate_caption,
     "vqa": evaluate_vqa,
     "translate": evaluate_translation,
+    "t5-span": evaluate_span,
 }

@@ -18,6 +18,8 @@ __all__ = [
     "lm_result",
     "mlm_start",
     "mlm_result",
+    "span_start",
+    "span_result",
     "image_start",
     "image_result",
     "translate_result",
@@ -72,6 +74,26 @@ def mlm_result(result: Any) -> str:
     """Steps, time, validation loss and the last masked-token accuracy measured."""
     last = next((r for r in reversed(result.history) if "val_acc" in r), {})
     acc = f", masked accuracy {last['val_acc']:.1%}" if last.get("val_acc") is not None else ""
+    return (
+        f"{result.steps} steps in {result.elapsed:.1f} s: val loss {_loss(result.val_loss, 4)}"
+        f"{acc}; run saved in {result.run_dir}"
+    )
+
+
+def span_start(model: nn.Module, task: Any) -> str:
+    """The T5 model's size, the corpus, the specials and sentinels, how much is corrupted."""
+    n, c = sum(p.numel() for p in model.parameters()), task.config
+    return (
+        f"model t5 ({n / 1e6:.2f}M parameters); data {task.data!r}: {task.n_tokens['train']:,} "
+        f"training tokens, vocab {task.vocab_size} with <pad> </s> and {c.n_sentinels} "
+        f"sentinels; {c.n_noise} of {c.seq_len} tokens corrupted in {c.n_spans} spans"
+    )
+
+
+def span_result(result: Any) -> str:
+    """Steps, time, validation loss and the last target-token accuracy measured."""
+    last = next((r for r in reversed(result.history) if "val_acc" in r), {})
+    acc = f", target accuracy {last['val_acc']:.1%}" if last.get("val_acc") is not None else ""
     return (
         f"{result.steps} steps in {result.elapsed:.1f} s: val loss {_loss(result.val_loss, 4)}"
         f"{acc}; run saved in {result.run_dir}"
