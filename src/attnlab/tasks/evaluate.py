@@ -66,34 +66,33 @@ def evaluate_lm(load: Loader, *, batch_size: int, max_batches: int | None) -> li
     ]
 
 
-def evaluate_mlm(load: Loader, *, batch_size: int, max_batches: int | None) -> list[str]:
-    """Loss and masked-token accuracy of a masked-LM encoder on its validation split."""
+def _masked_eval(load: Loader, batch_size: int, max_batches: int | None, kind: tuple) -> list[str]:
+    """Loss and accuracy of the predicted tokens of an MLM or a span-corruption run: ``kind``
+    is ``(task type, task class, the task's name, the tokens' name)``."""
+    task_type, task_cls, what, tokens = kind
     if batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {batch_size}")
     run = load()
-    if run.task.get("type") != "mlm":
-        raise RunDirError(f"{str(run.run_dir)!r}: config.json has no masked-LM task")
-    task = MLMTask.from_config(run.task, run.tokenizer)
+    if run.task.get("type") != task_type:
+        raise RunDirError(f"{str(run.run_dir)!r}: config.json has no {what} task")
+    task = task_cls.from_config(run.task, run.tokenizer)
     res = task.val_metrics(run.model, batch_size=batch_size, n_batches=max_batches)
     return [
-        f"{run.run_dir}: val loss {res['loss']:.4f}, masked-token accuracy {res['acc']:.1%} "
-        f"({res['predicted']:,} predicted tokens of {task.data!r}, {run.weights} weights)"
+        f"{run.run_dir}: val loss {res['loss']:.4f}, {tokens[0]}-token accuracy {res['acc']:.1%} "
+        f"({res['predicted']:,} {tokens[1]} tokens of {task.data!r}, {run.weights} weights)"
     ]
+
+
+def evaluate_mlm(load: Loader, *, batch_size: int, max_batches: int | None) -> list[str]:
+    """Loss and masked-token accuracy of a masked-LM encoder on its validation split."""
+    kind = ("mlm", MLMTask, "masked-LM", ("masked", "predicted"))
+    return _masked_eval(load, batch_size, max_batches, kind)
 
 
 def evaluate_span(load: Loader, *, batch_size: int, max_batches: int | None) -> list[str]:
     """Loss and target-token accuracy of a T5 span-corruption run on its validation split."""
-    if batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {batch_size}")
-    run = load()
-    if run.task.get("type") != "t5-span":
-        raise RunDirError(f"{str(run.run_dir)!r}: config.json has no span-corruption task")
-    task = SpanCorruptionTask.from_config(run.task, run.tokenizer)
-    res = task.val_metrics(run.model, batch_size=batch_size, n_batches=max_batches)
-    return [
-        f"{run.run_dir}: val loss {res['loss']:.4f}, target-token accuracy {res['acc']:.1%} "
-        f"({res['predicted']:,} target tokens of {task.data!r}, {run.weights} weights)"
-    ]
+    kind = ("t5-span", SpanCorruptionTask, "span-corruption", ("target", "target"))
+    return _masked_eval(load, batch_size, max_batches, kind)
 
 
 def evaluate_image(load: Loader, *, batch_size: int, max_batches: int | None) -> list[str]:

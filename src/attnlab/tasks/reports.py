@@ -70,10 +70,10 @@ def mlm_start(model: nn.Module, task: Any) -> str:
     )
 
 
-def mlm_result(result: Any) -> str:
-    """Steps, time, validation loss and the last masked-token accuracy measured."""
+def mlm_result(result: Any, accuracy: str = "masked accuracy") -> str:
+    """Steps, time, validation loss and the last accuracy measured (``accuracy``: its name)."""
     last = next((r for r in reversed(result.history) if "val_acc" in r), {})
-    acc = f", masked accuracy {last['val_acc']:.1%}" if last.get("val_acc") is not None else ""
+    acc = f", {accuracy} {last['val_acc']:.1%}" if last.get("val_acc") is not None else ""
     return (
         f"{result.steps} steps in {result.elapsed:.1f} s: val loss {_loss(result.val_loss, 4)}"
         f"{acc}; run saved in {result.run_dir}"
@@ -91,13 +91,8 @@ def span_start(model: nn.Module, task: Any) -> str:
 
 
 def span_result(result: Any) -> str:
-    """Steps, time, validation loss and the last target-token accuracy measured."""
-    last = next((r for r in reversed(result.history) if "val_acc" in r), {})
-    acc = f", target accuracy {last['val_acc']:.1%}" if last.get("val_acc") is not None else ""
-    return (
-        f"{result.steps} steps in {result.elapsed:.1f} s: val loss {_loss(result.val_loss, 4)}"
-        f"{acc}; run saved in {result.run_dir}"
-    )
+    """:func:`mlm_result` of a span-corruption run (the accuracy on the target tokens)."""
+    return mlm_result(result, "target accuracy")
 
 
 def image_start(kind: str, model: nn.Module, task: Any) -> str:
