@@ -6,7 +6,8 @@
     attnlab experiment norm-placement --max-time 240 --out runs/norm-placement
     attnlab experiment warmup --max-time 240 --out runs/warmup
     attnlab experiment grokking --max-time 150 --out runs/grokking
-    attnlab experiment induction-heads --max-time 120 --out runs/induction-heads
+    attnlab experiment induction-heads --max-time 300 --out runs/induction-heads
+    attnlab experiment ablations --max-time 300 --out runs/ablations
     attnlab experiment long-context --max-time 240 --out runs/long-context
     attnlab experiment adaptive-computation --max-time 240 --out runs/adaptive-computation
 
@@ -25,6 +26,7 @@ import torch
 
 from attnlab.commands.config_args import from_args
 from attnlab.commands.flags import add_flags, at_least_one
+from attnlab.experiments.ablations import AblationsConfig, run_ablations
 from attnlab.experiments.adaptive_computation import (
     AdaptiveComputationConfig,
     run_adaptive_computation,
@@ -221,33 +223,69 @@ def _experiments() -> list[dict]:
         },
         {
             "name": "induction-heads",
-            "help": "attention-only Transformers of 1 and 2 layers on repeated random spans: "
-            "prefix-matching and previous-token scores, second-copy loss, ablation",
+            "help": "attention-only Transformers of 1 and 2 layers on repeated spans (random "
+            "tokens, pydoc): prefix-matching and previous-token scores, second-copy loss, ablation",
             "description": "Train attention-only DecoderLMs (ffn none) of each depth on windows "
-            "of random tokens with one repeated span each (same seed, the same steps, fitted "
-            "into --max-time by the deepest, or --steps). Measure over training, on repeated "
-            "random tokens [r, r]: each head's prefix-matching score, the layer-1 heads' "
-            "previous-token scores, the loss on the second copy against ln V and the "
-            "in-context-learning score; at the end zero-ablate the 2-layer model's "
-            "previous-token head (and a control head) and measure again.",
-            "max_time": 120.0,
+            "(random tokens, and pydoc by characters) in which a span of random length repeats "
+            "to the end (same seed, the same steps per setting, fitted into --max-time by the "
+            "deepest, or --steps). Measure over training, on repeated random tokens [r, r]: "
+            "each head's prefix-matching score, the previous-token scores, the loss on the "
+            "second copy against ln V and the in-context-learning score; at the end "
+            "zero-ablate the 2-layer model's previous-token head (and a control head) and "
+            "measure again.",
+            "max_time": 300.0,
             "flags": [
                 ("--layers", _ints, (1, 2), "comma-separated depths (default 1,2)"),
+                ("--settings", _split, ("random", "pydoc"),
+                 "comma-separated base sequences: random tokens, pydoc characters (default both)"),
                 ("--vocab-size", int, 32, "random tokens (default 32)"),
                 ("--seq-len", int, 32, "window T, even (default 32)"),
-                ("--d-model", int, 64, None),
-                ("--n-heads", int, 2, "heads per layer (default 2)"),
+                ("--d-model", int, 128, None),
+                ("--n-heads", int, 4, "heads per layer (default 4)"),
                 ("--batch-size", int, 32, None),
-                ("--lr", float, 3e-3, "AdamW learning rate (default %(default)s)"),
-                ("--position", ["learned", "rope", "alibi"], "learned", None),
+                ("--lr", float, 1e-3, "AdamW learning rate (default %(default)s)"),
+                ("--position", ["rope", "learned", "alibi"], "rope", None),
+                ("--min-span", float, 0.125,
+                 "shortest repeated span as a fraction of the window (default 0.125)"),
                 ("--max-span", float, 0.5,
                  "longest repeated span as a fraction of the window (default 0.5)"),
+                ("--max-chars", int, None, "characters of pydoc read (default all)"),
                 ("--threshold", float, 0.3,
                  "prefix-matching score of an induction head (default 0.3)"),
                 ("--threads", int, 1, "torch CPU threads (default 1: tiny models, and much "
                  "faster than all cores on a busy machine)"),
             ],
             "run": (run_induction, InductionConfig),
+        },
+        {
+            "name": "ablations",
+            "help": "one part taken out of a tiny LM: the causal mask, heads at equal width, "
+            "MoE load balancing, QK-norm and clipping at a high learning rate",
+            "description": "Train variants of a tiny DecoderLM on pydoc characters from the same "
+            "seed for the same steps (fitted into --max-time, or --steps): with and without the "
+            "causal mask (teacher-forced loss against the loss where generation reads it), one "
+            "head against several at equal width, a mixture of experts with and without the "
+            "load-balancing loss (expert load, dead experts), QK-norm and gradient clipping at "
+            "a high learning rate (gradient spikes).",
+            "max_time": 300.0,
+            "flags": [
+                ("--rows", _split, ("causal", "heads", "moe", "qk-norm", "clipping"),
+                 "comma-separated rows (default causal,heads,moe,qk-norm,clipping)"),
+                ("--seq-len", int, 64, "window T (default 64)"),
+                ("--d-model", int, 64, None),
+                ("--n-layers", int, 2, None),
+                ("--n-heads", int, 4, "heads of the multi-head variants (default 4)"),
+                ("--n-experts", int, 8, None),
+                ("--top-k", int, 2, None),
+                ("--batch-size", int, 32, None),
+                ("--lr", float, 3e-3, "AdamW learning rate (default %(default)s)"),
+                ("--high-lr", float, 3e-2,
+                 "learning rate of the qk-norm and clipping rows (default %(default)s)"),
+                ("--position", ["rope", "learned", "alibi"], "rope", None),
+                ("--max-chars", int, None, "characters of pydoc read (default all)"),
+                ("--threads", int, 1, "torch CPU threads (default 1)"),
+            ],
+            "run": (run_ablations, AblationsConfig),
         },
     {
         "name": "long-context",

@@ -7,7 +7,7 @@ attnlab caption runs/cap scenes/scene_0.png --beam 3 --attention words.png
 attnlab train vqa --model lstm-concat --out runs/vqa --max-time 120
 attnlab ask runs/vqa scenes/scene_0.png "what colour is the circle?"
 attnlab eval runs/vqa
-attnlab experiment vqa-bias | caption-retrieval | caption-features
+attnlab experiment vqa-bias | caption-retrieval | caption-bptt | caption-features
 
 The commands parse and print; the work is done by :mod:`attnlab.tasks.caption`,
 :mod:`attnlab.tasks.vqa`, :mod:`attnlab.tasks.scene_use`, :mod:`attnlab.models.multimodal`,
@@ -35,7 +35,13 @@ from attnlab.commands.flags import add_command
 from attnlab.config.multimodal import VQA_MODELS
 from attnlab.data.scenes import SceneConfig, SceneSet
 from attnlab.errors import UserError
-from attnlab.experiments import caption_features, caption_retrieval, scene_runs, vqa_bias
+from attnlab.experiments import (
+    caption_bptt,
+    caption_features,
+    caption_retrieval,
+    scene_runs,
+    vqa_bias,
+)
 from attnlab.runspec import FAMILIES
 from attnlab.tasks.reports import caption_result, vqa_result
 from attnlab.tasks.scene_use import answer_question, caption_files
@@ -87,7 +93,7 @@ def _run_train_caption(args: argparse.Namespace) -> int:
 
 
 def _run_train_vqa(args: argparse.Namespace) -> int:
-    started = _start(args, "vqa", {}, **VQA_MODELS[args.model])
+    started = _start(args, "vqa", {"answers": "model.answers"}, **VQA_MODELS[args.model])
     return train_started(args, started, lambda s, m, t, r: vqa_result(m, t, r))
 
 
@@ -150,7 +156,7 @@ def _experiment(module, config_cls, title: str, **extra):
 def register(groups) -> None:
     """Add the multimodal sub-commands to ``groups`` (see attnlab.commands)."""
     for name, models, default, lr, rows, func, kw in (
-        ("caption", ("lstm", "transformer"), "transformer", 2e-3, [
+        ("caption", ("lstm", "transformer", "prefix"), "transformer", 2e-3, [
             ("--features", ["penultimate", "logits"], "penultimate",
              "--model lstm only: start the LSTM from the encoder's penultimate features "
              "(default) or from its class logits"),
@@ -160,9 +166,15 @@ def register(groups) -> None:
              "first train the encoder as a majority-shape classifier for N steps (default 0)"),
         ], _run_train_caption, {
             "help": "train an image captioner on generated scenes",
-            "description": "CNN features -> LSTM (--model lstm) or image tokens + Transformer "
-            "decoder with cross-attention (--model transformer), trained on generated scenes."}),
-        ("vqa", tuple(VQA_MODELS), "lstm-concat", 3e-3, [], _run_train_vqa, {
+            "description": "CNN features -> LSTM (--model lstm), image tokens + Transformer "
+            "decoder with cross-attention (--model transformer), or image tokens prepended to a "
+            "decoder-only LM's words (--model prefix, LLaVA-style), trained on generated "
+            "scenes."}),
+        ("vqa", tuple(VQA_MODELS), "lstm-concat", 3e-3, [
+            ("--answers", ["softmax", "choice"], "softmax",
+             "softmax: a classifier over the answer list (default); choice: multiple choice, "
+             "each answer's word vector scored against the fused image-question feature"),
+        ], _run_train_vqa, {
             "help": "train a visual question answering model on generated scenes",
             "description": "LSTM question encoder fused with CNN features (concat / product), a "
             "Transformer whose question tokens attend to image tokens, or the blind "
@@ -241,7 +253,19 @@ def register(groups) -> None:
          _experiment(caption_retrieval, caption_retrieval.CaptionRetrievalConfig,
                      "Captioners: composition vs retrieval", beam_size="beam"), [
             ("--beam", int, 1, "beam width (default 1: greedy)"),
+            ("--models", None, ["lstm", "transformer"], "captioners (default lstm transformer; "
+             "prefix: LLaVA-style image tokens in the LM)",
+             {"nargs": "+", "choices": ["lstm", "transformer", "prefix"]}),
+            ("--encoder", ["cnn", "vit"], "cnn", "image encoder (default cnn)"),
             ("--n-eval", int, 200, "val and unseen scenes captioned"),
+        ]),
+        ("caption-bptt",
+         "LSTM captioner: truncated backpropagation through time vs full, accuracy by position",
+         2000, _experiment(caption_bptt, caption_bptt.CaptionBPTTConfig,
+                           "LSTM captioner: truncated vs full backpropagation through time"), [
+            ("--windows", int, [0, 2], "truncation windows in words, 0 = full (default 0 2)",
+             {"nargs": "+"}),
+            ("--n-eval", int, 200, "val scenes measured"),
         ]),
         ("caption-features",
          "CNN+LSTM captioner from the classifier's logits vs its penultimate features", 2000,

@@ -1,10 +1,10 @@
-"""Vision commands: ``attnlab train image``, ``attnlab classify``, ``attnlab samples`` and
-``attnlab experiment inductive-bias`` (``attnlab eval`` of vit/swin/cnn runs is
-:func:`attnlab.tasks.evaluate.evaluate_image`).
+"""Vision commands: ``attnlab train image``, ``attnlab classify`` and ``attnlab samples``
+(``attnlab eval`` of vit/deit/swin/cnn runs is :func:`attnlab.tasks.evaluate.evaluate_image`; the
+vision experiments: :mod:`attnlab.commands.vision_experiments`).
 
 The CLI parses and prints; the work is in :mod:`attnlab.data.images`, :mod:`attnlab.tasks.image`,
 :mod:`attnlab.tasks.classify`, :mod:`attnlab.models.vision`, :mod:`attnlab.train`,
-:mod:`attnlab.viz.vision`, :mod:`attnlab.viz.samples` and :mod:`attnlab.experiments.inductive_bias`.
+:mod:`attnlab.tasks.distill`, :mod:`attnlab.viz.vision` and :mod:`attnlab.viz.samples`.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from attnlab.commands.config_args import (
     train_flag_keys,
     train_started,
 )
-from attnlab.commands.flags import add_command, add_flags, at_least_one
+from attnlab.commands.flags import add_command, at_least_one
 from attnlab.errors import RunDirError, UserError
-from attnlab.experiments.inductive_bias import format_table, run_inductive_bias, settings_from_flags
 from attnlab.runs import load
 from attnlab.runspec import FAMILIES
 from attnlab.runspec.vision import VISION_KINDS
 from attnlab.tasks.classify import classify_file
+from attnlab.tasks.distill import Teacher
 from attnlab.tasks.image import ImageClassificationTask
 from attnlab.tasks.reports import image_result, image_start
 from attnlab.viz.samples import write_samples
@@ -41,7 +41,8 @@ _FLAG_KEYS = {
     **train_flag_keys(),
     **{k: f"model.{k}" for k in ("preset", "patch_size", "window_size", "pooling", "position")},
     **{k: f"task.{k}" for k in ("data", "data_path", "image_size", "channels", "shapes_n")},
-    **{k: f"task.{k}" for k in ("shapes_label", "train_fraction", "augment")},
+    **{k: f"task.{k}" for k in ("shapes_label", "train_fraction", "augment", "teacher")},
+    **{k: f"task.{k}" for k in ("distillation", "distill_alpha", "distill_temperature")},
 }
 
 
@@ -49,19 +50,29 @@ def _train_image(args: argparse.Namespace) -> int:
     saved = saved_run(args)  # --out checked before the data is read
     if args.augment is not None:
         args.augment = AUGMENT[args.augment]
-    if args.data_path:
-        args.data_path = str(Path(args.data_path).resolve())
+    for name in ("data_path", "teacher"):
+        if getattr(args, name):
+            setattr(args, name, str(Path(getattr(args, name)).resolve()))
     kind = args.model if "model" in explicit_dests(args) else None
     started = start_run(args, FAMILIES["image"], _FLAG_KEYS, saved, kind=kind)
-    return train_started(args, started, lambda s, m, t, r: image_result(m, t, r),
-                         before=lambda s, m, t: print(image_start(s.kind, m, t)))  # fmt: skip
+    return train_started(args, started, lambda s, m, t, r: image_result(m, t, r), before=_start)
+
+
+def _start(spec, model, task) -> None:
+    source = spec.task.teacher
+    if source:
+        task.use_teacher(Teacher.from_run(load(source, kinds=VISION_KINDS), source))
+    print(image_start(spec.kind, model, task)
+          + (f"; {spec.task.distillation} distillation from {source}" if source else ""))  # fmt: skip
 
 
 def _classify(args: argparse.Namespace) -> int:
     at_least_one(args, "top_k")
     model, settings = run = load(args.run_dir, weights=args.weights, kinds=VISION_KINDS)
-    if args.attention and run.kind != "vit":
-        raise UserError(f"--attention draws ViT class-token attention; this run is {run.kind!r}")
+    if args.attention and run.kind not in ("vit", "deit"):
+        raise UserError(
+            f"--attention draws ViT/DeiT class-token attention; this run is {run.kind!r}"
+        )
     if settings is None:
         raise RunDirError(
             f"{args.run_dir!r} lacks labels.json (classes, image shape, normalisation): it was "
@@ -96,19 +107,8 @@ def _samples(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inductive_bias(args: argparse.Namespace) -> int:
-    settings = settings_from_flags(args)
-    result = run_inductive_bias(
-        settings, args.out, progress=not args.no_progress, overwrite=args.overwrite
-    )
-    print(format_table(result))
-    print(f"\n{len(result['runs'])} runs in {result['elapsed']:.0f} s; table, JSON and plot in "
-          f"{args.out}")  # fmt: skip
-    return 0
-
-
 # fmt: off
-_DATA_FLAGS = [
+DATA_FLAGS = [
     ("--data", DATA_CHOICES, "digits",
      "digits: scikit-learn's 8×8 digits; shapes: generated coloured shapes; folder: class "
      "sub-folders of images; cifar10 / mnist: files you downloaded (default: %(default)s)"),
@@ -129,15 +129,16 @@ def register(groups) -> None:
     """Add the vision commands."""
     add_train_parser(
         groups, "image", _train_image,
-        help="train an image classifier (ViT, Swin or CNN)",
-        description="Train a ViT, Swin Transformer or residual CNN on digits, generated shapes, a "
-        "folder of images, CIFAR-10 or MNIST. Example: attnlab train image --data digits "
-        "--model vit --out runs/vit-digits. Every setting also comes from --config FILE (a run's "
+        help="train an image classifier (ViT, DeiT, Swin or CNN)",
+        description="Train a ViT, DeiT, Swin Transformer or residual CNN on digits, generated "
+        "shapes, a folder of images, CIFAR-10 or MNIST. Example: attnlab train image --data digits "
+        "--model vit --out runs/vit-digits; a DeiT distils from a trained run: --model deit "
+        "--teacher runs/cnn-digits. Every setting also comes from --config FILE (a run's "
         "config.json reproduces the run) and --set KEY=VALUE (model.d_model=96, train.lr=3e-4, "
         "task.train_fraction=0.5).",
         train={"steps": 300, "batch_size": 64, "lr": 1e-3, "warmup": 30, "eval_every": 100,
                "weight_decay": 0.05},
-        sections=[("data", _DATA_FLAGS), ("model", [
+        sections=[("data", DATA_FLAGS), ("model", [
             ("--model", VISION_KINDS, "vit",
              "architecture (default: %(default)s, or the kind in --config)"),
             ("--preset", None, None, "model preset (default: tiny for ≤16 px images, small above)"),
@@ -150,6 +151,16 @@ def register(groups) -> None:
             ("--augment", tuple(AUGMENT), None,
              "random crop (+ flips where they keep the class); auto = on for images of 16 px or "
              "more (default: auto)"),
+        ]), ("distillation (--model deit)", [
+            ("--teacher", None, None,
+             "run directory of a trained classifier (e.g. a CNN) of the same image size and "
+             "classes: the distillation head learns its predictions", {"metavar": "RUN"}),
+            ("--distillation", ("hard", "soft"), "hard",
+             "hard: the teacher's arg-max as label; soft: τ²·KL to its temperature-τ softmax "
+             "(default: %(default)s)"),
+            ("--distill-alpha", float, 0.5, "weight of the distillation head's loss, the class "
+             "head's is 1 − α (default: %(default)s)"),
+            ("--distill-temperature", float, 1.0, "τ of soft distillation (default: %(default)s)"),
         ])],
     )
     add_command(
@@ -171,7 +182,7 @@ def register(groups) -> None:
              "classify the negative (1 - pixel): a dark drawing on white for a model of white "
              "strokes on black, such as digits"),
             ("--attention", None, None,
-             "ViT only: write class-token attention and attention rollout "
+             "ViT/DeiT only: write class-token attention and attention rollout "
              "overlaid on the image", {"metavar": "PNG"}),
         ],
     )
@@ -190,30 +201,4 @@ def register(groups) -> None:
             ("--scale", int, 8, "pixels per image pixel in the PNG (default 8)"),
         ],
     )
-    e = add_command(
-        groups["experiment"], "inductive-bias", func=_inductive_bias,
-        help="CNN vs ViT with the same budget on growing data fractions",
-        description="Train a residual CNN and a ViT (similar size, same steps/batch/lr) on "
-        "growing fractions of the training set and compare test accuracy (table + plot). "
-        "Example: attnlab experiment inductive-bias --max-time 300 --out runs/inductive-bias.",
-    )
-    add_flags(e.add_argument_group("data"), _DATA_FLAGS)
-    add_flags(e, [
-        ("--fractions", None, "0.1,0.25,0.5,1",
-         "comma-separated training-set fractions, ≥3 (default: %(default)s)"),
-        ("--seeds", None, "0", "comma-separated seeds (default: %(default)s)"),
-        ("--steps", int, 300, "steps per run (default: %(default)s)"),
-        ("--max-time", float, None,
-         "wall-clock seconds for the whole experiment, instead of --steps: both models' speed is "
-         "measured and every run gets the same steps, as many as fit", {"metavar": "SECONDS"}),
-        ("--batch-size", int, 64, None),
-        ("--lr", float, 1e-3, None),
-        ("--warmup", int, 30, None),
-        ("--vit-set", "append", [], None, {"metavar": "KEY=VALUE"}),
-        ("--cnn-set", "append", [], None, {"metavar": "KEY=VALUE"}),
-        ("--device", None, "auto", None),
-        ("--no-progress", "store_true", None, None),
-        ("--out", None, "runs/inductive-bias", "output directory (default: %(default)s)"),
-        ("--overwrite", "store_true", None, "replace the results of an earlier sweep in --out"),
-    ])
 # fmt: on

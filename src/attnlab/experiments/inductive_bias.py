@@ -28,14 +28,13 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from attnlab.config.base import Config
-from attnlab.config.overrides import parse_overrides
 from attnlab.config.vision import ImageTaskConfig
 from attnlab.errors import RunDirError, UserError
 from attnlab.experiments import common
@@ -53,9 +52,6 @@ __all__ = [
     "summarize",
     "write_results",
     "format_table",
-    "parse_sweep",
-    "model_overrides",
-    "settings_from_flags",
 ]
 
 
@@ -428,49 +424,3 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
-
-
-def parse_sweep(fractions: str, seeds: str) -> tuple[list[float], list[int]]:
-    """``"0.1,0.25,0.5,1"`` and ``"0,1"`` -> the fractions and seeds of a sweep.
-
-    Raises:
-        UserError: a value that is not a number.
-    """
-    try:
-        return [float(f) for f in fractions.split(",")], [int(s) for s in seeds.split(",")]
-    except ValueError:
-        raise UserError(
-            f"--fractions/--seeds must be comma-separated numbers, got {fractions!r} / {seeds!r}"
-        ) from None
-
-
-def model_overrides(items: list[str], flag: str) -> dict[str, Any]:
-    """``--vit-set d_model=96`` items -> ``{"d_model": 96}`` (the one ``--set`` value parser).
-
-    Raises:
-        UserError: an item that sets another section than ``model``.
-    """
-    out = {}
-    for key, value in parse_overrides(items).items():
-        section, _, name = key.partition(".")
-        if section != "model":
-            raise UserError(f"{flag} sets model fields (KEY=VALUE), got {key!r}")
-        out[name] = value
-    return out
-
-
-def settings_from_flags(args: Any) -> InductiveBiasSettings:
-    """The sweep ``attnlab experiment inductive-bias`` was given: its flags named like the
-    fields, ``--fractions`` / ``--seeds`` (comma lists) and the ``--vit-set`` / ``--cnn-set`` items.
-
-    Raises:
-        UserError: a list that is not numbers, an item that sets no model field.
-    """
-    fractions, seeds = parse_sweep(args.fractions, args.seeds)
-    named = {f.name: getattr(args, f.name) for f in fields(InductiveBiasSettings)
-             if f.init and hasattr(args, f.name)}  # fmt: skip
-    return InductiveBiasSettings(**{
-        **named, "fractions": fractions, "seeds": seeds,
-        "vit": model_overrides(args.vit_set, "--vit-set"),
-        "cnn": model_overrides(args.cnn_set, "--cnn-set"),
-    })  # fmt: skip

@@ -3,7 +3,8 @@
 Each evaluator checks its options, calls ``load()`` for the run (a
 :class:`attnlab.runs.LoadedRun`: model, tokenizer or vocabulary, kind, config; loading is the
 caller's, a layer above this one) and returns the report's lines; :data:`EVALUATORS` maps the
-family name (``lm``, ``mlm``, ``image``, ``caption``, ``vqa``, ``translate``, ``t5-span``) to its
+family name (``lm``, ``mlm``, ``image``, ``caption``, ``vqa``, ``clip``, ``translate``,
+``t5-span``) to its
 evaluator.
 
     lines = EVALUATORS["lm"](lambda: attnlab.load(run_dir), batch_size=32, max_batches=None)
@@ -16,6 +17,7 @@ from typing import Any
 
 from attnlab.errors import RunDirError, UserError
 from attnlab.tasks.caption import CaptionTask
+from attnlab.tasks.clip import ClipTask
 from attnlab.tasks.image import ImageClassificationTask
 from attnlab.tasks.lm import LMTask
 from attnlab.tasks.mlm import MLMTask
@@ -158,6 +160,22 @@ def evaluate_translation(load: Loader, *, batch_size: int, max_batches: int | No
     ]
 
 
+def evaluate_clip(load: Loader, *, batch_size: int, max_batches: int | None) -> list[str]:
+    """Zero-shot accuracy by prompts and retrieval recall@1/5 of a dual encoder."""
+    run = load()
+    task = ClipTask.for_run(run.task, run.run_dir)
+    lines = []
+    for name, m in task.evaluate_splits(run.model).items():
+        if name.startswith("zero-shot"):
+            lines.append(f"{name}: accuracy {m['accuracy']:.1%} over {m['n']} single-object "
+                         f"scenes (chance {m['chance']:.1%})")  # fmt: skip
+        else:
+            lines.append(f"{name}: " + ", ".join(
+                f"recall@{k} image->text {m[f'i2t@{k}']:.1%}, text->image "
+                f"{m[f't2i@{k}']:.1%} (chance {m[f'chance@{k}']:.1%})" for k in (1, 5)))  # fmt: skip
+    return lines
+
+
 #: family name -> evaluator(load, batch_size=, max_batches=) -> lines
 EVALUATORS: dict[str, Callable[..., list[str]]] = {
     "lm": evaluate_lm,
@@ -165,6 +183,7 @@ EVALUATORS: dict[str, Callable[..., list[str]]] = {
     "image": evaluate_image,
     "caption": evaluate_caption,
     "vqa": evaluate_vqa,
+    "clip": evaluate_clip,
     "translate": evaluate_translation,
     "t5-span": evaluate_span,
 }

@@ -25,6 +25,7 @@ __all__ = [
     "translate_result",
     "caption_result",
     "vqa_result",
+    "clip_result",
 ]
 
 
@@ -157,11 +158,26 @@ def vqa_result(model: nn.Module, task: Any, result: Any) -> str:
 
     c = model.config
     return (
-        f"trained vqa {c.arch}/{c.fusion} ({sum(p.numel() for p in model.parameters()):,} "
+        f"trained vqa {c.arch}/{c.fusion}{' multiple-choice' if c.answers == 'choice' else ''} "
+        f"({sum(p.numel() for p in model.parameters()):,} "
         f"parameters) for {result.steps} steps in {result.elapsed:.0f}s: train loss "
         f"{result.final_train_loss:.3f}, val loss {_loss(result.val_loss, 3)}, val accuracy "
         f"{acc['all']:.1%} (answering from training answer frequencies: {base('answer'):.1%} "
         f"with the most common answer, {base('question'):.1%} with each question's)\n"
         f"run saved in {result.run_dir}; try: attnlab scene --out scenes{_scene_flag(task)} && "
         f'attnlab ask {result.run_dir} scenes/scene_0.png "what colour is the circle?"'
+    )
+
+
+def clip_result(model: nn.Module, task: Any, result: Any) -> str:
+    """Size, steps, train loss, zero-shot accuracy (val, unseen) and recall@1 against chance."""
+    res = task.evaluate_splits(model)
+    zs, zu, r = res["zero-shot val"], res["zero-shot unseen"], res["retrieval val"]
+    return (
+        f"trained clip ({model.config.text.arch} text tower, {n_params(model):,} parameters) for "
+        f"{result.steps} steps in {result.elapsed:.0f}s: train loss "
+        f"{result.final_train_loss:.3f}; zero-shot {zs['accuracy']:.1%} (unseen combinations "
+        f"{zu['accuracy']:.1%}, chance {zs['chance']:.1%}); recall@1 image->text "
+        f"{r['i2t@1']:.1%}, text->image {r['t2i@1']:.1%} (chance {r['chance@1']:.1%})\n"
+        f"run saved in {result.run_dir}; try: attnlab eval {result.run_dir}"
     )
