@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PIL import Image
 from torch import Tensor
 
 __all__ = ["write_samples"]
@@ -20,8 +21,6 @@ def write_samples(
     Returns:
         The files written, in order.
     """
-    from PIL import Image  # (Pillow: only where images are written or read, as elsewhere)
-
     order: list[int] = []
     for c in range(len(classes)):  # one of each class first, then the rest in order
         hits = (labels == c).nonzero().flatten().tolist()
