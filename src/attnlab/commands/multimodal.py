@@ -35,13 +35,8 @@ from attnlab.commands.flags import add_command
 from attnlab.config.multimodal import VQA_MODELS
 from attnlab.data.scenes import SceneConfig, SceneSet
 from attnlab.errors import UserError
-from attnlab.experiments import (
-    caption_bptt,
-    caption_features,
-    caption_retrieval,
-    scene_runs,
-    vqa_bias,
-)
+from attnlab.experiments import scene_runs
+from attnlab.experiments.scene_table import PRESETS, SCENE_EXPERIMENTS, shared_rows
 from attnlab.runspec import FAMILIES
 from attnlab.tasks.reports import caption_result, vqa_result
 from attnlab.tasks.scene_use import answer_question, caption_files
@@ -51,7 +46,6 @@ from attnlab.viz.captions import plot_word_attention
 CAPTION_KINDS = FAMILIES["caption"].kinds
 VQA_KINDS = FAMILIES["vqa"].kinds
 WEIGHTS_HELP = "best: the checkpoint with the lowest validation loss (default); last: the final one"
-PRESETS = ("tiny", "small")
 #: flags of both train sub-commands -> their settings ("section.key")
 _SHARED_KEYS = {
     **train_flag_keys(),
@@ -139,12 +133,12 @@ def _run_scene(args: argparse.Namespace) -> int:
     return 0
 
 
-def _experiment(module, config_cls, title: str, **extra):
+def _experiment(module, config_cls, title: str, extra=None):
     """``attnlab experiment NAME`` of a scene experiment: its config from the flags, run,
     ``title`` and the table printed."""
 
     def run(args: argparse.Namespace) -> int:
-        cfg = from_args(config_cls, args, **{k: getattr(args, v) for k, v in extra.items()})
+        cfg = from_args(config_cls, args, **{k: getattr(args, v) for k, v in (extra or {}).items()})
         print(f"{title}\n")
         print(module.format_table(module.run(cfg)))
         return 0
@@ -240,57 +234,7 @@ def register(groups) -> None:
         ("--seed", int, 0, None),
         ("--image-size", int, 32, "side in pixels (default 32)"),
     ])
-    for name, help, n_train, func, rows in (
-        ("vqa-bias", "blind (question-only) vs image-reading VQA accuracy per question type",
-         3000, _experiment(vqa_bias, vqa_bias.VQABiasConfig,
-                           "VQA accuracy (%) per question type, same budget per model"), [
-            ("--models", tuple(VQA_MODELS), list(VQA_MODELS), None, {"nargs": "+"}),
-            ("--colour-bias", float, 0.3,
-             "chance an object takes its shape's favourite colour (default 0.3)"),
-        ]),
-        ("caption-retrieval", "do captioners compose or retrieve? verbatim training captions "
-         "and unseen colour-shape combinations, both captioners", 2000,
-         _experiment(caption_retrieval, caption_retrieval.CaptionRetrievalConfig,
-                     "Captioners: composition vs retrieval", beam_size="beam"), [
-            ("--beam", int, 1, "beam width (default 1: greedy)"),
-            ("--models", None, ["lstm", "transformer"], "captioners (default lstm transformer; "
-             "prefix: LLaVA-style image tokens in the LM)",
-             {"nargs": "+", "choices": ["lstm", "transformer", "prefix"]}),
-            ("--encoder", ["cnn", "vit"], "cnn", "image encoder (default cnn)"),
-            ("--n-eval", int, 200, "val and unseen scenes captioned"),
-        ]),
-        ("caption-bptt",
-         "LSTM captioner: truncated backpropagation through time vs full, accuracy by position",
-         2000, _experiment(caption_bptt, caption_bptt.CaptionBPTTConfig,
-                           "LSTM captioner: truncated vs full backpropagation through time"), [
-            ("--windows", int, [0, 2], "truncation windows in words, 0 = full (default 0 2)",
-             {"nargs": "+"}),
-            ("--n-eval", int, 200, "val scenes measured"),
-        ]),
-        ("caption-features",
-         "CNN+LSTM captioner from the classifier's logits vs its penultimate features", 2000,
-         _experiment(caption_features, caption_features.CaptionFeaturesConfig,
-                     "CNN+LSTM captioner from a frozen classifier: logits vs penultimate "
-                     "features"), [
-            ("--pretrain-steps", int, 300,
-             "steps training the classifier before it is frozen (default 300)"),
-            ("--n-eval", int, 200, "val scenes captioned"),
-            ("--encoder-width", int, 64,
-             "classifier width = penultimate feature size (default 64)"),
-        ]),
-    ):
-        add_command(groups["experiment"], name, func=func, help=help, flags=[
-            ("--out", None, f"runs/{name}", "output directory (default %(default)s)"),
-            ("--steps", int, 800, "steps per model (default 800)"),
-            ("--max-time", float, None,
-             "seconds of training per model (overrides --steps)", {"metavar": "SECONDS"}),
-            ("--batch-size", int, 64, "default %(default)s"),
-            ("--n-train", int, n_train, "training scenes (default %(default)s)"),
-            ("--preset", PRESETS, "tiny", "model size"),
-            ("--device", None, "auto", "auto, cpu, cuda or cuda:N"),
-            ("--seed", int, 0, None),
-            ("--overwrite", "store_true", None, "replace the runs of an earlier --out"),
-            ("--no-progress", "store_false", None, None, {"dest": "progress"}),
-            *rows,
-        ])
+    for name, help, n_train, run, rows in SCENE_EXPERIMENTS:
+        add_command(groups["experiment"], name, func=_experiment(*run), help=help,
+                    flags=[*shared_rows(name, n_train), *rows])
 # fmt: on
