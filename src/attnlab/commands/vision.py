@@ -25,6 +25,7 @@ from attnlab.commands.flags import add_command, at_least_one
 from attnlab.errors import RunDirError, UserError
 from attnlab.runs import load
 from attnlab.runspec import FAMILIES
+from attnlab.runspec.image_flags import AUGMENT, DATA_FLAGS, FLAG_KEYS, TRAIN_SECTIONS
 from attnlab.runspec.vision import VISION_KINDS
 from attnlab.tasks.classify import classify_file
 from attnlab.tasks.distill import Teacher
@@ -32,18 +33,6 @@ from attnlab.tasks.image import ImageClassificationTask
 from attnlab.tasks.reports import image_result, image_start
 from attnlab.viz.samples import write_samples
 from attnlab.viz.vision import plot_vit_attention
-
-DATA_CHOICES = ("digits", "shapes", "folder", "cifar10", "mnist")
-AUGMENT = {"auto": None, "on": True, "off": False}
-
-#: flags of ``train image`` that are settings, and where they go in config.json
-_FLAG_KEYS = {
-    **train_flag_keys(),
-    **{k: f"model.{k}" for k in ("preset", "patch_size", "window_size", "pooling", "position")},
-    **{k: f"task.{k}" for k in ("data", "data_path", "image_size", "channels", "shapes_n")},
-    **{k: f"task.{k}" for k in ("shapes_label", "train_fraction", "augment", "teacher")},
-    **{k: f"task.{k}" for k in ("distillation", "distill_alpha", "distill_temperature")},
-}
 
 
 def _train_image(args: argparse.Namespace) -> int:
@@ -54,7 +43,9 @@ def _train_image(args: argparse.Namespace) -> int:
         if getattr(args, name):
             setattr(args, name, str(Path(getattr(args, name)).resolve()))
     kind = args.model if "model" in explicit_dests(args) else None
-    started = start_run(args, FAMILIES["image"], _FLAG_KEYS, saved, kind=kind)
+    started = start_run(
+        args, FAMILIES["image"], {**train_flag_keys(), **FLAG_KEYS}, saved, kind=kind
+    )
     return train_started(args, started, lambda s, m, t, r: image_result(m, t, r), before=_start)
 
 
@@ -108,23 +99,6 @@ def _samples(args: argparse.Namespace) -> int:
 
 
 # fmt: off
-DATA_FLAGS = [
-    ("--data", DATA_CHOICES, "digits",
-     "digits: scikit-learn's 8×8 digits; shapes: generated coloured shapes; folder: class "
-     "sub-folders of images; cifar10 / mnist: files you downloaded (default: %(default)s)"),
-    ("--data-path", None, None,
-     "folder / CIFAR-10 batches / MNIST IDX files location", {"metavar": "PATH"}),
-    ("--image-size", int, None,
-     "square side in pixels: folder images are resized to it (default 32), shapes are drawn "
-     "at it (default 32), digits/cifar10/mnist keep their size unless it is given"),
-    ("--channels", (1, 3), 3,
-     "channels for folder images (default: %(default)s)", {"type": int}),
-    ("--shapes-n", int, 3000, "number of generated shapes (default: %(default)s)"),
-    ("--shapes-label", ("shape", "colour", "both"), "shape",
-     "what a shapes class is (default: %(default)s)"),
-]
-
-
 def register(groups) -> None:
     """Add the vision commands."""
     add_train_parser(
@@ -138,30 +112,7 @@ def register(groups) -> None:
         "task.train_fraction=0.5).",
         train={"steps": 300, "batch_size": 64, "lr": 1e-3, "warmup": 30, "eval_every": 100,
                "weight_decay": 0.05},
-        sections=[("data", DATA_FLAGS), ("model", [
-            ("--model", VISION_KINDS, "vit",
-             "architecture (default: %(default)s, or the kind in --config)"),
-            ("--preset", None, None, "model preset (default: tiny for ≤16 px images, small above)"),
-            ("--patch-size", int, None, "ViT/Swin patch size"),
-            ("--window-size", int, None, "Swin window size"),
-            ("--pooling", ("cls", "mean"), None, "ViT pooling"),
-            ("--position", ("learned", "sincos"), None, "ViT positions"),
-            ("--train-fraction", float, 1.0,
-             "use this share of the training split (default: %(default)s)"),
-            ("--augment", tuple(AUGMENT), None,
-             "random crop (+ flips where they keep the class); auto = on for images of 16 px or "
-             "more (default: auto)"),
-        ]), ("distillation (--model deit)", [
-            ("--teacher", None, None,
-             "run directory of a trained classifier (e.g. a CNN) of the same image size and "
-             "classes: the distillation head learns its predictions", {"metavar": "RUN"}),
-            ("--distillation", ("hard", "soft"), "hard",
-             "hard: the teacher's arg-max as label; soft: τ²·KL to its temperature-τ softmax "
-             "(default: %(default)s)"),
-            ("--distill-alpha", float, 0.5, "weight of the distillation head's loss, the class "
-             "head's is 1 − α (default: %(default)s)"),
-            ("--distill-temperature", float, 1.0, "τ of soft distillation (default: %(default)s)"),
-        ])],
+        sections=[("data", DATA_FLAGS), *TRAIN_SECTIONS],
     )
     add_command(
         groups["top"], "classify", func=_classify,

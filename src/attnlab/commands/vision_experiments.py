@@ -8,8 +8,8 @@ accuracy of ViTs with several patch sizes). Flag tables; the work is in
 from __future__ import annotations
 
 from attnlab.commands.flags import add_command, add_flags
-from attnlab.commands.vision import DATA_FLAGS
 from attnlab.experiments import vision_flags
+from attnlab.runspec.image_flags import DATA_FLAGS
 
 
 def _printing(run):
