@@ -145,7 +145,7 @@ def register(groups) -> None:
     """Add ``train lm``, ``prepare``, ``generate``, ``demo`` (their evaluator is shared)."""
     add_train_parser(
         groups, "lm", _train_lm,
-        help="train a language model (Transformer, LSTM or bigram) on a text corpus",
+        help="train a language model (Transformer, Transformer-XL, LSTM or bigram) on a text corpus",
         description="Train a language model on a local corpus (nothing is downloaded). "
         "Without a preset or model keys a Transformer's size, window, batch size, learning rate "
         "and warm-up come from the budget rule (the budget, the corpus size and this machine's "
@@ -164,17 +164,20 @@ def register(groups) -> None:
              "the cache, streaming), or a directory written by 'attnlab prepare' (= --set "
              "task.data=...)", {"metavar": "CORPUS"}),
             ("--arch", sorted(LM.kind_names), None,
-             "model family: transformer (DecoderLM, default), lstm or bigram baselines"),
+             "model family: transformer (DecoderLM, default), transformer-xl (segments with "
+             "memory, read as contiguous streams; --seq-len is the segment, --set mem_len=M the "
+             "memory), lstm or bigram baselines"),
             ("--preset", None, None,
              "size/style preset (default: a Transformer chosen by the budget rule; the "
              f"baselines' tiny); transformer: {', '.join(sorted(PRESETS))}; "
-             "lstm: tiny, small, medium; bigram: tiny (= --set model.preset=NAME)"),
+             "lstm: tiny, small, medium; bigram: tiny; transformer-xl: tiny, mini "
+             "(= --set model.preset=NAME)"),
             ("--tokenizer", ["char", "bpe"], None,
              "character-level (default) or byte-level BPE trained on the corpus"),
             ("--vocab-size", int, None, "BPE vocabulary size (default 512; at least 256)"),
             ("--seq-len", int, None,
              "training window = the model's context length (default: the preset's, or the "
-             "budget rule's)"),
+             "budget rule's; transformer-xl: the segment, its max_seq_len = seq-len + mem_len)"),
             ("--max-chars", int, None, "use only the first N characters of the corpus"),
             ("--backend", None, None,
              "attention backend: auto (default), sdpa, math, tiled, window, linear (same as "

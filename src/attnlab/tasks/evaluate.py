@@ -20,6 +20,7 @@ from attnlab.tasks.caption import CaptionTask
 from attnlab.tasks.clip import ClipTask
 from attnlab.tasks.image import ImageClassificationTask
 from attnlab.tasks.lm import LMTask
+from attnlab.tasks.lm_xl import XLTask
 from attnlab.tasks.mlm import MLMTask
 from attnlab.tasks.t5_span import SpanCorruptionTask
 from attnlab.tasks.translation import evaluate_heldout
@@ -60,6 +61,8 @@ def evaluate_lm(load: Loader, *, batch_size: int, max_batches: int | None) -> li
             "did not export)"
         )
     task = LMTask.from_config(run.task, run.tokenizer)
+    if run.kind == "transformer_xl":  # (runspec.lm_xl.XL_KIND: contiguous streams, with memory)
+        task = XLTask.from_lm(task)
     res = task.val_loss(run.model, batch_size=batch_size, n_batches=max_batches)
     what = "the whole validation split" if max_batches is None else f"{max_batches} batches"
     return [
