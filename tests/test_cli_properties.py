@@ -246,6 +246,12 @@ CASES: dict[tuple, tuple[list[str], list]] = {
         + [*CPU, "--out", OUT],
         [],
     ),
+    ("experiment", "sequence-primitives"): (
+        ["--params", "2000", "--max-distance", "8", "--dilations", "1,2", "--lengths", "8,16"]
+        + ["--n-test", "4", "--steps", "2", "--batch-size", "4", "--no-progress", *CPU]
+        + ["--out", OUT],
+        [],
+    ),
     ("experiment", "ablations"): (
         ["--seq-len", "16", "--d-model", "8", "--max-chars", "5000", "--steps", "2"]
         + ["--no-progress", "--out", OUT],

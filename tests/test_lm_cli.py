@@ -125,7 +125,7 @@ def _val_loss_by_hand(run, n_windows):
     return float(F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten()))
 
 
-@pytest.mark.parametrize("arch", ["lstm", "bigram"])
+@pytest.mark.parametrize("arch", ["lstm", "bigram", "conv"])
 def test_baselines_train_and_generate(tmp_path, capsys, arch):
     run = tmp_path / arch
     args = ["--preset", "tiny", "--seq-len", "32", "--batch-size", "8", "--no-progress"]

@@ -10,6 +10,7 @@
     attnlab experiment ablations --max-time 300 --out runs/ablations
     attnlab experiment long-context --max-time 240 --out runs/long-context
     attnlab experiment adaptive-computation --max-time 240 --out runs/adaptive-computation
+    attnlab experiment sequence-primitives --max-time 240 --out runs/sequence-primitives
 
 Every experiment here takes ``--max-time SECONDS`` for the whole experiment (it splits the budget
 over its runs) or ``--steps N`` per run (repeatable), writes ``table.md``, ``results.json`` and a

@@ -166,11 +166,12 @@ def register(groups) -> None:
             ("--arch", sorted(LM.kind_names), None,
              "model family: transformer (DecoderLM, default), transformer-xl (segments with "
              "memory, read as contiguous streams; --seq-len is the segment, --set mem_len=M the "
-             "memory), lstm or bigram baselines"),
+             "memory), lstm, conv (causal dilated convolutions) or bigram baselines"),
             ("--preset", None, None,
              "size/style preset (default: a Transformer chosen by the budget rule; the "
              f"baselines' tiny); transformer: {', '.join(sorted(PRESETS))}; "
-             "lstm: tiny, small, medium; bigram: tiny; transformer-xl: tiny, mini "
+             "lstm: tiny, small, medium; conv: tiny, small; bigram: tiny; transformer-xl: tiny, "
+             "mini "
              "(= --set model.preset=NAME)"),
             ("--tokenizer", ["char", "bpe"], None,
              "character-level (default) or byte-level BPE trained on the corpus"),

@@ -9,6 +9,7 @@ from attnlab.config.encoder import EncoderConfig, MLMTaskConfig
 from attnlab.config.lm import (
     PRESETS,
     BigramConfig,
+    ConvLMConfig,
     CorpusTaskConfig,
     LMTaskConfig,
     LSTMConfig,
@@ -32,6 +33,7 @@ __all__ = [
     "CorpusTaskConfig",
     "ModelConfig",
     "LSTMConfig",
+    "ConvLMConfig",
     "BigramConfig",
     "LMTaskConfig",
     "PRESETS",

@@ -1,5 +1,5 @@
 """Configs of the language models: the decoder-only Transformer (GPT-2, Llama and Mixtral styles)
-and the LSTM and bigram baselines, with their presets; and ``LMTaskConfig``, the data settings of
+and the LSTM, causal-convolution and bigram baselines, with their presets; and ``LMTaskConfig``, the data settings of
 language-model training (config.json's ``"task"``).
 
     ModelConfig.preset("llama-tiny", d_model=128)   # a named preset with overrides
@@ -19,6 +19,7 @@ from attnlab.config.block import TextStackConfig
 __all__ = [
     "ModelConfig",
     "LSTMConfig",
+    "ConvLMConfig",
     "BigramConfig",
     "CorpusTaskConfig",
     "LMTaskConfig",
@@ -138,6 +139,50 @@ class LSTMConfig(Config):
             raise ConfigError(
                 f"tie_embeddings needs emb_dim == hidden, got {self.emb_dim} and {self.hidden}"
             )
+
+
+@dataclass
+class ConvLMConfig(Config):
+    """A causal dilated-convolution language model (WaveNet/TCN style): one residual block per
+    entry of ``dilations``, each a causal convolution of ``kernel_size`` taps spaced by its
+    dilation. ``max_seq_len`` is the training window (generation slides it).
+
+    Attributes:
+        width: the channels of every layer (the embedding width too).
+        kernel_size: taps k of each convolution.
+        dilations: one block per entry, the spacing d of its taps (1, 2, 4, ... doubles the
+            reach per layer).
+        dropout: on the embeddings and each block's output.
+        tie_embeddings: the output head shares the embedding matrix.
+    """
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "tiny": dict(width=64, kernel_size=3, dilations=(1, 2, 4, 8)),
+        "small": dict(width=128, kernel_size=3, dilations=(1, 2, 4, 8, 16, 32)),
+    }
+
+    vocab_size: int = 256
+    max_seq_len: int = 128
+    width: int = 128
+    kernel_size: int = 3
+    dilations: tuple[int, ...] = (1, 2, 4, 8)
+    dropout: float = 0.0
+    tie_embeddings: bool = False
+
+    @property
+    def receptive_field(self) -> int:
+        """Tokens an output can see, itself included: 1 + Σ_l (k − 1)·d_l. The output at t
+        depends on the tokens t − (R − 1) … t and on none before."""
+        return 1 + sum((self.kernel_size - 1) * d for d in self.dilations)
+
+    def validate(self) -> None:
+        super().validate()
+        self.positive("vocab_size", "max_seq_len", "width", "kernel_size")
+        self.fraction("dropout")
+        if not self.dilations:
+            raise ConfigError("dilations must name at least one layer, got an empty list")
+        if any(d < 1 for d in self.dilations):
+            raise ConfigError(f"every dilation must be a positive integer, got {self.dilations}")
 
 
 @dataclass

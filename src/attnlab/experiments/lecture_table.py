@@ -21,6 +21,10 @@ from attnlab.experiments.induction import InductionConfig, run_induction
 from attnlab.experiments.label_smoothing import LabelSmoothingConfig, run_label_smoothing
 from attnlab.experiments.long_context import LongContextConfig, run_long_context
 from attnlab.experiments.norm_placement import NormPlacementConfig, run_norm_placement
+from attnlab.experiments.sequence_primitives import (
+    SequencePrimitivesConfig,
+    run_sequence_primitives,
+)
 from attnlab.experiments.warmup import WarmupConfig, run_warmup
 
 __all__ = ["experiments", "lm_model_rows"]
@@ -325,6 +329,44 @@ def experiments() -> list[dict]:
              "faster on a busy machine)"),
         ],
         "run": (run_adaptive_computation, AdaptiveComputationConfig),
+    },
+    {
+        "name": "sequence-primitives",
+        "help": "LSTM vs causal dilated CNN vs Transformer at equal parameters: recall accuracy "
+        "by distance, time per step by length, gradient norm by distance",
+        "description": "Build an LSTM, a causal dilated-convolution LM and a DecoderLM (RoPE) "
+        "with widths matched to --params parameters, time a training step of each by sequence "
+        "length, train each for the same steps on the same batches of recall at a distance "
+        "(a key D positions before the last must be predicted there), then measure held-out "
+        "accuracy by D (the CNN is at chance past its receptive field R = 1 + sum (k-1) d) and "
+        "the norm of the gradient of the last logits with respect to the key's embedding by D.",
+        "max_time": 240.0,
+        "flags": [
+            ("--models", _split, ("lstm", "cnn", "transformer"),
+             "comma-separated models (default lstm,cnn,transformer)"),
+            ("--params", int, 50_000, "parameter count every width is matched to (default "
+             "50000)"),
+            ("--max-distance", int, 64, "longest distance trained; sequences are one longer "
+             "(default 64)"),
+            ("--distances", _ints, None,
+             "comma-separated distances evaluated (default 1, 2, 4, ..., R-1, R, max)"),
+            ("--n-keys", int, 8, "key symbols; chance is 1/n-keys (default 8)"),
+            ("--n-fillers", int, 1, "filler symbols (default 1: the same filler everywhere; more "
+             "make the task harder for the LSTM and the CNN)"),
+            ("--kernel-size", int, 3, "the CNN's kernel (default 3)"),
+            ("--dilations", _ints, (1, 2, 4, 8),
+             "the CNN's dilations, one layer each (default 1,2,4,8: R = 31)"),
+            ("--n-layers", int, 2, "the Transformer's layers (default 2)"),
+            ("--n-heads", int, 2, "the Transformer's heads (default 2)"),
+            ("--batch-size", int, 32, None),
+            ("--lr", float, 5e-3, "AdamW learning rate (default %(default)s)"),
+            ("--n-test", int, 256, "held-out sequences per distance (default 256)"),
+            ("--lengths", _ints, (64, 128, 256, 512, 1024),
+             "comma-separated sequence lengths timed (default 64,...,1024)"),
+            ("--threads", int, None, "torch CPU threads (default: torch's, all cores; 1 is much "
+             "faster on a busy machine)"),
+        ],
+        "run": (run_sequence_primitives, SequencePrimitivesConfig),
     },
     ]
 

@@ -39,6 +39,7 @@ FAMILIES: tuple[ModuleType, ...] = (text, mlm, translation, spans, vision, capti
 NO_ATTENTION = {
     "lstm_lm": "an LSTM language model has no attention (train one with 'attnlab train lm')",
     "bigram_lm": "a bigram model has no attention (train one with 'attnlab train lm')",
+    "conv_lm": "a convolutional language model has no attention (train one with 'attnlab train lm')",
     "rnn": "the plain RNN translator has no attention "
     "(train one with 'attnlab train translate --model rnn-attn' or '--model transformer')",
     "cnn": "a CNN has no attention (train one with 'attnlab train image --model vit' or swin)",

@@ -20,8 +20,8 @@ the run as saved: settings that contradict it are refused, each named.
     model, task = build_run(spec)          # reads the corpus, builds the model (seeded)
     train(model, task, spec.train, "runs/exp")
 
-Families: ``lm`` (decoder-only Transformer, Transformer-XL (:mod:`attnlab.runspec.lm_xl`), LSTM
-and bigram LMs) and ``mlm`` (the BERT-style
+Families: ``lm`` (decoder-only Transformer, Transformer-XL (:mod:`attnlab.runspec.lm_xl`), LSTM,
+causal-convolution and bigram LMs) and ``mlm`` (the BERT-style
 encoder), resolved here; ``image`` (:mod:`attnlab.runspec.vision`), ``caption`` and ``vqa``
 (:mod:`attnlab.runspec.scenes`) and ``translate`` (:mod:`attnlab.runspec.translation`) bring
 their own resolver and builder; ``t5-span`` (:mod:`attnlab.runspec.t5_span`) is a corpus family
@@ -82,7 +82,7 @@ FAMILIES: dict[str, Family] = {
     "lm": Family(
         "lm",
         "language model",
-        ("decoder_lm", "lstm_lm", "bigram_lm", "transformer_xl"),
+        ("decoder_lm", "lstm_lm", "bigram_lm", "transformer_xl", "conv_lm"),
         LMTaskConfig,
         LMTask,
         _CORPUS_FLAGS,
@@ -92,6 +92,7 @@ FAMILIES: dict[str, Family] = {
             "lstm": "lstm_lm",
             "bigram": "bigram_lm",
             "transformer-xl": "transformer_xl",
+            "conv": "conv_lm",
         },
         budget_rule=True,
     ),
