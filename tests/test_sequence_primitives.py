@@ -76,6 +76,8 @@ def _binomial_band(p: float, n: int, z: float = 4.0) -> tuple[float, float]:
 
 @pytest.mark.slow
 def test_cnn_at_chance_past_its_receptive_field_while_the_transformer_recalls(tmp_path):
+    """Measured with seeds 0, 1, 2: the CNN 100 % at D < R = 4 and 26–28 % beyond (chance 25 %,
+    the 4σ band of 1152 answers ±5 points), the Transformer 100 % beyond."""
     cfg = SequencePrimitivesConfig(
         steps=150, models=("cnn", "transformer"), params=6000, n_keys=4, n_fillers=4,
         max_distance=12, kernel_size=2, dilations=(1, 2), n_layers=1, n_heads=2,
@@ -91,7 +93,9 @@ def test_cnn_at_chance_past_its_receptive_field_while_the_transformer_recalls(tm
     lo, hi = _binomial_band(chance, n)
     cnn_beyond = sum(cnn["accuracy"][d] for d in beyond) / len(beyond)
     tr_beyond = sum(tr["accuracy"][d] for d in beyond) / len(beyond)
-    assert lo <= cnn_beyond <= hi  # chance: it cannot see the key there
+    within = [d for d in res["distances"] if d < R]
+    assert min(cnn["accuracy"][d] for d in within) > 0.9  # it learnt where it can see the key
+    assert lo <= cnn_beyond <= hi  # and is at chance where it cannot
     assert tr_beyond > hi + 0.3  # attention reads it at any distance
     assert all(cnn["gradient"][d] == 0.0 for d in beyond)
     assert abs(cnn["params"] - tr["params"]) / cfg.params < 0.15

@@ -11,7 +11,8 @@ count, each width chosen so its count is nearest to ``params``:
 - ``transformer``: :class:`attnlab.DecoderLM` (RoPE positions; every position sees every earlier
   one in one layer).
 
-Each is trained (same steps, same batches) on recall at a distance (:mod:`attnlab.data.recall`):
+Each is trained, in lockstep (the same steps on the same batches), on recall at a distance
+(:mod:`attnlab.data.recall`):
 the key D positions before the last must be predicted at the last position, for D uniform in
 1 … ``max_distance``. Measured:
 
@@ -211,34 +212,52 @@ def _last_logits(model: nn.Module, idx: Tensor) -> Tensor:
 
 
 def train_recall(
-    model: nn.Module, cfg: SequencePrimitivesConfig, *, steps: int, device: torch.device
+    models: dict[str, nn.Module],
+    cfg: SequencePrimitivesConfig,
+    *,
+    steps: int,
+    device: torch.device,
+    deadline: float | None = None,
 ) -> dict:
-    """AdamW on fresh recall sequences (the same batches for every model: one generator seeded
-    by ``cfg.seed``), the loss the cross-entropy of the key at the last position; a linear
-    warm-up over the first fifth of the run (at most 100 steps), then constant.
+    """AdamW on fresh recall sequences, the models in lockstep: each batch trains every model
+    once, so all take the same steps on the same batches however the machine's load changes,
+    and the ``deadline`` (a ``time.perf_counter()`` value) stops them together. The loss is the
+    cross-entropy of the key at the last position; a linear warm-up over the first fifth of
+    ``steps`` (at most 100), then constant; gradient clipping at 1.
 
     Returns:
-        ``{"steps", "seconds", "losses"}``.
+        ``{"steps", "seconds": {name: training seconds}, "losses": {name: [per step]}}``.
     """
     gen = torch.Generator().manual_seed(cfg.seed + 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     warm = common.warmup_within(steps, 100)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
-    model.to(device).train()
+    opts, scheds = {}, {}
+    for name, model in models.items():
+        model.to(device).train()
+        opts[name] = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        scheds[name] = torch.optim.lr_scheduler.LambdaLR(
+            opts[name], lambda s: min(1.0, (s + 1) / warm)
+        )
     T = cfg.max_distance + 1
-    losses, start = [], time.perf_counter()
-    for _ in range(steps):
+    losses = {name: [] for name in models}
+    seconds = dict.fromkeys(models, 0.0)
+    done = 0
+    while done < steps and (deadline is None or time.perf_counter() < deadline):
         d = torch.randint(1, cfg.max_distance + 1, (cfg.batch_size,), generator=gen)
-        idx, keys = recall_batch(d, T, cfg.n_keys, cfg.n_fillers, gen)
-        loss = F.cross_entropy(_last_logits(model, idx.to(device)), keys.to(device))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-    model.eval()
-    return {"steps": steps, "seconds": time.perf_counter() - start, "losses": losses}
+        idx, keys = (t.to(device) for t in recall_batch(d, T, cfg.n_keys, cfg.n_fillers, gen))
+        for name, model in models.items():
+            start = time.perf_counter()
+            loss = F.cross_entropy(_last_logits(model, idx), keys)
+            opts[name].zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opts[name].step()
+            scheds[name].step()
+            losses[name].append(loss.item())  # (.item() waits for the device: timed in full)
+            seconds[name] += time.perf_counter() - start
+        done += 1
+    for model in models.values():
+        model.eval()
+    return {"steps": done, "seconds": seconds, "losses": losses}
 
 
 @torch.no_grad()
@@ -324,11 +343,11 @@ def time_by_length(
     return out
 
 
-def _seconds_per_step(model: nn.Module, cfg: SequencePrimitivesConfig, device) -> float:
-    """Seconds per training step of a copy of ``model`` (3 untimed steps, then 10 timed)."""
-    probe = copy.deepcopy(model)
-    train_recall(probe, cfg, steps=3, device=device)
-    return train_recall(probe, cfg, steps=10, device=device)["seconds"] / 10
+def _seconds_per_step(models: dict[str, nn.Module], cfg: SequencePrimitivesConfig, device):
+    """Seconds of one lockstep step of copies of ``models`` (3 untimed steps, then 10 timed)."""
+    probes = {name: copy.deepcopy(m) for name, m in models.items()}
+    train_recall(probes, cfg, steps=3, device=device)
+    return sum(train_recall(probes, cfg, steps=10, device=device)["seconds"].values()) / 10
 
 
 def sequential_steps(name: str, T: int, cfg: SequencePrimitivesConfig) -> int:
@@ -340,8 +359,9 @@ def sequential_steps(name: str, T: int, cfg: SequencePrimitivesConfig) -> int:
 def run_sequence_primitives(
     cfg: SequencePrimitivesConfig, out_dir: str | Path, *, overwrite: bool = False
 ) -> dict:
-    """Build the models at matched parameter counts, time them by length, train each for the
-    same steps, then measure accuracy and gradient norms by distance.
+    """Build the models at matched parameter counts, time them by length, train them in
+    lockstep until ``steps`` or the budget, then measure accuracy and gradient norms by
+    distance.
 
     Returns:
         ``{"config", "receptive_field", "chance", "distances", "models": {name: {"width",
@@ -365,20 +385,22 @@ def run_sequence_primitives(
         runs[name] = {"width": width, "params": count_parameters(model)}
         runs[name]["time"] = time_by_length(model, cfg, device)
         runs[name]["gradient_init"] = gradient_by_distance(model, cfg, distances, device)
-    steps = cfg.steps
-    if steps is None:
-        per_step = sum(_seconds_per_step(m, cfg, device) for m in models.values())
-        steps = common.steps_within(budget.share(1, reserve=cfg.reserve * cfg.max_time), per_step)
+    steps, deadline = cfg.steps, None
+    if steps is None:  # the probe sizes the warm-up; the deadline holds the budget regardless
+        share = budget.share(1, reserve=cfg.reserve * cfg.max_time)
+        steps = common.steps_within(share, _seconds_per_step(models, cfg, device))
+        deadline = time.perf_counter() + budget.share(1, reserve=cfg.reserve * cfg.max_time)
+    res = train_recall(models, cfg, steps=steps, device=device, deadline=deadline)
     for name, model in models.items():
-        res = train_recall(model, cfg, steps=steps, device=device)
-        tail = res["losses"][-max(1, steps // 10) :]
-        runs[name] |= {"steps": res["steps"], "seconds": res["seconds"],
-                       "final_loss": sum(tail) / len(tail)}  # fmt: skip
+        losses = res["losses"][name]
+        tail = losses[-max(1, len(losses) // 10) :]
+        runs[name] |= {"steps": res["steps"], "seconds": res["seconds"][name],
+                       "final_loss": sum(tail) / len(tail) if tail else float("nan")}  # fmt: skip
         runs[name]["accuracy"] = accuracy_by_distance(model, cfg, distances, device)
         runs[name]["gradient"] = gradient_by_distance(model, cfg, distances, device)
         if cfg.progress:
-            log.info("%s: %d steps in %.0f s, final loss %.3f", name, steps, res["seconds"],
-                     runs[name]["final_loss"])  # fmt: skip
+            log.info("%s: %d steps in %.0f s, final loss %.3f", name, res["steps"],
+                     runs[name]["seconds"], runs[name]["final_loss"])  # fmt: skip
     results = {
         "config": asdict(cfg),
         "receptive_field": cfg.receptive_field,
