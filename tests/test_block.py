@@ -51,6 +51,40 @@ def test_block_is_the_pre_or_post_norm_composition(norm_position, options):
     torch.testing.assert_close(block(x, is_causal=True), expected, rtol=0, atol=ATOL)
 
 
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_block_without_residuals_is_the_composition_without_skips(norm_position):
+    block = transformer_block(C, H, norm_position=norm_position, residual=False).eval()
+    _randomise_norms(block)
+    x = torch.randn(B, T, C)
+
+    def attn(h):
+        return block.attn(h, is_causal=True)[0]
+
+    if norm_position == "pre":  # Sublayer(Norm(x))
+        expected = block.ffn(block.norm2(attn(block.norm1(x))))
+    else:  # Norm(Sublayer(x))
+        expected = block.norm2(block.ffn(block.norm1(attn(x))))
+    torch.testing.assert_close(block(x, is_causal=True), expected, rtol=0, atol=ATOL)
+
+
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_residual_flag_changes_only_the_skip_additions(norm_position):
+    """``residual=True`` is the default block, bit for bit; ``False`` has the same parameters
+    (names and seeded values) and differs only by the input added back."""
+    blocks = {}
+    for residual in (None, True, False):
+        torch.manual_seed(0)
+        kw = {} if residual is None else {"residual": residual}
+        blocks[residual] = transformer_block(C, H, norm_position=norm_position, **kw).eval()
+    x = torch.randn(B, T, C)
+    states = [b.state_dict() for b in blocks.values()]
+    assert all(s.keys() == states[0].keys() for s in states)
+    assert all(torch.equal(s[k], states[0][k]) for s in states for k in s)
+    default, same, without = (blocks[k](x, is_causal=True) for k in (None, True, False))
+    assert torch.equal(default, same)
+    assert (without - default).abs().max() > 0.1
+
+
 def _copy_mha(ours, ref: nn.MultiheadAttention) -> None:
     E = ref.embed_dim
     with torch.no_grad():

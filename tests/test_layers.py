@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from attnlab.layers import MLP, LayerNorm, RMSNorm, SwiGLU, evaluating, make_norm
+from attnlab.layers import MLP, BatchNorm, LayerNorm, RMSNorm, SwiGLU, evaluating, make_norm
 
 
 def _randomise(module: nn.Module) -> None:
@@ -46,8 +46,38 @@ def test_layernorm_equals_torch_layernorm(bias):
 def test_make_norm_by_name():
     assert isinstance(make_norm("layernorm", 8, bias=False), LayerNorm)
     assert isinstance(make_norm("rmsnorm", 8, eps=1e-3), RMSNorm)
-    with pytest.raises(ValueError, match="'batchnorm'"):
-        make_norm("batchnorm", 8)
+    assert isinstance(make_norm("batchnorm", 8, bias=False), BatchNorm)
+    with pytest.raises(ValueError, match="'layernorm', 'rmsnorm' or 'batchnorm'"):
+        make_norm("groupnorm", 8)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_batchnorm_is_torch_batchnorm1d_over_batch_times_time(bias):
+    """Statistics per feature over every token (B·T rows), running averages, evaluation mode."""
+    ours, ref = BatchNorm(24, eps=1e-5, bias=bias), nn.BatchNorm1d(24, eps=1e-5)
+    with torch.no_grad():
+        ours.weight.normal_()
+        ref.weight.copy_(ours.weight)
+        if bias:
+            ours.bias.normal_()
+            ref.bias.copy_(ours.bias)
+        else:
+            ref.bias.zero_()
+    for _ in range(3):  # training mode: the batch's statistics, running averages updated
+        x = torch.randn(3, 5, 24) * 3 + 1
+        torch.testing.assert_close(ours(x), ref(x.reshape(15, 24)).reshape(3, 5, 24))
+    torch.testing.assert_close(ours.running_mean, ref.running_mean)
+    torch.testing.assert_close(ours.running_var, ref.running_var)
+    ours.eval(), ref.eval()
+    x = torch.randn(2, 7, 24)
+    torch.testing.assert_close(ours(x), ref(x.reshape(14, 24)).reshape(2, 7, 24))
+    assert (ours.bias is None) == (not bias)
+
+
+def test_batchnorm_in_training_mode_refuses_a_single_token():
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        BatchNorm(8)(torch.randn(1, 1, 8))
+    assert BatchNorm(8).eval()(torch.randn(1, 1, 8)).shape == (1, 1, 8)
 
 
 @pytest.mark.parametrize(

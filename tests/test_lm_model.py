@@ -264,7 +264,9 @@ def test_config_roundtrip_and_derived_values():
         (dict(dropout=1.5), "dropout"),
         (dict(vocab_size=0), "vocab_size"),
         (dict(n_heads=4, head_dim=5, position="rope"), "even"),
-        (dict(norm="batchnorm"), "norm"),
+        (dict(norm="groupnorm"), r"choose from \['layernorm', 'rmsnorm', 'batchnorm'\]"),
+        (dict(qk_norm="batchnorm"), "qk_norm='batchnorm' is not supported"),
+        (dict(residual="no"), "residual must be true or false, got 'no'"),
         # wrong types from JSON / --set: refused, never truthy strings or late TypeErrors
         (dict(bias="False"), "bias must be true or false, got 'False'"),
         (dict(dropout="abc"), "dropout must be a number"),

@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 FFNKind = Literal["mlp", "swiglu", "gated", "moe", "none"]
-NormKind = Literal["layernorm", "rmsnorm"]
+NormKind = Literal["layernorm", "rmsnorm", "batchnorm"]
 NormPosition = Literal["pre", "post"]
 Activation = Literal["gelu_tanh", "gelu", "relu", "silu", "relu2", "quick_gelu"]
 #: 1-D position schemes (vision families narrow or extend this in their own configs)
@@ -56,7 +56,11 @@ class BlockConfig(Config):
         activation: MLP activation (``relu2``: ReLU², ``relu(x)²``, as in Primer and
             modded-nanogpt); MoE experts are SwiGLU when ``silu``.
         n_experts, top_k, moe_aux_coef: mixture of experts (``ffn == "moe"``).
-        norm, norm_eps, norm_position: ``layernorm`` | ``rmsnorm``, its ε, ``pre`` | ``post``.
+        norm, norm_eps, norm_position: ``layernorm`` | ``rmsnorm`` | ``batchnorm`` (statistics of
+            each feature over batch × time: the ablation of ``attnlab experiment ablations``), its
+            ε, ``pre`` | ``post``.
+        residual: the skip connections around each sub-layer (False: ``x ← F(Norm(x))`` pre-norm,
+            ``x ← Norm(F(x))`` post-norm; the ablation of ``attnlab experiment ablations``).
         position: how order enters (``learned`` | ``sinusoidal`` | ``rope`` | ``alibi`` | ``t5`` |
             ``none``); ``t5`` is one bucketed relative-bias table shared by all layers.
         rope_theta: RoPE's base θ.
@@ -87,6 +91,7 @@ class BlockConfig(Config):
     norm: NormKind = "layernorm"
     norm_eps: float = 1e-5
     norm_position: NormPosition = "pre"
+    residual: bool = True
     position: PositionKind = "learned"
     rope_theta: float = 10000.0
     qk_norm: NormKind | None = None
@@ -133,6 +138,11 @@ class BlockConfig(Config):
                 f"top_k ({self.top_k}) must be between 1 and n_experts ({self.n_experts})"
             )
         self.positive("moe_aux_coef", allow_zero=True)
+        if self.qk_norm == "batchnorm":
+            raise ConfigError(
+                "qk_norm='batchnorm' is not supported: q and k are normalised per head and token "
+                "(None, 'rmsnorm' or 'layernorm')"
+            )
         self.positive("norm_eps", "qk_norm_eps", "rope_theta", "attn_scale")
         self.fraction("dropout", "attn_dropout", "drop_path")
         if self.linformer_k is not None:

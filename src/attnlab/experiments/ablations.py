@@ -19,10 +19,21 @@ said to do:
   and k per head): gradient spikes (a global gradient norm over 5× the median of the 20 steps
   before), the largest norm, the validation loss.
 - ``clipping``: at the same high rate, without and with clipping the global gradient norm at 1.
+- ``batchnorm``: LayerNorm against BatchNorm (``norm="batchnorm"``: each feature normalised over
+  batch × time) in every block: the validation loss (BatchNorm with its running statistics), and,
+  with the batch statistics training uses (:func:`batch_dependence`), the largest change of one
+  window's logits when the other windows of the batch are replaced, when padding is appended to
+  every window, and at the first half of the positions when the second half is replaced.
+- ``residual``: ``deep_layers`` blocks with and without the skip connections (``residual``):
+  the validation loss and the gradient norm of each block's parameters (:func:`block_grad_norms`)
+  at initialisation and after training.
+- ``positions-concat``: learned positions added to a d-wide token embedding against a
+  ``pos_width``-wide learned position code concatenated to the first d − p channels of the token
+  embedding (:class:`ConcatPositions`), at the same width d: the validation loss.
 
 Outputs: ``table.md``, ``results.json``, ``ablations.png``.
 
-Shape legend: B batch, T window, V vocab (characters), E experts.
+Shape legend: B batch, T window, V vocab (characters), E experts, C d_model, P ``pos_width``.
 """
 
 from __future__ import annotations
@@ -41,6 +52,13 @@ from attnlab.config.encoder import EncoderConfig
 from attnlab.config.lm import ModelConfig
 from attnlab.errors import UserError
 from attnlab.experiments import common
+from attnlab.experiments.ablation_probes import (
+    ConcatPositions,
+    batch_dependence,
+    block_grad_norms,
+    dependence_table,
+    grad_table,
+)
 from attnlab.experiments.induction import InductionConfig, TokenSource
 from attnlab.experiments.lm_runs import undertrained_lm
 from attnlab.fileio import atomic_save
@@ -57,11 +75,13 @@ __all__ = [
     "prefix_loss",
     "expert_load",
     "spikes",
+    "concat_positions_lm",
     "run_ablations",
 ]
 
 #: the rows of the experiment, in table order
-ROWS = ("causal", "heads", "moe", "qk-norm", "clipping")
+ROWS = ("causal", "heads", "moe", "qk-norm", "clipping", "batchnorm", "residual",
+        "positions-concat")  # fmt: skip
 
 #: an expert routed under this fraction of the uniform share 1/E is dead
 DEAD_SHARE = 0.1
@@ -74,7 +94,7 @@ BOUNDS = {
     "max_time": (1e-3, 1e7), "steps": (1, 10**7), "seq_len": (10, 4096), "d_model": (2, 4096),
     "n_layers": (1, 48), "n_heads": (1, 256), "n_experts": (1, 256), "top_k": (1, 256),
     "batch_size": (1, 4096), "lr": (1e-12, 10.0), "high_lr": (1e-12, 10.0),
-    "max_chars": (1, 10**9),
+    "max_chars": (1, 10**9), "deep_layers": (1, 48), "pos_width": (1, 4096),
 }  # fmt: skip
 
 
@@ -91,7 +111,11 @@ class AblationsConfig:
         batch_size, lr: AdamW at a constant rate.
         high_lr: the rate of the ``qk-norm`` and ``clipping`` rows (high enough for spikes).
         position: every variant's positions (``rope``: the maskless model finds the next
-            token, one step ahead, as quickly as the causal one finds the current one).
+            token, one step ahead, as quickly as the causal one finds the current one), except
+            the ``positions-concat`` row's (learned).
+        deep_layers: the depth of the ``residual`` row.
+        pos_width: P, the width of the concatenated position code (``positions-concat``;
+            None: ``d_model // 4``).
         max_chars: characters of pydoc read (None: all).
         seed, progress: as for training.
     """
@@ -109,6 +133,8 @@ class AblationsConfig:
     lr: float = 3e-3
     high_lr: float = 3e-2
     position: str = "rope"
+    deep_layers: int = 8
+    pos_width: int | None = None
     max_chars: int | None = None
     seed: int = 0
     progress: bool = True
@@ -133,6 +159,18 @@ def unmasked_lm(cfg: AblationsConfig, vocab_size: int) -> nn.Module:
         activation="gelu_tanh", embed_norm=False, dropout=0.0, position=cfg.position,
     )  # fmt: skip
     return EncoderMLM(ecfg)
+
+
+def _pos_width(cfg: AblationsConfig) -> int:
+    return cfg.pos_width if cfg.pos_width is not None else max(1, cfg.d_model // 4)
+
+
+def concat_positions_lm(cfg: AblationsConfig, vocab_size: int) -> nn.Module:
+    """The tiny ``DecoderLM`` of ``cfg`` with learned positions, its position module replaced by
+    a :class:`ConcatPositions` of width ``cfg.pos_width``, seeded."""
+    model = lm_variant(cfg, vocab_size, position="learned")
+    model.pos_emb = ConcatPositions(cfg.seq_len, cfg.d_model, _pos_width(cfg))
+    return model
 
 
 def _logits(model: nn.Module, x: Tensor) -> Tensor:
@@ -246,6 +284,17 @@ def _variants(row: str, cfg: AblationsConfig, vocab: int) -> list[tuple[str, nn.
         moe = dict(ffn="moe", n_experts=cfg.n_experts, top_k=cfg.top_k, activation="silu")
         return [("load balancing 0.01", lm_variant(cfg, vocab, **moe), {"aux_coef": 0.01}),
                 ("no load balancing", lm_variant(cfg, vocab, **moe), {"aux_coef": 0.0})]  # fmt: skip
+    if row == "batchnorm":
+        return [("LayerNorm", lm_variant(cfg, vocab), {}),
+                ("BatchNorm", lm_variant(cfg, vocab, norm="batchnorm"), {})]  # fmt: skip
+    if row == "residual":
+        deep = {"n_layers": cfg.deep_layers}
+        return [("residual", lm_variant(cfg, vocab, **deep), {}),
+                ("no residual", lm_variant(cfg, vocab, residual=False, **deep), {})]  # fmt: skip
+    if row == "positions-concat":
+        return [("added (learned, width d)", lm_variant(cfg, vocab, position="learned"), {}),
+                (f"concatenated (learned, width {_pos_width(cfg)})",
+                 concat_positions_lm(cfg, vocab), {})]  # fmt: skip
     high = {"lr": cfg.high_lr}
     if row == "qk-norm":
         return [("no QK-norm", lm_variant(cfg, vocab), high),
@@ -276,9 +325,11 @@ def run_ablations(cfg: AblationsConfig, out_dir: str | Path, *, overwrite: bool 
     out = common.prepare_out_dir(out_dir, overwrite=overwrite)
     n_runs = sum(len(_variants(r, cfg, source.vocab_size)) for r in cfg.rows)
     done, rows = 0, {}
+    probe = source.sample(cfg.batch_size, torch.Generator().manual_seed(10**6 + 1), "val")
     for row in cfg.rows:
         rows[row], steps = [], cfg.steps
         for name, model, opts in _variants(row, cfg, source.vocab_size):
+            init_grads = block_grad_norms(model, probe) if row == "residual" else None
             if steps is None:  # the row's first variant sets its steps within its share
                 share = budget.share(n_runs - done, reserve=0.1 * cfg.max_time)
                 res = train_variant(model, source, cfg, steps=10**7,
@@ -295,6 +346,11 @@ def run_ablations(cfg: AblationsConfig, out_dir: str | Path, *, overwrite: bool 
             if row == "moe":
                 r["load"] = expert_load(model, val)
                 r.update(_load_summary(r["load"]))
+            if row == "batchnorm":  # after the val loss: the probes run in training mode
+                r["dependence"] = batch_dependence(model, val[:32])
+                r["dependence_eval"] = batch_dependence(model, val[:32], training=False)
+            if row == "residual":
+                r.update(grads_init=init_grads, grads_trained=block_grad_norms(model, probe))
             if row in ("qk-norm", "clipping"):
                 finite = [v for v in res["losses"] if math.isfinite(v)]
                 r.update(lr=opts["lr"], spikes=spikes(res["grad_norms"]),
@@ -316,7 +372,24 @@ def run_ablations(cfg: AblationsConfig, out_dir: str | Path, *, overwrite: bool 
         f"load: shares of the top-{cfg.top_k} routing assignments on held-out windows; dead: "
         f"under {DEAD_SHARE:g}/E."
     )
-    common.write_outputs(out, "Ablations: one part taken out", [_table(results)], results, notes,
+    if "batchnorm" in rows:
+        notes += (
+            " Batch dependence (batchnorm row): the largest change of a window's logits when the "
+            "other windows of its batch (16) are replaced, when every window gets "
+            f"{cfg.seq_len // 2} padding tokens appended after its first "
+            f"{cfg.seq_len - cfg.seq_len // 2} characters, and at the first half of the positions "
+            "when the second half of every window is replaced; with the batch statistics of "
+            "training mode, and in evaluation mode (running statistics)."
+        )
+    if "residual" in rows:
+        notes += (
+            f" Gradient norms (residual row, {cfg.deep_layers} layers): each block's parameters, "
+            f"one held-out batch of {cfg.batch_size}, at initialisation and after training."
+        )
+    tables = [_table(results)]
+    tables += [dependence_table(rows["batchnorm"])] if "batchnorm" in rows else []
+    tables += [grad_table(rows["residual"])] if "residual" in rows else []
+    common.write_outputs(out, "Ablations: one part taken out", tables, results, notes,
                          plot=(plot_ablations, "ablations.png"), budget=budget)  # fmt: skip
     return results
 
@@ -395,6 +468,37 @@ def summarise(results: dict) -> str:
                 )
                 + "."
             )
+    if "batchnorm" in rows:
+        parts.append(
+            "With batch statistics, replacing the other windows of the batch changes a window's "
+            "logits by up to "
+            + ", ".join(
+                f"{r['dependence']['batch']:.2g} ({r['variant']})" for r in rows["batchnorm"]
+            )
+            + "; val loss "
+            + ", ".join(f"{r['val_loss']:.3f} ({r['variant']})" for r in rows["batchnorm"])
+            + "."
+        )
+    if "residual" in rows:
+        parts.append(
+            f"{len(rows['residual'][0]['grads_init'])} layers, the first block's gradient "
+            "norm at initialisation / after training: "
+            + ", ".join(
+                f"{r['grads_init'][0]:.2g} / {r['grads_trained'][0]:.2g} ({r['variant']})"
+                for r in rows["residual"]
+            )
+            + "; val loss "
+            + ", ".join(f"{r['val_loss']:.3f} ({r['variant']})" for r in rows["residual"])
+            + "."
+        )
+    if "positions-concat" in rows:
+        parts.append(
+            "Positions: "
+            + ", ".join(
+                f"{r['variant']} val loss {r['val_loss']:.3f}" for r in rows["positions-concat"]
+            )
+            + "."
+        )
     return " ".join(parts)
 
 
@@ -403,7 +507,7 @@ def plot_ablations(results: dict, path: str | Path) -> None:
     plt = pyplot()
 
     rows = results["rows"]
-    panels = len(rows) + ("moe" in rows)
+    panels = len(rows) + ("moe" in rows) + ("residual" in rows)
     fig, axes = plt.subplots(1, panels, figsize=(4.5 * panels, 3.8), squeeze=False)
     for ax, (row, variants) in zip(axes[0], rows.items()):
         for r in variants:
@@ -412,6 +516,18 @@ def plot_ablations(results: dict, path: str | Path) -> None:
         ax.set_title(row)
         ax.set_xlabel("step")
         ax.set_ylabel("training loss (nats)")
+        ax.legend(fontsize=8)
+    if "residual" in rows:
+        ax = axes[0][len(rows)]
+        for k, r in enumerate(rows["residual"]):
+            for key, style in (("grads_init", ":"), ("grads_trained", "-")):
+                v = r[key]
+                ax.plot(range(1, len(v) + 1), v, style, color=f"C{k}", marker="o", markersize=3,
+                        label=f"{r['variant']}, {key.split('_')[1]}")  # fmt: skip
+        ax.set_yscale("log")
+        ax.set_title("residual: gradient norm by layer")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("‖gradient‖ of the block's parameters")
         ax.legend(fontsize=8)
     if "moe" in rows:
         ax = axes[0][-1]

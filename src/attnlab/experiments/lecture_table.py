@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 
+from attnlab.experiments.ablations import ROWS as ABLATION_ROWS
 from attnlab.experiments.ablations import AblationsConfig, run_ablations
 from attnlab.experiments.adaptive_computation import (
     AdaptiveComputationConfig,
@@ -250,17 +251,21 @@ def experiments() -> list[dict]:
         {
             "name": "ablations",
             "help": "one part taken out of a tiny LM: the causal mask, heads at equal width, "
-            "MoE load balancing, QK-norm and clipping at a high learning rate",
+            "MoE load balancing, QK-norm and clipping at a high learning rate, LayerNorm vs "
+            "BatchNorm, the residual connections, positions concatenated instead of added",
             "description": "Train variants of a tiny DecoderLM on pydoc characters from the same "
             "seed for the same steps (fitted into --max-time, or --steps): with and without the "
             "causal mask (teacher-forced loss against the loss where generation reads it), one "
             "head against several at equal width, a mixture of experts with and without the "
             "load-balancing loss (expert load, dead experts), QK-norm and gradient clipping at "
-            "a high learning rate (gradient spikes).",
+            "a high learning rate (gradient spikes), LayerNorm against BatchNorm (how much a "
+            "window's outputs depend on the rest of its batch, padding and later positions), "
+            "a deep stack with and without residual connections (per-layer gradient norms) and "
+            "positions concatenated to the token embedding against added at equal width.",
             "max_time": 300.0,
             "flags": [
-                ("--rows", _split, ("causal", "heads", "moe", "qk-norm", "clipping"),
-                 "comma-separated rows (default causal,heads,moe,qk-norm,clipping)"),
+                ("--rows", _split, ABLATION_ROWS,
+                 f"comma-separated rows (default {','.join(ABLATION_ROWS)})"),
                 ("--seq-len", int, 64, "window T (default 64)"),
                 ("--d-model", int, 64, None),
                 ("--n-layers", int, 2, None),
@@ -271,7 +276,11 @@ def experiments() -> list[dict]:
                 ("--lr", float, 3e-3, "AdamW learning rate (default %(default)s)"),
                 ("--high-lr", float, 3e-2,
                  "learning rate of the qk-norm and clipping rows (default %(default)s)"),
-                ("--position", ["rope", "learned", "alibi"], "rope", None),
+                ("--position", ["rope", "learned", "alibi"], "rope",
+                 "positions of every row but positions-concat (default rope)"),
+                ("--deep-layers", int, 8, "depth of the residual row (default 8)"),
+                ("--pos-width", int, None, "width of the concatenated position code, "
+                 "positions-concat row (default d_model / 4)"),
                 ("--max-chars", int, None, "characters of pydoc read (default all)"),
                 ("--threads", int, 1, "torch CPU threads (default 1)"),
             ],

@@ -12,7 +12,7 @@ from attnlab.layers.ffn import MLP, GatedFFN, SwiGLU
 from attnlab.layers.losses import cross_entropy
 from attnlab.layers.modes import evaluating
 from attnlab.layers.moe import MoE, load_balancing_loss
-from attnlab.layers.norm import LayerNorm, RMSNorm, make_norm
+from attnlab.layers.norm import BatchNorm, LayerNorm, RMSNorm, make_norm
 from attnlab.layers.patch_embed import PatchEmbedding, check_images
 from attnlab.layers.position import (
     ALiBi,
@@ -34,6 +34,7 @@ from attnlab.layers.rnn import stacked_rnn
 
 __all__ = [
     "ALiBi",
+    "BatchNorm",
     "DropPath",
     "LayerNorm",
     "LearnedPositionalEmbedding",

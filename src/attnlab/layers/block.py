@@ -2,6 +2,7 @@
 
     post-norm (Vaswani 2017):  x = Norm(x + Sublayer(x))
     pre-norm  (GPT-2 onward):  x = x + Sublayer(Norm(x))
+    without residuals (an ablation, ``residual=False``): Norm(Sublayer(x)), Sublayer(Norm(x))
 
 One block serves encoders (self-attention), decoders (causal self-attention, optional
 cross-attention to an encoder's output) and vision models (Swin wraps it in window partitioning);
@@ -44,6 +45,8 @@ class TransformerBlock(nn.Module):
         norm1, norm2: norms around the attention and FFN sub-layers.
         cross_attn, norm_cross: cross-attention and its norm (decoders of encoder–decoders).
         norm_position: ``pre`` or ``post``.
+        residual: add each sub-layer's input back (False: the skip connections removed,
+            ``x ← F(Norm(x))`` pre-norm, ``x ← Norm(F(x))`` post-norm; an ablation).
         dropout: residual dropout on each sub-layer's output.
         drop_path: stochastic depth: drop each residual branch for whole samples with this rate.
     """
@@ -58,6 +61,7 @@ class TransformerBlock(nn.Module):
         cross_attn: MultiHeadAttention | None = None,
         norm_cross: nn.Module | None = None,
         norm_position: str = "pre",
+        residual: bool = True,
         dropout: float = 0.0,
         drop_path: float = 0.0,
     ) -> None:
@@ -73,7 +77,7 @@ class TransformerBlock(nn.Module):
         self.has_cross = cross_attn is not None
         self.cross_attn = cross_attn if cross_attn is not None else nn.Identity()
         self.norm_cross = norm_cross if norm_cross is not None else nn.Identity()
-        self.norm_position = norm_position
+        self.norm_position, self.residual = norm_position, residual
         self.dropout = nn.Dropout(dropout)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         # hook points (attnlab.layers.hook), all (B, T, C): the residual stream and what each
@@ -88,6 +92,11 @@ class TransformerBlock(nn.Module):
             self.hook_cross_attn_out, self.hook_resid_cross = HookPoint(), HookPoint()
 
     def _residual(self, x: Tensor, norm: nn.Module, sublayer) -> Tensor:
+        if not self.residual:  # the ablation: no skip connection
+            out = self.drop_path(
+                self.dropout(sublayer(norm(x) if self.norm_position == "pre" else x))
+            )
+            return out if self.norm_position == "pre" else norm(out)
         if self.norm_position == "pre":
             return x + self.drop_path(self.dropout(sublayer(norm(x))))
         return norm(x + self.drop_path(self.dropout(sublayer(x))))

@@ -260,6 +260,7 @@ def build_block(
         cross_attn=cross,
         norm_cross=norm_cross,
         norm_position=c.norm_position,
+        residual=c.residual,
         dropout=c.dropout,
         drop_path=c.drop_path if drop_path is None else drop_path,
     )

@@ -77,7 +77,13 @@ def build_xl_block(config: TransformerXLConfig) -> TransformerBlock:
     )
     norm = lambda: make_norm(c.norm, c.d_model, eps=c.norm_eps, bias=c.bias)  # noqa: E731
     return TransformerBlock(
-        attn, build_ffn(c), norm(), norm(), norm_position="pre", dropout=c.dropout
+        attn,
+        build_ffn(c),
+        norm(),
+        norm(),
+        norm_position="pre",
+        residual=c.residual,
+        dropout=c.dropout,
     )
 
 

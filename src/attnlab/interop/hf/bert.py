@@ -129,7 +129,7 @@ def bert_config_to_hf(c: EncoderConfig, architecture: str = "BertForMaskedLM") -
     """
     what = "Hugging Face BERT"
     require(c, what, norm_position="post", position="learned", norm="layernorm", ffn="mlp")
-    require(c, what, bias=True, qk_norm=None, embed_norm=True, linformer_k=None)
+    require(c, what, bias=True, qk_norm=None, embed_norm=True, linformer_k=None, residual=True)
     require_plain_heads(c, what)
     return {
         "architectures": [architecture],

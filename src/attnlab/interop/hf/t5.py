@@ -205,6 +205,7 @@ def t5_config_to_hf(c: T5Config) -> dict[str, Any]:
     what = "Hugging Face T5"
     require(c, what, norm="rmsnorm", norm_position="pre", bias=False, attn_scale=1.0)
     require(c, what, qk_norm=None, linformer_k=None, final_norm=True, scale_embeddings=False)
+    require(c, what, residual=True)
     require(c, what, share_embeddings=True, encoder=None, decoder=None)
     if c.tie_embeddings != c.scale_output:
         raise UserError(
