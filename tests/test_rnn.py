@@ -132,8 +132,8 @@ def test_kinds_and_config():
     assert make(RNNSeq2Seq).attention is None
     cfg = RNNSeq2SeqConfig.preset("small", cell="lstm", src_vocab_size=5, tgt_vocab_size=6)
     assert RNNSeq2SeqConfig.from_dict(cfg.to_dict()) == cfg
-    with pytest.raises(ValueError, match="unknown cell 'rnn'"):
-        RNNSeq2SeqConfig(cell="rnn")
+    with pytest.raises(ValueError, match="unknown cell 'elman'"):
+        RNNSeq2SeqConfig(cell="elman")
     with pytest.raises(ValueError, match="preset"):
         RNNSeq2SeqConfig.preset("huge")
 

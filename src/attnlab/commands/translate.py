@@ -25,7 +25,7 @@ from attnlab.commands.config_args import (
 )
 from attnlab.commands.flags import add_command, at_least_one
 from attnlab.errors import UserError
-from attnlab.experiments.bottleneck import BottleneckConfig, format_table, run_bottleneck
+from attnlab.experiments.bottleneck import BottleneckConfig, format_report, run_bottleneck
 from attnlab.runspec import FAMILIES
 from attnlab.runspec.translation import MODEL_KINDS
 from attnlab.tasks.reports import translate_result
@@ -77,7 +77,7 @@ def _run_translate(args: argparse.Namespace) -> int:
 
 def _run_bottleneck(args: argparse.Namespace) -> int:
     result = run_bottleneck(from_args(BottleneckConfig, args), args.out, overwrite=args.overwrite)
-    print(f"{format_table(result)}\n\n{result['summary']}")
+    print(format_report(result))
     print(f"table, plot and results.json in {args.out}")
     return 0
 
@@ -120,7 +120,7 @@ def register(groups) -> None:
                  "model size preset (transformer: tiny, small, vaswani, vaswani-big; t5: tiny, "
                  "tiny-v1_1, small, t5-small, t5-base, t5-v1_1-small, t5-v1_1-base; rnn: tiny, "
                  "small, base; default: small)"),
-                ("--cell", ["gru", "lstm"], None, "RNN cell (default gru)"),
+                ("--cell", ["gru", "lstm", "rnn"], None, "RNN cell (default gru; rnn = tanh)"),
                 ("--norm-position", ["pre", "post"], None,
                  "transformer: post-norm (paper, default) or pre-norm"),
                 ("--position", ["sinusoidal", "learned", "rope", "none"], None,
@@ -168,6 +168,7 @@ def register(groups) -> None:
             ("--max-time", float, None, "seconds of training per model (default: use --steps)"),
             ("--steps", int, 1500, "steps per model (default 1500)"),
             ("--batch-size", int, 64, None),
+            ("--variants", "store_true", None, "also train rnn-attn's variants (score, s_0, cell)"),
             ("--device", None, "auto", None),
             ("--seed", int, 0, None),
             ("--overwrite", "store_true", None, None),

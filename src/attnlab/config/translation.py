@@ -164,12 +164,20 @@ class RNNSeq2SeqConfig(Config):
 
     Attributes:
         src_vocab_size, tgt_vocab_size: vocabulary sizes (set from the data).
-        cell: ``gru`` | ``lstm``.
+        cell: ``gru`` | ``lstm`` | ``rnn`` (the vanilla cell h_t = tanh(W x_t + U h_{t-1} + b)),
+            for the encoder and the decoder.
         emb_dim: token embedding width E (both sides).
         hidden: RNN state width per direction (the decoder state is ``hidden`` wide).
         n_layers: encoder layers (the decoder is one recurrent cell, stepped explicitly).
         bidirectional: bidirectional encoder (Bahdanau's choice).
-        attn_dim: width of the additive-attention scoring layer (``rnn-attn``; default hidden).
+        attn_dim: width of the additive-attention scoring layer (``rnn-attn``; default 2·hidden
+            with a bidirectional encoder, else hidden; ``score="additive"`` only).
+        score: the alignment score of ``rnn-attn`` (:class:`attnlab.attention.AdditiveAttention`):
+            ``additive`` vᵀ tanh(W_s s + W_h h + b) (Bahdanau's), ``concat`` wᵀ [s; h] + b (one
+            linear layer), ``dot`` sᵀ h (needs ``bidirectional=False``), ``general`` sᵀ W h.
+        init_state: the decoder's first state s_0: ``projection`` tanh(W_b h_fin) (a learned
+            projection of the encoder's final state), ``last`` the forward encoder state after the
+            last real source token (as wide as s), ``zeros``. An LSTM's first cell is zeros.
         dropout: on embeddings and between encoder layers.
         pad_id: padding id.
     """
@@ -178,7 +186,7 @@ class RNNSeq2SeqConfig(Config):
 
     src_vocab_size: int = 1000
     tgt_vocab_size: int = 1000
-    cell: Literal["gru", "lstm"] = "gru"
+    cell: Literal["gru", "lstm", "rnn"] = "gru"
     emb_dim: int = 64
     hidden: int = 128
     n_layers: int = 1
@@ -186,12 +194,22 @@ class RNNSeq2SeqConfig(Config):
     attn_dim: int | None = None
     dropout: float = 0.0
     pad_id: int = 0
+    score: Literal["additive", "concat", "dot", "general"] = "additive"
+    init_state: Literal["projection", "last", "zeros"] = "projection"
 
     def validate(self) -> None:
         super().validate()
         self.positive("src_vocab_size", "tgt_vocab_size", "emb_dim", "hidden", "n_layers")
         self.positive("attn_dim")
         self.fraction("dropout")
+        if self.score == "dot" and self.enc_dim != self.hidden:
+            raise ConfigError(
+                f"score='dot' needs encoder states as wide as the decoder state ({self.hidden}), "
+                f"but the bidirectional encoder's are {self.enc_dim}: set bidirectional=false or "
+                "use score='general'"
+            )
+        if self.attn_dim is not None and self.score != "additive":
+            raise ConfigError(f"attn_dim applies to score='additive' only, not {self.score!r}")
 
     @property
     def enc_dim(self) -> int:

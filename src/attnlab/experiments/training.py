@@ -63,10 +63,15 @@ def numbers_data(cfg: Any, **settings: Any) -> Any:
     return build_data(TranslationTaskConfig(task="numbers", **shared, **settings))
 
 
-def translation_model(kind: str, data: Any, preset: str) -> Any:
+def translation_model(kind: str, data: Any, preset: str, **overrides: Any) -> Any:
     """A translation model of ``kind`` sized for ``data``'s vocabularies, with positions for
-    twice its longest sentence (plus 16)."""
+    twice its longest sentence (plus 16); ``overrides`` are config fields (``score="dot"``)."""
     longest = max(data.stats["max_src_len"], data.stats["max_tgt_len"])
     return build_translation_model(
-        kind, len(data.src_vocab), len(data.tgt_vocab), preset=preset, max_seq_len=2 * longest + 16
+        kind,
+        len(data.src_vocab),
+        len(data.tgt_vocab),
+        preset=preset,
+        max_seq_len=2 * longest + 16,
+        **overrides,
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from attnlab.attention.additive import SCORE_FORMULAS
 from attnlab.attention.capture import capture_attention
 from attnlab.decoding import greedy_search
 from attnlab.errors import UserError
@@ -50,10 +51,17 @@ PLACEHOLDER = "a sentence to translate"
 PAD, START, END = "<pad>", "<start>", "<end>"
 #: what the raw scores of each kind are (the Transformer's: q·k/√d)
 _SCORE_LABELS = {
-    "rnn-attn": "vᵀtanh(W_s s + W_h h)",
     "t5": "q·k + b(j − i)",
     "t5_span": "q·k + b(j − i)",
 }
+
+
+def _score_label(kind: str, model) -> str:
+    """What the raw scores of ``model`` are: its alignment score's formula for ``rnn-attn``."""
+    score = getattr(getattr(model, "config", None), "score", None)
+    if kind == "rnn-attn" and score in SCORE_FORMULAS:
+        return SCORE_FORMULAS[score]
+    return _SCORE_LABELS.get(kind, "q·k/√d")
 
 
 def classify_layer(stack: str, attn: str, name: str) -> str | None:
@@ -215,7 +223,7 @@ def alignment_views(
                 head_dim=None if unscaled else head_dim_of(model, layers[0].name),
                 scores_have_bias=unscaled and vid != "cross",  # T5's relative bias
                 # Bahdanau scores e_j = vᵀ tanh(W_s s + W_h h_j), when the layer reports them
-                score_label=_SCORE_LABELS.get(kind, "q·k/√d")
+                score_label=_score_label(kind, model)
                 if not (unscaled and vid == "cross")
                 else "q·k",
             )

@@ -1,8 +1,8 @@
 """RNN encoder–decoders: fixed-context bottleneck (``rnn``) and Bahdanau attention (``rnn-attn``).
 
-Encoder (both kinds): a GRU/LSTM reads the source, giving states h_1 … h_S (bidirectional by
-default: forward and backward states concatenated) and a final state h_fin (the last forward and
-first backward state — the only summary the ``rnn`` decoder ever sees).
+Encoder (both kinds): a GRU/LSTM/vanilla tanh RNN (``cell``) reads the source, giving states
+h_1 … h_S (bidirectional by default: forward and backward states concatenated) and a final state
+h_fin (the last forward and first backward state — the only summary the ``rnn`` decoder ever sees).
 
 Decoder step t (both kinds; only how the context c_t is made differs):
 
@@ -10,6 +10,10 @@ Decoder step t (both kinds; only how the context c_t is made differs):
     rnn-attn:  e_tj = vᵀ tanh(W_s s_{t-1} + W_h h_j),  α_t = softmax(e_t),  c_t = Σ_j α_tj h_j
     s_t        = Cell([Emb(y_{t-1}); c_t], s_{t-1})            s_0 = tanh(W_b h_fin)
     logits_t   = W_o [s_t; c_t]
+
+``score`` replaces Bahdanau's e_tj by the lecture's other alignment scores (one linear layer on
+[s; h], dot, bilinear; :mod:`attnlab.attention.additive`) and ``init_state`` replaces s_0 by the
+forward encoder state after the last real token (``last``) or zeros (``zeros``).
 
 So ``rnn`` gets everything about the source through one fixed-size vector (Cho et al. 2014;
 Sutskever et al. 2014), while ``rnn-attn`` recomputes a new summary of all source states at every
@@ -34,7 +38,7 @@ from attnlab.attention.cache import DecodeState
 from attnlab.attention.capture import capture_attention
 from attnlab.config.translation import RNNSeq2SeqConfig
 from attnlab.layers.hook import HookPoint
-from attnlab.layers.rnn import stacked_rnn
+from attnlab.layers.rnn import rnn_cell, stacked_rnn
 from attnlab.models.registry import register_kind
 
 __all__ = ["RNNSeq2SeqConfig", "RNNSeq2Seq", "AttnRNNSeq2Seq", "RNNDecodeState"]
@@ -53,7 +57,7 @@ class RNNDecodeState(DecodeState):
 
 
 class RNNSeq2Seq(nn.Module):
-    """GRU/LSTM encoder–decoder whose decoder sees only the encoder's final state.
+    """GRU/LSTM/RNN encoder–decoder whose decoder sees only the encoder's final state.
 
     ``forward(src (B,S), src_mask (B,S), tgt_in (B,T)) -> logits (B,T,V)`` (teacher forcing).
     """
@@ -67,7 +71,6 @@ class RNNSeq2Seq(nn.Module):
     def __init__(self, config: RNNSeq2SeqConfig) -> None:
         super().__init__()
         self.config = c = config
-        cell_cls = nn.GRUCell if c.cell == "gru" else nn.LSTMCell
         self.src_emb = nn.Embedding(c.src_vocab_size, c.emb_dim, padding_idx=c.pad_id)
         self.tgt_emb = nn.Embedding(c.tgt_vocab_size, c.emb_dim, padding_idx=c.pad_id)
         self.drop = nn.Dropout(c.dropout)
@@ -83,10 +86,13 @@ class RNNSeq2Seq(nn.Module):
             dropout=c.dropout,
             bidirectional=c.bidirectional,
         )
-        self.bridge = nn.Linear(c.enc_dim, c.hidden)  # s_0 = tanh(W_b h_fin)
-        self.cell = cell_cls(c.emb_dim + c.enc_dim, c.hidden)
+        # s_0 = tanh(W_b h_fin) (init_state="projection"; the other choices have no weights)
+        self.bridge = nn.Linear(c.enc_dim, c.hidden) if c.init_state == "projection" else None
+        self.cell = rnn_cell(c.cell, c.emb_dim + c.enc_dim, c.hidden)
         self.attention: nn.Module | None = (
-            AdditiveAttention(c.hidden, c.enc_dim, c.attn_dim) if self.uses_attention else None
+            AdditiveAttention(c.hidden, c.enc_dim, c.attn_dim, score=c.score)
+            if self.uses_attention
+            else None
         )
         self.out = nn.Linear(c.hidden + c.enc_dim, c.tgt_vocab_size)
 
@@ -110,10 +116,23 @@ class RNNSeq2Seq(nn.Module):
         return keys, final
 
     # -- decoder (the incremental-decoding interface of attnlab.decoding)
+    def initial_state(self, keys: Tensor, final: Tensor, src_mask: Tensor) -> Tensor:
+        """The decoder's first state ``s_0 (B, hidden)`` chosen by ``config.init_state``:
+        ``tanh(W_b h_fin)``, the forward encoder state at each row's last real token (top
+        layer), or zeros."""
+        c = self.config
+        if c.init_state == "projection":
+            return torch.tanh(self.bridge(final))
+        if c.init_state == "zeros":
+            return final.new_zeros(final.shape[0], c.hidden)
+        last = (src_mask.sum(1) - 1).clamp(min=0)  # (B,) index of the last real token
+        rows = torch.arange(keys.shape[0], device=keys.device)
+        return keys[rows, last, : c.hidden]  # (B, hidden): the forward half of h_last
+
     def start_decoding(self, src: Tensor, src_mask: Tensor, max_len: int = 0) -> RNNDecodeState:
         """Encode the source and set ``s_0``; ``max_len`` is unused (no cache to size)."""
         keys, final = self.encode(src, src_mask)
-        s = torch.tanh(self.bridge(final))
+        s = self.initial_state(keys, final, src_mask)
         cell = torch.zeros_like(s) if self.config.cell == "lstm" else None
         kp = self.attention.project_keys(keys) if self.attention is not None else None
         return RNNDecodeState(s, cell, keys, kp, final, src_mask)
