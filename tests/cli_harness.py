@@ -53,6 +53,7 @@ _WORK = [
     ("attnlab.experiments.adaptive_computation", "train_parity"),
     ("attnlab.experiments.induction", "train_induction"),
     ("attnlab.experiments.ablations", "train_variant"),
+    ("attnlab.experiments.swin_cost", "measure_costs"),  # (builds and times, no training)
 ]
 
 
