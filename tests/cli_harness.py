@@ -54,6 +54,7 @@ _WORK = [
     ("attnlab.experiments.induction", "train_induction"),
     ("attnlab.experiments.ablations", "train_variant"),
     ("attnlab.experiments.sequence_primitives", "train_recall"),
+    ("attnlab.experiments.swin_cost", "measure_costs"),  # (builds and times, no training)
 ]
 
 

@@ -195,6 +195,15 @@ CASES: dict[tuple, tuple[list[str], list]] = {
         + [*CPU, "--out", OUT],
         ["--data-path"],
     ),
+    ("experiment", "vit-data"): (
+        ["--sizes", "24,48", "--finetune-sizes", "24", "--n-val", "8", "--n-test", "16"]
+        + ["--image-size", "8", *EXPERIMENT],
+        [],
+    ),
+    ("experiment", "swin-cost"): (
+        ["--image-sizes", "32,64", "--repeats", "1", *CPU, "--out", OUT],
+        [],
+    ),
     ("experiment", "vqa-bias"): (["--n-train", "16", "--models", "blind", *EXPERIMENT], []),
     ("experiment", "caption-retrieval"): (["--n-train", "16", "--n-eval", "4", *EXPERIMENT], []),
     ("experiment", "caption-bptt"): (["--n-train", "16", "--n-eval", "4", *EXPERIMENT], []),

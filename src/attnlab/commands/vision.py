@@ -23,6 +23,7 @@ from attnlab.commands.config_args import (
 )
 from attnlab.commands.flags import add_command, at_least_one
 from attnlab.errors import RunDirError, UserError
+from attnlab.models.vision.transfer import transfer_weights
 from attnlab.runs import load
 from attnlab.runspec import FAMILIES
 from attnlab.runspec.image_flags import AUGMENT, DATA_FLAGS, FLAG_KEYS, TRAIN_SECTIONS
@@ -39,7 +40,7 @@ def _train_image(args: argparse.Namespace) -> int:
     saved = saved_run(args)  # --out checked before the data is read
     if args.augment is not None:
         args.augment = AUGMENT[args.augment]
-    for name in ("data_path", "teacher"):
+    for name in ("data_path", "teacher", "init_from"):
         if getattr(args, name):
             setattr(args, name, str(Path(getattr(args, name)).resolve()))
     kind = args.model if "model" in explicit_dests(args) else None
@@ -50,10 +51,13 @@ def _train_image(args: argparse.Namespace) -> int:
 
 
 def _start(spec, model, task) -> None:
-    source = spec.task.teacher
+    source, init, note = spec.task.teacher, spec.task.init_from, ""
     if source:
         task.use_teacher(Teacher.from_run(load(source, kinds=VISION_KINDS), source))
-    print(image_start(spec.kind, model, task)
+    if init and spec.resume is None:  # (a resumed run's checkpoint holds its weights)
+        note = "; " + transfer_weights(load(init, kinds=VISION_KINDS).model, model,
+                                       source_name=init).describe()  # fmt: skip
+    print(image_start(spec.kind, model, task) + note
           + (f"; {spec.task.distillation} distillation from {source}" if source else ""))  # fmt: skip
 
 

@@ -1,6 +1,6 @@
-"""The vision experiments: ``attnlab experiment inductive-bias`` (CNN, ViT and a DeiT distilled
-from the CNN on growing data) and ``attnlab experiment patch-size`` (tokens, FLOPs, time and
-accuracy of ViTs with several patch sizes). Flag tables; the work is in
+"""The vision experiments: ``attnlab experiment inductive-bias`` (CNN, ViT, DeiT on growing data),
+``patch-size`` (tokens, FLOPs, time, accuracy by patch size), ``vit-data`` and ``swin-cost`` (their
+rows: data in :mod:`attnlab.experiments.vision_flags`). Flag tables; the work is in
 :mod:`attnlab.experiments.vision_flags`, :mod:`attnlab.experiments.inductive_bias` and
 :mod:`attnlab.experiments.patch_size`.
 """
@@ -88,6 +88,8 @@ def _add_patch_size(groups) -> None:
 
 
 def register(groups) -> None:
-    """Add the vision experiments."""
+    """Add the vision experiments (vit-data and swin-cost: rows in vision_flags.EXPERIMENTS)."""
     _add_inductive_bias(groups)
     _add_patch_size(groups)
+    for name, run, texts, rows in vision_flags.EXPERIMENTS:
+        add_flags(add_command(groups["experiment"], name, func=_printing(run), **texts), rows)

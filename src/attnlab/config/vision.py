@@ -379,6 +379,10 @@ class ImageTaskConfig(Config):
             (τ²·KL between the temperature-τ softmaxes of teacher and distillation head).
         distill_alpha: weight of the distillation head's loss; the class head's is 1 − α.
         distill_temperature: τ of soft distillation.
+        init_from: run directory of a trained image classifier of the same architecture whose
+            weights start this run (pre-training, then fine-tuning here); its head is copied
+            when it scores the same classes, else the head starts afresh
+            (:mod:`attnlab.models.vision.transfer`). None = a fresh initialisation.
 
     The task records what it derived next to these (the seed, class names, image shape,
     normalisation, split sizes): ``from_dict`` drops them (``IGNORED``).
@@ -401,6 +405,7 @@ class ImageTaskConfig(Config):
     distillation: Literal["hard", "soft"] = "hard"
     distill_alpha: float = 0.5
     distill_temperature: float = 1.0
+    init_from: str | None = None
 
     def validate(self) -> None:
         super().validate()

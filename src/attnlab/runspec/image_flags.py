@@ -19,6 +19,7 @@ FLAG_KEYS = {
     **{k: f"task.{k}" for k in ("data", "data_path", "image_size", "channels", "shapes_n")},
     **{k: f"task.{k}" for k in ("shapes_label", "train_fraction", "augment", "teacher")},
     **{k: f"task.{k}" for k in ("distillation", "distill_alpha", "distill_temperature")},
+    "init_from": "task.init_from",
 }
 
 
@@ -53,6 +54,11 @@ TRAIN_SECTIONS = [
         ("--augment", tuple(AUGMENT), None,
          "random crop (+ flips where they keep the class); auto = on for images of 16 px or "
          "more (default: auto)"),
+        ("--init-from", None, None,
+         "start from the weights of a trained run of the same architecture (pre-train there, "
+         "fine-tune here): every tensor is copied, the head too when the classes are the same, "
+         "else the head starts afresh; another kind, size or patch size is refused",
+         {"metavar": "RUN"}),
     ]),
     ("distillation (--model deit)", [
         ("--teacher", None, None,

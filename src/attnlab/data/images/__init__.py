@@ -27,7 +27,7 @@ from attnlab.data.images.readers import (
     resize_image,
 )
 from attnlab.data.images.settings import LABELS_FILE, ImageSettings
-from attnlab.data.images.shapes import COLOUR_NAMES, SHAPE_NAMES, make_shapes
+from attnlab.data.images.shapes import COLOUR_NAMES, SHAPE_NAMES, make_shapes, relabel_shapes
 from attnlab.data.images.sources import DATA_SOURCES, FLIP_OK, load_image_data
 from attnlab.data.images.splits import ImageSplits, hold_out_val, resize_splits, split_images
 from attnlab.data.images.transforms import normalize, random_crop, random_flip
@@ -44,6 +44,7 @@ __all__ = [
     "load_image_data",
     "load_digits",
     "make_shapes",
+    "relabel_shapes",
     "load_image_folder",
     "load_cifar10",
     "load_mnist",

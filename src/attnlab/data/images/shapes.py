@@ -12,14 +12,20 @@ import torch
 
 from attnlab.data.images.splits import ImageSplits, split_images
 
-__all__ = ["make_shapes", "SHAPE_NAMES", "COLOUR_NAMES"]
+__all__ = ["make_shapes", "relabel_shapes", "SHAPE_NAMES", "COLOUR_NAMES"]
 
 SHAPE_NAMES = ("circle", "square", "triangle", "cross")
 COLOUR_NAMES = {"red": (0.9, 0.15, 0.15), "green": (0.15, 0.8, 0.25), "blue": (0.2, 0.35, 0.95)}
 
 
 def make_shapes(
-    n: int = 3000, image_size: int = 32, *, label: str = "shape", seed: int = 0
+    n: int = 3000,
+    image_size: int = 32,
+    *,
+    label: str = "shape",
+    seed: int = 0,
+    val_frac: float = 0.1,
+    test_frac: float = 0.2,
 ) -> ImageSplits:
     """Generated images of one coloured shape each on a noisy dark background.
 
@@ -27,10 +33,11 @@ def make_shapes(
     (circle/square/triangle/cross), the colour (red/green/blue) or both (12 classes).
 
     Args:
-        n: total images (split 70/10/20 into train/val/test).
+        n: total images (split into train / val / test: by default 70/10/20).
         image_size: side in pixels (any size ≥ 8).
         label: ``shape`` | ``colour`` | ``both``.
         seed: generator seed.
+        val_frac, test_frac: shares of the validation and test splits.
 
     Raises:
         ValueError: bad ``label`` / ``image_size`` / ``n``.
@@ -80,6 +87,30 @@ def make_shapes(
         classes,
         "shapes",
         seed,
-        val_frac=0.1,
-        test_frac=0.2,
+        val_frac=val_frac,
+        test_frac=test_frac,
     )
+
+
+def relabel_shapes(splits: ImageSplits, label: str) -> ImageSplits:
+    """The same images (shared, not copied) with another class: ``splits`` labelled ``both``
+    (class ``shape · 3 + colour``, as :func:`make_shapes` numbers them) relabelled by ``shape``
+    (``y // 3``), ``colour`` (``y mod 3``) or left as ``both``.
+
+    Raises:
+        ValueError: ``splits`` are not generated shapes labelled ``both``, or an unknown label.
+    """
+    both = [f"{c} {s}" for s in SHAPE_NAMES for c in COLOUR_NAMES]
+    if splits.name != "shapes" or list(splits.classes) != both:
+        raise ValueError("relabel_shapes needs generated shapes labelled 'both'")
+    k = len(COLOUR_NAMES)
+    if label == "both":
+        return splits
+    if label == "shape":
+        classes, f = list(SHAPE_NAMES), (lambda y: y // k)
+    elif label == "colour":
+        classes, f = list(COLOUR_NAMES), (lambda y: y % k)
+    else:
+        raise ValueError(f"shapes label must be 'shape', 'colour' or 'both', got {label!r}")
+    part = lambda p: (p[0], f(p[1]))  # noqa: E731
+    return ImageSplits(part(splits.train), part(splits.val), part(splits.test), classes, "shapes")
