@@ -16,6 +16,7 @@ from attnlab.cli import main
 from attnlab.config import ModelConfig
 from attnlab.data.tokenizers import ByteBPETokenizer
 from attnlab.decoding import beam_generate, generate
+from attnlab.demo import TRANSFORMER_OPTIMIZER
 from attnlab.interop import to_hf
 from attnlab.models.lm import DecoderLM
 
@@ -260,6 +261,12 @@ def test_demo_runs_and_can_run_again(tmp_path, capsys):
         assert last["step"] == 2 and m["curve_at_equal"] == pytest.approx(last["val_loss"])
         assert f"{m['curve_at_equal']:.4f}" in text
     assert f"at {2 * per_step:,} tokens, the fewest any model reached" in text
+    optimizers = [
+        json.loads((out / sub / "config.json").read_text())["train"]["optimizer"]
+        for sub in ("transformer", "lstm", "bigram")
+    ]
+    assert optimizers == [report["optimizer"], "adamw", "adamw"]
+    assert report["optimizer"] == TRANSFORMER_OPTIMIZER
     # re-running overwrites its own demo directory; with a budget, each model gets the same
     # wall-clock (its own run's max_time) and the table shows the tokens each one reached
     timed = ["demo", "--out", str(out), "--budget", "2", "--val-batches", "1", "--no-progress"]

@@ -110,6 +110,8 @@ DEMO_FILES = ("transformer", "lstm", "bigram", "loss.png", "attention.png", "rep
 #: sample and plots (2.5 min in all measured on the 2-core machine, so that a fresh clone's
 #: `make demo` with its ~2 min of set-up stays within 5 minutes)
 DEFAULT_BUDGET = 45.0
+#: the Transformer's optimizer (the baselines': AdamW)
+TRANSFORMER_OPTIMIZER = "adamw"
 #: validation batches of the curves during training (the same batches for every model)
 CURVE_BATCHES = 4
 
@@ -145,6 +147,7 @@ def run_demo(
     val_batches: int | None = None,
     threads: int | None = None,
     log: Callable[[str], None] | None = None,
+    optimizer: str = TRANSFORMER_OPTIMIZER,
 ) -> dict[str, Any]:
     """Run the demo and return a report (also written to ``out/report.json``).
 
@@ -161,6 +164,8 @@ def run_demo(
         threads: CPU threads for the Transformer (default: torch's count or one thread, whichever
             trains faster right now); the baselines always use one.
         log: called with a line of text at each stage.
+        optimizer: the Transformer's optimizer (``TrainConfig.optimizer``: ``muon`` or
+            ``adamw``); the baselines train with AdamW.
 
     Returns:
         ``{"models": [{name, kind, params, steps, tokens, val_loss, time, curve_at_equal}],
@@ -231,17 +236,31 @@ def run_demo(
             val_batches,
             threads,
             say,
+            optimizer,
         )
     finally:
         torch.set_num_threads(threads_before)
 
 
 def _run(
-    out, task, transformer, choice, budget, steps, seed, device, progress, val_batches, threads, say
+    out,
+    task,
+    transformer,
+    choice,
+    budget,
+    steps,
+    seed,
+    device,
+    progress,
+    val_batches,
+    threads,
+    say,
+    optimizer,
 ) -> dict[str, Any]:
     """The three trainings, the measurements and the figures (see :func:`run_demo`)."""
     V, seq_len, batch = task.vocab_size, choice.seq_len, choice.batch_size
-    name_t = f"Transformer ({choice.row.n_layers}x{choice.row.d_model}, RoPE)"
+    muon = ", Muon" if optimizer == "muon" else ""
+    name_t = f"Transformer ({choice.row.n_layers}x{choice.row.d_model}, RoPE{muon})"
     common = dict(
         batch_size=batch,
         seed=seed,
@@ -259,7 +278,7 @@ def _run(
     lr, warmup = choice.lr, choice.warmup_steps
     clock.count_from(None)  # each model's clock starts with its training, not with the command
     say(f"[1/3] {name_t} {what} ...")
-    t_cfg = TrainConfig(lr=lr, warmup_steps=warmup, **length, **common)
+    t_cfg = TrainConfig(lr=lr, warmup_steps=warmup, optimizer=optimizer, **length, **common)
     t0 = time.time()
     results = {name_t: train(transformer, task, t_cfg, out / "transformer", overwrite=True)}
     times = [time.time() - t0]
@@ -363,6 +382,7 @@ def _run(
         "batch_size": batch,
         "lr": lr,
         "warmup_steps": warmup,
+        "optimizer": optimizer,
         "temperature": 0.8,
         "sample": sample,
         "files": {k: str(v) for k, v in files.items()},

@@ -95,7 +95,9 @@ class ModelConfig(TextStackConfig):
             default) is none; at most ⌈L/2⌉.
         unet_skips: skip connections across the stack (modded-nanogpt's U-Net): the output of
             block i of the first half (i < ⌊L/2⌋) is added, times a learned scalar initialised
-            to 1, to the input of its mirror block L−1−i. Needs n_layers ≥ 2.
+            to 1, to the input of its mirror block L−1−i. Needs n_layers ≥ 2. The innermost
+            pair's skip is the block's own input (with 2 layers, block 1 reads
+            ``(1 + w) ·`` block 0's output), as in modded-nanogpt.
     """
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
