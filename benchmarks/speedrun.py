@@ -43,6 +43,8 @@ TECHNIQUES: dict[str, list[str]] = {
     "zero_init": ["model.zero_init_proj=true"],
     "untied": ["model.tie_embeddings=false"],
     "softcap": ["model.logit_softcap=15"],
+    "value_embeds": ["model.value_embeds=1"],
+    "unet_skips": ["model.unet_skips=true"],
 }
 
 #: nanoGPT's CPU recipe on the same split: its final nats/char (docs/performance.md)

@@ -16,6 +16,7 @@ from attnlab.cli import main
 from attnlab.config import ModelConfig
 from attnlab.data.tokenizers import ByteBPETokenizer
 from attnlab.decoding import beam_generate, generate
+from attnlab.demo import TRANSFORMER_OPTIMIZER
 from attnlab.interop import to_hf
 from attnlab.models.lm import DecoderLM
 
@@ -252,6 +253,20 @@ def test_demo_runs_and_can_run_again(tmp_path, capsys):
     assert report["tokens_per_step"] == per_step and report["budget"] is None
     assert [(m["steps"], m["tokens"]) for m in report["models"]] == [(2, 2 * per_step)] * 3
     assert report["budget_row"] == "xs"  # the rule at 2 steps
+    # equal tokens: each model's validation curve (its metrics.jsonl) read at the fewest tokens
+    assert report["equal_tokens"] == 2 * per_step
+    for m, sub in zip(report["models"], ("transformer", "lstm", "bigram")):
+        records = [json.loads(x) for x in (out / sub / "metrics.jsonl").read_text().splitlines()]
+        last = [r for r in records if "val_loss" in r][-1]
+        assert last["step"] == 2 and m["curve_at_equal"] == pytest.approx(last["val_loss"])
+        assert f"{m['curve_at_equal']:.4f}" in text
+    assert f"at {2 * per_step:,} tokens, the fewest any model reached" in text
+    optimizers = [
+        json.loads((out / sub / "config.json").read_text())["train"]["optimizer"]
+        for sub in ("transformer", "lstm", "bigram")
+    ]
+    assert optimizers == [report["optimizer"], "adamw", "adamw"]
+    assert report["optimizer"] == TRANSFORMER_OPTIMIZER
     # re-running overwrites its own demo directory; with a budget, each model gets the same
     # wall-clock (its own run's max_time) and the table shows the tokens each one reached
     timed = ["demo", "--out", str(out), "--budget", "2", "--val-batches", "1", "--no-progress"]
@@ -264,6 +279,7 @@ def test_demo_runs_and_can_run_again(tmp_path, capsys):
         assert json.loads((out / sub / "config.json").read_text())["train"]["max_time"] == 2
         assert m["tokens"] == m["steps"] * report["tokens_per_step"] and m["steps"] >= 1
         assert f"{m['tokens']:,}" in text
+    assert report["equal_tokens"] == min(m["tokens"] for m in report["models"])
 
 
 def test_generate_from_a_hugging_face_folder(tmp_path, capsys):

@@ -1,4 +1,5 @@
-"""The speedrun block options of the decoder LM: ReLU², zero-initialised projections, soft cap.
+"""The speedrun options of the decoder LM: ReLU², zero-initialised projections, soft cap, value
+embeddings and U-Net skips across the stack.
 
 Each option changes what it names and nothing else (same seed, same other weights)."""
 
@@ -14,6 +15,8 @@ from attnlab.errors import UserError
 from attnlab.interop import to_hf
 from attnlab.layers.ffn import MLP
 from attnlab.models.lm import DecoderLM
+from attnlab.train.muon import muon_split
+from attnlab.train.optim import param_groups
 
 _PROJ = ("out_proj.weight", "fc2.weight")
 
@@ -79,3 +82,119 @@ def test_relu2_exports_to_hf_gpt2_with_the_same_logits_and_softcap_is_refused(tm
         torch.testing.assert_close(theirs(input_ids=idx).logits, model(idx), atol=1e-5, rtol=0)
     with pytest.raises(UserError, match="logit_softcap"):
         to_hf(_lm(logit_softcap=15.0), tmp_path / "capped")
+
+
+# -- value embeddings and U-Net skips (the stack's wiring) -----------------------------------------
+
+
+def _stack_lm(**kw) -> DecoderLM:
+    torch.manual_seed(0)
+    base = dict(vocab_size=23, max_seq_len=8, d_model=16, n_heads=4, n_kv_heads=2, n_layers=4)
+    cfg = ModelConfig(**{**base, **kw})
+    return DecoderLM(cfg).eval()
+
+
+def _embed(model: DecoderLM, idx: torch.Tensor) -> torch.Tensor:
+    return model.pos_emb.embed(model.tok_emb(idx) * model.config.embed_scale, torch.arange(8))
+
+
+def test_stack_options_off_are_the_plain_stack_and_on_leave_every_other_weight_alone():
+    plain, idx = _stack_lm(), _idx()
+    assert plain.value_embed_weights is None and plain.skip_weights is None
+    assert not any("value_embed" in k or "skip" in k for k in plain.state_dict())
+    x = _embed(plain, idx)
+    for block in plain.blocks:  # block after block, nothing added between them
+        x = block(x, is_causal=True, pos_emb=plain.pos_emb)
+    assert torch.equal(plain(idx), plain.lm_head(plain.norm_f(x)))  # bit for bit
+    both = _stack_lm(value_embeds=1, unet_skips=True)
+    shared = dict(plain.named_parameters())
+    extra = {n for n, _ in both.named_parameters()} - set(shared)
+    assert extra == {"value_embeds.0.weight", "value_embed_weights", "skip_weights"}
+    for name, p in both.named_parameters():
+        if name in shared:
+            assert torch.equal(p, shared[name]), name
+
+
+def test_value_embeds_add_lambda_times_the_tables_lookup_to_the_mirrored_layers_values():
+    model, idx = _stack_lm(value_embeds=1), _idx()
+    (table,) = model.value_embeds
+    assert tuple(table.weight.shape) == (23, 2 * 4)  # V x (n_kv_heads * head_dim): GQA's width
+    assert model.value_embed_layers == [0, 3]  # table 0 feeds layer 0 and its mirror L-1-0
+    torch.testing.assert_close(model.value_embed_weights, torch.full((2,), 0.5))
+    with torch.no_grad():
+        model.value_embed_weights.copy_(torch.tensor([0.5, -2.0]))  # tell the two layers apart
+    # reference: the same weights without value embeddings, the lookup added to the V part of
+    # each fused qkv projection's output by a hook
+    ref = _stack_lm()
+    ref.load_state_dict(model.state_dict(), strict=False)
+    e = table(idx)  # (B, T, 8)
+
+    def add_to_values(lam):
+        return lambda m, args, out: out + F.pad(lam * e, (out.shape[-1] - e.shape[-1], 0))
+
+    for i, lam in zip([0, 3], [0.5, -2.0]):
+        ref.blocks[i].attn.qkv.register_forward_hook(add_to_values(lam))
+    torch.testing.assert_close(model(idx), ref(idx), rtol=0, atol=1e-6)
+    assert not torch.allclose(model(idx), _stack_lm()(idx), atol=1e-4)  # it does change them
+    assert _stack_lm(n_layers=3, value_embeds=2).value_embed_layers == [0, 1, 2]
+
+
+def test_unet_skips_add_the_first_halfs_outputs_to_the_mirrored_inputs_with_weight_one():
+    model, idx = _stack_lm(unet_skips=True), _idx()
+    torch.testing.assert_close(model.skip_weights, torch.ones(2))  # L // 2 pairs
+    with torch.no_grad():
+        model.skip_weights.copy_(torch.tensor([0.3, -0.7]))
+    b, kw = model.blocks, dict(is_causal=True, pos_emb=model.pos_emb)
+    o0 = b[0](_embed(model, idx), **kw)
+    o1 = b[1](o0, **kw)
+    o2 = b[2](o1 + -0.7 * o1, **kw)  # block 2 = L-1-1 gets block 1's output
+    o3 = b[3](o2 + 0.3 * o0, **kw)  # block 3 = L-1-0 gets block 0's output
+    torch.testing.assert_close(model(idx), model.lm_head(model.norm_f(o3)), rtol=0, atol=1e-6)
+    odd = _stack_lm(n_layers=3, unet_skips=True)  # the middle block gets no skip
+    b = odd.blocks
+    o0 = b[0](_embed(odd, idx), **kw)
+    o2 = b[2](b[1](o0, **kw) + o0, **kw)
+    torch.testing.assert_close(odd(idx), odd.lm_head(odd.norm_f(o2)), rtol=0, atol=1e-6)
+
+
+def test_stack_options_get_gradients_decode_like_the_full_forward_and_go_to_adamw():
+    model, idx = _stack_lm(value_embeds=2, unet_skips=True), _idx()
+    model.train()
+    model(idx, targets=idx).backward()
+    extra = [model.value_embeds[0].weight, model.value_embeds[1].weight]
+    for p in [*extra, model.value_embed_weights, model.skip_weights]:
+        assert p.grad is not None and p.grad.abs().sum() > 0
+    # a row of a table a token never looked up gets no gradient; looked-up rows do
+    unused = sorted(set(range(23)) - set(idx.flatten().tolist()))
+    assert model.value_embeds[0].weight.grad[unused].abs().max() == 0
+    model.eval()
+    state, steps = model.start_decoding(2), []
+    for t in range(8):  # one token at a time through the KV caches
+        logits, state = model.decode_step(idx[:, t : t + 1], state)
+        steps.append(logits)
+    torch.testing.assert_close(torch.stack(steps, 1), model(idx), rtol=0, atol=1e-5)
+    muon, adamw = muon_split(param_groups(model, 1.0), 0.1)
+    in_muon = {n for n in muon["names"]}
+    undecayed = {n for g in adamw if g["weight_decay"] == 0 for n in g["names"]}
+    new = {"value_embeds.0.weight", "value_embeds.1.weight", "value_embed_weights", "skip_weights"}
+    assert new <= undecayed and not new & in_muon
+
+
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        (dict(n_layers=4, value_embeds=3), "value_embeds"),  # more than ceil(L / 2) tables
+        (dict(n_layers=3, value_embeds=-1), "value_embeds"),
+        (dict(n_layers=2, value_embeds=1.5), "value_embeds"),
+        (dict(n_layers=1, unet_skips=True), "unet_skips"),
+    ],
+)
+def test_stack_option_errors_name_the_field(kw, field):
+    with pytest.raises(ConfigError, match=field):
+        ModelConfig(**kw)
+
+
+@pytest.mark.parametrize("kw", [dict(value_embeds=1), dict(unet_skips=True)])
+def test_hf_export_refuses_the_stack_options_by_name(tmp_path, kw):
+    with pytest.raises(UserError, match=next(iter(kw))):
+        to_hf(_lm(**kw), tmp_path / "hf")

@@ -10,6 +10,9 @@
 3. Measure all three on the whole held-out split, sample from the Transformer, and write a loss
    curve comparing the three (against training tokens) plus an attention heatmap of the
    Transformer's last layer.
+4. Compare them at equal tokens too: every model's validation curve (the same 4 held-out batches
+   for each) read at the fewest tokens any model reached, interpolated linearly between the
+   curve's points (:func:`loss_at_tokens`).
 
 With ``steps`` every model trains exactly that many steps instead (the same tokens each).
 """
@@ -65,11 +68,7 @@ def _plot_val_curves(
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for name, res in results.items():
-        pts = [
-            (r["step"] * tokens_per_step, r["val_loss"])
-            for r in res.history
-            if r.get("val_loss") is not None and "step" in r
-        ]
+        pts = val_curve(res.history, tokens_per_step)
         train_pts = [
             (r["step"] * tokens_per_step, r["loss"])
             for r in res.history
@@ -107,8 +106,34 @@ def _plot_val_curves(
 
 #: what a demo directory holds; re-running the demo overwrites exactly these
 DEMO_FILES = ("transformer", "lstm", "bigram", "loss.png", "attention.png", "report.json")
-#: seconds of training per model by default: 3 x 60 s, then ~30 s of evaluation, sample and plots
-DEFAULT_BUDGET = 60.0
+#: seconds of training per model by default: 3 x 45 s, then ~15 s of speed probe, evaluation,
+#: sample and plots (2.5 min in all measured on the 2-core machine, so that a fresh clone's
+#: `make demo` with its ~2 min of set-up stays within 5 minutes)
+DEFAULT_BUDGET = 45.0
+#: the Transformer's optimizer (the baselines': AdamW)
+TRANSFORMER_OPTIMIZER = "adamw"
+#: validation batches of the curves during training (the same batches for every model)
+CURVE_BATCHES = 4
+
+
+def val_curve(history: list[dict], tokens_per_step: int) -> list[tuple[int, float]]:
+    """``(training tokens, val_loss)`` of a run's validation records, in order."""
+    return [
+        (r["step"] * tokens_per_step, r["val_loss"])
+        for r in history
+        if r.get("val_loss") is not None and "step" in r
+    ]
+
+
+def loss_at_tokens(curve: list[tuple[int, float]], tokens: int) -> float | None:
+    """The curve's loss at ``tokens``: linear between the two points around it (None outside
+    the curve). A loss curve is convex, so between points this reads a little high."""
+    for (t0, y0), (t1, y1) in zip(curve, curve[1:]):
+        if t0 <= tokens <= t1:
+            return y0 if t1 == t0 else y0 + (y1 - y0) * (tokens - t0) / (t1 - t0)
+    if curve and curve[-1][0] == tokens:
+        return curve[-1][1]
+    return None
 
 
 def run_demo(
@@ -122,6 +147,7 @@ def run_demo(
     val_batches: int | None = None,
     threads: int | None = None,
     log: Callable[[str], None] | None = None,
+    optimizer: str = TRANSFORMER_OPTIMIZER,
 ) -> dict[str, Any]:
     """Run the demo and return a report (also written to ``out/report.json``).
 
@@ -138,10 +164,14 @@ def run_demo(
         threads: CPU threads for the Transformer (default: torch's count or one thread, whichever
             trains faster right now); the baselines always use one.
         log: called with a line of text at each stage.
+        optimizer: the Transformer's optimizer (``TrainConfig.optimizer``: ``muon`` or
+            ``adamw``); the baselines train with AdamW.
 
     Returns:
-        ``{"models": [{name, kind, params, steps, tokens, val_loss, time}], "budget",
-        "tokens_per_step", "sample", "files", ...}``.
+        ``{"models": [{name, kind, params, steps, tokens, val_loss, time, curve_at_equal}],
+        "budget", "tokens_per_step", "equal_tokens", "sample", "files", ...}``:
+        ``curve_at_equal`` is the model's validation curve (``CURVE_BATCHES`` batches) at
+        ``equal_tokens``, the fewest tokens any model reached (None off its curve).
 
     Raises:
         UserError: a setting out of range; ``out`` holding other files.
@@ -206,19 +236,38 @@ def run_demo(
             val_batches,
             threads,
             say,
+            optimizer,
         )
     finally:
         torch.set_num_threads(threads_before)
 
 
 def _run(
-    out, task, transformer, choice, budget, steps, seed, device, progress, val_batches, threads, say
+    out,
+    task,
+    transformer,
+    choice,
+    budget,
+    steps,
+    seed,
+    device,
+    progress,
+    val_batches,
+    threads,
+    say,
+    optimizer,
 ) -> dict[str, Any]:
     """The three trainings, the measurements and the figures (see :func:`run_demo`)."""
     V, seq_len, batch = task.vocab_size, choice.seq_len, choice.batch_size
-    name_t = f"Transformer ({choice.row.n_layers}x{choice.row.d_model}, RoPE)"
+    muon = ", Muon" if optimizer == "muon" else ""
+    name_t = f"Transformer ({choice.row.n_layers}x{choice.row.d_model}, RoPE{muon})"
     common = dict(
-        batch_size=batch, seed=seed, device=device, progress=progress, log_every=10, eval_batches=4
+        batch_size=batch,
+        seed=seed,
+        device=device,
+        progress=progress,
+        log_every=10,
+        eval_batches=CURVE_BATCHES,
     )
     if steps is None:  # every model the same wall-clock, validation included
         length: dict[str, Any] = dict(max_time=budget, eval_every=max(50, choice.steps // 8))
@@ -229,7 +278,7 @@ def _run(
     lr, warmup = choice.lr, choice.warmup_steps
     clock.count_from(None)  # each model's clock starts with its training, not with the command
     say(f"[1/3] {name_t} {what} ...")
-    t_cfg = TrainConfig(lr=lr, warmup_steps=warmup, **length, **common)
+    t_cfg = TrainConfig(lr=lr, warmup_steps=warmup, optimizer=optimizer, **length, **common)
     t0 = time.time()
     results = {name_t: train(transformer, task, t_cfg, out / "transformer", overwrite=True)}
     times = [time.time() - t0]
@@ -267,6 +316,8 @@ def _run(
         models[name] = model
 
     say("measuring the whole validation split ...")
+    tokens_per_step = batch * seq_len
+    equal = min(res.steps for res in results.values()) * tokens_per_step  # the fewest tokens
     rows = []
     for (name, model), elapsed in zip(models.items(), times):
         val = task.val_loss(model, batch_size=32, n_batches=val_batches)
@@ -281,6 +332,9 @@ def _run(
                 "tokens": n_steps * batch * seq_len,
                 "val_loss": val["loss"],
                 "time": elapsed,
+                "curve_at_equal": loss_at_tokens(
+                    val_curve(results[name].history, tokens_per_step), equal
+                ),
             }
         )
 
@@ -313,19 +367,22 @@ def _run(
     )
     final = {row["name"]: row["val_loss"] for row in rows}
     same = f"{budget:.0f} s each" if steps is None else f"{steps} steps each"
-    _plot_val_curves(results, batch * seq_len, files["loss curves"], final, same)
+    _plot_val_curves(results, tokens_per_step, files["loss curves"], final, same)
 
     report = {
         "threads": threads,
         "models": rows,
         "budget": budget if steps is None else None,
-        "tokens_per_step": batch * seq_len,
+        "tokens_per_step": tokens_per_step,
+        "equal_tokens": equal,
+        "curve_batches": CURVE_BATCHES,
         "tokenizer": "char",
         "budget_row": choice.row.name,
         "seq_len": seq_len,
         "batch_size": batch,
         "lr": lr,
         "warmup_steps": warmup,
+        "optimizer": optimizer,
         "temperature": 0.8,
         "sample": sample,
         "files": {k: str(v) for k, v in files.items()},
@@ -337,7 +394,8 @@ def _run(
 
 def format_report(report: dict[str, Any], seconds: float) -> str:
     """What ``attnlab demo`` prints at the end: the final losses of the three models beside the
-    tokens each read, the sample, the files written and the time the demo took."""
+    tokens each read and their validation curves at equal tokens, the sample, the files written
+    and the time the demo took."""
     same = (
         f"{report['budget']:.0f} s of training each"
         if report["budget"] is not None
@@ -349,13 +407,21 @@ def format_report(report: dict[str, Any], seconds: float) -> str:
         f"stars; its circles read 4 batches during training); {same}, the same batches of "
         f"{report['batch_size']} windows of {report['seq_len']} characters "
         f"({report['tokenizer']} tokenizer):",
-        f"  {'model':<32}{'params':>10}{'tokens':>12}{'val loss':>10}{'ppl':>9}{'time':>8}",
+        f"  {'model':<32}{'params':>10}{'tokens':>12}{'val loss':>10}{'ppl':>9}{'time':>8}"
+        f"{'at equal tokens*':>18}",
     ]
-    lines += [
-        f"  {row['name']:<32}{row['params']:>10,}{row['tokens']:>12,}{row['val_loss']:>10.4f}"
-        f"{math.exp(row['val_loss']):>9.2f}{row['time']:>7.0f}s"
-        for row in report["models"]
-    ]
+    for row in report["models"]:
+        at = row.get("curve_at_equal")
+        lines.append(
+            f"  {row['name']:<32}{row['params']:>10,}{row['tokens']:>12,}{row['val_loss']:>10.4f}"
+            f"{math.exp(row['val_loss']):>9.2f}{row['time']:>7.0f}s"
+            f"{'-' if at is None else f'{at:.4f}':>18}"
+        )
+    lines.append(
+        f"  * the validation curve during training (the same {report['curve_batches']} batches "
+        f"for every model) at {report['equal_tokens']:,} tokens, the fewest any model reached; "
+        "linear between the curve's points"
+    )
     lines += ["", f"Sample (temperature {report['temperature']}):", report["sample"], ""]
     lines += [f"{name}: {path}" for name, path in report["files"].items()]
     lines.append(f"demo finished in {seconds:.0f} s")

@@ -185,6 +185,7 @@ class MultiHeadAttention(nn.Module):
         cache: KVCache | None = None,
         need_weights: bool = False,
         pos_emb: Positions | None = None,
+        value_embed: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x (B, T, C)`` to itself or to ``context (B, S, context_dim)``.
 
@@ -203,6 +204,8 @@ class MultiHeadAttention(nn.Module):
                 while a capture is open.
             pos_emb: the model's shared relative position module (RoPE, ALiBi, T5), when this
                 layer owns none.
+            value_embed: ``(B, T, Hkv·D)`` added to this step's values before they are cached
+                and attended (self-attention; the LM's value embeddings, ``v ← v + value_embed``).
 
         Returns:
             ``(out (B, T, C), weights or None)``.
@@ -212,6 +215,8 @@ class MultiHeadAttention(nn.Module):
         B, T, _ = x.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
         if self.cross:
+            if value_embed is not None:
+                raise ValueError("value_embed is for self-attention (cross-attention got it)")
             q, k, v = self._cross_qkv(x, context, cache)
         else:
             if context is not None:
@@ -222,6 +227,8 @@ class MultiHeadAttention(nn.Module):
             q, k, v = self.qkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
             q = self.q_norm(self.hook_q(q.view(B, T, H, D)).transpose(1, 2))  # (B, H, T, D)
             k = self.k_norm(self.hook_k(k.view(B, T, Hkv, D)).transpose(1, 2))  # (B, Hkv, T, D)
+            if value_embed is not None:
+                v = v + value_embed  # (B, T, Hkv·D)
             v = self.hook_v(v.view(B, T, Hkv, D)).transpose(1, 2)  # (B, Hkv, T, D)
             pe = self.positions if self.positions is not None else pos_emb
             pe = pe if pe is not None and pe.relative else None  # absolute: the model's embedding

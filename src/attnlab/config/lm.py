@@ -89,6 +89,16 @@ class ModelConfig(TextStackConfig):
             modded-nanogpt), so every |logit| < c.
         zero_init_proj: initialise each block's residual output projections (attention out,
             FFN out) to zero (modded-nanogpt), so at initialisation every block is the identity.
+        value_embeds: k extra embedding tables (modded-nanogpt's value embeddings), each
+            ``V × (n_kv_heads · head_dim)``: table i is looked up with the input tokens and added
+            to the attention values of layer i and of its mirror layer L−1−i, with a learned
+            scalar weight per layer (initialised to 0.5): ``v ← v + λ_l · E_i[idx]``. 0 (the
+            default) is none; at most ⌈L/2⌉.
+        unet_skips: skip connections across the stack (modded-nanogpt's U-Net): the output of
+            block i of the first half (i < ⌊L/2⌋) is added, times a learned scalar initialised
+            to 1, to the input of its mirror block L−1−i. Needs n_layers ≥ 2. The innermost
+            pair's skip is the block's own input (with 2 layers, block 1 reads
+            ``(1 + w) ·`` block 0's output), as in modded-nanogpt.
     """
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
@@ -97,6 +107,8 @@ class ModelConfig(TextStackConfig):
     embed_scale: float | None = None
     logit_softcap: float | None = None
     zero_init_proj: bool = False
+    value_embeds: int = 0
+    unet_skips: bool = False
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
@@ -111,6 +123,16 @@ class ModelConfig(TextStackConfig):
         self.positive("embed_scale")
         if self.logit_softcap is not None:
             self.positive("logit_softcap")
+        most = (self.n_layers + 1) // 2  # table i feeds layer i and layer L-1-i
+        if type(self.value_embeds) is not int or not 0 <= self.value_embeds <= most:
+            raise ConfigError(
+                f"value_embeds must be an integer from 0 to ceil(n_layers / 2) = {most} (table "
+                f"i feeds layer i and its mirror n_layers-1-i), got {self.value_embeds!r}"
+            )
+        if self.unet_skips and self.n_layers < 2:
+            raise ConfigError(
+                f"unet_skips needs n_layers >= 2 (a first half to skip from), got {self.n_layers}"
+            )
 
 
 @dataclass

@@ -114,6 +114,7 @@ class TransformerBlock(nn.Module):
         context_mask: Tensor | None = None,
         cross_cache: KVCache | None = None,
         pos_emb: Positions | None = None,
+        value_embed: Tensor | None = None,
     ) -> Tensor:
         """``x (B, T, C) -> (B, T, C)``.
 
@@ -129,12 +130,16 @@ class TransformerBlock(nn.Module):
             cross_cache: cache of the context's keys/values.
             pos_emb: the model's shared relative position module (RoPE, ALiBi, T5), applied in
                 self-attention.
+            value_embed: ``(B, T, Hkv·D)`` added to the self-attention's values (the LM's value
+                embeddings; see :class:`~attnlab.attention.MultiHeadAttention`).
 
         Attention weights are not kept: read them with :func:`attnlab.attention.capture_attention`.
         """
 
         def self_attention(h: Tensor) -> Tensor:
             kw = {"positions": positions, "bias": attn_bias, "cache": cache, "pos_emb": pos_emb}
+            if value_embed is not None:  # (only then: other attention classes lack the argument)
+                kw["value_embed"] = value_embed
             return self.hook_attn_out(self.attn(h, mask=mask, is_causal=is_causal, **kw)[0])
 
         x = self.hook_resid_pre(x)

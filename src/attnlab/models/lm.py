@@ -5,6 +5,11 @@
     logits = norm_f(hᴸ) W_outᵀ                   W_out = E when embeddings are tied
                                                  (c·tanh(logits/c) with logit_softcap c)
 
+Two options of modded-nanogpt change the stack's wiring (both off by default; blocks numbered
+0 … L−1 here): value embeddings (``value_embeds = k``) add ``λ_l · Eᵛ_i[idx]`` to the attention
+values of layers i and L−1−i for each table i < k; U-Net skips (``unet_skips``) add
+``w_i · (output of block i)`` to the input of block L−1−i for i < ⌊L/2⌋.
+
 The causal mask is always on. Positions go through the one interface of
 :mod:`attnlab.layers.position`: the model owns one position module (``pos_emb``) whose ``embed``
 adds absolute positions and whose ``rotate``/``bias`` (RoPE, ALiBi) every block's attention
@@ -84,6 +89,12 @@ class DecoderLM(nn.Module):
         blocks: ``nn.ModuleList`` of :class:`TransformerBlock`.
         norm_f: final norm (``nn.Identity`` for post-norm models, whose blocks end normalised).
         lm_head: ``nn.Linear(C, V, bias=False)``; the Parameter ``tok_emb.weight`` when tied.
+        value_embeds: ``nn.ModuleList`` of ``config.value_embeds`` tables
+            ``nn.Embedding(V, Hkv·D)`` (empty by default); ``value_embed_weights``: one learned
+            λ per layer that reads a table (``value_embed_layers``, in order), initialised to
+            0.5; None without tables.
+        skip_weights: the U-Net skips' learned weights, one per pair (``⌊L/2⌋``), initialised to
+            1; None without ``unet_skips``.
 
     MoE load-balancing losses are reported to :func:`attnlab.attention.collect_aux_losses`.
     """
@@ -103,16 +114,36 @@ class DecoderLM(nn.Module):
         self.norm_f = build_final_norm(c)
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.hook_embed = HookPoint()  # token embeddings (B, T, C); see attnlab.inspect
+        # modded-nanogpt's stack options, made after every other weight: turning them on leaves
+        # the other weights' initialisation (the random draws) unchanged
+        L = c.n_layers
+        ve_shape = (c.vocab_size, c.n_kv_heads * c.head_dim)  # (_weight: no random draw here)
+        self.value_embeds = nn.ModuleList(
+            nn.Embedding(*ve_shape, _weight=torch.empty(ve_shape)) for _ in range(c.value_embeds)
+        )
+        #: the layers that read a value table: layer i reads table min(i, L-1-i)
+        self.value_embed_layers = [i for i in range(L) if min(i, L - 1 - i) < c.value_embeds]
+        self.value_embed_weights = (
+            nn.Parameter(torch.empty(len(self.value_embed_layers))) if c.value_embeds else None
+        )
+        self.skip_weights = nn.Parameter(torch.empty(L // 2)) if c.unet_skips else None
         self.reset_parameters()
         if c.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
 
     def reset_parameters(self) -> None:
-        """GPT-2 initialisation: N(0, init_std), residual projections scaled by 1/√(2L)."""
+        """GPT-2 initialisation: N(0, init_std), residual projections scaled by 1/√(2L); the
+        value-embedding weights λ start at 0.5, the U-Net skip weights at 1."""
         std = self.config.init_std
         resid_std = std / math.sqrt(2 * self.config.n_layers)
+        if self.value_embed_weights is not None:
+            nn.init.constant_(self.value_embed_weights, 0.5)
+        if self.skip_weights is not None:
+            nn.init.ones_(self.skip_weights)
         for name, p in self.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
+            if name in ("value_embed_weights", "skip_weights"):
+                continue  # set above
             if "norm" in name and p.dim() == 1:
                 continue  # norm weights stay 1, their biases 0 (as built)
             if leaf == "bias":
@@ -215,11 +246,10 @@ class DecoderLM(nn.Module):
         )
         x = self.hook_embed(self.tok_emb(idx)) * self.config.embed_scale  # (B, T, C); √d: sinusoids
         x = self.drop(self.pos_emb.embed(x, positions))  # (B, T, C)
-        x = run_blocks(
-            self.blocks,
+        x = self._run_stack(
             x,
-            caches=caches,
-            checkpointing=self.config.activation_checkpointing,
+            idx,
+            caches,
             mask=mask,
             is_causal=is_causal,
             positions=attn_positions,
@@ -239,6 +269,36 @@ class DecoderLM(nn.Module):
         if logits_to_keep is not None:
             x = x[:, -logits_to_keep:]  # (B, logits_to_keep, C)
         return head(self.norm_f(x))  # (B, T, V)
+
+    def _run_stack(self, x: Tensor, idx: Tensor, caches: list[KVCache] | None, **kwargs) -> Tensor:
+        """``x (B, T, C)`` through the blocks (``kwargs``: masks and positions for every block).
+
+        With value embeddings, layer l's attention adds ``λ_l · Eᵛ_i[idx]`` to its values
+        (table ``i = min(l, L-1-l)``); with U-Net skips, the input of block ``L-1-i`` gets
+        ``w_i ·`` the output of block ``i`` for each ``i < L // 2``.
+        """
+        c = self.config
+        checkpointing = c.activation_checkpointing
+        if not c.value_embeds and not c.unet_skips:  # the plain stack
+            return run_blocks(self.blocks, x, caches=caches, checkpointing=checkpointing, **kwargs)
+        L = len(self.blocks)
+        tables = [table(idx) for table in self.value_embeds]  # (B, T, Hkv·D) each
+        lambdas = () if self.value_embed_weights is None else self.value_embed_weights
+        weights = dict(zip(self.value_embed_layers, lambdas))  # layer -> its λ
+        n_skips = L // 2 if c.unet_skips else 0
+        skips: list[Tensor] = []  # the first half's outputs: the last one in is the first out
+        for i, block in enumerate(self.blocks):
+            if i >= L - n_skips:
+                x = x + self.skip_weights[L - 1 - i] * skips.pop()
+            if i in weights:
+                kwargs["value_embed"] = weights[i] * tables[min(i, L - 1 - i)]
+            else:
+                kwargs.pop("value_embed", None)
+            cache = None if caches is None else [caches[i]]
+            x = run_blocks([block], x, caches=cache, checkpointing=checkpointing, **kwargs)
+            if i < n_skips:
+                skips.append(x)
+        return x
 
     def _capped_head(self, h: Tensor) -> Tensor:
         """Soft-capped logits ``c · tanh(W_out h / c)`` (``config.logit_softcap = c``)."""
@@ -365,12 +425,14 @@ class DecoderLM(nn.Module):
         return logits[:, -1], state
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        """Number of distinct parameters (tied weights counted once)."""
+        """Number of distinct parameters (tied weights counted once; ``exclude_embeddings``:
+        without the token, position and value-embedding tables)."""
         seen = {id(p): p for p in self.parameters()}
         n = sum(p.numel() for p in seen.values())
-        if exclude_embeddings:
+        if exclude_embeddings:  # the token, position and value-embedding tables
             n -= self.tok_emb.weight.numel()
             n -= sum(p.numel() for p in self.pos_emb.parameters())
+            n -= sum(p.numel() for p in self.value_embeds.parameters())
         return n
 
 

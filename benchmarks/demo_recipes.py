@@ -1,0 +1,97 @@
+"""The demo's Transformer against its LSTM at equal steps (equal training tokens), with the
+speedrun techniques of issue 33 added to the Transformer.
+
+Every row trains with the demo's settings (``attnlab demo``: pydoc, character level, windows of
+64, batches of 12, seed 0) for ``--steps`` optimizer steps on one thread (steps, not a time
+budget: the losses do not depend on how busy the machine is, and every model reads the same
+tokens). The Transformer is the budget rule's row ``xs`` (2 x 64, RoPE, lr 4e-3, warm-up 50)
+with a row's changes to its model or training config; the LSTM is the demo's (1 layer, 256,
+lr 1e-2, warm-up 20). Scored as the demo scores: the mean cross-entropy on the whole held-out
+split (nats/char). Each row's training time is printed too; it is a wall-clock, so only rows run
+back to back on an idle machine compare.
+
+    python benchmarks/demo_recipes.py --steps 800
+    python benchmarks/demo_recipes.py --steps 800 --only lstm base muon muon+relu2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlab.config import LMTaskConfig, ModelConfig
+from attnlab.models.lm import DecoderLM
+from attnlab.models.rnn_lm import LSTMLM, LSTMConfig
+from attnlab.runspec.budget import ROWS
+from attnlab.tasks.lm import LMTask
+from attnlab.train import TrainConfig, train
+
+#: row -> (ModelConfig changes, TrainConfig changes) of the demo's Transformer (row xs)
+RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "base": ({}, {}),
+    "muon": ({}, {"optimizer": "muon"}),
+    "relu2": ({"activation": "relu2"}, {}),
+    "value_embeds": ({"value_embeds": 1}, {}),
+    "unet_skips": ({"unet_skips": True}, {}),
+    "muon+relu2": ({"activation": "relu2"}, {"optimizer": "muon"}),
+    "muon+value_embeds": ({"value_embeds": 1}, {"optimizer": "muon"}),
+    "muon+relu2+value_embeds": ({"activation": "relu2", "value_embeds": 1}, {"optimizer": "muon"}),
+}
+#: the demo's LSTM and its learning rate and warm-up
+LSTM_PRESET, LSTM_LR, LSTM_WARMUP = "small", 1e-2, 20
+
+
+def train_row(name: str, steps: int, task: LMTask, workdir: Path) -> dict[str, Any]:
+    """Train one row from seed 0 and score it on the whole held-out split."""
+    torch.manual_seed(0)
+    common = dict(steps=steps, batch_size=12, seed=0, device="cpu", progress=False)
+    common.update(eval_every=10**9, eval_batches=0)  # no validation during training
+    if name == "lstm":
+        config = LSTMConfig.preset(LSTM_PRESET, vocab_size=task.vocab_size, max_seq_len=64)
+        model = LSTMLM(config)
+        cfg = TrainConfig(lr=LSTM_LR, warmup_steps=LSTM_WARMUP, **common)
+    else:
+        model_changes, train_changes = RECIPES[name]
+        row = ROWS[0]  # xs: the demo's row at its budget
+        fields = {**row.model_fields(), "vocab_size": task.vocab_size, **model_changes}
+        model = DecoderLM(ModelConfig.from_dict(fields))
+        cfg = TrainConfig(lr=row.lr, warmup_steps=row.warmup_steps, **common, **train_changes)
+    t0 = time.time()
+    train(model, task, cfg, workdir / f"{name}_{steps}", overwrite=True)
+    seconds = time.time() - t0
+    loss = task.val_loss(model, batch_size=32)["loss"]
+    return {"name": name, "steps": steps, "tokens": steps * 12 * 64, "val_loss": loss, "s": seconds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--steps", type=int, default=800, help="optimizer steps of every row")
+    names = ["lstm", *RECIPES]
+    ap.add_argument("--only", nargs="+", choices=names, default=names, help="these rows only")
+    ap.add_argument("--workdir", default="runs/demo_recipes")
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # as the demo's LSTM; and the losses then repeat exactly
+    task = LMTask.build(LMTaskConfig(data="pydoc", tokenizer="char", seq_len=64, seed=0))
+    rows = []
+    for name in args.only:
+        rows.append(train_row(name, args.steps, task, Path(args.workdir)))
+        print(json.dumps(rows[-1]), flush=True)
+    print(
+        f"\nthe demo's settings, {args.steps} steps = {rows[0]['tokens']:,} tokens each, 1 thread\n"
+    )
+    print("| row | val loss (whole split) | training time |")
+    print("|---|---:|---:|")
+    for r in rows:
+        print(f"| {r['name']} | {r['val_loss']:.4f} | {r['s']:.0f} s |")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
