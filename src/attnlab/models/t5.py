@@ -34,7 +34,6 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.capture import capture_attention
 from attnlab.attention.multihead import MultiHeadAttention
 from attnlab.config.t5 import T5Config, T5SpanConfig
 from attnlab.layers.block import run_blocks
@@ -43,12 +42,12 @@ from attnlab.layers.drop_path import drop_path_rates
 from attnlab.layers.hook import HookPoint
 from attnlab.layers.position import T5RelativeBias
 from attnlab.models.registry import register_kind
-from attnlab.models.seq2seq import Seq2SeqDecodeState
+from attnlab.models.seq2seq import EncoderDecoder, Seq2SeqDecodeState
 
 __all__ = ["T5Config", "T5", "T5SpanModel"]
 
 
-class T5(nn.Module):
+class T5(EncoderDecoder):
     """T5 encoder–decoder built from a :class:`T5Config`.
 
     ``forward(src (B,S), src_mask (B,S) bool, tgt_in (B,T)) -> logits (B,T,V)`` (teacher forcing).
@@ -121,7 +120,9 @@ class T5(nn.Module):
     def embed_source(self, src: Tensor) -> Tensor:
         return self.drop(self.hook_src_embed(self.src_emb(src)))
 
-    def embed_target(self, tgt: Tensor) -> Tensor:
+    def embed_target(self, tgt: Tensor, offset: int = 0) -> Tensor:
+        # no absolute positions: ``offset`` (the cached length) only moves the relative bias,
+        # which run_decoder reads from the caches
         return self.drop(self.hook_tgt_embed(self.tgt_emb(tgt)))
 
     def encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
@@ -162,56 +163,6 @@ class T5(nn.Module):
     def head(self, y: Tensor) -> Tensor:
         """Logits ``(..., V)`` of decoder outputs ``y (..., C)``: ``(y · d^-½) W_out`` (1.0)."""
         return self.lm_head(y * self.output_scale)
-
-    def forward(
-        self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, *, need_weights: bool = False
-    ) -> Tensor | tuple[Tensor, dict[str, list[Tensor]]]:
-        """Teacher-forced logits ``(B, T, V)`` for ``tgt_in = <start> y_1 … y_{T-1}``.
-
-        Args:
-            src: ``(B, S)`` source ids; src_mask: ``(B, S)`` True for real tokens.
-            tgt_in: ``(B, T)`` decoder input ids.
-            need_weights: also return every layer's attention weights (math path).
-
-        Returns:
-            logits, or with ``need_weights`` ``(logits, {"encoder": [(B, H, S, S)] * N_enc,
-            "decoder": [(B, H, T, T)] * N_dec, "cross": [(B, H, T, S)] * N_dec})``.
-        """
-        if need_weights:
-            with capture_attention(self) as maps:
-                logits = self(src, src_mask, tgt_in)
-            enc, dec = range(len(self.encoder)), range(len(self.decoder))
-            return logits, {
-                "encoder": [maps[f"encoder.{i}.attn"] for i in enc],
-                "decoder": [maps[f"decoder.{i}.attn"] for i in dec],
-                "cross": [maps[f"decoder.{i}.cross_attn"] for i in dec],
-            }
-        memory = self.encode(src, src_mask)
-        return self.head(self.run_decoder(self.embed_target(tgt_in), memory, src_mask))
-
-    # -- incremental decoding (the interface of attnlab.decoding)
-    def start_decoding(self, src: Tensor, src_mask: Tensor, max_len: int) -> Seq2SeqDecodeState:
-        """Encode once and allocate per-layer self/cross KV caches for ``max_len`` tokens
-        (the start token included)."""
-        memory = self.encode(src, src_mask)
-        B, S = src.shape
-        return Seq2SeqDecodeState(
-            memory=memory,
-            src_mask=src_mask,
-            self_caches=[b.attn.make_cache(B, max_len) for b in self.decoder],
-            cross_caches=[b.cross_attn.make_cache(B, S) for b in self.decoder],
-        )
-
-    def decode_step(
-        self, tokens: Tensor, state: Seq2SeqDecodeState
-    ) -> tuple[Tensor, Seq2SeqDecodeState]:
-        """Feed ``tokens (B, T)`` (``<start>`` first, then one token per step).
-
-        Returns:
-            ``(logits (B, V) of the next token, state)``; the caches advance by T.
-        """
-        y = self.run_decoder(self.embed_target(tokens), state.memory, state.src_mask, state=state)
-        return self.head(y[:, -1]), state
 
 
 class T5SpanModel(T5):
