@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -63,6 +63,29 @@ class EncoderDecoder(nn.Module):
     ``embed_target(tokens, offset)`` and ``run_decoder(y, memory, src_mask, state=...)``;
     ``head`` defaults to ``lm_head``.
     """
+
+    def build_stacks(self, config: Any) -> None:
+        """``encoder`` and ``decoder`` (its blocks with cross-attention), ``enc_norm`` and
+        ``dec_norm`` from ``config.encoder_block`` / ``decoder_block`` (one block config per
+        stack); the blocks take the model's shared position module (or bias) in ``forward``."""
+        c = config
+        enc, dec = c.encoder_block, c.decoder_block
+        self.encoder = nn.ModuleList(
+            build_block(enc, shared_positions=True, drop_path=p, max_seq_len=c.max_seq_len)
+            for p in drop_path_rates(enc.drop_path, c.n_enc_layers)
+        )
+        self.decoder = nn.ModuleList(
+            build_block(
+                dec,
+                cross_attention=True,
+                shared_positions=True,
+                drop_path=p,
+                max_seq_len=c.max_seq_len,
+            )
+            for p in drop_path_rates(dec.drop_path, c.n_dec_layers)
+        )
+        self.enc_norm = build_final_norm(enc, c.final_norm)
+        self.dec_norm = build_final_norm(dec, c.final_norm)
 
     def head(self, y: Tensor) -> Tensor:
         """Logits ``(..., V)`` of decoder outputs ``y (..., C)``."""
@@ -147,25 +170,7 @@ class Seq2SeqTransformer(EncoderDecoder):
         self.drop = nn.Dropout(c.dropout)
         # hook points: scaled token embeddings (B, S, C) / (B, T, C); see attnlab.inspect
         self.hook_src_embed, self.hook_tgt_embed = HookPoint(), HookPoint()
-        enc, dec = c.encoder_block, c.decoder_block  # one block config per stack
-        enc_rates = drop_path_rates(enc.drop_path, c.n_enc_layers)
-        dec_rates = drop_path_rates(dec.drop_path, c.n_dec_layers)
-        self.encoder = nn.ModuleList(
-            build_block(enc, shared_positions=True, drop_path=p, max_seq_len=c.max_seq_len)
-            for p in enc_rates
-        )
-        self.decoder = nn.ModuleList(
-            build_block(
-                dec,
-                cross_attention=True,
-                shared_positions=True,
-                drop_path=p,
-                max_seq_len=c.max_seq_len,
-            )
-            for p in dec_rates
-        )
-        self.enc_norm = build_final_norm(enc, c.final_norm)
-        self.dec_norm = build_final_norm(dec, c.final_norm)
+        self.build_stacks(c)
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         self.apply(self._init_weights)
         if c.tie_embeddings:

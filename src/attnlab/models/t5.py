@@ -37,8 +37,7 @@ from torch import Tensor, nn
 from attnlab.attention.multihead import MultiHeadAttention
 from attnlab.config.t5 import T5Config, T5SpanConfig
 from attnlab.layers.block import run_blocks
-from attnlab.layers.builders import build_block, build_final_norm, build_positions
-from attnlab.layers.drop_path import drop_path_rates
+from attnlab.layers.builders import build_positions
 from attnlab.layers.hook import HookPoint
 from attnlab.layers.position import T5RelativeBias
 from attnlab.models.registry import register_kind
@@ -77,23 +76,7 @@ class T5(EncoderDecoder):
         self.drop = nn.Dropout(c.dropout)
         # hook points: token embeddings (B, S, C) / (B, T, C); see attnlab.inspect
         self.hook_src_embed, self.hook_tgt_embed = HookPoint(), HookPoint()
-        enc, dec = c.encoder_block, c.decoder_block
-        self.encoder = nn.ModuleList(
-            build_block(enc, shared_positions=True, drop_path=p, max_seq_len=c.max_seq_len)
-            for p in drop_path_rates(enc.drop_path, c.n_enc_layers)
-        )
-        self.decoder = nn.ModuleList(
-            build_block(
-                dec,
-                cross_attention=True,
-                shared_positions=True,
-                drop_path=p,
-                max_seq_len=c.max_seq_len,
-            )
-            for p in drop_path_rates(dec.drop_path, c.n_dec_layers)
-        )
-        self.enc_norm = build_final_norm(enc, c.final_norm)
-        self.dec_norm = build_final_norm(dec, c.final_norm)
+        self.build_stacks(c)
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         self.output_scale = c.d_model**-0.5 if c.scale_output else 1.0
         self.apply(self._init_weights)
