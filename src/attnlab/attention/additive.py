@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.capture import report_attention
-from attnlab.layers.hook import HookPoint
+from attnlab.layers.hook import HookPoint, report_attention
 
 __all__ = ["AdditiveAttention"]
 
