@@ -50,11 +50,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
-__all__ = [
-    "HookPoint",
-    "hook_points",
-    "hook_name",
-    "hooks_active",
+#: the captures' names (:mod:`attnlab.attention.capture` re-exports them)
+CAPTURES = (
     "AttentionMaps",
     "AuxLosses",
     "capture_attention",
@@ -63,7 +60,9 @@ __all__ = [
     "capturing_scores",
     "report_attention",
     "report_aux_loss",
-]
+)
+
+__all__ = ["HookPoint", "hook_points", "hook_name", "hooks_active", "CAPTURES", *CAPTURES]
 
 
 class HookPoint(nn.Identity):

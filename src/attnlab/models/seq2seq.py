@@ -87,6 +87,30 @@ class EncoderDecoder(nn.Module):
         self.enc_norm = build_final_norm(enc, c.final_norm)
         self.dec_norm = build_final_norm(dec, c.final_norm)
 
+    def decoder_blocks(
+        self,
+        y: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None,
+        state: Seq2SeqDecodeState | None,
+        **positions: Any,
+    ) -> Tensor:
+        """The decoder's blocks on ``y (B, T, C)``: causal self-attention (reading and extending
+        ``state``'s caches when decoding), cross-attention to ``memory (B, S, C)`` restricted to
+        the real source positions; ``positions`` (``pos_emb=`` or ``attn_bias=``) go to every
+        block."""
+        ctx_mask = None if src_mask is None else src_mask[:, None, None, :]  # (B, 1, 1, S)
+        return run_blocks(
+            self.decoder,
+            y,
+            caches=None if state is None else state.self_caches,
+            cross_caches=None if state is None else state.cross_caches,
+            is_causal=True,
+            context=memory,
+            context_mask=ctx_mask,
+            **positions,
+        )
+
     def head(self, y: Tensor) -> Tensor:
         """Logits ``(..., V)`` of decoder outputs ``y (..., C)``."""
         return self.lm_head(y)
@@ -228,18 +252,7 @@ class Seq2SeqTransformer(EncoderDecoder):
         """Decoder stack on embedded ``y (B, T, C)``: causal self-attention, cross-attention to
         ``memory (B, S, C)`` restricted to the real source positions; with a decoding ``state``
         its KV caches are read and extended."""
-        ctx_mask = None if src_mask is None else src_mask[:, None, None, :]  # (B, 1, 1, S)
-        y = run_blocks(
-            self.decoder,
-            y,
-            caches=None if state is None else state.self_caches,
-            cross_caches=None if state is None else state.cross_caches,
-            is_causal=True,
-            context=memory,
-            context_mask=ctx_mask,
-            pos_emb=self.pos_emb,
-        )
-        return self.dec_norm(y)
+        return self.dec_norm(self.decoder_blocks(y, memory, src_mask, state, pos_emb=self.pos_emb))
 
     # -- training
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:

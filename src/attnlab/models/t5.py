@@ -130,17 +130,7 @@ class T5(EncoderDecoder):
         past = 0 if state is None else state.self_caches[0].length
         T = y.shape[1]
         bias = self.dec_bias(T, past + T, past=past)  # (1, H, T, past + T), once for all layers
-        ctx_mask = None if src_mask is None else src_mask[:, None, None, :]  # (B, 1, 1, S)
-        y = run_blocks(
-            self.decoder,
-            y,
-            caches=None if state is None else state.self_caches,
-            cross_caches=None if state is None else state.cross_caches,
-            is_causal=True,
-            attn_bias=bias,
-            context=memory,
-            context_mask=ctx_mask,
-        )
+        y = self.decoder_blocks(y, memory, src_mask, state, attn_bias=bias)
         return self.drop(self.dec_norm(y))
 
     def head(self, y: Tensor) -> Tensor:

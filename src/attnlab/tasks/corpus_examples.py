@@ -52,18 +52,9 @@ class CorpusExamplesTask(CorpusTask):
             UserError: an unknown or empty corpus, a bad tokenizer setting, too few tokens.
         """
         base = tokenizer.base if isinstance(tokenizer, TokenizerWithSpecials) else tokenizer
-        corpus = LMTask.build(
-            LMTaskConfig(
-                data=config.data,
-                tokenizer=config.tokenizer,
-                vocab_size=config.vocab_size,
-                seq_len=window,
-                seed=config.seed,
-                val_fraction=config.val_fraction,
-                max_chars=config.max_chars,
-            ),
-            tokenizer=base,
-        )
+        shared = ("data", "tokenizer", "vocab_size", "seed", "val_fraction", "max_chars")
+        lm_config = LMTaskConfig(seq_len=window, **{k: getattr(config, k) for k in shared})
+        corpus = LMTask.build(lm_config, tokenizer=base)
         c = corpus.config
         return corpus, config.replace(data=c.data, tokenizer=c.tokenizer, vocab_size=c.vocab_size)
 
