@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,22 @@ def test_the_in_function_import_finder_sees_nested_imports(tmp_path):
     src = tmp_path / "m.py"
     src.write_text("import os\n\ndef f():\n    def g():\n        import json\n    import re\n")
     assert _imports_in_functions(src) == [(5, 5), (6, 6)]
+
+
+def _gpt_path_module():
+    spec = importlib.util.spec_from_file_location("gpt_path", ROOT / "benchmarks" / "gpt_path.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_gpt_reads_in_a_handful_of_files():
+    """``benchmarks/gpt_path.py`` traces the gpt2-mini preset's config, build and forward with
+    sys.settrace: the files a reader follows stay at most 12 (13 before the hook points and the
+    captures shared a module), and the trace sees the files the GPT is known to run through."""
+    files = _gpt_path_module().gpt_path()
+    for known in ("models/lm.py", "attention/core.py", "layers/ffn.py", "layers/norm.py"):
+        lines = len((SRC / known).read_text().splitlines())
+        assert files["attnlab/" + known] == lines  # each file counted whole
+    assert "attnlab/attention/capture.py" not in files  # a re-export: nothing of it runs
+    assert len(files) <= 12, files

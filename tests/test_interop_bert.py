@@ -24,6 +24,7 @@ from attnlab.interop import from_hf, to_hf
 from attnlab.interop.hf.bert import bert_keymap, bert_to_hf
 from attnlab.interop.keymap import Concat, KeyMap, Rule
 from attnlab.models.encoder import EncoderMLM
+from test_interop_hf import randomise as randomise_hf
 
 V, T = 97, 12
 ATOL = 1e-4
@@ -31,13 +32,7 @@ ATOL = 1e-4
 
 def randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     """Every parameter random: N(0, 0.05), LayerNorm weights 1 + 0.1·N(0, 1)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            is_norm = p.dim() == 1 and "LayerNorm" in name and name.endswith("weight")
-            p.copy_(1 + 0.1 * noise if is_norm else 0.05 * noise)
-    return model
+    return randomise_hf(model, seed, norms=("LayerNorm",))
 
 
 def build_hf(cls=transformers.BertForMaskedLM, **overrides) -> torch.nn.Module:

@@ -29,12 +29,15 @@ ATOL = 1e-4
 # ---- building references ------------------------------------------------------------------------
 
 
-def randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Every parameter random: N(0, 0.05), norm weights 1 + 0.1·N(0, 1)."""
+def randomise(
+    model: torch.nn.Module, seed: int = 0, norms: tuple[str, ...] = ("norm", "ln_")
+) -> torch.nn.Module:
+    """Every parameter random: N(0, 0.05), norm weights (1-D ``weight`` parameters whose name
+    holds one of ``norms``) 1 + 0.1·N(0, 1)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            is_norm = p.dim() == 1 and name.endswith("weight") and ("norm" in name or "ln_" in name)
+            is_norm = p.dim() == 1 and name.endswith("weight") and any(n in name for n in norms)
             noise = torch.randn(p.shape, generator=gen)
             p.copy_(1 + 0.1 * noise if is_norm else 0.05 * noise)
     return model

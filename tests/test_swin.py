@@ -27,19 +27,11 @@ from attnlab.models.vision.swin import (
     window_partition,
     window_reverse,
 )
+from test_vit import assert_exports_back, rerandomise
 
 
 def _rerandomise(model: torch.nn.Module) -> None:
-    """HF zeroes biases and the relative-position tables: random values expose mapping bugs."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-            else:
-                p.normal_(0, 0.05)
-    # every parameter is now non-constant: no zero bias or table and no unit norm weight survives
-    for name, p in model.named_parameters():
-        assert p.numel() == 1 or float(p.detach().std()) > 0.01, name
+    rerandomise(model, norm="norm")
     # the relative-position tables are parameters, so they were re-randomised above
     assert any(n.endswith("relative_position_bias_table") for n, _ in model.named_parameters())
 
@@ -87,16 +79,7 @@ def test_swin_classifier_matches_hf_logits_and_round_trips():
         ref = hf.swin(x)
         torch.testing.assert_close(ours.features(x), ref.last_hidden_state, atol=1e-5, rtol=0)
         torch.testing.assert_close(ours.pooled_features(x), ref.pooler_output, atol=1e-5, rtol=0)
-    cfg, back = swin_to_hf(ours)
-    assert sorted(back) == sorted(sd)
-    for k in sd:
-        assert torch.equal(back[k], sd[k]), k
-    hf2 = transformers.SwinForImageClassification(
-        transformers.SwinConfig(**cfg, attn_implementation="eager")
-    ).eval()
-    hf2.load_state_dict(back, strict=True)
-    with torch.no_grad():
-        torch.testing.assert_close(hf2(x).logits, hf(x).logits, atol=1e-6, rtol=0)
+    assert_exports_back(hf, swin_to_hf(ours), transformers.SwinConfig, x)
 
 
 def test_swin_accepts_old_key_names_and_stored_index():

@@ -21,17 +21,32 @@ from attnlab.models.registry import get_kind
 from attnlab.models.vision import VisionTransformer
 
 
-def _rerandomise(model: torch.nn.Module) -> None:
-    """HF's init zeroes biases and sets norms to (1, 0): random values expose mapping bugs."""
+def rerandomise(model: torch.nn.Module, norm: str = "layernorm") -> None:
+    """HF's init zeroes biases (and Swin's relative-position tables) and sets norms to (1, 0):
+    random values expose mapping bugs. Weights of parameters named with ``norm`` stay near 1."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "layernorm" in name and name.endswith("weight"):
+            if norm in name and name.endswith("weight"):
                 p.copy_(1 + 0.1 * torch.randn_like(p))
             else:
                 p.normal_(0, 0.05)
     # every parameter is now non-constant: no zero bias or table and no unit norm weight survives
     for name, p in model.named_parameters():
         assert p.numel() == 1 or float(p.detach().std()) > 0.01, name
+
+
+def assert_exports_back(hf, export: tuple[dict, dict], config_cls, x: torch.Tensor) -> None:
+    """``export = (config, state dict)`` of ours holds exactly ``hf``'s tensors, and the config
+    rebuilds an HF model (``config_cls``) with ``hf``'s logits on ``x``."""
+    cfg, back = export
+    sd = hf.state_dict()
+    assert sorted(back) == sorted(sd)
+    for k in sd:
+        assert torch.equal(back[k], sd[k]), k
+    hf2 = type(hf)(config_cls(**cfg, attn_implementation="eager")).eval()
+    hf2.load_state_dict(back, strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(hf2(x).logits, hf(x).logits, atol=1e-6, rtol=0)
 
 
 def _hf_vit(cls, **kw):
@@ -48,7 +63,7 @@ def _hf_vit(cls, **kw):
         **kw,
     )
     model = cls(cfg).eval()
-    _rerandomise(model)
+    rerandomise(model)
     return model
 
 
@@ -82,17 +97,7 @@ def test_vit_classifier_matches_hf_logits_and_round_trips():
         torch.testing.assert_close(ours(x), hf(x).logits, atol=1e-5, rtol=0)
         ref = hf.vit(x).last_hidden_state
         torch.testing.assert_close(ours.encode(x), ref, atol=1e-5, rtol=0)
-    cfg, back = vit_to_hf(ours)
-    assert sorted(back) == sorted(sd)
-    for k in sd:
-        assert torch.equal(back[k], sd[k]), k
-    # the exported config rebuilds the same HF model
-    hf2 = transformers.ViTForImageClassification(
-        transformers.ViTConfig(**cfg, attn_implementation="eager")
-    ).eval()
-    hf2.load_state_dict(back, strict=True)
-    with torch.no_grad():
-        torch.testing.assert_close(hf2(x).logits, hf(x).logits, atol=1e-6, rtol=0)
+    assert_exports_back(hf, vit_to_hf(ours), transformers.ViTConfig, x)
 
 
 def test_vit_accepts_pre_5_9_key_names():

@@ -30,8 +30,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.capture import report_attention
-from attnlab.layers.hook import HookPoint
+from attnlab.layers.hook import HookPoint, report_attention
 
 __all__ = ["AdditiveAttention", "AlignmentScore", "SCORE_FORMULAS"]
 

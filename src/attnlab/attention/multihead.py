@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention.cache import KVCache
-from attnlab.attention.capture import capturing_attention, capturing_scores, report_attention
 from attnlab.attention.core import (
     attention_scores,
     backend_for_weights,
@@ -27,7 +26,13 @@ from attnlab.attention.core import (
     scaled_dot_product_attention,
 )
 from attnlab.attention.linformer import LinformerProjection
-from attnlab.layers.hook import HookPoint, hooks_active
+from attnlab.layers.hook import (
+    HookPoint,
+    capturing_attention,
+    capturing_scores,
+    hooks_active,
+    report_attention,
+)
 from attnlab.layers.position import Positions
 
 __all__ = ["MultiHeadAttention", "PositionName"]

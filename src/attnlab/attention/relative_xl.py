@@ -28,8 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention.capture import capturing_attention, report_attention
-from attnlab.layers.hook import HookPoint
+from attnlab.layers.hook import HookPoint, capturing_attention, report_attention
 from attnlab.layers.position.xl import XLRelativePositions
 
 __all__ = ["XLAttention", "SegmentMemory", "rel_shift"]

@@ -51,7 +51,7 @@ from attnlab.attention.capture import collect_aux_losses
 from attnlab.config.encoder import EncoderConfig
 from attnlab.config.lm import ModelConfig
 from attnlab.errors import UserError
-from attnlab.experiments import common
+from attnlab.experiments import common, tiny_lm
 from attnlab.experiments.ablation_probes import (
     ConcatPositions,
     batch_dependence,
@@ -61,6 +61,7 @@ from attnlab.experiments.ablation_probes import (
 )
 from attnlab.experiments.induction import InductionConfig, TokenSource
 from attnlab.experiments.lm_runs import undertrained_lm
+from attnlab.experiments.tiny_lm import TinyLMSettings
 from attnlab.fileio import atomic_save
 from attnlab.models.encoder import EncoderMLM
 from attnlab.models.lm import DecoderLM
@@ -91,20 +92,16 @@ SPIKE_FACTOR = 5.0
 
 #: the settings' ranges (a CPU experiment: larger values are mistakes, refused before building)
 BOUNDS = {
-    "max_time": (1e-3, 1e7), "steps": (1, 10**7), "seq_len": (10, 4096), "d_model": (2, 4096),
-    "n_layers": (1, 48), "n_heads": (1, 256), "n_experts": (1, 256), "top_k": (1, 256),
-    "batch_size": (1, 4096), "lr": (1e-12, 10.0), "high_lr": (1e-12, 10.0),
-    "max_chars": (1, 10**9), "deep_layers": (1, 48), "pos_width": (1, 4096),
+    **tiny_lm.BOUNDS, "seq_len": (10, 4096), "n_layers": (1, 48), "n_experts": (1, 256),
+    "top_k": (1, 256), "high_lr": (1e-12, 10.0), "deep_layers": (1, 48), "pos_width": (1, 4096),
 }  # fmt: skip
 
 
 @dataclass
-class AblationsConfig:
-    """Settings of the ablations experiment.
+class AblationsConfig(TinyLMSettings):
+    """Settings of the ablations experiment (and those of :class:`TinyLMSettings`).
 
     Args:
-        max_time: seconds for the whole experiment (the runs share it equally).
-        steps: train every run for exactly this many steps instead.
         rows: which rows (see :data:`ROWS`).
         seq_len, d_model, n_layers, n_heads: the tiny LM (``heads`` compares 1 and ``n_heads``).
         n_experts, top_k: the ``moe`` row's FFN.
@@ -116,28 +113,18 @@ class AblationsConfig:
         deep_layers: the depth of the ``residual`` row.
         pos_width: P, the width of the concatenated position code (``positions-concat``;
             None: ``d_model // 4``).
-        max_chars: characters of pydoc read (None: all).
-        seed, progress: as for training.
     """
 
-    max_time: float = 300.0
-    steps: int | None = None
     rows: tuple[str, ...] = ROWS
     seq_len: int = 64
     d_model: int = 64
     n_layers: int = 2
-    n_heads: int = 4
     n_experts: int = 8
     top_k: int = 2
-    batch_size: int = 32
     lr: float = 3e-3
     high_lr: float = 3e-2
-    position: str = "rope"
     deep_layers: int = 8
     pos_width: int | None = None
-    max_chars: int | None = None
-    seed: int = 0
-    progress: bool = True
 
 
 def lm_variant(cfg: AblationsConfig, vocab_size: int, **overrides) -> nn.Module:

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from attnlab.config.lm import ModelConfig
 from attnlab.errors import UserError
-from attnlab.experiments import common
+from attnlab.experiments import common, tiny_lm
 from attnlab.experiments.grokking import save_run
 from attnlab.experiments.induction_data import (
     SETTINGS,
@@ -59,6 +59,7 @@ from attnlab.experiments.induction_data import (
     repeated_spans,
     repeated_tokens,
 )
+from attnlab.experiments.tiny_lm import TinyLMSettings
 from attnlab.fileio import atomic_save
 from attnlab.inspect import ablate_heads
 from attnlab.models.lm import DecoderLM
@@ -89,20 +90,16 @@ BELOW_CHANCE = 0.3
 
 #: the settings' ranges (a CPU experiment: larger values are mistakes, refused before building)
 BOUNDS = {
-    "max_time": (1e-3, 1e7), "steps": (1, 10**7), "layers": (1, 48), "vocab_size": (2, 65536),
-    "seq_len": (8, 4096), "d_model": (2, 4096), "n_heads": (1, 256), "batch_size": (1, 4096),
-    "lr": (1e-12, 10.0), "eval_every": (1, 10**7), "threshold": (0.0, 1.0),
-    "max_chars": (1, 10**9),
+    **tiny_lm.BOUNDS, "layers": (1, 48), "vocab_size": (2, 65536), "seq_len": (8, 4096),
+    "eval_every": (1, 10**7), "threshold": (0.0, 1.0),
 }  # fmt: skip
 
 
 @dataclass
-class InductionConfig:
-    """Settings of the induction-heads experiment.
+class InductionConfig(TinyLMSettings):
+    """Settings of the induction-heads experiment (and those of :class:`TinyLMSettings`).
 
     Args:
-        max_time: seconds for the whole experiment (the runs share it equally).
-        steps: train every run for exactly this many steps instead.
         layers: one attention-only model per depth (default 1 and 2).
         settings: the base sequences, ``random`` and/or ``pydoc`` (see :data:`SETTINGS`).
         vocab_size: random tokens of the ``random`` setting (``pydoc`` uses its characters).
@@ -115,28 +112,20 @@ class InductionConfig:
         position: the position scheme (``rope``: a previous-token head is one relative offset).
         min_span, max_span: the repeated span's shortest and longest length, fractions of T.
         max_chars: characters of pydoc read (None: all, ~465k).
-        device, seed, progress: as for training.
+        device: as for training.
     """
 
-    max_time: float = 300.0
-    steps: int | None = None
     layers: tuple[int, ...] = (1, 2)
     settings: tuple[str, ...] = SETTINGS
     vocab_size: int = 32
     seq_len: int = 32
     d_model: int = 128
-    n_heads: int = 4
-    batch_size: int = 32
     lr: float = 1e-3
     eval_every: int | None = None
     threshold: float = 0.3
-    position: str = "rope"
     min_span: float = 0.125
     max_span: float = 0.5
-    max_chars: int | None = None
     device: str = "cpu"
-    seed: int = 0
-    progress: bool = True
 
 
 def attention_only_lm(

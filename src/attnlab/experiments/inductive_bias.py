@@ -34,10 +34,9 @@ from typing import Any
 
 import torch
 
-from attnlab.config.base import Config
-from attnlab.config.vision import ImageTaskConfig
 from attnlab.errors import RunDirError, UserError
 from attnlab.experiments import common
+from attnlab.experiments.image_sweep import DATA_FIELDS, ImageSweepSettings
 from attnlab.fileio import atomic_save, atomic_write_text
 from attnlab.models.vision.factory import build_image_classifier
 from attnlab.plotting import pyplot
@@ -55,8 +54,6 @@ __all__ = [
 ]
 
 
-#: the settings that choose the data: the same names and meaning as in :class:`ImageTaskConfig`
-DATA_FIELDS = ("data", "data_path", "image_size", "channels", "shapes_n", "shapes_label")
 #: share of ``max_time`` kept for loading data, scoring every run and writing the plot
 RESERVE = 0.2
 #: the smallest CNN − ViT gap of which the table gives the share the DeiT closes
@@ -67,18 +64,14 @@ LABELS = {"cnn": "residual CNN", "vit": "ViT", "deit": "DeiT (distilled from the
 
 
 @dataclass
-class InductiveBiasSettings(Config):
-    """What is compared and with which budget.
+class InductiveBiasSettings(ImageSweepSettings):
+    """What is compared; the images, the budget (identical for every model; ``max_time``
+    overrides ``steps``, see the module docstring) and the seeds (the data subset, init and
+    batch order change with them) are those of
+    :class:`~attnlab.experiments.image_sweep.ImageSweepSettings`.
 
     Attributes:
-        data: image source (``digits`` or ``shapes``; others need ``data_path``).
-        data_path, image_size, channels, shapes_n, shapes_label: as for
-            :class:`~attnlab.config.vision.ImageTaskConfig`.
         fractions: shares of the training split, at least three, increasing.
-        steps, batch_size, lr, warmup: the budget, identical for both models.
-        max_time: wall-clock seconds for the whole experiment (overrides ``steps``: every run
-            gets the same number of steps, as many as fit; see the module docstring).
-        seeds: one run per seed (data subset, init and batch order change with it).
         models: which of ``cnn``, ``vit``, ``deit`` to train (a DeiT needs the CNN, its teacher).
         vit, cnn, deit: overrides of the ``tiny`` (≤ 16 px) or ``small`` presets.
         distillation, distill_alpha, distill_temperature: the DeiT's loss (as for
@@ -87,20 +80,7 @@ class InductiveBiasSettings(Config):
             with it the teacher labels views of the images it never saw.
     """
 
-    data: str = "digits"
-    data_path: str | None = None
-    image_size: int | None = None
-    channels: int = 3
-    shapes_n: int = 3000
-    shapes_label: str = "shape"
     fractions: list[float] = field(default_factory=lambda: [0.1, 0.25, 0.5, 1.0])
-    steps: int = 300
-    max_time: float | None = None
-    batch_size: int = 64
-    lr: float = 1e-3
-    warmup: int = 30
-    weight_decay: float = 0.05
-    seeds: list[int] = field(default_factory=lambda: [0])
     models: list[str] = field(default_factory=lambda: list(MODELS))
     vit: dict[str, Any] = field(default_factory=dict)
     cnn: dict[str, Any] = field(default_factory=dict)
@@ -109,7 +89,6 @@ class InductiveBiasSettings(Config):
     distill_alpha: float = 0.5
     distill_temperature: float = 1.0
     augment: bool | None = None
-    device: str = "auto"
 
     def validate(self) -> None:
         super().validate()
@@ -119,8 +98,6 @@ class InductiveBiasSettings(Config):
         if any(not 0 < f <= 1 for f in fr) or sorted(fr) != fr or len(set(fr)) != len(fr):
             raise ValueError(f"fractions must be increasing values in (0, 1], got {fr}")
         self.fractions = fr
-        if not self.seeds:
-            raise ValueError("give at least one seed")
         unknown = [m for m in self.models if m not in MODELS]
         if unknown or not self.models or len(set(self.models)) != len(self.models):
             raise ValueError(
@@ -131,16 +108,6 @@ class InductiveBiasSettings(Config):
         self.models = [m for m in MODELS if m in self.models]  # the CNN trains before its student
         if self.distillation not in ("hard", "soft"):
             raise ValueError(f"distillation must be 'hard' or 'soft', got {self.distillation!r}")
-        if self.max_time is not None and not self.max_time > 0:
-            raise ValueError(f"max_time must be a positive number of seconds, got {self.max_time}")
-        if self.steps < 1 or self.batch_size < 1:
-            raise ValueError(
-                f"steps and batch_size must be at least 1, got {self.steps} and {self.batch_size}"
-            )
-
-    def data_config(self) -> ImageTaskConfig:
-        """The data settings as the image task's config."""
-        return ImageTaskConfig(**{name: getattr(self, name) for name in DATA_FIELDS})
 
     def task(self, kind: str, splits: Any, seed: int, fraction: float, teacher=None):
         """The image task of one run; a DeiT's distils from ``teacher`` (the trained CNN)."""

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from attnlab.config.base import Config
-from attnlab.config.vision import ImageTaskConfig, ViTConfig
+from attnlab.config.vision import ViTConfig
 from attnlab.errors import UserError
 from attnlab.experiments import common
+from attnlab.experiments.image_sweep import ImageSweepSettings
 from attnlab.fileio import atomic_save
 from attnlab.models.vision.factory import build_image_classifier
 from attnlab.plotting import pyplot
@@ -47,40 +47,20 @@ __all__ = [
 ]
 
 RESERVE = 0.2
-DATA_FIELDS = ("data", "data_path", "image_size", "channels", "shapes_n", "shapes_label")
 
 
 @dataclass
-class PatchSizeSettings(Config):
-    """What is compared and with which budget.
+class PatchSizeSettings(ImageSweepSettings):
+    """What is compared; the images, the budget (the same for every patch size) and the seeds
+    are those of :class:`~attnlab.experiments.image_sweep.ImageSweepSettings`.
 
     Attributes:
-        data, data_path, image_size, channels, shapes_n, shapes_label: the images (as for
-            :class:`~attnlab.config.vision.ImageTaskConfig`).
         patch_sizes: at least two, each dividing the image side.
-        steps, batch_size, lr, warmup, weight_decay: the budget, the same for every patch size.
-        max_time: wall-clock seconds for the whole experiment (then every run gets the same
-            steps, as many as fit).
-        seeds: one run per seed and patch size.
         vit: overrides of the ViT preset (not ``patch_size``).
     """
 
-    data: str = "digits"
-    data_path: str | None = None
-    image_size: int | None = None
-    channels: int = 3
-    shapes_n: int = 3000
-    shapes_label: str = "shape"
     patch_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
-    steps: int = 300
-    max_time: float | None = None
-    batch_size: int = 64
-    lr: float = 1e-3
-    warmup: int = 30
-    weight_decay: float = 0.05
-    seeds: list[int] = field(default_factory=lambda: [0])
     vit: dict[str, Any] = field(default_factory=dict)
-    device: str = "auto"
 
     def validate(self) -> None:
         super().validate()
@@ -90,17 +70,6 @@ class PatchSizeSettings(Config):
         self.patch_sizes = sorted(ps)
         if "patch_size" in self.vit:
             raise ValueError("the patch size is what varies: give it in patch_sizes, not vit")
-        if not self.seeds:
-            raise ValueError("give at least one seed")
-        if self.max_time is not None and not self.max_time > 0:
-            raise ValueError(f"max_time must be a positive number of seconds, got {self.max_time}")
-        if self.steps < 1 or self.batch_size < 1:
-            raise ValueError(
-                f"steps and batch_size must be at least 1, got {self.steps} and {self.batch_size}"
-            )
-
-    def data_config(self) -> ImageTaskConfig:
-        return ImageTaskConfig(**{name: getattr(self, name) for name in DATA_FIELDS})
 
 
 def tokens_per_image(config: ViTConfig) -> int:

@@ -18,9 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention.capture import report_aux_loss
 from attnlab.layers.ffn import ACTIVATIONS
-from attnlab.layers.hook import HookPoint
+from attnlab.layers.hook import HookPoint, report_aux_loss
 
 __all__ = ["MoE", "load_balancing_loss"]
 

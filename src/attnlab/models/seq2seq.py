@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -39,7 +39,7 @@ from attnlab.layers.drop_path import drop_path_rates
 from attnlab.layers.hook import HookPoint
 from attnlab.models.registry import register_kind
 
-__all__ = ["Seq2SeqConfig", "Seq2SeqTransformer", "Seq2SeqDecodeState"]
+__all__ = ["Seq2SeqConfig", "Seq2SeqTransformer", "Seq2SeqDecodeState", "EncoderDecoder"]
 
 
 @dataclass
@@ -53,7 +53,123 @@ class Seq2SeqDecodeState(DecodeState):
     cross_caches: list[KVCache]
 
 
-class Seq2SeqTransformer(nn.Module):
+class EncoderDecoder(nn.Module):
+    """What attnlab's encoder–decoders share once their stacks are built: teacher forcing and
+    incremental decoding over ``encode``, ``embed_target``, ``run_decoder`` and ``head``, with
+    one self- and one cross-attention KV cache per decoder layer (:class:`Seq2SeqDecodeState`).
+
+    A subclass defines ``encoder``/``decoder`` (``nn.ModuleList`` of blocks whose attention
+    modules are ``attn`` and ``cross_attn``), ``encode(src, src_mask)``,
+    ``embed_target(tokens, offset)`` and ``run_decoder(y, memory, src_mask, state=...)``;
+    ``head`` defaults to ``lm_head``.
+    """
+
+    def build_stacks(self, config: Any) -> None:
+        """``encoder`` and ``decoder`` (its blocks with cross-attention), ``enc_norm`` and
+        ``dec_norm`` from ``config.encoder_block`` / ``decoder_block`` (one block config per
+        stack); the blocks take the model's shared position module (or bias) in ``forward``."""
+        c = config
+        enc, dec = c.encoder_block, c.decoder_block
+        self.encoder = nn.ModuleList(
+            build_block(enc, shared_positions=True, drop_path=p, max_seq_len=c.max_seq_len)
+            for p in drop_path_rates(enc.drop_path, c.n_enc_layers)
+        )
+        self.decoder = nn.ModuleList(
+            build_block(
+                dec,
+                cross_attention=True,
+                shared_positions=True,
+                drop_path=p,
+                max_seq_len=c.max_seq_len,
+            )
+            for p in drop_path_rates(dec.drop_path, c.n_dec_layers)
+        )
+        self.enc_norm = build_final_norm(enc, c.final_norm)
+        self.dec_norm = build_final_norm(dec, c.final_norm)
+
+    def decoder_blocks(
+        self,
+        y: Tensor,
+        memory: Tensor,
+        src_mask: Tensor | None,
+        state: Seq2SeqDecodeState | None,
+        **positions: Any,
+    ) -> Tensor:
+        """The decoder's blocks on ``y (B, T, C)``: causal self-attention (reading and extending
+        ``state``'s caches when decoding), cross-attention to ``memory (B, S, C)`` restricted to
+        the real source positions; ``positions`` (``pos_emb=`` or ``attn_bias=``) go to every
+        block."""
+        ctx_mask = None if src_mask is None else src_mask[:, None, None, :]  # (B, 1, 1, S)
+        return run_blocks(
+            self.decoder,
+            y,
+            caches=None if state is None else state.self_caches,
+            cross_caches=None if state is None else state.cross_caches,
+            is_causal=True,
+            context=memory,
+            context_mask=ctx_mask,
+            **positions,
+        )
+
+    def head(self, y: Tensor) -> Tensor:
+        """Logits ``(..., V)`` of decoder outputs ``y (..., C)``."""
+        return self.lm_head(y)
+
+    def forward(
+        self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, *, need_weights: bool = False
+    ) -> Tensor | tuple[Tensor, dict[str, list[Tensor]]]:
+        """Teacher-forced logits ``(B, T, V)`` for ``tgt_in = <start> y_1 … y_{T-1}``.
+
+        Args:
+            src: ``(B, S)`` source ids; src_mask: ``(B, S)`` True for real tokens.
+            tgt_in: ``(B, T)`` decoder input ids.
+            need_weights: also return the attention weights of every layer (math path).
+
+        Returns:
+            logits, or with ``need_weights`` ``(logits, {"encoder": [(B, H, S, S)] * N_enc,
+            "decoder": [(B, H, T, T)] * N_dec, "cross": [(B, H, T, S)] * N_dec})``.
+        """
+        if need_weights:
+            with capture_attention(self) as maps:
+                logits = self(src, src_mask, tgt_in)
+            enc = range(len(self.encoder))
+            dec = range(len(self.decoder))
+            return logits, {
+                "encoder": [maps[f"encoder.{i}.attn"] for i in enc],
+                "decoder": [maps[f"decoder.{i}.attn"] for i in dec],
+                "cross": [maps[f"decoder.{i}.cross_attn"] for i in dec],
+            }
+        memory = self.encode(src, src_mask)
+        return self.head(self.run_decoder(self.embed_target(tgt_in), memory, src_mask))
+
+    # -- incremental decoding (the interface of attnlab.decoding)
+    def start_decoding(self, src: Tensor, src_mask: Tensor, max_len: int) -> Seq2SeqDecodeState:
+        """Encode once and allocate per-layer self/cross KV caches for ``max_len`` tokens
+        (the start token included)."""
+        memory = self.encode(src, src_mask)
+        B, S = src.shape
+        return Seq2SeqDecodeState(
+            memory=memory,
+            src_mask=src_mask,
+            self_caches=[b.attn.make_cache(B, max_len) for b in self.decoder],
+            cross_caches=[b.cross_attn.make_cache(B, S) for b in self.decoder],
+        )
+
+    def decode_step(
+        self, tokens: Tensor, state: Seq2SeqDecodeState
+    ) -> tuple[Tensor, Seq2SeqDecodeState]:
+        """Feed ``tokens (B, T)`` (``<start>`` first, then one token per step).
+
+        Returns:
+            ``(logits (B, V) of the next token, state)``; the caches advance by T.
+        """
+        past = state.self_caches[0].length
+        y = self.embed_target(tokens, offset=past)  # (B, T, C)
+        y = self.run_decoder(y, state.memory, state.src_mask, state=state)
+        return self.head(y[:, -1]), state
+
+
+class Seq2SeqTransformer(EncoderDecoder):
     """Transformer encoder–decoder built from a :class:`Seq2SeqConfig`.
 
     ``forward(src (B,S), src_mask (B,S) bool, tgt_in (B,T)) -> logits (B,T,V)`` (teacher forcing).
@@ -78,25 +194,7 @@ class Seq2SeqTransformer(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         # hook points: scaled token embeddings (B, S, C) / (B, T, C); see attnlab.inspect
         self.hook_src_embed, self.hook_tgt_embed = HookPoint(), HookPoint()
-        enc, dec = c.encoder_block, c.decoder_block  # one block config per stack
-        enc_rates = drop_path_rates(enc.drop_path, c.n_enc_layers)
-        dec_rates = drop_path_rates(dec.drop_path, c.n_dec_layers)
-        self.encoder = nn.ModuleList(
-            build_block(enc, shared_positions=True, drop_path=p, max_seq_len=c.max_seq_len)
-            for p in enc_rates
-        )
-        self.decoder = nn.ModuleList(
-            build_block(
-                dec,
-                cross_attention=True,
-                shared_positions=True,
-                drop_path=p,
-                max_seq_len=c.max_seq_len,
-            )
-            for p in dec_rates
-        )
-        self.enc_norm = build_final_norm(enc, c.final_norm)
-        self.dec_norm = build_final_norm(dec, c.final_norm)
+        self.build_stacks(c)
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         self.apply(self._init_weights)
         if c.tie_embeddings:
@@ -154,76 +252,12 @@ class Seq2SeqTransformer(nn.Module):
         """Decoder stack on embedded ``y (B, T, C)``: causal self-attention, cross-attention to
         ``memory (B, S, C)`` restricted to the real source positions; with a decoding ``state``
         its KV caches are read and extended."""
-        ctx_mask = None if src_mask is None else src_mask[:, None, None, :]  # (B, 1, 1, S)
-        y = run_blocks(
-            self.decoder,
-            y,
-            caches=None if state is None else state.self_caches,
-            cross_caches=None if state is None else state.cross_caches,
-            is_causal=True,
-            context=memory,
-            context_mask=ctx_mask,
-            pos_emb=self.pos_emb,
-        )
-        return self.dec_norm(y)
+        return self.dec_norm(self.decoder_blocks(y, memory, src_mask, state, pos_emb=self.pos_emb))
 
     # -- training
     def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
         """``memory (B, S, C)`` for ``src (B, S)``."""
         return self.run_encoder(self.embed_source(src), src_mask)
-
-    def forward(
-        self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, *, need_weights: bool = False
-    ) -> Tensor | tuple[Tensor, dict[str, list[Tensor]]]:
-        """Teacher-forced logits ``(B, T, V)`` for ``tgt_in = <start> y_1 … y_{T-1}``.
-
-        Args:
-            src: ``(B, S)`` source ids; src_mask: ``(B, S)`` True for real tokens.
-            tgt_in: ``(B, T)`` decoder input ids.
-            need_weights: also return the attention weights of every layer (math path).
-
-        Returns:
-            logits, or with ``need_weights`` ``(logits, {"encoder": [(B, H, S, S)] * N_enc,
-            "decoder": [(B, H, T, T)] * N_dec, "cross": [(B, H, T, S)] * N_dec})``.
-        """
-        if need_weights:
-            with capture_attention(self) as maps:
-                logits = self(src, src_mask, tgt_in)
-            enc = range(len(self.encoder))
-            dec = range(len(self.decoder))
-            return logits, {
-                "encoder": [maps[f"encoder.{i}.attn"] for i in enc],
-                "decoder": [maps[f"decoder.{i}.attn"] for i in dec],
-                "cross": [maps[f"decoder.{i}.cross_attn"] for i in dec],
-            }
-        memory = self.encode(src, src_mask)
-        return self.lm_head(self.run_decoder(self.embed_target(tgt_in), memory, src_mask))
-
-    # -- incremental decoding (the interface of attnlab.decoding)
-    def start_decoding(self, src: Tensor, src_mask: Tensor, max_len: int) -> Seq2SeqDecodeState:
-        """Encode once and allocate per-layer self/cross KV caches for ``max_len`` tokens
-        (the start token included)."""
-        memory = self.encode(src, src_mask)
-        B, S = src.shape
-        return Seq2SeqDecodeState(
-            memory=memory,
-            src_mask=src_mask,
-            self_caches=[b.attn.make_cache(B, max_len) for b in self.decoder],
-            cross_caches=[b.cross_attn.make_cache(B, S) for b in self.decoder],
-        )
-
-    def decode_step(
-        self, tokens: Tensor, state: Seq2SeqDecodeState
-    ) -> tuple[Tensor, Seq2SeqDecodeState]:
-        """Feed ``tokens (B, T)`` (``<start>`` first, then one token per step).
-
-        Returns:
-            ``(logits (B, V) of the next token, state)``; the caches advance by T.
-        """
-        t = state.self_caches[0].length
-        y = self.embed_target(tokens, offset=t)  # (B, T, C)
-        y = self.run_decoder(y, state.memory, state.src_mask, state=state)
-        return self.lm_head(y[:, -1]), state
 
 
 register_kind(

@@ -34,21 +34,19 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from attnlab.attention.capture import capture_attention
 from attnlab.attention.multihead import MultiHeadAttention
 from attnlab.config.t5 import T5Config, T5SpanConfig
 from attnlab.layers.block import run_blocks
-from attnlab.layers.builders import build_block, build_final_norm, build_positions
-from attnlab.layers.drop_path import drop_path_rates
+from attnlab.layers.builders import build_positions
 from attnlab.layers.hook import HookPoint
 from attnlab.layers.position import T5RelativeBias
 from attnlab.models.registry import register_kind
-from attnlab.models.seq2seq import Seq2SeqDecodeState
+from attnlab.models.seq2seq import EncoderDecoder, Seq2SeqDecodeState
 
 __all__ = ["T5Config", "T5", "T5SpanModel"]
 
 
-class T5(nn.Module):
+class T5(EncoderDecoder):
     """T5 encoder–decoder built from a :class:`T5Config`.
 
     ``forward(src (B,S), src_mask (B,S) bool, tgt_in (B,T)) -> logits (B,T,V)`` (teacher forcing).
@@ -78,23 +76,7 @@ class T5(nn.Module):
         self.drop = nn.Dropout(c.dropout)
         # hook points: token embeddings (B, S, C) / (B, T, C); see attnlab.inspect
         self.hook_src_embed, self.hook_tgt_embed = HookPoint(), HookPoint()
-        enc, dec = c.encoder_block, c.decoder_block
-        self.encoder = nn.ModuleList(
-            build_block(enc, shared_positions=True, drop_path=p, max_seq_len=c.max_seq_len)
-            for p in drop_path_rates(enc.drop_path, c.n_enc_layers)
-        )
-        self.decoder = nn.ModuleList(
-            build_block(
-                dec,
-                cross_attention=True,
-                shared_positions=True,
-                drop_path=p,
-                max_seq_len=c.max_seq_len,
-            )
-            for p in drop_path_rates(dec.drop_path, c.n_dec_layers)
-        )
-        self.enc_norm = build_final_norm(enc, c.final_norm)
-        self.dec_norm = build_final_norm(dec, c.final_norm)
+        self.build_stacks(c)
         self.lm_head = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         self.output_scale = c.d_model**-0.5 if c.scale_output else 1.0
         self.apply(self._init_weights)
@@ -121,7 +103,9 @@ class T5(nn.Module):
     def embed_source(self, src: Tensor) -> Tensor:
         return self.drop(self.hook_src_embed(self.src_emb(src)))
 
-    def embed_target(self, tgt: Tensor) -> Tensor:
+    def embed_target(self, tgt: Tensor, offset: int = 0) -> Tensor:
+        # no absolute positions: ``offset`` (the cached length) only moves the relative bias,
+        # which run_decoder reads from the caches
         return self.drop(self.hook_tgt_embed(self.tgt_emb(tgt)))
 
     def encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
@@ -146,72 +130,12 @@ class T5(nn.Module):
         past = 0 if state is None else state.self_caches[0].length
         T = y.shape[1]
         bias = self.dec_bias(T, past + T, past=past)  # (1, H, T, past + T), once for all layers
-        ctx_mask = None if src_mask is None else src_mask[:, None, None, :]  # (B, 1, 1, S)
-        y = run_blocks(
-            self.decoder,
-            y,
-            caches=None if state is None else state.self_caches,
-            cross_caches=None if state is None else state.cross_caches,
-            is_causal=True,
-            attn_bias=bias,
-            context=memory,
-            context_mask=ctx_mask,
-        )
+        y = self.decoder_blocks(y, memory, src_mask, state, attn_bias=bias)
         return self.drop(self.dec_norm(y))
 
     def head(self, y: Tensor) -> Tensor:
         """Logits ``(..., V)`` of decoder outputs ``y (..., C)``: ``(y · d^-½) W_out`` (1.0)."""
         return self.lm_head(y * self.output_scale)
-
-    def forward(
-        self, src: Tensor, src_mask: Tensor, tgt_in: Tensor, *, need_weights: bool = False
-    ) -> Tensor | tuple[Tensor, dict[str, list[Tensor]]]:
-        """Teacher-forced logits ``(B, T, V)`` for ``tgt_in = <start> y_1 … y_{T-1}``.
-
-        Args:
-            src: ``(B, S)`` source ids; src_mask: ``(B, S)`` True for real tokens.
-            tgt_in: ``(B, T)`` decoder input ids.
-            need_weights: also return every layer's attention weights (math path).
-
-        Returns:
-            logits, or with ``need_weights`` ``(logits, {"encoder": [(B, H, S, S)] * N_enc,
-            "decoder": [(B, H, T, T)] * N_dec, "cross": [(B, H, T, S)] * N_dec})``.
-        """
-        if need_weights:
-            with capture_attention(self) as maps:
-                logits = self(src, src_mask, tgt_in)
-            enc, dec = range(len(self.encoder)), range(len(self.decoder))
-            return logits, {
-                "encoder": [maps[f"encoder.{i}.attn"] for i in enc],
-                "decoder": [maps[f"decoder.{i}.attn"] for i in dec],
-                "cross": [maps[f"decoder.{i}.cross_attn"] for i in dec],
-            }
-        memory = self.encode(src, src_mask)
-        return self.head(self.run_decoder(self.embed_target(tgt_in), memory, src_mask))
-
-    # -- incremental decoding (the interface of attnlab.decoding)
-    def start_decoding(self, src: Tensor, src_mask: Tensor, max_len: int) -> Seq2SeqDecodeState:
-        """Encode once and allocate per-layer self/cross KV caches for ``max_len`` tokens
-        (the start token included)."""
-        memory = self.encode(src, src_mask)
-        B, S = src.shape
-        return Seq2SeqDecodeState(
-            memory=memory,
-            src_mask=src_mask,
-            self_caches=[b.attn.make_cache(B, max_len) for b in self.decoder],
-            cross_caches=[b.cross_attn.make_cache(B, S) for b in self.decoder],
-        )
-
-    def decode_step(
-        self, tokens: Tensor, state: Seq2SeqDecodeState
-    ) -> tuple[Tensor, Seq2SeqDecodeState]:
-        """Feed ``tokens (B, T)`` (``<start>`` first, then one token per step).
-
-        Returns:
-            ``(logits (B, V) of the next token, state)``; the caches advance by T.
-        """
-        y = self.run_decoder(self.embed_target(tokens), state.memory, state.src_mask, state=state)
-        return self.head(y[:, -1]), state
 
 
 class T5SpanModel(T5):

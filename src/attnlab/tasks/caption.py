@@ -21,7 +21,7 @@ from attnlab.errors import UserError
 from attnlab.layers import evaluating
 from attnlab.metrics.captions import score_captions
 from attnlab.tasks.losses import cross_entropy
-from attnlab.tasks.scenes import SceneTask, SceneTaskConfig, forward_with_aux, pad_ids
+from attnlab.tasks.scenes import SceneTask, SceneTaskConfig, forward_with_aux, pad_ids, with_aux
 
 __all__ = [
     "accuracy_by_position",
@@ -72,18 +72,13 @@ class CaptionTask(SceneTask):
     config_cls: ClassVar[type[SceneTaskConfig]] = CaptionTaskConfig
     config: CaptionTaskConfig
 
-    def _batch(self, sset: SceneSet, idx: np.ndarray, rng: np.random.Generator) -> dict:
-        caps = [sset.captions[i][rng.integers(len(sset.captions[i]))] for i in idx]
-        tokens = pad_ids([self.vocab.encode_caption(c) for c in caps])  # (B, L)
-        return {"images": images_to_tensor(sset.images[idx]), "tokens": tokens}
-
     def get_batch(
         self, split: str, step: int, batch_size: int, rank: int = 0, world: int = 1
     ) -> dict:
         sset = self.sets(split)
         rng = self.rng(split, step, rank)
         idx = rng.integers(len(sset), size=self.share(batch_size, world))
-        return self._batch(sset, idx, rng)
+        return self.caption_batch(sset, idx, rng)
 
     def loss(self, model: nn.Module, batch: dict, cfg: Any) -> tuple[Tensor, dict[str, float]]:
         tokens = batch["tokens"]
@@ -99,17 +94,12 @@ class CaptionTask(SceneTask):
         with torch.no_grad():
             ok = target != -100
             acc = ((logits.argmax(-1) == target) & ok).sum() / ok.sum().clamp(min=1)
-        metrics = {"acc": float(acc)}
-        if aux is not None:
-            loss = loss + aux
-            metrics["aux"] = float(aux.detach())
-        return loss, metrics
+        return with_aux(loss, aux, {"acc": float(acc)})
 
     def eval_batches(self, batch_size: int, n_batches: int) -> Iterator[dict]:
         sset = self.sets("val")
-        for b in range(n_batches):
-            idx = (np.arange(batch_size) + b * batch_size) % len(sset)
-            yield self._batch(sset, idx, self.rng("val", b))
+        for idx, rng in self.val_indices(batch_size, n_batches):
+            yield self.caption_batch(sset, idx, rng)
 
     def evaluate(self, model: nn.Module) -> dict[str, float]:
         """Greedy captions of some validation scenes: BLEU and how often named objects exist."""

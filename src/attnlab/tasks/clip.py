@@ -37,7 +37,7 @@ from attnlab.data.scenes import (
 from attnlab.errors import UserError
 from attnlab.layers import evaluating
 from attnlab.tasks.losses import contrastive_loss
-from attnlab.tasks.scenes import SceneTask, SceneTaskConfig, forward_with_aux, pad_ids
+from attnlab.tasks.scenes import SceneTask, SceneTaskConfig, forward_with_aux, pad_ids, with_aux
 
 __all__ = [
     "ClipTaskConfig",
@@ -239,12 +239,7 @@ class ClipTask(SceneTask):
     config: ClipTaskConfig
 
     def _batch(self, sset: SceneSet, idx: np.ndarray, rng: np.random.Generator) -> dict:
-        if self.config.caption == "listing":
-            caps = [sset.captions[i][0] for i in idx]
-        else:
-            caps = [sset.captions[i][rng.integers(len(sset.captions[i]))] for i in idx]
-        tokens = pad_ids([self.vocab.encode_caption(c) for c in caps])  # (B, L)
-        return {"images": images_to_tensor(sset.images[idx]), "tokens": tokens}
+        return self.caption_batch(sset, idx, rng, listing=self.config.caption == "listing")
 
     def get_batch(
         self, split: str, step: int, batch_size: int, rank: int = 0, world: int = 1
@@ -266,18 +261,12 @@ class ClipTask(SceneTask):
         with torch.no_grad():
             target = torch.arange(logits.shape[0], device=logits.device)
             acc = (logits.argmax(-1) == target).float().mean()
-        metrics = {"acc": float(acc)}
-        if aux is not None:
-            loss = loss + aux
-            metrics["aux"] = float(aux.detach())
-        return loss, metrics
+        return with_aux(loss, aux, {"acc": float(acc)})
 
     def eval_batches(self, batch_size: int, n_batches: int) -> Iterator[dict]:
         sset = self.sets("val")
-        size = min(batch_size, len(sset))
-        for b in range(n_batches):
-            idx = (np.arange(size) + b * size) % len(sset)
-            yield self._batch(sset, idx, self.rng("val", b))
+        for idx, rng in self.val_indices(min(batch_size, len(sset)), n_batches):
+            yield self._batch(sset, idx, rng)
 
     def zero_shot_set(self, split: str) -> SceneSet:
         """The single-object scenes of ``split`` the zero-shot accuracy is measured on."""

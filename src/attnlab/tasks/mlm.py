@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,17 +28,14 @@ from torch import Tensor, nn
 
 from attnlab.attention.capture import collect_aux_losses
 from attnlab.config.encoder import MLMTaskConfig
-from attnlab.config.lm import LMTaskConfig
 from attnlab.data.tokenizers import TokenizerWithSpecials
 from attnlab.errors import UserError
 from attnlab.layers import evaluating
-from attnlab.tasks.lm import CorpusTask, LMTask
+from attnlab.tasks.corpus_examples import CorpusExamplesTask
 from attnlab.tasks.losses import cross_entropy
 
 __all__ = ["MLMTask", "mask_tokens", "fill_mask", "check_masked_text", "MaskPrediction", "IGNORE"]
 
-_SPLITS = {"train": 0, "val": 1}
-_VAL_MASKS = 2  # the generator stream of the validation masks
 #: target of positions that are not predicted (``cross_entropy``'s ignore_index)
 IGNORE = -100
 
@@ -90,7 +86,7 @@ def mask_tokens(
     return inputs, targets
 
 
-class MLMTask(CorpusTask):
+class MLMTask(CorpusExamplesTask):
     """Masked-LM training on one corpus: the trainer's :class:`~attnlab.tasks.Task`.
 
     A batch is ``(inputs, targets)``, both ``(B, T)`` long tensors (``targets`` is
@@ -106,14 +102,6 @@ class MLMTask(CorpusTask):
     TYPE = "mlm"
     CONFIG = MLMTaskConfig
     DESCRIPTION = "a masked-LM task"
-
-    def __init__(
-        self, corpus: LMTask, tokenizer: TokenizerWithSpecials, config: MLMTaskConfig
-    ) -> None:
-        if config.seed is None:
-            config = config.replace(seed=0)
-        self.corpus, self.tokenizer, self.config = corpus, tokenizer, config
-        self._val: tuple[np.ndarray, np.ndarray] | None = None
 
     @classmethod
     def build(cls, config: MLMTaskConfig | None = None, *, tokenizer: Any = None) -> MLMTask:
@@ -131,41 +119,15 @@ class MLMTask(CorpusTask):
             UserError: an unknown or empty corpus, a bad tokenizer setting, too few tokens.
         """
         config = MLMTaskConfig() if config is None else config
-        base = tokenizer.base if isinstance(tokenizer, TokenizerWithSpecials) else tokenizer
-        corpus = LMTask.build(
-            LMTaskConfig(
-                data=config.data,
-                tokenizer=config.tokenizer,
-                vocab_size=config.vocab_size,
-                seq_len=config.seq_len - 2,  # [CLS] and [SEP] take two places
-                seed=config.seed,
-                val_fraction=config.val_fraction,
-                max_chars=config.max_chars,
-            ),
-            tokenizer=base,
-        )
-        c = corpus.config
-        config = config.replace(data=c.data, tokenizer=c.tokenizer, vocab_size=c.vocab_size)
+        # [CLS] and [SEP] take two places
+        corpus, config = cls.load_corpus(config, tokenizer, config.seq_len - 2)
         return cls(corpus, TokenizerWithSpecials(corpus.tokenizer), config)
-
-    # -- properties read by commands (and CorpusTask's: ``vocab_size`` counts the specials) --
-
-    @property
-    def splits(self) -> dict[str, Any]:
-        """Token ids (plain tokenizer) of the ``train`` and ``val`` splits."""
-        return self.corpus.splits
-
-    @property
-    def n_tokens(self) -> dict[str, int]:
-        return self.corpus.n_tokens
 
     # -- batches --------------------------------------------------------------------------------
 
     def _examples(self, split: str, starts: np.ndarray) -> np.ndarray:
         """``[CLS] text [SEP]`` for windows of ``seq_len − 2`` tokens starting at ``starts``."""
-        L = self.seq_len - 2
-        ids = self.splits[split]
-        text = np.asarray(ids[starts[:, None] + np.arange(L)[None, :]], dtype=np.int64)  # (B, L)
+        text = self.windows(split, starts, self.seq_len - 2)  # (B, L)
         tok = self.tokenizer
         cls_col = np.full((len(starts), 1), tok.cls_id, dtype=np.int64)
         sep_col = np.full((len(starts), 1), tok.sep_id, dtype=np.int64)
@@ -192,14 +154,9 @@ class MLMTask(CorpusTask):
         The whole global batch is drawn and masked, then sliced, so it does not depend on
         ``world``.
         """
-        if split not in _SPLITS:
-            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-        L = self.seq_len - 2
-        rng = np.random.default_rng([self.seed, _SPLITS[split], step])
-        starts = rng.integers(0, len(self.splits[split]) - L + 1, size=batch_size)
+        rng, starts = self.batch_starts(split, step, batch_size, self.seq_len - 2)
         inputs, targets = self._mask(self._examples(split, starts), rng)
-        per = batch_size // world
-        mine = slice(rank * per, (rank + 1) * per)
+        mine = self.rank_share(batch_size, rank, world)
         return inputs[mine], targets[mine]
 
     def eval_batches(
@@ -207,15 +164,11 @@ class MLMTask(CorpusTask):
     ) -> Iterator[tuple[Tensor, Tensor]]:
         """The fixed validation set: consecutive windows of the held-out split, masked once."""
         if self._val is None:
-            L = self.seq_len - 2
-            starts = np.arange(0, len(self.splits["val"]) - L + 1, L)
-            rng = np.random.default_rng([self.seed, _VAL_MASKS])
+            rng, starts = self.val_starts(self.seq_len - 2)
             self._val = self._mask(self._examples("val", starts), rng)
         inputs, targets = self._val
-        n = len(inputs) if n_batches is None else min(len(inputs), batch_size * n_batches)
-        for i in range(0, n, batch_size):
-            j = min(i + batch_size, n)
-            yield inputs[i:j], targets[i:j]
+        for rows in self.eval_slices(len(inputs), batch_size, n_batches):
+            yield inputs[rows], targets[rows]
 
     # -- the trainer protocol -------------------------------------------------------------------
 
@@ -258,9 +211,6 @@ class MLMTask(CorpusTask):
                 hits += int((logits.argmax(-1) == targets).sum())  # IGNORE never equals an id
                 count += n
         return {"loss": total / max(count, 1), "acc": hits / max(count, 1), "predicted": count}
-
-    def save_artifacts(self, run_dir: str | Path) -> None:
-        self.tokenizer.save(run_dir)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ Shape legend: B batch, L token length.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -17,10 +18,17 @@ from torch import Tensor, nn
 
 from attnlab.attention.capture import collect_aux_losses
 from attnlab.config.base import Config, ConfigError
-from attnlab.data.scenes import SPLITS, SceneConfig, SceneSet, Vocab, build_vocab
+from attnlab.data.scenes import SPLITS, SceneConfig, SceneSet, Vocab, build_vocab, images_to_tensor
 from attnlab.errors import UserError
 
-__all__ = ["SceneTaskConfig", "SceneTask", "batch_rng", "pad_ids", "forward_with_aux"]
+__all__ = [
+    "SceneTaskConfig",
+    "SceneTask",
+    "batch_rng",
+    "pad_ids",
+    "forward_with_aux",
+    "with_aux",
+]
 
 
 @dataclass
@@ -58,6 +66,16 @@ def pad_ids(seqs: list[list[int]], pad: int = Vocab.PAD) -> Tensor:
     for i, s in enumerate(seqs):
         out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
     return out
+
+
+def with_aux(
+    loss: Tensor, aux: Tensor | None, metrics: dict[str, float]
+) -> tuple[Tensor, dict[str, float]]:
+    """``loss`` plus the weighted MoE loss ``aux`` of :func:`forward_with_aux` (and ``aux`` in
+    ``metrics``); ``(loss, metrics)`` unchanged when there is none."""
+    if aux is None:
+        return loss, metrics
+    return loss + aux, {**metrics, "aux": float(aux.detach())}
 
 
 def forward_with_aux(model: nn.Module, *inputs: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -117,6 +135,28 @@ class SceneTask:
 
     def rng(self, split: str, step: int, rank: int = 0) -> np.random.Generator:
         return batch_rng(self.config.seed, split, step, rank)
+
+    def caption_batch(
+        self, sset: SceneSet, idx: np.ndarray, rng: np.random.Generator, *, listing: bool = False
+    ) -> dict[str, Tensor]:
+        """Scenes ``idx`` of ``sset`` with one caption each: ``{"images": (B, 3, H, W),
+        "tokens": (B, L)}`` (``<start> words <end>``, right-padded); the caption is the listing
+        one (the first) or, by default, one of the scene's references drawn with ``rng``."""
+        if listing:
+            caps = [sset.captions[i][0] for i in idx]
+        else:
+            caps = [sset.captions[i][rng.integers(len(sset.captions[i]))] for i in idx]
+        tokens = pad_ids([self.vocab.encode_caption(c) for c in caps])  # (B, L)
+        return {"images": images_to_tensor(sset.images[idx]), "tokens": tokens}
+
+    def val_indices(
+        self, size: int, n_batches: int
+    ) -> Iterator[tuple[np.ndarray, np.random.Generator]]:
+        """The fixed validation batches: ``n_batches`` runs of ``size`` consecutive scenes
+        (wrapping around), each with the generator of its batch."""
+        n = len(self.sets("val"))
+        for b in range(n_batches):
+            yield (np.arange(size) + b * size) % n, self.rng("val", b)
 
     @staticmethod
     def share(batch_size: int, world: int) -> int:

@@ -20,7 +20,6 @@ Shape legend: B batch, S input length, T target length, V vocabulary (specials i
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,20 +27,17 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.capture import collect_aux_losses
-from attnlab.config.lm import LMTaskConfig
 from attnlab.config.t5 import SpanTaskConfig
 from attnlab.data.tokenizers import TokenizerWithSpecials, t5_specials
 from attnlab.data.translation import Batch
 from attnlab.decoding import beam_search
 from attnlab.errors import UserError
 from attnlab.layers import evaluating
-from attnlab.tasks.lm import CorpusTask, LMTask
+from attnlab.tasks.corpus_examples import CorpusExamplesTask
+from attnlab.tasks.lm import LMTask
 from attnlab.tasks.losses import cross_entropy
 
 __all__ = ["SpanCorruptionTask", "random_segmentation", "corrupt_spans", "fill_spans"]
-
-_SPLITS = {"train": 0, "val": 1}
-_VAL_STREAM = 2
 
 
 def random_segmentation(n_items: int, n_segments: int, rng: np.random.Generator) -> np.ndarray:
@@ -91,7 +87,7 @@ def corrupt_spans(
     return inputs + [eos_id], target + [eos_id]
 
 
-class SpanCorruptionTask(CorpusTask):
+class SpanCorruptionTask(CorpusExamplesTask):
     """Span-corruption pre-training of an encoder–decoder: the trainer's Task.
 
     A batch is a translation :class:`~attnlab.data.translation.Batch` (``src``, ``src_mask``,
@@ -111,13 +107,10 @@ class SpanCorruptionTask(CorpusTask):
     def __init__(
         self, corpus: LMTask, tokenizer: TokenizerWithSpecials, config: SpanTaskConfig
     ) -> None:
-        if config.seed is None:
-            config = config.replace(seed=0)
-        self.corpus, self.tokenizer, self.config = corpus, tokenizer, config
+        super().__init__(corpus, tokenizer, config)
         ids = tokenizer.special_ids
         self.pad_id, self.eos_id = ids["<pad>"], ids["</s>"]
         self.sentinel_ids = [ids[f"<extra_id_{i}>"] for i in range(config.n_sentinels)]
-        self._val: list[Batch] | None = None
 
     @classmethod
     def build(
@@ -129,31 +122,9 @@ class SpanCorruptionTask(CorpusTask):
             UserError: an unknown or empty corpus, a bad tokenizer setting, too few tokens.
         """
         config = SpanTaskConfig() if config is None else config
-        base = tokenizer.base if isinstance(tokenizer, TokenizerWithSpecials) else tokenizer
-        corpus = LMTask.build(
-            LMTaskConfig(
-                data=config.data,
-                tokenizer=config.tokenizer,
-                vocab_size=config.vocab_size,
-                seq_len=config.seq_len,
-                seed=config.seed,
-                val_fraction=config.val_fraction,
-                max_chars=config.max_chars,
-            ),
-            tokenizer=base,
-        )
-        c = corpus.config
-        config = config.replace(data=c.data, tokenizer=c.tokenizer, vocab_size=c.vocab_size)
+        corpus, config = cls.load_corpus(config, tokenizer, config.seq_len)
         specials = t5_specials(config.n_sentinels)
         return cls(corpus, TokenizerWithSpecials(corpus.tokenizer, specials), config)
-
-    @property
-    def splits(self) -> dict[str, Any]:
-        return self.corpus.splits
-
-    @property
-    def n_tokens(self) -> dict[str, int]:
-        return self.corpus.n_tokens
 
     @property
     def max_src_len(self) -> int:
@@ -169,9 +140,8 @@ class SpanCorruptionTask(CorpusTask):
     # -- batches --------------------------------------------------------------------------------
 
     def _batch(self, split: str, starts: np.ndarray, rng: np.random.Generator) -> Batch:
-        c, L = self.config, self.config.seq_len
-        ids = self.splits[split]
-        windows = np.asarray(ids[starts[:, None] + np.arange(L)[None, :]], dtype=np.int64)
+        c = self.config
+        windows = self.windows(split, starts, c.seq_len)  # (B, L)
         pairs = [
             corrupt_spans(
                 w,
@@ -193,29 +163,20 @@ class SpanCorruptionTask(CorpusTask):
         self, split: str, step: int, batch_size: int, rank: int = 0, world: int = 1
     ) -> Batch:
         """This rank's share of global batch ``step`` (the whole batch is drawn, then sliced)."""
-        if split not in _SPLITS:
-            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-        L = self.config.seq_len
-        rng = np.random.default_rng([self.seed, _SPLITS[split], step])
-        starts = rng.integers(0, len(self.splits[split]) - L + 1, size=batch_size)
+        rng, starts = self.batch_starts(split, step, batch_size, self.config.seq_len)
         b = self._batch(split, starts, rng)
-        per = batch_size // world
-        mine = slice(rank * per, (rank + 1) * per)
+        mine = self.rank_share(batch_size, rank, world)
         step_ = step if split == "train" else None
         return Batch(b.src[mine], b.src_mask[mine], b.tgt_in[mine], b.tgt_out[mine], step=step_)
 
     def eval_batches(self, batch_size: int, n_batches: int | None) -> Iterator[Batch]:
         """The fixed validation set: consecutive windows of the held-out split, corrupted once."""
         if self._val is None:
-            L = self.config.seq_len
-            starts = np.arange(0, len(self.splits["val"]) - L + 1, L)
-            rng = np.random.default_rng([self.seed, _VAL_STREAM])
-            self._val = [self._batch("val", starts, rng)]
-        whole = self._val[0]
-        n = len(whole.src) if n_batches is None else min(len(whole.src), batch_size * n_batches)
-        for i in range(0, n, batch_size):
-            j = min(i + batch_size, n)
-            yield Batch(whole.src[i:j], whole.src_mask[i:j], whole.tgt_in[i:j], whole.tgt_out[i:j])
+            rng, starts = self.val_starts(self.config.seq_len)
+            self._val = self._batch("val", starts, rng)
+        w = self._val
+        for r in self.eval_slices(len(w.src), batch_size, n_batches):
+            yield Batch(w.src[r], w.src_mask[r], w.tgt_in[r], w.tgt_out[r])
 
     # -- the trainer protocol -------------------------------------------------------------------
 
@@ -252,9 +213,6 @@ class SpanCorruptionTask(CorpusTask):
 
     def count(self, batch: Batch) -> int:
         return int(batch.src.numel() + batch.tgt_out.numel())
-
-    def save_artifacts(self, run_dir: str | Path) -> None:
-        self.tokenizer.save(run_dir)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from attnlab.tasks.scenes import (
     batch_rng,
     forward_with_aux,
     pad_ids,
+    with_aux,
 )
 
 __all__ = ["VQATaskConfig", "VQATask", "BASELINES"]
@@ -100,11 +101,8 @@ class VQATask(SceneTask):
         loss = cross_entropy(
             logits, batch["answers"], label_smoothing=getattr(cfg, "label_smoothing", 0.0)
         )
-        metrics = {"acc": float((logits.argmax(-1) == batch["answers"]).float().mean())}
-        if aux is not None:
-            loss = loss + aux
-            metrics["aux"] = float(aux.detach())
-        return loss, metrics
+        acc = float((logits.argmax(-1) == batch["answers"]).float().mean())
+        return with_aux(loss, aux, {"acc": acc})
 
     def eval_pairs(self, split: str = "val", per_type: int | None = None) -> Pairs:
         """A fixed, type-balanced evaluation set: ``per_type`` questions of each type the split
