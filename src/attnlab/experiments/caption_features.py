@@ -65,7 +65,8 @@ class CaptionFeaturesConfig(SceneExperimentConfig):
     pretrain_steps: int = 300
     # A wider penultimate layer than the tiny preset's 16 channels: with 16, the shape
     # classifier's features keep little more than its 3 logits (measured: colour precision
-    # 66% vs 59%); with 64 the gap is the lecture's (76% vs 60%).
+    # 66% vs 59%); with 64 the gap is the lecture's (800 steps, seeds 0-2: 72/66/77% vs
+    # 60/62/63%, docs/multimodal.md).
     encoder_width: int | None = 64
     n_eval: int = 500
 

@@ -23,9 +23,9 @@ table gives them and the seconds each took). Each decay is fitted to the run's (
   growth minus teacher forcing's on the same sentences (a paired z-score).
 
 The targets are spelt out one character per token by default (``tgt_level="char"``: "ventitre"
-is 8 tokens, references of 5 to 53 tokens), so that an early mistake has many later positions
-over which to compound; ``tgt_level="bpe"`` gives the short (at most 6 tokens) targets of the
-translation runs.
+is 8 tokens; references of 4 to 54 tokens, ``<end>`` included), so that an early mistake has
+many later positions over which to compound; ``tgt_level="bpe"`` gives the short (at most 6
+tokens) targets of the translation runs.
 
 Outputs in the experiment directory: ``table.md``, ``results.json``, ``exposure_bias.png`` (the
 schedules, the two losses per run, exact match by output length) and ``runs/<model>-<training>``.

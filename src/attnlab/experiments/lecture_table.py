@@ -81,7 +81,7 @@ def experiments() -> list[dict]:
                 ("--n-examples", int, 20_000, None),
                 ("--batch-size", int, 64, None),
                 ("--max-test", int, 1000, "held-out pairs scored"),
-                ("--tgt-level", ["char", "bpe"], "char", "target tokens: char (5-53 per "
+                ("--tgt-level", ["char", "bpe"], "char", "target tokens: char (4-54 per "
                  "reference, errors can compound; default) or bpe (at most 6)"),
                 ("--position-bucket", int, 10,
                  "output positions per error-rate column (default 10)"),
