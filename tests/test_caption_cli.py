@@ -226,6 +226,14 @@ def test_caption_experiments_print_their_tables(tmp_path, capsys, name, expect):
     out = capsys.readouterr().out
     assert all(e in out for e in expect), out
     assert "Undertrained" in out  # 2 steps name nothing
+    if name == "caption-features":  # the table is also written, with its colour counts
+        res = json.loads((tmp_path / "results.json").read_text())
+        assert "| logits |" in (tmp_path / "table.md").read_text()
+        for source, row in res["rows"].items():
+            test = res["colour_test"][source]
+            assert test["named"] == row["named"]
+            assert test["hits"] == round(row["colour_precision"] * row["named"])
+        assert set(res["colour_probe"]) == {"logits", "penultimate", "majority"}
     # a second run into the same --out refuses before training anything
     assert main(["experiment", name, "--out", str(tmp_path), "--no-progress"]) == 2
     assert "--overwrite" in capsys.readouterr().err

@@ -22,7 +22,11 @@ from safetensors.torch import load_file
 import attnlab
 from attnlab.cli import main
 from attnlab.config import EncoderConfig, MLMTaskConfig
-from attnlab.experiments.bidirectional import inside_word_positions
+from attnlab.experiments.bidirectional import (
+    BidirectionalConfig,
+    inside_word_positions,
+    run_bidirectional,
+)
 from attnlab.models.encoder import EncoderMLM
 from attnlab.tasks.lm import LMTask
 from attnlab.tasks.mlm import IGNORE, MLMTask, fill_mask, mask_tokens
@@ -262,6 +266,45 @@ def test_bidirectional_experiment_writes_a_table_json_and_plot(tmp_path, capsys)
     assert 0 <= enc["top1"] <= enc["top5"] <= 1 and 0 <= dec["top1"] <= dec["top5"] <= 1
     assert main(["experiment", "bidirectional", *args]) == 2  # never clobbers results
     assert "pass --overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_bidirectional_encoder_reads_the_right_side_that_the_causal_lm_cannot(tmp_path):
+    """Words "xyxy" of random letters: the second letter is given only by the fourth (right
+    side), the third by the first (left side). A causal LM can get at most the third letters
+    right (about half of the inside-word characters); an encoder that reads both sides can get
+    both. Measured (1 layer × 32, mask 0.4): 300 steps, seeds 0 / 1: encoder 64 % / 86 %,
+    decoder 46 % / 47 %, paired z 8.8 / 20.5; 500 steps, seed 0: encoder 100 %, decoder 52 %.
+    The test (400 steps) asks for 10 points at z > 3."""
+    rng = np.random.default_rng(0)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    pairs = rng.choice(letters, size=(8000, 2))
+    (tmp_path / "xyxy.txt").write_text(" ".join(x + y + x + y for x, y in pairs) + "\n")
+    cfg = BidirectionalConfig(
+        steps=400,
+        data=str(tmp_path / "xyxy.txt"),
+        seq_len=16,
+        d_model=32,
+        n_layers=1,
+        n_heads=2,
+        lr=3e-3,
+        mask_prob=0.4,  # BERT's 0.15 leaves this encoder at the letter frequencies for 500 steps
+        n_eval=1000,
+        device="cpu",
+        threads=1,
+        progress=False,
+    )
+    res = run_bidirectional(cfg, tmp_path / "out")
+    enc, dec = res["models"]["encoder"], res["models"]["decoder"]
+    lead = res["encoder_minus_decoder"]["top1"]
+    assert dec["top1"] < 0.6, dec  # the left side cannot give the second letter
+    assert dec["top1"] > 0.3, dec  # ... but it does give the third: the decoder learnt
+    assert enc["top1"] > dec["top1"] + 0.10, (enc, dec)
+    assert lead["diff"] == pytest.approx(enc["top1"] - dec["top1"])
+    assert lead["z"] > 3, lead
+    lo, hi = enc["top1_ci95"]
+    assert lo < enc["top1"] < hi
+    assert "paired z" in (tmp_path / "out" / "table.md").read_text()
 
 
 @pytest.mark.slow

@@ -132,7 +132,7 @@ def register(groups) -> None:
             ("--n-heads", int, 4, "heads of both models (4)"),
             ("--batch-size", int, 32, "examples per step (32)"),
             ("--mask-prob", float, 0.15, "encoder's masking rate (BERT: 0.15)"),
-            ("--n-eval", int, 2000, "held-out characters scored (2000)"),
+            ("--n-eval", int, 10_000, "held-out characters scored (10000)"),
             ("--device", None, "auto", "auto (default), cpu or cuda"),
             ("--seed", int, 0, None),
             ("--threads", int, None, "CPU threads (default torch's; 1 on a busy machine)"),

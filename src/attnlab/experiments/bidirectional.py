@@ -11,9 +11,13 @@ letters (inside a word):
   character replaced by ``[MASK]`` (``[CLS] … [MASK] … [SEP]``);
 - the decoder reads the ``seq_len`` characters before it and predicts the next one.
 
-Reported: top-1 and top-5 accuracy of both, with chance and the unigram (most frequent letters)
-baseline, in ``table.md``, ``results.json`` and ``bidirectional.png``; one run directory per
-model (``encoder/``, ``decoder/``) beside them.
+Reported: top-1 and top-5 accuracy of both with their 95 % Wilson intervals, with chance and the
+unigram (most frequent letters) baseline, and the encoder's lead over the decoder on the same
+characters with its paired z-score (per character, encoder right minus decoder right: mean over
+standard error; :mod:`attnlab.metrics.significance`), in ``table.md``, ``results.json`` and
+``bidirectional.png``; one run directory per model (``encoder/``, ``decoder/``) beside them. The
+interval and the z-score measure the sampling of held-out characters, not the spread between
+training seeds.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from attnlab.errors import RunDirError, UserError
 from attnlab.experiments.common import undertrained
 from attnlab.experiments.training import train_settings
 from attnlab.fileio import atomic_write_text
+from attnlab.metrics.significance import describe_z, mean_se, paired_z, wilson_interval
 from attnlab.models.encoder import EncoderMLM
 from attnlab.models.lm import DecoderLM
 from attnlab.plotting import pyplot
@@ -42,7 +47,13 @@ from attnlab.tasks.lm import LMTask
 from attnlab.tasks.mlm import MLMTask
 from attnlab.train import train
 
-__all__ = ["BidirectionalConfig", "run_bidirectional", "inside_word_positions", "summarise"]
+__all__ = [
+    "BidirectionalConfig",
+    "run_bidirectional",
+    "inside_word_positions",
+    "summarise",
+    "compare",
+]
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +77,8 @@ class BidirectionalConfig(Config):
         batch_size, lr: training settings of both (cosine schedule, 10 % warm-up).
         mask_prob: the fraction of characters the encoder predicts per example (BERT: 0.15;
             the causal LM predicts every one).
-        n_eval: held-out characters scored (inside words).
+        n_eval: held-out characters scored (inside words; 10,000 by default: a paired standard
+            error of about 0.5 points on the difference).
         device, seed, progress: as for training.
         threads: CPU threads for torch (None: torch's default; 1 is faster on a busy machine).
     """
@@ -83,7 +95,7 @@ class BidirectionalConfig(Config):
     batch_size: int = 32
     lr: float = 2e-3
     mask_prob: float = 0.15
-    n_eval: int = 2000
+    n_eval: int = 10_000
     device: str = "auto"
     seed: int = 0
     threads: int | None = None
@@ -151,9 +163,18 @@ def _decoder_scores(model, val: np.ndarray, positions: np.ndarray, seq_len: int)
     return torch.cat(out).cpu()
 
 
-def _accuracy(scores: torch.Tensor, targets: torch.Tensor, k: int) -> float:
+def _hits(scores: torch.Tensor, targets: torch.Tensor, k: int) -> torch.Tensor:
+    """``(N,)`` booleans: is the target among the ``k`` highest scores?"""
     top = scores.topk(k, dim=-1).indices  # (N, k)
-    return float((top == targets[:, None]).any(-1).float().mean())
+    return (top == targets[:, None]).any(-1)
+
+
+def compare(encoder_hits: torch.Tensor, decoder_hits: torch.Tensor) -> dict[str, float]:
+    """The encoder's lead on the same characters: ``{"diff", "se", "z"}`` of the per-character
+    difference encoder right − decoder right (−1, 0 or 1), paired."""
+    diffs = (encoder_hits.float() - decoder_hits.float()).tolist()
+    diff, se = mean_se(diffs)
+    return {"diff": diff, "se": se, "z": paired_z(diffs)}
 
 
 def _prepare_out(out: Path, overwrite: bool) -> None:
@@ -232,6 +253,18 @@ def summarise(report: dict) -> str | None:
     )
 
 
+def _reading(lead: dict[str, dict[str, float]]) -> str:
+    """One sentence per k: who is ahead at top-k, and how sure that is."""
+    parts = []
+    for k in (1, 5):
+        c = lead[f"top{k}"]
+        who = "the encoder" if c["diff"] > 0 else "the decoder"
+        parts.append(
+            f"Top-{k}: {who} is ahead by {100 * abs(c['diff']):.1f} points ({describe_z(c['z'])})."
+        )
+    return " ".join(parts)
+
+
 def _run(cfg: BidirectionalConfig, out: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     T = cfg.seq_len
@@ -299,41 +332,66 @@ def _run(cfg: BidirectionalConfig, out: Path) -> dict[str, Any]:
         "unigram": "most frequent letters",
     }
     rows = []
+    hits = {}
+    n = len(positions)
     for name, s in scores.items():
-        row = dict(model=labels[name], top1=_accuracy(s, targets, 1), top5=_accuracy(s, targets, 5))
+        hits[name] = {k: _hits(s, targets, k) for k in (1, 5)}
+        row = dict(model=labels[name])
+        for k in (1, 5):
+            right = int(hits[name][k].sum())
+            row[f"top{k}"] = right / n
+            row[f"top{k}_ci95"] = list(wilson_interval(right, n))
         row.update(results.get(name, {}))
         rows.append(row)
         if name in results:
-            results[name].update(top1=row["top1"], top5=row["top5"])
+            results[name].update(
+                {key: row[key] for key in ("top1", "top5", "top1_ci95", "top5_ci95")}
+            )
             results[name]["params"] = (encoder if name == "encoder" else decoder).num_parameters()
+    lead = {f"top{k}": compare(hits["encoder"][k], hits["decoder"][k]) for k in (1, 5)}
     V = len(tok.base.chars)
     lines = [
-        "| model | params | steps | train s | top-1 | top-5 |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| model | params | steps | train s | top-1 | top-1 95 % CI | top-5 | top-5 95 % CI |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, row in zip(scores, rows):
         res = results.get(name, {})
         params = f"{res['params']:,}" if "params" in res else "–"
         steps = str(res.get("steps", "–"))
         secs = f"{res['seconds']:.0f}" if "seconds" in res else "–"
+        ci = {k: "{:.1%}–{:.1%}".format(*row[f"top{k}_ci95"]) for k in (1, 5)}
         lines.append(
-            f"| {row['model']} | {params} | {steps} | {secs} | {row['top1']:.1%} | "
-            f"{row['top5']:.1%} |"
+            f"| {row['model']} | {params} | {steps} | {secs} | {row['top1']:.1%} | {ci[1]} | "
+            f"{row['top5']:.1%} | {ci[5]} |"
         )
-    lines.append(f"| chance (1/{V}, 5/{V}) | – | – | – | {1 / V:.1%} | {5 / V:.1%} |")
+    lines.append(f"| chance (1/{V}, 5/{V}) | – | – | – | {1 / V:.1%} | – | {5 / V:.1%} | – |")
+    lines += [
+        "",
+        "| encoder − decoder, same characters | difference | ± SE | paired z |",
+        "|---|---:|---:|---:|",
+    ]
+    for k in (1, 5):
+        c = lead[f"top{k}"]
+        lines.append(
+            f"| top-{k} | {100 * c['diff']:+.1f} pp | {100 * c['se']:.1f} pp | {c['z']:+.1f} |"
+        )
     table = "\n".join(lines)
     note = (
         f"{len(positions)} held-out characters inside words of {mlm_task.data!r} "
         f"(character and both neighbours letters); context {T} characters, "
         f"d_model {cfg.d_model}, {cfg.n_layers} layers, {cfg.n_heads} heads, "
         f"position {cfg.position}, batch {cfg.batch_size}, the same steps for both; the "
-        f"encoder predicts {cfg.mask_prob:.0%} of the characters of an example, the LM all."
+        f"encoder predicts {cfg.mask_prob:.0%} of the characters of an example, the LM all. "
+        f"Intervals: Wilson, 95 %; the difference is paired over the same characters (|z| ≥ "
+        f"1.96: 95 % confident of its sign; one training seed: the seed-to-seed spread of the "
+        f"models is not in it). {_reading(lead)}"
     )
     report = {
         "config": asdict(cfg),
         "models": results,
         "baselines": {"unigram": rows[-1], "chance_top1": 1 / V, "chance_top5": 5 / V},
         "n_eval": int(len(positions)),
+        "encoder_minus_decoder": lead,
         "elapsed": round(time.perf_counter() - t0, 1),
     }
     report["summary"] = summarise(report)

@@ -15,7 +15,17 @@ table gives them and the seconds each took). Each decay is fitted to the run's (
 
 - the teacher-forced NLL of the references and their NLL when the decoder reads its own greedy
   predictions (:func:`attnlab.metrics.exposure.prefix_losses`), and the gap between them;
-- greedy exact match, overall and by reference length (target tokens).
+- greedy exact match, overall and by reference length (target tokens);
+- the token error rate by output position, free-running (greedy, reading its own outputs) and
+  teacher-forced (reading the gold prefix), and how fast the free-running rate grows with the
+  position: per sentence, its error rate in the last position bucket minus the first, averaged
+  over the sentences that reach the last bucket (± standard error), and, for each schedule, that
+  growth minus teacher forcing's on the same sentences (a paired z-score).
+
+The targets are spelt out one character per token by default (``tgt_level="char"``: "ventitre"
+is 8 tokens; references of 4 to 54 tokens, ``<end>`` included), so that an early mistake has
+many later positions over which to compound; ``tgt_level="bpe"`` gives the short (at most 6
+tokens) targets of the translation runs.
 
 Outputs in the experiment directory: ``table.md``, ``results.json``, ``exposure_bias.png`` (the
 schedules, the two losses per run, exact match by output length) and ``runs/<model>-<training>``.
@@ -30,6 +40,7 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -38,18 +49,30 @@ from attnlab.errors import UserError
 from attnlab.experiments import common, training
 from attnlab.fileio import atomic_save
 from attnlab.metrics.exposure import prefix_losses
+from attnlab.metrics.significance import describe_z, mean_se, paired_z
 from attnlab.metrics.translation import evaluate_pairs
 from attnlab.models.translation import TRANSLATION_KINDS
 from attnlab.plotting import pyplot
 from attnlab.tasks.translation import TranslationTask, train_defaults
 from attnlab.train import train
 
-__all__ = ["ExposureBiasConfig", "run_exposure_bias", "schedule_for", "DECAYS", "length_buckets"]
+__all__ = [
+    "ExposureBiasConfig",
+    "run_exposure_bias",
+    "schedule_for",
+    "DECAYS",
+    "length_buckets",
+    "position_buckets",
+    "error_by_position",
+    "error_growth",
+]
 
 log = logging.getLogger(__name__)
 
 DECAYS = ("linear", "exponential", "inverse_sigmoid")
 TEACHER_FORCING = "teacher forcing"
+#: sentences that must reach the last position bucket before a growth is read
+MIN_LATE_SENTENCES = 20
 
 
 @dataclass
@@ -65,6 +88,10 @@ class ExposureBiasConfig(training.NumbersExperimentConfig):
         rnn_preset, transformer_preset, rnn_lr, transformer_lr: the models and their peak
             learning rates.
         n_length_buckets: output-length buckets of the exact-match columns.
+        tgt_level: how the targets are tokenised: ``char`` (long targets, where errors can
+            compound) or ``bpe`` (at most 6 tokens).
+        position_bucket, n_position_buckets: the output positions of the error-rate columns:
+            buckets of ``position_bucket`` positions, the last one open-ended.
         n_examples, batch_size: 20,000 pairs, 64 per step.
     """
 
@@ -77,8 +104,15 @@ class ExposureBiasConfig(training.NumbersExperimentConfig):
     rnn_lr: float = 2e-3
     transformer_lr: float = 1e-3
     n_length_buckets: int = 4
+    tgt_level: Literal["char", "bpe"] = "char"
+    position_bucket: int = 10
+    n_position_buckets: int = 4
     n_examples: int = 20_000
     batch_size: int = 64
+
+    def validate(self) -> None:
+        super().validate()
+        self.positive("position_bucket", "n_position_buckets")
 
 
 #: every run must reach this exact match on the shortest targets before its gap is read (the
@@ -129,6 +163,41 @@ def _label(lo: int, hi: int) -> str:
     return str(lo) if lo == hi else f"{lo}–{hi}"
 
 
+def position_buckets(width: int, n: int) -> list[tuple[int, int | None]]:
+    """``n`` buckets of output positions (1-based, inclusive) ``width`` wide, the last one
+    open-ended (``hi`` None): ``position_buckets(10, 3) == [(1, 10), (11, 20), (21, None)]``."""
+    return [(1 + k * width, None if k == n - 1 else (k + 1) * width) for k in range(n)]
+
+
+def _position_label(lo: int, hi: int | None) -> str:
+    return f"{lo}+" if hi is None else _label(lo, hi)
+
+
+def error_by_position(
+    wrong: list[list[bool]], buckets: list[tuple[int, int | None]]
+) -> dict[str, dict[str, float | int]]:
+    """Per position bucket: ``{"rate": wrong tokens / tokens, "tokens": tokens}`` over all
+    sentences (``rate`` NaN where no sentence reaches the bucket)."""
+    out = {}
+    for lo, hi in buckets:
+        cells = [w for row in wrong for w in row[lo - 1 : hi]]
+        rate = sum(cells) / len(cells) if cells else float("nan")
+        out[_position_label(lo, hi)] = {"rate": rate, "tokens": len(cells)}
+    return out
+
+
+def error_growth(wrong: list[list[bool]], buckets: list[tuple[int, int | None]]) -> list[float]:
+    """Per sentence that reaches the last bucket: its error rate there minus its error rate in
+    the first bucket (in order of ``wrong``; shorter sentences are left out)."""
+    (lo0, hi0), (lo1, hi1) = buckets[0], buckets[-1]
+    out = []
+    for row in wrong:
+        if len(row) >= lo1:
+            late, early = row[lo1 - 1 : hi1], row[lo0 - 1 : hi0]
+            out.append(sum(late) / len(late) - sum(early) / len(early))
+    return out
+
+
 def run_exposure_bias(
     cfg: ExposureBiasConfig, out_dir: str | Path, *, overwrite: bool = False
 ) -> dict:
@@ -151,11 +220,13 @@ def run_exposure_bias(
             raise UserError(f"unknown decay {decay!r}; choose from {list(DECAYS)}")
     budget = common.Budget(cfg.max_time)
     out = common.prepare_out_dir(out_dir, overwrite=overwrite)
-    data = training.numbers_data(cfg)
+    data = training.numbers_data(cfg, tgt_level=cfg.tgt_level)
     vocabs = data.vocabs()
     test = data.splits["test"][: cfg.max_test]
     lengths = [len(vocabs.tgt.tokenize(t)) for _, t in test]
     buckets = length_buckets(lengths, cfg.n_length_buckets)
+    positions = position_buckets(cfg.position_bucket, cfg.n_position_buckets)
+    growths: dict[str, list[float]] = {}  # per run: the growth of each long-enough sentence
     reserve = cfg.reserve * cfg.max_time
     variants = (TEACHER_FORCING, *cfg.decays)
     n_runs = len(cfg.models) * len(variants)
@@ -216,6 +287,9 @@ def run_exposure_bias(
                 by_length[_label(lo, hi)] = sum(ev["correct"][j] for j in idx) / len(idx)
             tf = statistics.fmean(losses["teacher_forced"])
             free = statistics.fmean(losses["free_running"])
+            growths[name] = error_growth(losses["free_running_wrong"], positions)
+            growth = mean_se(growths[name]) if len(growths[name]) >= 2 else (float("nan"),) * 2
+            paired = _against_teacher_forcing(growths, kind, name)
             runs.append(
                 {
                     "model": kind,
@@ -230,6 +304,16 @@ def run_exposure_bias(
                     "gap": free - tf,
                     "exact_match": ev["exact_match"],
                     "exact_by_length": by_length,
+                    "error_by_position": {
+                        "free_running": error_by_position(losses["free_running_wrong"], positions),
+                        "teacher_forced": error_by_position(
+                            losses["teacher_forced_wrong"], positions
+                        ),
+                    },
+                    "growth": growth[0],
+                    "growth_se": growth[1],
+                    "growth_sentences": len(growths[name]),
+                    **paired,
                 }
             )
     bucket_labels = [_label(lo, hi) for lo, hi in buckets]
@@ -237,11 +321,13 @@ def run_exposure_bias(
         "config": asdict(cfg),
         "data": data.stats,
         "buckets": bucket_labels,
+        "position_buckets": [_position_label(lo, hi) for lo, hi in positions],
         "bucket_sizes": [sum(lo <= n <= hi for n in lengths) for lo, hi in buckets],
         "runs": runs,
     }
     results["summary"] = summarise(results)
     table = results_table(results)
+    by_position = position_table(results)
     budget_note = (
         f"every run trained for {cfg.steps} steps"
         if cfg.steps is not None
@@ -252,11 +338,21 @@ def run_exposure_bias(
         f"teacher-forced. Exact match (greedy) by reference length in target tokens "
         f"(pairs per bucket: {', '.join(map(str, results['bucket_sizes']))}). Schedules reach "
         f"ε = 1/2 at {cfg.half_at:.2f} of the run's (planned) steps; {budget_note}, from the "
-        f"same initial weights per model."
+        f"same initial weights per model.\n\nError rate by output position: the share of "
+        f"reference tokens at those positions that the argmax gets wrong, free-running (FR, "
+        f"greedy, reading its own outputs; after a wrong or missing character every later one "
+        f"is compared at its position) and teacher-forced (TF, gold prefix). Growth = a "
+        f"sentence's free-running error rate at positions {results['position_buckets'][-1]} "
+        f"minus at positions {results['position_buckets'][0]}, mean ± standard error over the "
+        f"{runs[0]['growth_sentences']} test sentences that long; z: the schedule's growth "
+        f"minus teacher forcing's on the same sentences, paired (|z| ≥ 1.96: 95 % confident of "
+        f"the sign; z < 0: errors compound more slowly than with teacher forcing)."
     )
     drawn = (plot_exposure_bias, "exposure_bias.png")
     title = "Exposure bias: teacher forcing vs scheduled sampling"
-    common.write_outputs(out, title, [table], results, notes, plot=drawn, budget=budget)
+    common.write_outputs(
+        out, title, [table, by_position], results, notes, plot=drawn, budget=budget
+    )
     return results
 
 
@@ -280,6 +376,42 @@ def results_table(results: dict) -> common.Table:
             r["gap"],
             100 * r["exact_match"],
             *(100 * r["exact_by_length"][b] for b in buckets),
+        )
+    return table
+
+
+def _against_teacher_forcing(growths: dict[str, list[float]], kind: str, name: str) -> dict:
+    """``{"growth_minus_tf", "growth_z"}``: the run's growth minus the teacher-forced run's of
+    the same model, sentence by sentence (empty for the teacher-forced run itself)."""
+    tf = growths.get(f"{kind}-{TEACHER_FORCING.replace(' ', '-')}")
+    if tf is None or name.endswith(TEACHER_FORCING.replace(" ", "-")) or len(tf) < 2:
+        return {}
+    diffs = [a - b for a, b in zip(growths[name], tf)]  # the same test sentences, in order
+    return {"growth_minus_tf": statistics.fmean(diffs), "growth_z": paired_z(diffs)}
+
+
+def position_table(results: dict) -> common.Table:
+    """One row per run: free-running and teacher-forced error rate (%) by output position, the
+    growth of the free-running rate (± SE) and its paired z against teacher forcing."""
+    labels = results["position_buckets"]
+    table = common.Table(
+        ["model", "training"]
+        + [f"FR err % pos {b}" for b in labels]
+        + [f"TF err % pos {b}" for b in labels]
+        + ["growth pp", "± SE", "minus TF pp", "z vs TF"],
+        formats=["", ""] + [".1f"] * (2 * len(labels)) + [".1f", ".1f", "+.1f", "+.1f"],
+    )
+    for r in results["runs"]:
+        errors = r["error_by_position"]
+        table.add(
+            r["model"],
+            r["training"],
+            *(100 * errors["free_running"][b]["rate"] for b in labels),
+            *(100 * errors["teacher_forced"][b]["rate"] for b in labels),
+            100 * r["growth"],
+            100 * r["growth_se"],
+            100 * r["growth_minus_tf"] if "growth_minus_tf" in r else None,
+            r.get("growth_z"),
         )
     return table
 
@@ -313,9 +445,36 @@ def summarise(results: dict) -> str:
             f"{kind}: gap {tf['gap']:.3f} with teacher forcing, {gaps} with scheduled sampling "
             f"({smaller} of {len(ss)} smaller); exact match {100 * tf['exact_match']:.1f}% "
             f"(teacher forcing) vs {100 * best['exact_match']:.1f}% (best schedule, "
-            f"{best['training']})."
+            f"{best['training']}). {_growth_reading(tf, ss)}".strip()
         )
     return " ".join(parts)
+
+
+def _growth_reading(tf: dict, ss: list[dict]) -> str:
+    """One sentence: does the free-running error rate grow faster with teacher forcing?"""
+    if "growth_sentences" not in tf:  # results of a run without the position columns
+        return ""
+    if tf["growth_sentences"] < MIN_LATE_SENTENCES:
+        return (
+            f"Too few sentences ({tf['growth_sentences']}) reach the last position bucket to "
+            "compare how errors grow along the output."
+        )
+    slower = [r for r in ss if r.get("growth_z", 0.0) <= -1.96]
+    faster = [r for r in ss if r.get("growth_z", 0.0) >= 1.96]
+    each = ", ".join(
+        f"{r['training']} {100 * r['growth']:.1f} ({describe_z(r['growth_z'])})"
+        for r in ss
+        if "growth_z" in r
+    )
+    head = (
+        f"Free-running errors grow along the output by {100 * tf['growth']:.1f} ± "
+        f"{100 * tf['growth_se']:.1f} points with teacher forcing; {each} with scheduled sampling"
+    )
+    if len(slower) == len(ss):
+        return f"{head}: every schedule compounds errors more slowly, as the lecture argues."
+    if faster:
+        return f"{head}: errors do NOT compound more slowly with scheduled sampling here."
+    return f"{head}: no schedule-wide difference in how fast errors compound at this budget."
 
 
 def plot_exposure_bias(results: dict, path: str | Path) -> None:

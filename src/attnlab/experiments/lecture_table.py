@@ -70,7 +70,9 @@ def experiments() -> list[dict]:
             "exponentially or by inverse sigmoid), from the same initial weights for an equal "
             "share of the budget (or --steps each). Report the held-out NLL of the references "
             "under teacher forcing and when the decoder reads its own greedy predictions, the "
-            "gap, and greedy exact match by output length.",
+            "gap, greedy exact match by output length, and the error rate by output position "
+            "(how fast free-running errors compound along the output, paired z against "
+            "teacher forcing).",
             "max_time": 300.0,
             "flags": [
                 ("--models", _split, ("rnn-attn", "transformer"),
@@ -84,6 +86,10 @@ def experiments() -> list[dict]:
                 ("--n-examples", int, 20_000, None),
                 ("--batch-size", int, 64, None),
                 ("--max-test", int, 1000, "held-out pairs scored"),
+                ("--tgt-level", ["char", "bpe"], "char", "target tokens: char (4-54 per "
+                 "reference, errors can compound; default) or bpe (at most 6)"),
+                ("--position-bucket", int, 10,
+                 "output positions per error-rate column (default 10)"),
             ],
             "run": (run_exposure_bias, ExposureBiasConfig),
         },

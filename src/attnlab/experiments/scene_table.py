@@ -65,7 +65,7 @@ SCENE_EXPERIMENTS = (
       "CNN+LSTM captioner from a frozen classifier: logits vs penultimate features"), [
         ("--pretrain-steps", int, 300,
          "steps training the classifier before it is frozen (default 300)"),
-        ("--n-eval", int, 200, "val scenes captioned"),
+        ("--n-eval", int, 500, "val scenes captioned (default 500)"),
         ("--encoder-width", int, 64,
          "classifier width = penultimate feature size (default 64)"),
     ]),

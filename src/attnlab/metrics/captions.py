@@ -30,6 +30,8 @@ def score_captions(
         ``object_precision``: fraction of named (colour, shape) objects present in the scene;
         ``colour_precision`` / ``shape_precision``: the same for the colour / shape word alone;
         ``chance_precision``: object precision of a caption naming a uniformly random combination;
+        ``named``: how many (colour, shape) objects the captions name (the denominator of the
+            precisions);
         ``other_object_precision`` / ``other_colour_precision`` / ``other_shape_precision``: the
             same captions scored against the *other* scenes' objects (each caption against every
             other scene, averaged) — what a captioner with the same word habits would score if
@@ -90,6 +92,7 @@ def score_captions(
         "colour_precision": own[1],
         "shape_precision": own[2],
         "chance_precision": chance / n,
+        "named": named,
         "other_object_precision": other[0],
         "other_colour_precision": other[1],
         "other_shape_precision": other[2],

@@ -71,11 +71,21 @@ def prefix_losses(
         batch_size: sentences per batch.
 
     Returns:
-        ``{"teacher_forced": [...], "free_running": [...], "length": [...]}``: one NLL (nats per
-        token, ``<end>`` included) and the reference length in target tokens per sentence.
+        ``{"teacher_forced": [...], "free_running": [...], "length": [...],
+        "teacher_forced_wrong": [...], "free_running_wrong": [...]}``: per sentence, one NLL
+        (nats per token, ``<end>`` included), the reference length in target tokens, and per
+        reference position whether the argmax differs from the reference token (given the gold
+        prefix / the model's own greedy prefix; a list of ``length`` booleans).
     """
     dev = next(model.parameters()).device
-    out: dict[str, list] = {"teacher_forced": [], "free_running": [], "length": []}
+    keys = (
+        "teacher_forced",
+        "free_running",
+        "length",
+        "teacher_forced_wrong",
+        "free_running_wrong",
+    )
+    out: dict[str, list] = {k: [] for k in keys}
     with evaluating(model):
         for batch in pair_batches(vocabs, pairs, batch_size=batch_size, device=dev):
             T = batch.tgt_in.shape[1]
@@ -83,5 +93,9 @@ def prefix_losses(
             free = free_running_logits(model, batch.src, batch.src_mask, T)  # (B, T, V)
             out["teacher_forced"] += _sentence_nll(tf, batch.tgt_out).tolist()
             out["free_running"] += _sentence_nll(free, batch.tgt_out).tolist()
-            out["length"] += (batch.tgt_out != PAD_ID).sum(1).tolist()
+            lengths = (batch.tgt_out != PAD_ID).sum(1).tolist()
+            out["length"] += lengths
+            for key, logits in (("teacher_forced_wrong", tf), ("free_running_wrong", free)):
+                wrong = (logits.argmax(-1) != batch.tgt_out).tolist()  # (B, T)
+                out[key] += [row[:n] for row, n in zip(wrong, lengths)]
     return out
