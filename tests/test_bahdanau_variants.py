@@ -104,6 +104,19 @@ def test_concat_weights_do_not_depend_on_the_decoder_state():
     assert (additive(s1, h, real)[1] - additive(s2, h, real)[1]).abs().max() > 1e-3
 
 
+def test_concat_model_reads_one_fixed_context_at_every_step():
+    """In ``rnn-attn`` with the concat score, α_t (so c_t) is the same at every decoder step: a
+    fixed summary of the source, like the ``rnn`` model's h_fin; with the additive score it moves."""
+    src, mask, tgt = _batch(T=5)
+    for score, fixed in (("concat", True), ("additive", False)):
+        torch.manual_seed(6)
+        model = _model(AttnRNNSeq2Seq, score=score)
+        with torch.no_grad():
+            _, w = model(src, mask, tgt, need_weights=True)  # (B, T, S)
+        moved = (w - w[:, :1]).abs().max()
+        assert (moved < 1e-6) == fixed, (score, float(moved))
+
+
 def test_bad_score_choices_raise_naming_the_problem():
     with pytest.raises(ValueError, match="unknown alignment score 'cosine'"):
         AdditiveAttention(4, 4, score="cosine")
