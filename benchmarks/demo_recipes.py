@@ -11,7 +11,7 @@ split (nats/char). Each row's training time is printed too; it is a wall-clock, 
 back to back on an idle machine compare.
 
     python benchmarks/demo_recipes.py --steps 800
-    python benchmarks/demo_recipes.py --steps 800 --only lstm base muon muon+relu2
+    python benchmarks/demo_recipes.py --steps 800 --only lstm base muon muon+value_embeds
 """
 
 from __future__ import annotations
@@ -31,16 +31,24 @@ from attnlab.runspec.budget import ROWS
 from attnlab.tasks.lm import LMTask
 from attnlab.train import TrainConfig, train
 
-#: row -> (ModelConfig changes, TrainConfig changes) of the demo's Transformer (row xs)
+#: row -> (ModelConfig changes, TrainConfig changes) of the demo's Transformer (row xs); a
+#: ``model`` change ``"row": "s"`` takes the budget rule's row s (4 x 128, lr 4e-3, warm-up 100)
+_MUON = {"optimizer": "muon"}
+_VE = {"value_embeds": 1}
 RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "base": ({}, {}),
-    "muon": ({}, {"optimizer": "muon"}),
+    "muon": ({}, _MUON),
     "relu2": ({"activation": "relu2"}, {}),
-    "value_embeds": ({"value_embeds": 1}, {}),
+    "value_embeds": (_VE, {}),
     "unet_skips": ({"unet_skips": True}, {}),
-    "muon+relu2": ({"activation": "relu2"}, {"optimizer": "muon"}),
-    "muon+value_embeds": ({"value_embeds": 1}, {"optimizer": "muon"}),
-    "muon+relu2+value_embeds": ({"activation": "relu2", "value_embeds": 1}, {"optimizer": "muon"}),
+    "muon+relu2": ({"activation": "relu2"}, _MUON),
+    "muon+value_embeds": (_VE, _MUON),
+    "muon+relu2+value_embeds": ({**_VE, "activation": "relu2"}, _MUON),
+    "muon+value_embeds+untied": ({**_VE, "tie_embeddings": False}, _MUON),
+    "muon+value_embeds+unet_skips": ({**_VE, "unet_skips": True}, _MUON),
+    "muon+value_embeds+muon_lr=0.04": (_VE, {**_MUON, "muon_lr": 0.04}),
+    "muon+value_embeds+muon_lr=0.01": (_VE, {**_MUON, "muon_lr": 0.01}),
+    "row_s+muon+value_embeds=2": ({"row": "s", "value_embeds": 2}, _MUON),
 }
 #: the demo's LSTM and its learning rate and warm-up
 LSTM_PRESET, LSTM_LR, LSTM_WARMUP = "small", 1e-2, 20
@@ -57,12 +65,14 @@ def train_row(name: str, steps: int, task: LMTask, workdir: Path) -> dict[str, A
         cfg = TrainConfig(lr=LSTM_LR, warmup_steps=LSTM_WARMUP, **common)
     else:
         model_changes, train_changes = RECIPES[name]
-        row = ROWS[0]  # xs: the demo's row at its budget
+        model_changes = dict(model_changes)
+        row = ROWS[1] if model_changes.pop("row", "xs") == "s" else ROWS[0]  # xs: the demo's
         fields = {**row.model_fields(), "vocab_size": task.vocab_size, **model_changes}
         model = DecoderLM(ModelConfig.from_dict(fields))
         cfg = TrainConfig(lr=row.lr, warmup_steps=row.warmup_steps, **common, **train_changes)
     t0 = time.time()
-    train(model, task, cfg, workdir / f"{name}_{steps}", overwrite=True)
+    folder = "".join(ch if ch.isalnum() else "_" for ch in name)
+    train(model, task, cfg, workdir / f"{folder}_{steps}", overwrite=True)
     seconds = time.time() - t0
     loss = task.val_loss(model, batch_size=32)["loss"]
     return {"name": name, "steps": steps, "tokens": steps * 12 * 64, "val_loss": loss, "s": seconds}
