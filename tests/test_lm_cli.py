@@ -22,21 +22,8 @@ from attnlab.models.lm import DecoderLM
 
 pytestmark = pytest.mark.slow
 
-TINY = [
-    "--preset",
-    "tiny",
-    "--set",
-    "d_model=32",
-    "--set",
-    "n_layers=1",
-    "--seq-len",
-    "32",
-    "--batch-size",
-    "8",
-    "--no-progress",
-    "--max-chars",
-    "40000",
-]
+TINY = "--preset tiny --set d_model=32 --set n_layers=1 --seq-len 32 --batch-size 8".split()
+TINY += ["--no-progress", "--max-chars", "40000"]
 
 
 @pytest.fixture(autouse=True)

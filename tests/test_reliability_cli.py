@@ -33,27 +33,8 @@ from attnlab.cli import main
 
 pytestmark = pytest.mark.slow
 
-TINY = [
-    "--preset",
-    "tiny",
-    "--set",
-    "d_model=32",
-    "--set",
-    "n_layers=1",
-    "--seq-len",
-    "32",
-    "--batch-size",
-    "8",
-    "--eval-batches",
-    "2",
-    "--warmup",
-    "2",
-    "--max-chars",
-    "20000",
-    "--no-progress",
-    "--device",
-    "cpu",
-]
+TINY = "--preset tiny --set d_model=32 --set n_layers=1 --seq-len 32 --batch-size 8".split()
+TINY += "--eval-batches 2 --warmup 2 --max-chars 20000 --no-progress --device cpu".split()
 
 # `python -m attnlab.cli` with one hook: at the start of step PAUSE_AT it touches MARKER and
 # sleeps, so that the test's signal (or a second start) arrives while it trains, at a known step
