@@ -3,9 +3,10 @@ fast-path flags never builds or loads the one-row C++ kernel (attnlab.fast.matve
 models hold no fast-path layers.
 
 The check runs in a fresh interpreter (the test process may have loaded the kernel for other
-tests), with torch's extension builder replaced by a recorder; a second run applies
-``attnlab.fast.for_decoding`` and shows that the same recorder does see a build request (the
-recorder refuses to build, so the kernel's documented fallback, ``F.linear``, is taken)."""
+tests), with torch's extension builder replaced by a recorder, which is read after the plain
+paths; the same interpreter then applies ``attnlab.fast.for_decoding`` and shows that the
+recorder does see a build request (it refuses to build, so the kernel's documented fallback,
+``F.linear``, is taken)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from attnlab.models.lm import DecoderLM
 
 _SCRIPT = textwrap.dedent(
     """
-    import json, sys, tempfile
+    import json, tempfile
     import torch.utils.cpp_extension as ext
 
     builds = []
@@ -63,22 +64,24 @@ _SCRIPT = textwrap.dedent(
     generate(model.eval(), idx, 4, temperature=0)
     generate(model.to(torch.bfloat16), idx, 4, temperature=0)
     assert main(["generate", out, "--prompt", "the ", "-n", "4", "--no-stream"]) == 0
-    if sys.argv[1] == "fast":
-        fast = attnlab.fast.for_decoding(attnlab.load(out).model, dtype="bfloat16")
-        generate(fast, idx, 4, temperature=0)
     from attnlab.fast import matvec as mv
 
-    libraries = [str(p) for p in torch.ops.loaded_libraries]
-    print(json.dumps({"builds": builds, "asked": mv._extension.cache_info().currsize,
-                      "libraries": libraries}))
+    def seen():
+        return {"builds": list(builds), "asked": mv._extension.cache_info().currsize,
+                "libraries": [str(p) for p in torch.ops.loaded_libraries]}
+
+    plain = seen()
+    fast = attnlab.fast.for_decoding(attnlab.load(out).model, dtype="bfloat16")
+    generate(fast, idx, 4, temperature=0)
+    print(json.dumps({"plain": plain, "fast": seen()}))
     """
 )
 
 
-def _run(mode: str, tmp_path: Path) -> dict:
+def _run(tmp_path: Path) -> dict:
     env = {**os.environ, "ATTNLAB_CACHE": str(tmp_path / "cache"), "ATTNLAB_MATVEC": "1"}
     done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, mode],
+        [sys.executable, "-c", _SCRIPT],
         capture_output=True,
         text=True,
         env=env,
@@ -90,11 +93,11 @@ def _run(mode: str, tmp_path: Path) -> dict:
 
 @pytest.mark.slow
 def test_training_and_generating_without_fast_flags_never_build_the_kernel(tmp_path):
-    plain = _run("plain", tmp_path)
+    seen = _run(tmp_path)  # one interpreter: first the plain paths, then a fast one
+    plain, fast = seen["plain"], seen["fast"]
     assert plain["builds"] == [] and plain["asked"] == 0
     assert not any("attnlab_matvec" in lib for lib in plain["libraries"])
     # the same spy sees the build that a fast path asks for (refused: F.linear is used)
-    fast = _run("fast", tmp_path)
     assert fast["asked"] == 1 and len(fast["builds"]) == 1
     assert fast["builds"][0].startswith("attnlab_matvec")
 

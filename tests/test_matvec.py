@@ -2,7 +2,7 @@
 odd widths, bias, the Linear layer's dispatch (one row without gradients only), inside
 torch.compile, the fallback where the kernel is off, and use_matvec's in-place swap.
 
-The kernel is built (about 40 s the first time, then loaded from torch's on-disk cache) inside
+The kernel is built (about 6 s the first time, then loaded from torch's on-disk cache) inside
 the module-scoped ``kernel`` fixture, by the first test that needs it: never at collection."""
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ def test_there_are_eight_notebooks_and_the_index_lists_each():
         assert f"]({path.name})" in index, path.name
 
 
+@pytest.mark.slow  # a fresh kernel each, 5-20 s: make test runs them, make test-fast does not
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_quickly_and_ends_with_a_picture(path, monkeypatch, tmp_path):
     monkeypatch.setenv(render.QUICK_ENV, "1")
