@@ -33,8 +33,8 @@ from attnlab.decoding import generate
 from attnlab.errors import UserError
 from attnlab.models.lm import DecoderLM
 from attnlab.models.rnn_lm import LSTMLM, BigramConfig, BigramLM, LSTMConfig
-from attnlab.plotting import pyplot
-from attnlab.runs import atomic_save, atomic_write_text
+from attnlab.plotting import pyplot, save_png
+from attnlab.runs import atomic_write_text
 from attnlab.tasks.lm import LMTask
 from attnlab.train import TrainConfig, clock, train
 from attnlab.train.budget import (
@@ -99,9 +99,7 @@ def _plot_val_curves(
     ax.set_title(f"pydoc, character level: {same}, same batches and trainer")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)
 
 
 #: what a demo directory holds; re-running the demo overwrites exactly these

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
-__all__ = ["pyplot"]
+from attnlab.fileio import atomic_save
+
+__all__ = ["pyplot", "save_png"]
 
 
 def pyplot():
@@ -22,3 +25,10 @@ def pyplot():
     import matplotlib.pyplot as plt  # heavy, as above; after the backend is chosen
 
     return plt
+
+
+def save_png(fig, path: str | Path, *, dpi: int = 110) -> None:
+    """Lay ``fig`` out tightly, write it to ``path`` as a PNG atomically, and close it."""
+    fig.tight_layout()
+    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=dpi, format="png"))
+    pyplot().close(fig)

@@ -46,6 +46,11 @@ from attnlab.viz.captions import plot_word_attention
 CAPTION_KINDS = FAMILIES["caption"].kinds
 VQA_KINDS = FAMILIES["vqa"].kinds
 WEIGHTS_HELP = "best: the checkpoint with the lowest validation loss (default); last: the final one"
+#: the last flags of caption and ask: which checkpoint, and whether another image size is resized
+_RUN_IMAGE_ROWS = (
+    ("--weights", ["best", "last"], "best", WEIGHTS_HELP),
+    ("--no-resize", "store_true", None, "refuse an image whose size differs from the model's"),
+)
 #: flags of both train sub-commands -> their settings ("section.key")
 _SHARED_KEYS = {
     **train_flag_keys(),
@@ -205,9 +210,7 @@ def register(groups) -> None:
         ("--attention", None, None,
          "transformer: write per-word cross-attention maps of the first image",
          {"metavar": "PNG"}),
-        ("--weights", ["best", "last"], "best", WEIGHTS_HELP),
-        ("--no-resize", "store_true", None, "refuse images whose size differs from the "
-         "model's"),
+        *_RUN_IMAGE_ROWS,
     ])
     add_command(top, "ask", func=_run_ask,
         help="ask a trained VQA model a question about an image",
@@ -218,9 +221,7 @@ def register(groups) -> None:
         ("question", None, None, 'e.g. "what colour is the circle?"'),
         ("--top", int, 3,
          "also show the N most likely answers with probabilities on stderr (default 3)"),
-        ("--weights", ["best", "last"], "best", WEIGHTS_HELP),
-        ("--no-resize", "store_true", None, "refuse an image whose size differs from the "
-         "model's"),
+        *_RUN_IMAGE_ROWS,
     ])
     add_command(top, "scene", func=_run_scene,
         help="write sample generated scenes with their captions and questions",

@@ -62,10 +62,9 @@ from attnlab.experiments.ablation_probes import (
 from attnlab.experiments.induction import InductionConfig, TokenSource
 from attnlab.experiments.lm_runs import undertrained_lm
 from attnlab.experiments.tiny_lm import TinyLMSettings
-from attnlab.fileio import atomic_save
 from attnlab.models.encoder import EncoderMLM
 from attnlab.models.lm import DecoderLM
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 
 __all__ = [
     "ROWS",
@@ -526,6 +525,4 @@ def plot_ablations(results: dict, path: str | Path) -> None:
         ax.set_title("MoE: share of routing per expert (all layers)")
         ax.set_xlabel("expert (layer-major)")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

@@ -39,10 +39,10 @@ from attnlab.config.variants import UniversalConfig
 from attnlab.data.parity import VOCAB, parity_batch
 from attnlab.errors import UserError
 from attnlab.experiments import common
-from attnlab.fileio import atomic_save, atomic_write_text
+from attnlab.fileio import atomic_write_text
 from attnlab.layers import evaluating
 from attnlab.models.universal import UniversalTransformer
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 from attnlab.runs import save_model
 from attnlab.train.distributed import resolve_device
 
@@ -324,6 +324,4 @@ def plot_steps_and_accuracy(results: dict, path: str | Path) -> None:
     right.set_xlabel("parity length (bits)")
     right.set_ylabel("held-out accuracy")
     right.legend(fontsize=8)
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

@@ -32,9 +32,9 @@ from attnlab.config.base import Config
 from attnlab.errors import RunDirError
 from attnlab.experiments.common import undertrained
 from attnlab.experiments.training import numbers_data, train_settings, translation_model
-from attnlab.fileio import atomic_save, atomic_write_text
+from attnlab.fileio import atomic_write_text
 from attnlab.metrics.translation import evaluate_pairs, teacher_forced_tokens, token_bleu
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 from attnlab.tasks.translation import TranslationTask, train_defaults
 from attnlab.train import train
 
@@ -395,6 +395,4 @@ def plot_bottleneck(results: dict, path: str | Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title(f"fixed context vs attention (numbers, en→{results['config']['lang']})")
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

@@ -47,12 +47,11 @@ import torch
 from attnlab.config.translation import ScheduledSamplingConfig
 from attnlab.errors import UserError
 from attnlab.experiments import common, training
-from attnlab.fileio import atomic_save
 from attnlab.metrics.exposure import prefix_losses
 from attnlab.metrics.significance import describe_z, mean_se, paired_z
 from attnlab.metrics.translation import evaluate_pairs
 from attnlab.models.translation import TRANSLATION_KINDS
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 from attnlab.tasks.translation import TranslationTask, train_defaults
 from attnlab.train import train
 
@@ -527,6 +526,4 @@ def plot_exposure_bias(results: dict, path: str | Path) -> None:
     ax2.set_ylabel("exact match (%)")
     ax2.set_title("greedy exact match by output length")
     ax2.legend(fontsize=6)
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

@@ -32,10 +32,9 @@ from attnlab.errors import UserError
 from attnlab.experiments import common
 from attnlab.experiments.lm_runs import LMExperimentConfig, lm_model, lm_results, lm_task, train_run
 from attnlab.experiments.training import train_settings
-from attnlab.fileio import atomic_save
 from attnlab.layers import evaluating
 from attnlab.layers.position import POSITION_KINDS, LearnedPositionalEmbedding
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 from attnlab.tasks.lm import LMTask
 
 __all__ = [
@@ -315,6 +314,4 @@ def plot_loss_by_position(results: dict, path: str | Path) -> None:
     ax.set_ylabel("held-out loss (nats/char)")
     ax.set_title(f"trained at L = {L}, evaluated up to {lengths[-1]}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

@@ -35,9 +35,9 @@ from torch import Tensor, nn
 from attnlab.config.lm import ModelConfig
 from attnlab.errors import UserError
 from attnlab.experiments import common
-from attnlab.fileio import atomic_save, atomic_write_text
+from attnlab.fileio import atomic_write_text
 from attnlab.models.lm import DecoderLM
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 from attnlab.runs import save_model
 
 __all__ = [
@@ -429,6 +429,4 @@ def plot_grokking(results: dict, path: str | Path) -> None:
     ax_acc.legend(fontsize=8)
     p = results["data"]["p"]
     ax_acc.set_title(f"a + b mod {p}: train saturates, test rises later")
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

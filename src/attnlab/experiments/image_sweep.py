@@ -7,11 +7,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
 
 from attnlab.config.base import Config
 from attnlab.config.vision import ImageTaskConfig
+from attnlab.errors import UserError
+from attnlab.models.vision.factory import build_image_classifier
 
-__all__ = ["DATA_FIELDS", "ImageSweepSettings"]
+__all__ = ["DATA_FIELDS", "ImageSweepSettings", "build_classifier"]
 
 #: the settings that choose the data: the same names and meaning as in :class:`ImageTaskConfig`
 DATA_FIELDS = ("data", "data_path", "image_size", "channels", "shapes_n", "shapes_label")
@@ -66,3 +71,12 @@ class ImageSweepSettings(Config):
     def data_config(self) -> ImageTaskConfig:
         """The data settings as the image task's config."""
         return ImageTaskConfig(**{name: getattr(self, name) for name in DATA_FIELDS})
+
+
+def build_classifier(kind: str, splits: Any, overrides: dict[str, Any], *, named: str) -> nn.Module:
+    """:func:`build_image_classifier` of ``kind`` sized for ``splits``; a setting that does not
+    build is reported with ``named`` (the flag or value that caused it) in front."""
+    try:
+        return build_image_classifier(kind, splits.image_shape, splits.classes, overrides=overrides)
+    except UserError as err:
+        raise UserError(f"{named}: {err}") from None

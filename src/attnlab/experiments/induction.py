@@ -60,10 +60,9 @@ from attnlab.experiments.induction_data import (
     repeated_tokens,
 )
 from attnlab.experiments.tiny_lm import TinyLMSettings
-from attnlab.fileio import atomic_save
 from attnlab.inspect import ablate_heads
 from attnlab.models.lm import DecoderLM
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 
 __all__ = [
     "InductionConfig",
@@ -534,6 +533,4 @@ def plot_induction(results: dict, path: str | Path) -> None:
             ax.legend(fontsize=8)
         ax_s.set_title(f"{setting}: induction head formation")
         ax_l.set_title(f"{setting}: loss on the probe")
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

@@ -34,12 +34,11 @@ from typing import Any
 
 import torch
 
-from attnlab.errors import RunDirError, UserError
+from attnlab.errors import RunDirError
 from attnlab.experiments import common
-from attnlab.experiments.image_sweep import DATA_FIELDS, ImageSweepSettings
-from attnlab.fileio import atomic_save, atomic_write_text
-from attnlab.models.vision.factory import build_image_classifier
-from attnlab.plotting import pyplot
+from attnlab.experiments.image_sweep import DATA_FIELDS, ImageSweepSettings, build_classifier
+from attnlab.fileio import atomic_write_text
+from attnlab.plotting import pyplot, save_png
 from attnlab.tasks.distill import Teacher
 from attnlab.tasks.image import ImageClassificationTask, load_task_data
 from attnlab.train import TrainConfig, train
@@ -129,10 +128,7 @@ def _build(kind: str, splits, overrides: dict[str, Any]):
         UserError: an override that is not a config field, or sizes that do not fit (the message
             names the ``--vit-set`` / ``--cnn-set`` flag).
     """
-    try:
-        return build_image_classifier(kind, splits.image_shape, splits.classes, overrides=overrides)
-    except UserError as err:
-        raise UserError(f"--{kind}-set: {err}") from None
+    return build_classifier(kind, splits, overrides, named=f"--{kind}-set")
 
 
 def run_inductive_bias(
@@ -388,6 +384,4 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     ax.set_title(f"Same budget, growing data ({result['settings']['data']})")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

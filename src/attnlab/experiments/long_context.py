@@ -47,10 +47,10 @@ from attnlab.config.variants import TransformerXLConfig
 from attnlab.errors import UserError
 from attnlab.experiments import common
 from attnlab.experiments.lm_runs import lm_task
-from attnlab.fileio import atomic_save, atomic_write_text
+from attnlab.fileio import atomic_write_text
 from attnlab.layers import evaluating
 from attnlab.models.transformer_xl import TransformerXL
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 from attnlab.runs import save_model
 from attnlab.tasks.lm_xl import streams as text_streams
 from attnlab.train.distributed import resolve_device
@@ -447,6 +447,4 @@ def plot_loss_by_position(results: dict, path: str | Path) -> None:
     ax.set_ylabel("held-out loss (nats/char)")
     ax.set_title("one Transformer-XL, read six ways")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

@@ -36,8 +36,7 @@ from attnlab.experiments.lm_runs import (
     undertrained_lm,
 )
 from attnlab.experiments.training import train_settings
-from attnlab.fileio import atomic_save
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 
 __all__ = ["NormPlacementConfig", "run_norm_placement", "init_grad_norms", "NORMS"]
 
@@ -264,6 +263,4 @@ def plot_norm_placement(results: dict, path: str | Path) -> None:
         ax.set_ylabel("training loss (nats/char)")
         ax.set_title("with warm-up" if warm else "without warm-up")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

@@ -29,12 +29,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab.config.vision import ViTConfig
-from attnlab.errors import UserError
 from attnlab.experiments import common
-from attnlab.experiments.image_sweep import ImageSweepSettings
-from attnlab.fileio import atomic_save
-from attnlab.models.vision.factory import build_image_classifier
-from attnlab.plotting import pyplot
+from attnlab.experiments.image_sweep import ImageSweepSettings, build_classifier
+from attnlab.plotting import pyplot, save_png
 from attnlab.tasks.image import ImageClassificationTask, load_task_data
 from attnlab.train import TrainConfig, train
 
@@ -107,15 +104,9 @@ def training_step_flops(model: torch.nn.Module, task: Any, batch_size: int) -> i
 
 
 def _build(splits: Any, patch_size: int, overrides: dict[str, Any]) -> torch.nn.Module:
-    try:
-        return build_image_classifier(
-            "vit",
-            splits.image_shape,
-            splits.classes,
-            overrides={**overrides, "patch_size": patch_size},
-        )
-    except UserError as err:
-        raise UserError(f"patch size {patch_size}: {err}") from None
+    return build_classifier(
+        "vit", splits, {**overrides, "patch_size": patch_size}, named=f"patch size {patch_size}"
+    )
 
 
 def run_patch_size(
@@ -275,6 +266,4 @@ def _plot(result: dict[str, Any], path: Path) -> None:
         a.annotate(f"{r['tokens']} tok", (r["patch_size"], r["train_flops"] / 1e9), fontsize=8)
     a1.grid(alpha=0.3)
     a2.grid(alpha=0.3)
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

@@ -48,11 +48,10 @@ from attnlab.config.lm import ConvLMConfig, LSTMConfig, ModelConfig
 from attnlab.data.recall import recall_batch, recall_vocab_size
 from attnlab.errors import UserError
 from attnlab.experiments import common
-from attnlab.fileio import atomic_save
 from attnlab.models.conv_lm import CausalConvLM
 from attnlab.models.lm import DecoderLM
 from attnlab.models.rnn_lm import LSTMLM
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 from attnlab.train.distributed import resolve_device
 
 __all__ = [
@@ -537,6 +536,4 @@ def plot_sequence_primitives(results: dict, path: str | Path) -> None:
     right.set_ylabel("‖∂ logits_last / ∂ e_key‖ (trained; 0 at the bottom)")
     for ax in (left, mid, right):
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

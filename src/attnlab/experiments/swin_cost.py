@@ -37,9 +37,8 @@ from attnlab.config.vision import SwinConfig
 from attnlab.errors import UserError
 from attnlab.experiments import common
 from attnlab.experiments.patch_size import vit_forward_flops
-from attnlab.fileio import atomic_save
 from attnlab.models.vision.factory import build_image_classifier
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 from attnlab.train.distributed import resolve_device
 
 __all__ = ["SwinCostSettings", "swin_forward_flops", "forward_flops", "measure_costs",
@@ -240,6 +239,4 @@ def _plot(result: dict[str, Any], path: Path) -> None:
         a.legend()
     a1.set_title("FLOPs: ViT ~N², Swin ~N")
     a2.set_title("Time per forward pass")
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

@@ -65,6 +65,12 @@ def _summary(result: dict[str, Any], out: str) -> str:
     )
 
 
+def _run_and_report(run, settings: Any, args: Any, table=lambda result: result["markdown"]) -> str:
+    """Run an image sweep with the shared output flags; its table and summary line."""
+    result = run(settings, args.out, progress=not args.no_progress, overwrite=args.overwrite)
+    return table(result) + "\n" + _summary(result, args.out)
+
+
 def inductive_bias(args: Any) -> str:
     """Run the sweep the flags describe; its table and summary line."""
     settings = _settings(
@@ -76,9 +82,7 @@ def inductive_bias(args: Any) -> str:
         **{k: model_overrides(getattr(args, f"{k}_set"), f"--{k}-set")
            for k in ("vit", "cnn", "deit")},
     )  # fmt: skip
-    result = _run_inductive_bias(settings, args.out, progress=not args.no_progress,
-                                 overwrite=args.overwrite)  # fmt: skip
-    return format_table(result) + "\n" + _summary(result, args.out)
+    return _run_and_report(_run_inductive_bias, settings, args, table=format_table)
 
 
 def patch_size(args: Any) -> str:
@@ -89,9 +93,7 @@ def patch_size(args: Any) -> str:
         seeds=numbers(args.seeds, int, "--seeds"),
         vit=model_overrides(args.vit_set, "--vit-set"),
     )  # fmt: skip
-    result = _run_patch_size(settings, args.out, progress=not args.no_progress,
-                             overwrite=args.overwrite)  # fmt: skip
-    return result["markdown"] + "\n" + _summary(result, args.out)
+    return _run_and_report(_run_patch_size, settings, args)
 
 
 def vit_data(args: Any) -> str:
@@ -105,9 +107,7 @@ def vit_data(args: Any) -> str:
         augment=AUGMENT[args.augment],
         **{k: model_overrides(getattr(args, f"{k}_set"), f"--{k}-set") for k in ("vit", "cnn")},
     )  # fmt: skip
-    result = run_vit_data(settings, args.out, progress=not args.no_progress,
-                          overwrite=args.overwrite)  # fmt: skip
-    return result["markdown"] + "\n" + _summary(result, args.out)
+    return _run_and_report(run_vit_data, settings, args)
 
 
 def swin_cost(args: Any) -> str:

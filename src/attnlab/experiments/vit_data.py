@@ -36,12 +36,10 @@ import torch
 
 from attnlab.config.base import Config
 from attnlab.data.images import make_shapes, relabel_shapes
-from attnlab.errors import UserError
 from attnlab.experiments import common
-from attnlab.fileio import atomic_save
-from attnlab.models.vision.factory import build_image_classifier
+from attnlab.experiments.image_sweep import build_classifier
 from attnlab.models.vision.transfer import transfer_weights
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 from attnlab.tasks.image import ImageClassificationTask
 from attnlab.train import TrainConfig, train
 
@@ -143,10 +141,7 @@ def _data(settings: ViTDataSettings, seed: int):
 
 def _build(kind: str, splits, settings: ViTDataSettings) -> torch.nn.Module:
     overrides = settings.vit_fields if kind == "vit" else settings.cnn
-    try:
-        return build_image_classifier(kind, splits.image_shape, splits.classes, overrides=overrides)
-    except UserError as err:
-        raise UserError(f"--{kind}-set: {err}") from None
+    return build_classifier(kind, splits, overrides, named=f"--{kind}-set")
 
 
 def run_vit_data(
@@ -347,6 +342,4 @@ def _plot(result: dict[str, Any], path: Path) -> None:
     ax.set_title(f"Equal steps ({result['steps']}), growing data (generated shapes)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

@@ -34,8 +34,7 @@ from attnlab.experiments.lm_runs import (
     undertrained_lm,
 )
 from attnlab.experiments.training import train_settings
-from attnlab.fileio import atomic_save
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 
 __all__ = ["WarmupConfig", "run_warmup"]
 
@@ -237,6 +236,4 @@ def plot_warmup(results: dict, path: str | Path) -> None:
     ax1.set_xlabel("step")
     ax1.set_ylabel("training loss")
     ax1.set_title("every run (red: no warm-up, blue: warm-up)")
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)

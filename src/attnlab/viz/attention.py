@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 from attnlab.runs import atomic_save
 
 __all__ = ["plot_attention", "plot_attention_grid", "MAX_TICKS", "tick_labels", "visible"]
@@ -124,9 +124,7 @@ def _heatmap(w: torch.Tensor, path, rows, cols, title) -> None:
     _label_axis(ax, "y", rows, h, "queries", 9)
     if title:
         ax.set_title(title, wrap=True)
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def _grid(w: torch.Tensor, path, rows, cols, title) -> None:

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from attnlab.fileio import atomic_save
 from attnlab.metrics.calibration import ReliabilityBin
-from attnlab.plotting import pyplot
+from attnlab.plotting import pyplot, save_png
 
 __all__ = ["plot_reliability"]
 
@@ -60,7 +59,5 @@ def plot_reliability(
     axes[0][0].set_ylabel("accuracy (grey: share of predictions ×0.1)")
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)
     return Path(path)

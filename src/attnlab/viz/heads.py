@@ -11,8 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnlab.inspect.diagnostics import HeadScores
-from attnlab.plotting import pyplot
-from attnlab.runs import atomic_save
+from attnlab.plotting import pyplot, save_png
 
 __all__ = ["plot_head_scores", "SCORES"]
 
@@ -83,7 +82,5 @@ def plot_head_scores(scores: Sequence[HeadScores], path: str | os.PathLike) -> l
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     fig.suptitle("attention heads (× degenerate; rows marked × are cross-attention)", fontsize=9)
-    fig.tight_layout()
-    atomic_save(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)
+    save_png(fig, path)
     return [f for f, _ in panels]
