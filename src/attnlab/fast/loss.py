@@ -153,7 +153,6 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return d_hidden, d_weight, d_bias, None, None, None, None
 
 
-@torch.compiler.disable  # in a compiled model: a graph break, and this runs as written
 def linear_cross_entropy(
     hidden: Tensor,
     weight: Tensor,
@@ -184,6 +183,25 @@ def linear_cross_entropy(
     Raises:
         ValueError: shapes that do not fit, dtypes that differ, smoothing outside [0, 1).
     """
+    args = (hidden, weight, targets, bias, ignore_index, label_smoothing, buffer)
+    if torch.compiler.is_compiling():
+        # in a compiled model: a graph break, and this runs as written. The wrapper is made while
+        # Dynamo traces (it is loaded then), not at import: ``torch.compiler.disable`` as a
+        # decorator would import torch._dynamo (~1.6 s) in every process that imports attnlab's
+        # models, compiled or not (tests/test_fast_paths.py checks both).
+        return torch.compiler.disable(_linear_cross_entropy)(*args)
+    return _linear_cross_entropy(*args)
+
+
+def _linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    bias: Tensor | None,
+    ignore_index: int,
+    label_smoothing: float,
+    buffer: LinearCEBuffer | None,
+) -> Tensor:
     C = hidden.shape[-1]
     if weight.dim() != 2 or weight.shape[1] != C:
         raise ValueError(

@@ -221,10 +221,16 @@ def _extension():
         return None
 
 
-@torch.compiler.assume_constant_result  # decided before tracing, a constant in the graph
 def matvec_available() -> bool:
     """True when :func:`matvec` runs the C++ kernel (builds it on the first call)."""
     return _extension() is not None
+
+
+# torch.compiler.assume_constant_result(matvec_available): decided before tracing, a constant in
+# the graph. The decorator itself would import torch._dynamo (~1.6 s) in every process that
+# imports attnlab's models; all it does is set this mark, and tests/test_fast_paths.py checks that
+# the mark is still the decorator's whole effect in the installed torch.
+matvec_available._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _register_fake() -> None:
