@@ -10,10 +10,11 @@ export ATTNLAB_CHROMIUM := $(CHROMIUM)
 
 .PHONY: demo test test-fast test-browser bench bench-lm docs lint format clean
 
+# the pip the venv brings (Python 3.11's is pip 23) installs the package editable (PEP 660); no
+# upgrade of pip itself (a download and a reinstall on every fresh clone)
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "make: attnlab needs Python 3.11 or newer; $(PYTHON) is $$($(PYTHON) -V 2>&1) (try: make PYTHON=python3.11 ...)"; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt -e '.[test,docs]'
 	touch $(STAMP)
 
