@@ -451,7 +451,7 @@ def test_exposure_bias_turns_its_budget_into_equal_steps_and_fitted_schedules(tm
     each schedule is fitted to those steps (checked on the recorded bookkeeping, not the
     clock)."""
     cfg = ExposureBiasConfig(
-        max_time=12,
+        max_time=6,
         models=("rnn-attn",),
         decays=("linear",),
         high=999,
@@ -469,7 +469,7 @@ def test_exposure_bias_turns_its_budget_into_equal_steps_and_fitted_schedules(tm
     assert tf["training"] == TEACHER_FORCING and tf["final_gold_prob"] == 1.0
     fitted = ScheduledSamplingConfig.from_dict(ss["schedule"])
     assert fitted.gold_probability(cfg.half_at * ss["planned_steps"]) == pytest.approx(0.5)
-    assert res["config"]["max_time"] == 12 and res["elapsed"] > 0
+    assert res["config"]["max_time"] == 6 and res["elapsed"] > 0
 
 
 # ----------------------------------------------------------------------------------------------
