@@ -54,10 +54,14 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 LSTM_PRESET, LSTM_LR, LSTM_WARMUP = "small", 1e-2, 20
 
 
-def train_row(name: str, steps: int, task: LMTask, workdir: Path) -> dict[str, Any]:
-    """Train one row from seed 0 and score it on the whole held-out split."""
+def train_row(
+    name: str, steps: int, task: LMTask, workdir: Path, max_time: float | None = None
+) -> dict[str, Any]:
+    """Train one row from seed 0 (``steps`` steps, or for ``max_time`` seconds) and score it on
+    the whole held-out split."""
     torch.manual_seed(0)
-    common = dict(steps=steps, batch_size=12, seed=0, device="cpu", progress=False)
+    length: dict[str, Any] = dict(max_time=max_time) if max_time else dict(steps=steps)
+    common = dict(**length, batch_size=12, seed=0, device="cpu", progress=False)
     common.update(eval_every=10**9, eval_batches=0)  # no validation during training
     if name == "lstm":
         config = LSTMConfig.preset(LSTM_PRESET, vocab_size=task.vocab_size, max_seq_len=64)
@@ -72,15 +76,20 @@ def train_row(name: str, steps: int, task: LMTask, workdir: Path) -> dict[str, A
         cfg = TrainConfig(lr=row.lr, warmup_steps=row.warmup_steps, **common, **train_changes)
     t0 = time.time()
     folder = "".join(ch if ch.isalnum() else "_" for ch in name)
-    train(model, task, cfg, workdir / f"{folder}_{steps}", overwrite=True)
+    tag = f"{max_time:g}s" if max_time else f"{steps}"
+    result = train(model, task, cfg, workdir / f"{folder}_{tag}", overwrite=True)
     seconds = time.time() - t0
     loss = task.val_loss(model, batch_size=32)["loss"]
-    return {"name": name, "steps": steps, "tokens": steps * 12 * 64, "val_loss": loss, "s": seconds}
+    n = result.steps
+    return {"name": name, "steps": n, "tokens": n * 12 * 64, "val_loss": loss, "s": seconds}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--steps", type=int, default=800, help="optimizer steps of every row")
+    ap.add_argument(
+        "--max-time", type=float, default=None, help="seconds of training per row (not steps)"
+    )
     names = ["lstm", *RECIPES]
     ap.add_argument("--only", nargs="+", choices=names, default=names, help="these rows only")
     ap.add_argument("--workdir", default="runs/demo_recipes")
@@ -90,15 +99,16 @@ def main() -> None:
     task = LMTask.build(LMTaskConfig(data="pydoc", tokenizer="char", seq_len=64, seed=0))
     rows = []
     for name in args.only:
-        rows.append(train_row(name, args.steps, task, Path(args.workdir)))
+        rows.append(train_row(name, args.steps, task, Path(args.workdir), args.max_time))
         print(json.dumps(rows[-1]), flush=True)
-    print(
-        f"\nthe demo's settings, {args.steps} steps = {rows[0]['tokens']:,} tokens each, 1 thread\n"
-    )
-    print("| row | val loss (whole split) | training time |")
-    print("|---|---:|---:|")
+    length = f"{args.max_time:g} s" if args.max_time else f"{args.steps} steps"
+    print(f"\nthe demo's settings, {length} each, 1 thread\n")
+    print("| row | steps | tokens | val loss (whole split) | training time |")
+    print("|---|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['name']} | {r['val_loss']:.4f} | {r['s']:.0f} s |")
+        print(
+            f"| {r['name']} | {r['steps']} | {r['tokens']:,} | {r['val_loss']:.4f} | {r['s']:.0f} s |"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
 
