@@ -18,8 +18,7 @@ from attnlab.config import (
     VQAConfig,
 )
 from attnlab.config.multimodal import scene_encoder
-from attnlab.layers.ffn import MLP, SwiGLU
-from attnlab.layers.norm import RMSNorm
+from attnlab.layers.block import MLP, RMSNorm, SwiGLU
 from attnlab.models.multimodal.captioner import build_captioner
 from attnlab.models.seq2seq import Seq2SeqTransformer
 

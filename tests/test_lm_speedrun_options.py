@@ -13,7 +13,7 @@ from attnlab.config import ModelConfig
 from attnlab.config.base import ConfigError
 from attnlab.errors import UserError
 from attnlab.interop import to_hf
-from attnlab.layers.ffn import MLP
+from attnlab.layers.block import MLP
 from attnlab.models.lm import DecoderLM
 from attnlab.train.muon import muon_split
 from attnlab.train.optim import param_groups

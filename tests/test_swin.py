@@ -10,7 +10,7 @@ import transformers  # test extra, pinned in pyproject
 from safetensors.torch import load_file
 
 from attnlab.attention import collect_aux_losses
-from attnlab.config.block import BlockConfig
+from attnlab.config.base import BlockConfig
 from attnlab.config.vision import SwinConfig
 from attnlab.errors import UserError
 from attnlab.interop import from_hf

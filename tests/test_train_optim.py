@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.layers.norm import RMSNorm
+from attnlab.layers.block import RMSNorm
 from attnlab.train import (
     LRSchedule,
     TrainConfig,

@@ -3,8 +3,7 @@
 ``ModelConfig`` (decoder-only LMs) and ``PRESETS`` keep their first-release import path here.
 """
 
-from attnlab.config.base import Config, ConfigError
-from attnlab.config.block import BlockConfig, TextStackConfig, swiglu_hidden
+from attnlab.config.base import BlockConfig, Config, ConfigError, TextStackConfig, swiglu_hidden
 from attnlab.config.encoder import EncoderConfig, MLMTaskConfig
 from attnlab.config.lm import (
     PRESETS,

@@ -18,8 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from attnlab.config.base import Config, ConfigError
-from attnlab.config.block import Activation, BlockConfig
+from attnlab.config.base import Activation, BlockConfig, Config, ConfigError
 from attnlab.config.vision import ViTConfig
 
 __all__ = ["TextTowerConfig", "ClipConfig", "CLIP_PRESETS", "merge_nested"]

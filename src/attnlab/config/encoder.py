@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from attnlab.config.base import ConfigError
-from attnlab.config.block import Activation, NormPosition, TextStackConfig
+from attnlab.config.base import Activation, ConfigError, NormPosition, TextStackConfig
 from attnlab.config.lm import CorpusTaskConfig
 
 __all__ = ["EncoderConfig", "MLMTaskConfig", "ENCODER_PRESETS"]
@@ -55,7 +54,7 @@ ENCODER_PRESETS: dict[str, dict[str, Any]] = {
 @dataclass
 class EncoderConfig(TextStackConfig):
     """A bidirectional Transformer encoder with a masked-LM head: the block and stack fields
-    (:class:`~attnlab.config.block.TextStackConfig`) plus its own.
+    (:class:`~attnlab.config.base.TextStackConfig`) plus its own.
 
     Defaults are BERT's choices (post-norm, exact GELU, LayerNorm ε = 1e-12, learned positions,
     a LayerNorm over the summed embeddings, the MLM decoder tied to the token embeddings) at a

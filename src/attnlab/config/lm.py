@@ -13,8 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from attnlab.config.base import Config, ConfigError
-from attnlab.config.block import TextStackConfig
+from attnlab.config.base import Config, ConfigError, TextStackConfig
 
 __all__ = [
     "ModelConfig",
@@ -72,7 +71,7 @@ _RECORDED_BEFORE_SCALE = frozenset(
 @dataclass
 class ModelConfig(TextStackConfig):
     """A decoder-only Transformer language model: the block and stack fields
-    (:class:`~attnlab.config.block.TextStackConfig`: ``vocab_size``, ``max_seq_len``,
+    (:class:`~attnlab.config.base.TextStackConfig`: ``vocab_size``, ``max_seq_len``,
     ``n_layers``, ``tie_embeddings``, ``init_std``) plus the LM's own.
 
     Defaults are GPT-2's choices (learned positions, pre-LayerNorm, tanh-GELU MLP, biases, tied

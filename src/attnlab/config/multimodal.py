@@ -1,6 +1,6 @@
 """Configs of the captioners and VQA models on generated scenes, with their presets.
 
-Both inherit :class:`~attnlab.config.block.BlockConfig`, so the Transformer captioner and the
+Both inherit :class:`~attnlab.config.base.BlockConfig`, so the Transformer captioner and the
 Transformer VQA model get grouped-query attention, RoPE/ALiBi, QK-norm, SwiGLU, mixture of experts
 and every attention backend from the block fields; the LSTM variants read only ``d_model``,
 ``n_layers`` and ``dropout`` of them.
@@ -25,8 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from attnlab.config.base import Config, ConfigError
-from attnlab.config.block import Activation, BlockConfig
+from attnlab.config.base import Activation, BlockConfig, Config, ConfigError
 from attnlab.config.vision import CNNConfig, ViTConfig
 
 __all__ = [

@@ -11,8 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from attnlab.config.base import ConfigError
-from attnlab.config.block import Activation, FFNKind, NormKind, NormPosition
+from attnlab.config.base import Activation, ConfigError, FFNKind, NormKind, NormPosition
 from attnlab.config.lm import CorpusTaskConfig
 from attnlab.config.translation import Seq2SeqConfig
 

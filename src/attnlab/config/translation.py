@@ -14,8 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from attnlab.config.base import Config, ConfigError
-from attnlab.config.block import Activation, BlockConfig, NormPosition
+from attnlab.config.base import Activation, BlockConfig, Config, ConfigError, NormPosition
 
 __all__ = [
     "Seq2SeqConfig",

@@ -11,8 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from attnlab.config.base import ConfigError
-from attnlab.config.block import TextStackConfig
+from attnlab.config.base import ConfigError, TextStackConfig
 
 __all__ = ["TransformerXLConfig", "UniversalConfig"]
 

@@ -1,6 +1,6 @@
 """Configs of the vision family: ViT, Swin, the residual CNN, and the image-classification task.
 
-``ViTConfig`` and ``SwinConfig`` embed every :class:`~attnlab.config.block.BlockConfig` field, so
+``ViTConfig`` and ``SwinConfig`` embed every :class:`~attnlab.config.base.BlockConfig` field, so
 grouped-query attention, QK-norm, SwiGLU, mixture of experts, every attention backend and
 drop-path work for vision without new code; their own fields describe the image side (patches,
 pooling, grid positions, windows, stages). ``CNNConfig`` is a plain :class:`Config`.
@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from attnlab.config.base import Config, ConfigError
-from attnlab.config.block import Activation, BlockConfig
+from attnlab.config.base import Activation, BlockConfig, Config, ConfigError
 
 __all__ = [
     "ViTConfig",

@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from attnlab.errors import UserError
 from attnlab.experiments import common
-from attnlab.layers.position import LearnedPositionalEmbedding, Positions
+from attnlab.layers.block import LearnedPositionalEmbedding
+from attnlab.layers.position import Positions
 
 __all__ = [
     "ConcatPositions",

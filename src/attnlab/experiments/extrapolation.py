@@ -33,7 +33,8 @@ from attnlab.experiments import common
 from attnlab.experiments.lm_runs import LMExperimentConfig, lm_model, lm_results, lm_task, train_run
 from attnlab.experiments.training import train_settings
 from attnlab.layers import evaluating
-from attnlab.layers.position import POSITION_KINDS, LearnedPositionalEmbedding
+from attnlab.layers.block import LearnedPositionalEmbedding
+from attnlab.layers.position import POSITION_KINDS
 from attnlab.plotting import pyplot, save_png
 from attnlab.tasks.lm import LMTask
 

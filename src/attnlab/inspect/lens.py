@@ -23,8 +23,8 @@ from torch import Tensor, nn
 
 from attnlab.inspect.families import readout, stack_of
 from attnlab.inspect.hooks import run_with_cache
+from attnlab.layers.block import LayerNorm, RMSNorm
 from attnlab.layers.hook import hook_name
-from attnlab.layers.norm import LayerNorm, RMSNorm
 
 __all__ = ["direct_logit_attribution", "logit_lens"]
 

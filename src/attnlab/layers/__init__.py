@@ -2,27 +2,34 @@
 embedding, the RNN baselines' recurrent stacks, the cross-entropy, and the ``evaluating`` mode
 switch.
 
-The block (:mod:`attnlab.layers.block`) and the builders (:mod:`attnlab.layers.builders`) are
-imported from their modules: they need :mod:`attnlab.attention`, whose multi-head layer needs
-this package's norms and positions, so importing them here would make the two packages' inits
-import each other."""
+The norms, FFNs and absolute positions live in :mod:`attnlab.layers.block` with the block (the
+GPT reads in one file). The block itself and the builders (:mod:`attnlab.layers.builders`) are
+imported from their modules: the builders need :mod:`attnlab.attention`, whose multi-head layer
+needs this package's hook points and positions."""
 
+from attnlab.layers.block import (
+    MLP,
+    BatchNorm,
+    GatedFFN,
+    LayerNorm,
+    LearnedPositionalEmbedding,
+    RMSNorm,
+    SinusoidalPositionalEmbedding,
+    SwiGLU,
+    make_norm,
+)
 from attnlab.layers.drop_path import DropPath, drop_path
-from attnlab.layers.ffn import MLP, GatedFFN, SwiGLU
 from attnlab.layers.losses import cross_entropy
 from attnlab.layers.modes import evaluating
 from attnlab.layers.moe import MoE, load_balancing_loss
-from attnlab.layers.norm import BatchNorm, LayerNorm, RMSNorm, make_norm
 from attnlab.layers.patch_embed import PatchEmbedding, check_images
 from attnlab.layers.position import (
     ALiBi,
-    LearnedPositionalEmbedding,
     NoPositions,
     PatchGridPositions,
     Positions,
     RelativePositionBias,
     RotaryEmbedding,
-    SinusoidalPositionalEmbedding,
     T5RelativeBias,
     alibi_bias,
     alibi_slopes,

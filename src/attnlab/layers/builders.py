@@ -24,18 +24,22 @@ from torch import nn
 from attnlab.attention.core import check_backend
 from attnlab.attention.linformer import LinformerProjection
 from attnlab.attention.multihead import MultiHeadAttention
-from attnlab.layers.block import TransformerBlock
-from attnlab.layers.ffn import MLP, GatedFFN, SwiGLU
+from attnlab.layers.block import (
+    MLP,
+    GatedFFN,
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEmbedding,
+    SwiGLU,
+    TransformerBlock,
+    make_norm,
+)
 from attnlab.layers.moe import MoE
-from attnlab.layers.norm import make_norm
 from attnlab.layers.position import (
     POSITION_KINDS,
     ALiBi,
-    LearnedPositionalEmbedding,
     NoPositions,
     Positions,
     RotaryEmbedding,
-    SinusoidalPositionalEmbedding,
     T5RelativeBias,
 )
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.layers.ffn import ACTIVATIONS
+from attnlab.layers.block import ACTIVATIONS
 from attnlab.layers.hook import HookPoint, report_aux_loss
 
 __all__ = ["MoE", "load_balancing_loss"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnlab.attention.multihead import MultiHeadAttention
-from attnlab.config.block import BlockConfig
+from attnlab.config.base import BlockConfig
 from attnlab.layers.block import TransformerBlock
 from attnlab.layers.builders import build_attention, build_block
 

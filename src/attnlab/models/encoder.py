@@ -22,10 +22,9 @@ from torch import Tensor, nn
 
 from attnlab.attention.capture import capture_attention
 from attnlab.config.encoder import EncoderConfig
+from attnlab.layers.block import ACTIVATIONS, make_norm
 from attnlab.layers.builders import build_block, build_final_norm, build_positions
-from attnlab.layers.ffn import ACTIVATIONS
 from attnlab.layers.hook import HookPoint
-from attnlab.layers.norm import make_norm
 from attnlab.models.registry import register_kind
 
 __all__ = ["EncoderMLM", "MLMHead"]

@@ -33,11 +33,10 @@ from attnlab.attention.cache import DecodeState
 from attnlab.attention.relative_xl import SegmentMemory, XLAttention
 from attnlab.config.variants import TransformerXLConfig
 from attnlab.errors import UserError
-from attnlab.layers.block import TransformerBlock, run_blocks
+from attnlab.layers.block import TransformerBlock, make_norm, run_blocks
 from attnlab.layers.builders import build_ffn, build_final_norm
 from attnlab.layers.hook import HookPoint
 from attnlab.layers.losses import cross_entropy
-from attnlab.layers.norm import make_norm
 from attnlab.layers.position.xl import XLRelativePositions
 from attnlab.models.registry import register_kind
 

@@ -1,7 +1,10 @@
 """Position information behind one interface (:class:`Positions`): embed, rotate, bias.
 
-- absolute (added to the embeddings): :class:`SinusoidalPositionalEmbedding`,
-  :class:`LearnedPositionalEmbedding`, 2-D patch grids (:class:`PatchGridPositions`,
+- absolute (added to the embeddings): the 1-D tables live in :mod:`attnlab.layers.block`, beside
+  the block whose input they feed, so the GPT reads in one file
+  (``attnlab.layers.LearnedPositionalEmbedding``, ``attnlab.layers.SinusoidalPositionalEmbedding``;
+  importing them here would make the two modules import each other); :func:`sinusoidal_table`;
+  2-D patch grids (:class:`PatchGridPositions`,
   :func:`sincos_2d`, :func:`interpolate_positions`);
 - inside attention: :class:`RotaryEmbedding` (RoPE rotates q and k), :class:`ALiBi` (a distance
   penalty on the scores), :class:`T5RelativeBias` (a learned score per distance bucket),
@@ -13,13 +16,8 @@ a model owns.
 
 from __future__ import annotations
 
-from attnlab.layers.position.absolute import (
-    LearnedPositionalEmbedding,
-    SinusoidalPositionalEmbedding,
-    sinusoidal_table,
-)
 from attnlab.layers.position.alibi import ALiBi, alibi_bias, alibi_slopes
-from attnlab.layers.position.base import NoPositions, Positions
+from attnlab.layers.position.base import NoPositions, Positions, sinusoidal_table
 from attnlab.layers.position.grid import PatchGridPositions, interpolate_positions, sincos_2d
 from attnlab.layers.position.relative import RelativePositionBias
 from attnlab.layers.position.rope import RotaryEmbedding, apply_rotary, rotate_half
@@ -30,8 +28,6 @@ __all__ = [
     "Positions",
     "NoPositions",
     "sinusoidal_table",
-    "SinusoidalPositionalEmbedding",
-    "LearnedPositionalEmbedding",
     "RotaryEmbedding",
     "apply_rotary",
     "rotate_half",

@@ -18,8 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.layers.hook import HookPoint
-from attnlab.layers.position.absolute import sinusoidal_table
-from attnlab.layers.position.base import Positions
+from attnlab.layers.position.base import Positions, sinusoidal_table
 
 __all__ = ["sincos_2d", "interpolate_positions", "PatchGridPositions"]
 

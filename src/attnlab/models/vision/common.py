@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from attnlab.config.block import BlockConfig
+from attnlab.config.base import BlockConfig
 from attnlab.layers.block import TransformerBlock
 from attnlab.layers.builders import build_block
 from attnlab.layers.patch_embed import check_images

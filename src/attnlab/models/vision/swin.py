@@ -33,11 +33,10 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.attention.capture import capture_attention
-from attnlab.config.block import BlockConfig
+from attnlab.config.base import BlockConfig
 from attnlab.config.vision import SwinConfig
-from attnlab.layers.block import TransformerBlock
+from attnlab.layers.block import TransformerBlock, make_norm
 from attnlab.layers.drop_path import DropPath, drop_path_rates
-from attnlab.layers.norm import make_norm
 from attnlab.layers.patch_embed import PatchEmbedding
 from attnlab.layers.position import NoPositions, Positions
 from attnlab.layers.position.grid import PatchGridPositions

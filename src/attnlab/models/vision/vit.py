@@ -29,8 +29,8 @@ from torch import Tensor, nn
 
 from attnlab.attention.capture import capture_attention
 from attnlab.config.vision import ViTConfig
+from attnlab.layers.block import make_norm
 from attnlab.layers.drop_path import drop_path_rates
-from attnlab.layers.norm import make_norm
 from attnlab.layers.patch_embed import PatchEmbedding
 from attnlab.layers.position.grid import PatchGridPositions
 from attnlab.models.registry import register_kind
