@@ -23,6 +23,7 @@ import json
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -222,41 +223,47 @@ def run_demo(
         task = LMTask(task.ids, task.tokenizer, task.config.replace(seq_len=choice.seq_len))
         torch.manual_seed(seed)
         transformer = DecoderLM(ModelConfig.from_dict({**choice.model, "vocab_size": V}))
-        return _run(
-            out,
-            task,
-            transformer,
-            choice,
-            budget,
-            steps,
-            seed,
-            device,
-            progress,
-            val_batches,
-            threads,
-            say,
-            optimizer,
+        settings = _DemoSettings(
+            out, budget, steps, seed, device, progress, val_batches, threads, say, optimizer
         )
+        return _run(settings, task, transformer, choice)
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _run(
-    out,
-    task,
-    transformer,
-    choice,
-    budget,
-    steps,
-    seed,
-    device,
-    progress,
-    val_batches,
-    threads,
-    say,
-    optimizer,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _DemoSettings:
+    """What :func:`run_demo` was asked for, as :func:`_run` reads it (``threads``: the count
+    the Transformer trains with, ``say``: the log callback)."""
+
+    out: Path
+    budget: float
+    steps: int | None
+    seed: int
+    device: str
+    progress: bool
+    val_batches: int | None
+    threads: int | None
+    say: Callable[[str], None]
+    optimizer: str
+
+
+def _run(settings: _DemoSettings, task, transformer, choice) -> dict[str, Any]:
     """The three trainings, the measurements and the figures (see :func:`run_demo`)."""
+    out, budget, steps, seed, device = (
+        settings.out,
+        settings.budget,
+        settings.steps,
+        settings.seed,
+        settings.device,
+    )
+    progress, val_batches, threads, say, optimizer = (
+        settings.progress,
+        settings.val_batches,
+        settings.threads,
+        settings.say,
+        settings.optimizer,
+    )
     V, seq_len, batch = task.vocab_size, choice.seq_len, choice.batch_size
     muon = ", Muon" if optimizer == "muon" else ""
     name_t = f"Transformer ({choice.row.n_layers}x{choice.row.d_model}, RoPE{muon})"
