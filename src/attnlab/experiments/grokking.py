@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.config.base import Config
 from attnlab.config.lm import ModelConfig
 from attnlab.errors import UserError
 from attnlab.experiments import common
@@ -57,8 +58,8 @@ MEMORISED_TRAIN_ACC = 0.99
 
 
 @dataclass
-class GrokkingConfig:
-    """Settings of the grokking experiment.
+class GrokkingConfig(Config):
+    """Settings of the grokking experiment (a :class:`~attnlab.config.Config`).
 
     Args:
         max_time: seconds for the whole experiment (both runs share it equally).

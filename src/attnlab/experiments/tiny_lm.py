@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from attnlab.config.base import Config
+
 __all__ = ["BOUNDS", "TinyLMSettings"]
 
 #: the ranges every tiny-LM experiment checks (a CPU experiment: larger values are mistakes,
@@ -18,8 +20,9 @@ BOUNDS = {
 
 
 @dataclass
-class TinyLMSettings:
-    """The settings every tiny-LM experiment has.
+class TinyLMSettings(Config):
+    """The settings every tiny-LM experiment has (a :class:`~attnlab.config.Config`: typed,
+    ``to_dict``/``from_dict``, unknown fields refused).
 
     Args:
         max_time: seconds for the whole experiment (the runs share it equally).
