@@ -71,6 +71,7 @@ __all__ = [
     "GatedFFN",
     "SwiGLU",
     "ACTIVATIONS",
+    "activation_fn",
     "Activation",
     "SinusoidalPositionalEmbedding",
     "LearnedPositionalEmbedding",
@@ -230,6 +231,17 @@ ACTIVATIONS = {
 }
 
 
+def activation_fn(name: str):
+    """The activation called ``name`` (one of :data:`ACTIVATIONS`).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; choose from {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
 class MLP(nn.Module):
     """Two linear layers with an activation between them.
 
@@ -254,14 +266,10 @@ class MLP(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(
-                f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}"
-            )
         hidden = 4 * d_model if hidden is None else hidden
         self.fc1 = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
         self.fc2 = nn.Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
-        self.act = ACTIVATIONS[activation]
+        self.act = activation_fn(activation)
         self.activation = activation
         self.dropout = nn.Dropout(dropout)
         self.hook_pre, self.hook_post = HookPoint(), HookPoint()  # (..., hidden): before/after act
@@ -296,15 +304,11 @@ class GatedFFN(nn.Module):
         dtype=None,
     ) -> None:
         super().__init__()
-        if activation not in ACTIVATIONS:
-            raise ValueError(
-                f"unknown activation {activation!r}; choose from {sorted(ACTIVATIONS)}"
-            )
         hidden = _swiglu_hidden(d_model) if hidden is None else hidden
         self.gate = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
         self.up = nn.Linear(d_model, hidden, bias=bias, device=device, dtype=dtype)
         self.down = nn.Linear(hidden, d_model, bias=bias, device=device, dtype=dtype)
-        self.act = ACTIVATIONS[activation]
+        self.act = activation_fn(activation)
         self.activation = activation
         self.dropout = nn.Dropout(dropout)
         # hook points (..., hidden): x W₁ (gate), x W₂ (up), and act(x W₁) ⊙ x W₂ (the neurons)
