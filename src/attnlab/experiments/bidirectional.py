@@ -36,7 +36,7 @@ import torch
 from attnlab.config import EncoderConfig, LMTaskConfig, MLMTaskConfig, ModelConfig
 from attnlab.config.base import Config
 from attnlab.errors import RunDirError, UserError
-from attnlab.experiments.common import undertrained
+from attnlab.experiments.common import percent, undertrained
 from attnlab.experiments.training import train_settings
 from attnlab.fileio import atomic_write_text
 from attnlab.metrics.significance import describe_z, mean_se, paired_z, wilson_interval
@@ -247,9 +247,8 @@ def summarise(report: dict) -> str | None:
         {name: m.get("top1") for name, m in report["models"].items()},
         threshold=floor,
         what=f"top-1 accuracy ({OVER_UNIGRAM:g}× the most frequent letters' is {100 * floor:.1f} %)",
-        max_time=None if cfg.get("steps") else cfg.get("max_time"),
-        steps=cfg.get("steps"),
-        fmt=lambda v: f"{100 * v:.1f} %",
+        budget=cfg,
+        fmt=percent,
     )
 
 

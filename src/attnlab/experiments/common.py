@@ -276,6 +276,7 @@ def undertrained(
     higher_is_better: bool = True,
     max_time: float | None = None,
     steps: int | None = None,
+    budget: Mapping[str, Any] | None = None,
     fmt: Callable[[float], str] = lambda v: f"{v:.3g}",
 ) -> str | None:
     """The paragraph that replaces an experiment's conclusion when its runs trained too little.
@@ -290,12 +291,17 @@ def undertrained(
         what: the score in words (``"exact match on 1-4-word sources"``).
         higher_is_better: accuracy-like (True) or loss-like (False).
         max_time: the budget used (seconds), to suggest a longer one; or ``steps``.
+        budget: the run's recorded config instead: its ``steps`` when it has them, else its
+            ``max_time``.
         fmt: how a score is written.
 
     Returns:
         ``"Undertrained: ... no conclusion is drawn; train longer (--max-time N)."``, or None
         when every run passed the threshold.
     """
+    if budget is not None:
+        steps = budget.get("steps")
+        max_time = None if steps else budget.get("max_time")
     short = {
         k: v
         for k, v in scores.items()
@@ -345,3 +351,8 @@ def check_bounds(cfg: Any, bounds: Mapping[str, tuple[float, float]]) -> None:
             if not (isinstance(v, (int, float)) and math.isfinite(v) and lo <= v <= hi):
                 flag = "--" + name.replace("_", "-")
                 raise UserError(f"{flag} must be between {lo:g} and {hi:g}, got {v!r}")
+
+
+def percent(v: float) -> str:
+    """A fraction written as a percentage with one decimal (``0.123`` -> ``12.3 %``)."""
+    return f"{100 * v:.1f} %"

@@ -424,9 +424,8 @@ def summarise(results: dict) -> str:
         {f"{r['model']} {r['training']}": r["exact_by_length"][first] for r in results["runs"]},
         threshold=SHORTEST_EXACT_MATCH,
         what=f"exact match on the shortest targets (length {first})",
-        max_time=None if cfg.get("steps") else cfg.get("max_time"),
-        steps=cfg.get("steps"),
-        fmt=lambda v: f"{100 * v:.1f} %",
+        budget=cfg,
+        fmt=common.percent,
     )
     if short is not None:
         return short

@@ -382,9 +382,8 @@ def summarise(results: dict) -> str:
         {f"weight decay {r['weight_decay']:g}": r["history"][-1]["train_acc"] for r in decayed},
         threshold=MEMORISED_TRAIN_ACC,
         what="the training accuracy",
-        max_time=None if cfg.get("steps") else cfg.get("max_time"),
-        steps=cfg.get("steps"),
-        fmt=lambda v: f"{100 * v:.1f} %",
+        budget=cfg,
+        fmt=common.percent,
     )
     if short is not None:
         return short

@@ -475,8 +475,7 @@ def summarise(results: dict) -> str:
             threshold=d["chance"] - BELOW_CHANCE,
             what="the loss on the second copy (nats; ln V = " + f"{d['chance']:.2f})",
             higher_is_better=False,
-            max_time=None if cfg.get("steps") else cfg.get("max_time"),
-            steps=cfg.get("steps"),
+            budget=cfg,
             fmt=lambda v: f"{v:.2f}",
         )
         if short is not None:

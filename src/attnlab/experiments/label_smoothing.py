@@ -191,7 +191,7 @@ def summarise(results: dict) -> str:
         what="held-out token accuracy",
         max_time=cfg.get("max_time"),
         steps=cfg.get("steps"),
-        fmt=lambda v: f"{100 * v:.1f} %",
+        fmt=common.percent,
     )
     if short is not None:
         return short

@@ -134,8 +134,7 @@ def undertrained_lm(results: dict, best: float | None, what: str) -> str | None:
         threshold=uniform - LEARNT_BELOW_UNIFORM,
         what=f"{what} (nats per character; ln V = {uniform:.2f})",
         higher_is_better=False,
-        max_time=None if cfg.get("steps") else cfg.get("max_time"),
-        steps=cfg.get("steps"),
+        budget=cfg,
         fmt=lambda v: f"{v:.2f}",
     )
 
