@@ -18,6 +18,15 @@ def _seed():
     yield
 
 
+@pytest.fixture
+def one_thread():
+    """Torch on one thread for the test (its seeded numbers repeat exactly), restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # -- browser tests (marked `browser`): headless Chromium from Debian's package, via Playwright ---
 
 CHROMIUM = os.environ.get("ATTNLAB_CHROMIUM", "/usr/bin/chromium")  # Debian's package

@@ -26,14 +26,6 @@ from attnlab.experiments.ablations import (
 from attnlab.interop.hf.lm import lm_config_to_hf
 
 
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_prefix_loss_of_a_causal_model_is_its_loss_at_those_positions(one_thread):
     """A causal model's logit at position ℓ − 1 cannot depend on what follows, so reading only
     the prefix gives the same loss as the full row at those positions; a maskless one differs."""

@@ -36,15 +36,6 @@ from attnlab.experiments.induction import (
 )
 from attnlab.inspect import ablate_heads
 
-
-@pytest.fixture
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # ----------------------------------------------------------------------------------------------
 # grokking
 

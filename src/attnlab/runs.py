@@ -48,8 +48,8 @@ from attnlab.data.tokenizers import TOKENIZER_FILE, load_tokenizer
 from attnlab.data.translation import load_vocabs
 
 # atomic writes and the sharded-checkpoint helpers live in fileio and dcp_files; their names
-# stay importable from here (earlier releases exported them)
-from attnlab.dcp_files import (
+# stay importable from here (earlier releases exported them), outside this module's __all__
+from attnlab.dcp_files import (  # noqa: F401
     LAST_WEIGHTS,
     SHARDED_DIR,
     SHARDED_META,
@@ -65,7 +65,7 @@ from attnlab.dcp_files import (
 )
 from attnlab.errors import RunDirError, UserError
 from attnlab.fast.quant import quantize_int8
-from attnlab.fileio import atomic_save, atomic_write_bytes, atomic_write_text
+from attnlab.fileio import atomic_save, atomic_write_bytes, atomic_write_text  # noqa: F401
 from attnlab.models.registry import ModelKind, get_kind
 from attnlab.runspec import RunSpec, build_run, resolve
 
@@ -81,23 +81,9 @@ __all__ = [
     "check_resumable",
     "save_model",
     "read_config",
-    "atomic_write_bytes",
-    "atomic_write_text",
-    "atomic_save",
     "WEIGHT_FILES",
     "QUANTIZE",
     "resolve_dtype",
-    "SHARDED_DIR",
-    "SHARDED_META",
-    "sharded_checkpoints",
-    "last_sharded",
-    "weights_step",
-    "read_sharded_weights",
-    "newest_weights",
-    "sharded_mismatch",
-    "check_sharded_identity",
-    "first_failure",
-    "single_process_dcp",
 ]
 
 #: ``weights=`` names accepted by :func:`load` besides a file name

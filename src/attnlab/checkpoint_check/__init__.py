@@ -21,31 +21,8 @@ mismatched dimension; a layer count that differs from the weights') and keeps a 
 when a meta rebuild with the weights' value makes the tensors fit better.
 """
 
+from attnlab.checkpoint_check import meta
 from attnlab.checkpoint_check.explain import explain, flat_ints
-from attnlab.checkpoint_check.meta import (
-    Header,
-    MetaBuild,
-    build_on_meta,
-    check_run_weights,
-    compare,
-    implied_size,
-    model_shapes,
-    read_header,
-    sharded_header,
-    with_ties,
-)
+from attnlab.checkpoint_check.meta import *  # noqa: F403  (the names of meta.__all__)
 
-__all__ = [
-    "Header",
-    "MetaBuild",
-    "read_header",
-    "sharded_header",
-    "build_on_meta",
-    "model_shapes",
-    "with_ties",
-    "implied_size",
-    "compare",
-    "explain",
-    "flat_ints",
-    "check_run_weights",
-]
+__all__ = [*meta.__all__, "explain", "flat_ints"]

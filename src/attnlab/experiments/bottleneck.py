@@ -25,12 +25,13 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch.nn.functional as F
 
 from attnlab.config.base import Config
 from attnlab.errors import RunDirError
-from attnlab.experiments.common import undertrained
+from attnlab.experiments.common import percent, undertrained
 from attnlab.experiments.training import numbers_data, train_settings, translation_model
 from attnlab.fileio import atomic_write_text
 from attnlab.metrics.translation import evaluate_pairs, teacher_forced_tokens, token_bleu
@@ -244,6 +245,21 @@ def format_table(results: dict) -> str:
 EASIEST_EXACT_MATCH = 0.5
 
 
+def _untrained_on_short(
+    scores: dict[str, float | None], first: Any, cfg: dict[str, Any]
+) -> str | None:
+    """The undertrained notice when a model misses the exact-match floor on the shortest
+    sources (None when every model passes it)."""
+    return undertrained(
+        scores,
+        threshold=EASIEST_EXACT_MATCH,
+        what=f"exact match on {first}-word sources",
+        max_time=cfg.get("max_time"),
+        steps=cfg.get("steps"),
+        fmt=percent,
+    )
+
+
 def summarise(results: dict) -> str:
     """One sentence per model: exact match on the shortest vs the longest well-populated bucket
     (the :data:`VARIANTS` are read by :func:`summarise_variants`)."""
@@ -259,14 +275,7 @@ def summarise(results: dict) -> str:
     text = f"Exact match from {first}-word to {last}-word sources — " + "; ".join(parts) + "."
     cfg = results.get("config") or {}
     easiest = {k: results["models"][k]["buckets"][first]["exact_match"] for k in kinds}
-    short = undertrained(
-        easiest,
-        threshold=EASIEST_EXACT_MATCH,
-        what=f"exact match on {first}-word sources",
-        max_time=cfg.get("max_time"),
-        steps=cfg.get("steps"),
-        fmt=lambda v: f"{100 * v:.1f} %",
-    )
+    short = _untrained_on_short(easiest, first, cfg)
     if short is not None:  # a model that cannot translate short sources says nothing of long ones
         return text + " " + short
     if "rnn" in drops and len(drops) > 1:
@@ -350,14 +359,7 @@ def summarise_variants(results: dict) -> str:
 
     notices, parts = [], []
     for ref in dict.fromkeys(refs.values()):
-        short = undertrained(
-            {ref: em(ref, first)},
-            threshold=EASIEST_EXACT_MATCH,
-            what=f"exact match on {first}-word sources",
-            max_time=cfg.get("max_time"),
-            steps=cfg.get("steps"),
-            fmt=lambda v: f"{100 * v:.1f} %",
-        )
+        short = _untrained_on_short({ref: em(ref, first)}, first, cfg)
         if short is not None:
             notices.append(f"Not read against {ref}: " + short)
             continue

@@ -23,7 +23,7 @@ import torch
 from attnlab.config.base import ConfigError
 from attnlab.config.multimodal import VQA_MODELS, VQAConfig
 from attnlab.data.scenes import QUESTION_TYPES, SceneConfig, Vocab
-from attnlab.experiments.common import undertrained
+from attnlab.experiments.common import percent, undertrained
 from attnlab.experiments.scene_runs import (
     SceneExperimentConfig,
     check_fresh,
@@ -127,7 +127,7 @@ def undertrained_note(results: dict) -> str | None:
         what=f"overall accuracy (the {BEAT_BASELINE} answer gets {100 * floor:.1f} %)",
         max_time=cfg.get("max_time"),
         steps=None if cfg.get("max_time") else cfg.get("steps"),
-        fmt=lambda v: f"{100 * v:.1f} %",
+        fmt=percent,
     )
 
 
