@@ -193,3 +193,12 @@ def test_rope_frequencies_stay_fp32_when_the_model_is_cast_to_bf16():
     exact = rope.inv_freq.clone()
     rope.to(torch.bfloat16)
     assert rope.inv_freq.dtype == torch.float32 and torch.equal(rope.inv_freq, exact)
+
+
+def test_absolute_positions_keep_their_earlier_module():
+    # the 1-D tables moved into layers/block.py; layers.position.absolute still names them
+    from attnlab.layers import block  # noqa: PLC0415
+    from attnlab.layers.position import absolute  # noqa: PLC0415
+
+    for name in ("LearnedPositionalEmbedding", "SinusoidalPositionalEmbedding"):
+        assert getattr(absolute, name) is getattr(block, name)
