@@ -121,6 +121,53 @@ def test_another_ranks_writability_probe_does_not_make_a_directory_taken(tmp_pat
         check_run_dir(run)
 
 
+def test_another_rank_checking_while_rank_0_takes_the_lock_sees_no_run(tmp_path, monkeypatch):
+    """Under torchrun rank 0 takes the lock while rank 1 may still be checking the directory:
+    the lock file rank 0 writes and links into place must not read as an existing run (CI hung
+    there: rank 1 was refused with "already exists" and rank 0 waited for it forever)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    seen = []
+
+    checking = []
+
+    def rank_1_checks():
+        if checking:  # (the check's own writability probe)
+            return
+        seen.append(sorted(os.listdir(run)))
+        checking.append(True)
+        monkeypatch.setenv("RANK", "1")
+        try:
+            check_run_dir(run)  # neither "already exists" nor "in use"
+        finally:
+            monkeypatch.setenv("RANK", "0")
+            checking.clear()
+
+    real_link, real_unlink = os.link, fileio._unlink_quietly
+
+    def link(src, dst, *args, **kwargs):
+        rank_1_checks()  # the lock's temporary file only
+        return real_link(src, dst, *args, **kwargs)
+
+    def unlink(path):
+        rank_1_checks()  # the lock and its temporary file, hard-linked
+        return real_unlink(path)
+
+    monkeypatch.setattr(fileio.os, "link", link)
+    monkeypatch.setattr(fileio, "_unlink_quietly", unlink)
+    lock = ckpt.lock_run_dir(run)
+    monkeypatch.undo()
+    try:
+        assert len(seen) == 2 and len(seen[0]) == 1 and seen[0][0].endswith(".tmp"), seen
+        assert seen[1] == sorted([LOCK, seen[0][0]])
+        (run / "notes.txt").touch()
+        monkeypatch.setenv("RANK", "1")
+        with pytest.raises(RunDirError, match="already exists"):
+            check_run_dir(run)  # what is not the lock still counts
+    finally:
+        lock.release()
+
+
 def test_two_concurrent_starts_one_trains_one_is_refused(tmp_path):
     """Two processes released at the same moment on one directory: exactly one trains, the
     other is refused as 'in use' and writes nothing."""
