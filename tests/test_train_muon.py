@@ -10,7 +10,7 @@ from attnlab.config import ModelConfig
 from attnlab.config.base import ConfigError
 from attnlab.models.lm import DecoderLM
 from attnlab.train import TrainConfig, make_optimizer, train
-from attnlab.train.muon import MuonAdamW
+from attnlab.train.muon import Muon, MuonAdamW
 from attnlab.train.optim import LRSchedule
 from test_train import ToyTask, base_cfg, make_model, train_losses
 
@@ -45,6 +45,46 @@ def test_muon_update_is_the_orthogonalised_momentum():
     u, _, vh = torch.linalg.svd(g, full_matrices=False)
     cos = (update * (u @ vh)).sum() / (update.norm() * (u @ vh).norm())
     assert cos > 0.95
+
+
+@pytest.mark.parametrize("shape", [(8, 16), (24, 6)])
+def test_attnlab_muon_is_torchs_update_with_newton_schulz_in_float32(shape):
+    """attnlab's Muon (float32 Newton–Schulz on a CPU) against the float64 formula, tightly, and
+    against torch.optim.Muon (bfloat16) within bfloat16's rounding; a tall matrix's step is
+    scaled by √(rows/cols) in both; the states load into each other."""
+    torch.manual_seed(1)
+    g = torch.randn(*shape) * torch.logspace(0, 1, shape[1])
+    lr, mu, decay = 0.1, 0.9, 0.01
+    steps = {}
+    for name, cls in (("attnlab", Muon), ("torch", torch.optim.Muon)):
+        w = nn.Parameter(torch.ones(*shape))
+        opt = cls([w], lr=lr, momentum=mu, weight_decay=decay, nesterov=True)
+        for _ in range(2):  # the second step reads the momentum buffer
+            w.grad = g.clone()
+            opt.step()
+        steps[name] = (w.detach().clone(), opt.state_dict())
+    # by hand: B ← B + (1-μ)(G - B); the Nesterov update G + μ(B - G) (torch's lerp form)
+    w = torch.ones(*shape, dtype=torch.float64)
+    buf = torch.zeros_like(w)
+    scale = max(1.0, shape[0] / shape[1]) ** 0.5
+    for _ in range(2):
+        buf = buf + (1 - mu) * (g.double() - buf)
+        update = g.double() + mu * (buf - g.double())
+        o = _newton_schulz(update.T).T if shape[0] > shape[1] else _newton_schulz(update)
+        w = w * (1 - lr * decay) - lr * scale * o
+    torch.testing.assert_close(steps["attnlab"][0], w.float(), atol=2e-5, rtol=0)
+    torch.testing.assert_close(steps["torch"][0], w.float(), atol=3e-2, rtol=0)
+    a, t = steps["attnlab"][1], steps["torch"][1]
+    assert a["param_groups"] == t["param_groups"]
+    torch.testing.assert_close(a["state"][0]["momentum_buffer"], t["state"][0]["momentum_buffer"])
+    back = torch.optim.Muon([nn.Parameter(torch.ones(*shape))], lr=lr)
+    back.load_state_dict(a)  # an attnlab checkpoint opens in torch's Muon, and the reverse
+    Muon([nn.Parameter(torch.ones(*shape))], lr=lr).load_state_dict(t)
+
+
+def test_make_optimizer_muon_is_attnlabs_float32_muon():
+    opt = make_optimizer(_lm(True), TrainConfig(optimizer="muon", steps=1), torch.device("cpu"))
+    assert type(opt.muon) is Muon
 
 
 def _lm(tie: bool) -> DecoderLM:
