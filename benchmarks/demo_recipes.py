@@ -49,6 +49,23 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "muon+value_embeds+muon_lr=0.04": (_VE, {**_MUON, "muon_lr": 0.04}),
     "muon+value_embeds+muon_lr=0.01": (_VE, {**_MUON, "muon_lr": 0.01}),
     "row_s+muon+value_embeds=2": ({"row": "s", "value_embeds": 2}, _MUON),
+    "muon+value_embeds+compile": (_VE, {**_MUON, "compile": True}),
+    "d96+muon+value_embeds": ({**_VE, "d_model": 96}, _MUON),
+    "d128+muon+value_embeds": ({**_VE, "d_model": 128}, _MUON),
+    "muon+value_embeds+lr=0.01": (_VE, {**_MUON, "lr": 0.01}),
+    "muon+value_embeds+lr=0.02": (_VE, {**_MUON, "lr": 0.02}),
+    "muon+value_embeds+lr=0.03": (_VE, {**_MUON, "lr": 0.03}),
+    "muon+value_embeds+lr=0.05": (_VE, {**_MUON, "lr": 0.05}),
+    "muon+value_embeds+lr=0.02+muon_lr=0.04": (_VE, {**_MUON, "lr": 0.02, "muon_lr": 0.04}),
+    "muon+value_embeds+lr=0.02+min_lr=0": (_VE, {**_MUON, "lr": 0.02, "min_lr_ratio": 0.0}),
+    "muon+lr=0.02": ({}, {**_MUON, "lr": 0.02}),
+    "adamw+lr=0.02": ({}, {"lr": 0.02}),
+    "muon+lr=0.03": ({}, {**_MUON, "lr": 0.03}),
+    "muon+lr=0.02+muon_lr=0.01": ({}, {**_MUON, "lr": 0.02, "muon_lr": 0.01}),
+    "row_s+muon": ({"row": "s"}, _MUON),
+    "row_s+muon+lr=0.02": ({"row": "s"}, {**_MUON, "lr": 0.02}),
+    "muon+value_embeds+min_lr=0": (_VE, {**_MUON, "min_lr_ratio": 0.0}),
+    "muon+value_embeds+warmup=10": (_VE, {**_MUON, "warmup_steps": 10}),
 }
 #: the demo's LSTM and its learning rate and warm-up
 LSTM_PRESET, LSTM_LR, LSTM_WARMUP = "small", 1e-2, 20
@@ -73,7 +90,8 @@ def train_row(
         row = ROWS[1] if model_changes.pop("row", "xs") == "s" else ROWS[0]  # xs: the demo's
         fields = {**row.model_fields(), "vocab_size": task.vocab_size, **model_changes}
         model = DecoderLM(ModelConfig.from_dict(fields))
-        cfg = TrainConfig(lr=row.lr, warmup_steps=row.warmup_steps, **common, **train_changes)
+        cfg = TrainConfig(**{"lr": row.lr, "warmup_steps": row.warmup_steps, **common,
+                             **train_changes})  # fmt: skip
     t0 = time.time()
     folder = "".join(ch if ch.isalnum() else "_" for ch in name)
     tag = f"{max_time:g}s" if max_time else f"{steps}"

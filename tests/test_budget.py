@@ -2,6 +2,7 @@
 batch, window, learning rate, warm-up and dropout; and ``attnlab train lm`` using it when no model
 is named."""
 
+import dataclasses
 import itertools
 import json
 
@@ -74,6 +75,35 @@ def test_the_sweeps_points_give_the_measured_recipes():
     assert c.steps == pytest.approx(300 * 15.5, abs=5) and (c.lr, c.dropout) == (4e-3, 0.0)
     # issue 12's point (89 s on its machine, 2000 reference steps) is below s's crossing
     assert choose_lm_settings(budget_s=89, corpus_tokens=PYDOC, vocab_size=103).row.name == "xs"
+
+
+def test_with_muon_the_rows_measured_adamw_rate_is_chosen():
+    """benchmarks/demo_recipes.py at the demo's settings (880 steps): with the matrices on Muon,
+    rows xs and s are best with the AdamW part at lr 0.02 (xs: 1.316 nats/char against 1.380 at
+    the row's 4e-3; s: 1.245 against 1.263); a row without a measured rate keeps its own;
+    AdamW runs are unchanged."""
+    kw = dict(budget_s=150, corpus_tokens=PYDOC, vocab_size=103, ref_steps_per_s=15.5)
+    muon = choose_lm_settings(**kw, optimizer="muon")
+    assert muon.row.name == "xs" and muon.lr == 0.02
+    at_300 = choose_lm_settings(**{**kw, "budget_s": 300}, optimizer="muon")
+    assert at_300.row.name == "s" and at_300.lr == 0.02
+    assert choose_lm_settings(**kw).lr == choose_lm_settings(**kw, optimizer="adamw").lr == 4e-3
+    # everything but the rate is the AdamW choice
+    assert muon == dataclasses.replace(choose_lm_settings(**kw), lr=0.02)
+    unmeasured = [r for r in ROWS if r.lr_with_muon is None]
+    for row in unmeasured:
+        c = choose_lm_settings(steps=10**4, corpus_tokens=10**9, rows=(row,), optimizer="muon")
+        assert c.lr == row.lr
+
+
+def test_train_lm_with_muon_takes_the_rows_muon_rate(tmp_path, capsys):
+    """No model named, ``--set train.optimizer=muon``: the run's config.json holds the row's Muon rate."""
+    argv = ["train", "lm", "--data", "pydoc", "--max-chars", "20000", "--steps", "2",
+            "--no-progress", "--set", "train.optimizer=muon", "--out", str(tmp_path / "run")]  # fmt: skip
+    assert main(argv) == 0
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert cfg["train"]["lr"] == ROWS[0].lr_with_muon and cfg["train"]["optimizer"] == "muon"
+    assert "lr 0.02" in capsys.readouterr().err
 
 
 def test_a_model_far_smaller_than_its_corpus_gets_no_dropout_at_ten_passes():

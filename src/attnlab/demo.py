@@ -218,6 +218,7 @@ def run_demo(
             corpus_tokens=task.n_tokens["train"],
             ref_steps_per_s=speed,
             vocab_size=V,
+            optimizer=optimizer,
         )
         say(f"budget rule: {choice.describe()}")
         task = LMTask(task.ids, task.tokenizer, task.config.replace(seq_len=choice.seq_len))

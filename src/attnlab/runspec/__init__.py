@@ -376,6 +376,7 @@ def _apply_budget_rule(spec: RunSpec, task: Any, ref_steps_per_s: float | None) 
         corpus_tokens=task.n_tokens["train"],
         ref_steps_per_s=ref_steps_per_s,
         vocab_size=task.vocab_size,
+        optimizer=train.optimizer,
     )
     auto = spec.auto
     seq_len = choice.seq_len if "task.seq_len" in auto else spec.task.seq_len

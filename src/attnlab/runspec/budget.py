@@ -75,6 +75,9 @@ class BudgetRow:
         warmup_steps: linear warm-up.
         min_steps: the fewest steps for which this row beats the row below it.
         source: where the numbers come from.
+        lr_with_muon: the peak rate of the AdamW part (embeddings, norms, the tied head) when
+            the hidden matrices train with Muon (``optimizer="muon"``), where measured
+            (``benchmarks/demo_recipes.py``); None: ``lr``.
     """
 
     name: str
@@ -87,6 +90,7 @@ class BudgetRow:
     warmup_steps: int
     min_steps: int
     source: str = ""
+    lr_with_muon: float | None = None
 
     def model_fields(self) -> dict[str, Any]:
         """The :class:`attnlab.config.ModelConfig` fields (a ``gpt2-mini``-style model, RoPE)."""
@@ -102,7 +106,20 @@ class BudgetRow:
 
 #: the table, smallest model first (see the module docstring for how a row is chosen)
 ROWS: tuple[BudgetRow, ...] = (
-    BudgetRow("xs", 2, 64, 4, 64, 12, 4e-3, 50, 0, "sweep: best at 30-150 s (1.263 at 150 s)"),
+    BudgetRow(
+        "xs",
+        2,
+        64,
+        4,
+        64,
+        12,
+        4e-3,
+        50,
+        0,
+        "sweep: best at 30-150 s (1.263 at 150 s); with Muon, 880 steps: lr 0.02 1.316, "
+        "0.03 1.318, 4e-3 1.380 nats/char",
+        lr_with_muon=0.02,
+    ),
     BudgetRow(
         "s",
         4,
@@ -113,7 +130,9 @@ ROWS: tuple[BudgetRow, ...] = (
         4e-3,
         100,
         3000,
-        "sweep: ahead of xs from about 200 s (1.248 at 300 s)",
+        "sweep: ahead of xs from about 200 s (1.248 at 300 s); with Muon, 880 steps: lr 0.02 "
+        "1.245, 4e-3 1.263 nats/char",
+        lr_with_muon=0.02,
     ),
     BudgetRow(
         "m", 4, 192, 6, 128, 16, 4e-3, 150, 2000, "sweep: 0.06 behind s at 300 s; interpolated"
@@ -198,6 +217,7 @@ def choose_lm_settings(
     ref_steps_per_s: float | None = None,
     vocab_size: int = DEFAULT_VOCAB,
     rows: tuple[BudgetRow, ...] = ROWS,
+    optimizer: str = "adamw",
 ) -> LMBudgetChoice:
     """Pick model size, batch, window, learning rate, warm-up and dropout for a budget.
 
@@ -209,6 +229,8 @@ def choose_lm_settings(
             (:func:`measure_ref_steps_per_s`); default: the 2-core machine of issue 12.
         vocab_size: the tokenizer's vocabulary (for the FLOPs and parameter counts).
         rows: the table, smallest first.
+        optimizer: ``TrainConfig.optimizer``; with ``"muon"`` the rate is the row's
+            ``lr_with_muon`` where it has one (the rate of the AdamW part).
 
     Returns:
         An :class:`LMBudgetChoice`.
@@ -248,7 +270,7 @@ def choose_lm_settings(
         model={**chosen.model_fields(), "dropout": dropout},
         seq_len=chosen.seq_len,
         batch_size=chosen.batch_size,
-        lr=chosen.lr,
+        lr=chosen.lr_with_muon if optimizer == "muon" and chosen.lr_with_muon else chosen.lr,
         warmup_steps=max(1, min(chosen.warmup_steps, n_steps // 10)),
         dropout=dropout,
         steps=n_steps,
