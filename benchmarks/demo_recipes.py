@@ -63,6 +63,8 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "muon+lr=0.03": ({}, {**_MUON, "lr": 0.03}),
     "muon+lr=0.02+muon_lr=0.01": ({}, {**_MUON, "lr": 0.02, "muon_lr": 0.01}),
     "row_s+muon": ({"row": "s"}, _MUON),
+    "d96+muon+lr=0.02": ({"d_model": 96}, {**_MUON, "lr": 0.02}),
+    "L3+muon+lr=0.02": ({"n_layers": 3}, {**_MUON, "lr": 0.02}),
     "row_s+muon+lr=0.02": ({"row": "s"}, {**_MUON, "lr": 0.02}),
     "muon+value_embeds+min_lr=0": (_VE, {**_MUON, "min_lr_ratio": 0.0}),
     "muon+value_embeds+warmup=10": (_VE, {**_MUON, "warmup_steps": 10}),

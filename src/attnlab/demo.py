@@ -110,7 +110,8 @@ DEMO_FILES = ("transformer", "lstm", "bigram", "loss.png", "attention.png", "rep
 #: `make demo` with its ~2 min of set-up stays within 5 minutes)
 DEFAULT_BUDGET = 45.0
 #: the Transformer's optimizer (the baselines': AdamW): Muon, 0.14 nats/char better per token
-#: at the demo's settings, and ahead of AdamW given 37 % more steps (benchmarks/demo_recipes.py)
+#: at the demo's settings, and ahead of AdamW given 37 % more steps; its AdamW part (embeddings,
+#: norms, the tied head) at the budget row's ``lr_with_muon`` (benchmarks/demo_recipes.py)
 TRANSFORMER_OPTIMIZER = "muon"
 #: validation batches of the curves during training (the same batches for every model)
 CURVE_BATCHES = 4
