@@ -71,16 +71,6 @@ def _env() -> dict:
     }
 
 
-def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "attnlab.cli", *args],
-        capture_output=True,
-        text=True,
-        env={**_env(), **env},
-        timeout=600,
-    )
-
-
 def _paused(run: Path, pause_at: int, *args: str) -> tuple[subprocess.Popen, Path]:
     """Start a training that pauses at step ``pause_at``; return once it has got there."""
     marker = run.parent / f"{run.name}.paused"
@@ -255,9 +245,8 @@ def test_a_real_full_file_system(tmp_path):
     assert ".attnlab.lock" not in listing and ".tmp" not in listing, listing  # nothing left over
     assert "loaded step 3" in lines, r.stdout
     assert "resume rc=0" in lines, (out / "resume.err").read_text()
-    ref = tmp_path / "ref"
-    done = _cli("train", "lm", *TINY, "--steps", "9", "--eval-every", "3", "--out", str(ref))
-    assert done.returncode == 0, done.stderr
+    ref = tmp_path / "ref"  # (the reference needs no process of its own: trained in this one)
+    assert main(["train", "lm", *TINY, "--steps", "9", "--eval-every", "3", "--out", str(ref)]) == 0
     _same_weights(out / "resumed.safetensors", ref / "model.safetensors")
 
 
@@ -363,10 +352,12 @@ def test_a_directory_without_write_permission_is_refused(tmp_path, monkeypatch, 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
+    """The reference run, trained in this process (only the interrupted runs need their own)."""
     run = tmp_path_factory.mktemp("ref") / "run"
     args = ["train", "lm", *TINY, "--steps", "24", "--eval-every", "1000", "--out", str(run)]
-    done = _cli(*args, ATTNLAB_CACHE=str(run.parent / "cache"))
-    assert done.returncode == 0, done.stderr
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATTNLAB_CACHE", str(run.parent / "cache"))
+        assert main(args) == 0
     return run
 
 
@@ -392,8 +383,7 @@ def test_a_signal_from_outside_saves_and_resume_is_exact(
     assert "Traceback" not in err
     assert _step_of(run / "model.safetensors") == 9
     assert not (run / ".attnlab.lock").exists()
-    done = _cli("train", "lm", "--resume", "--out", str(run))  # as the message says
-    assert done.returncode == 0, done.stderr
+    assert main(["train", "lm", "--resume", "--out", str(run)]) == 0  # as the message says
     _same_weights(run / "model.safetensors", uninterrupted / "model.safetensors")
 
 
