@@ -26,8 +26,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import attnlab.cli as _cli
 import attnlab.train.trainer as _trainer
-from attnlab.cli import main
+from attnlab.cli import build_parser, main
 
 
 class ReachedTraining(BaseException):
@@ -56,6 +57,18 @@ _WORK = [
     ("attnlab.experiments.sequence_primitives", "train_recall"),
     ("attnlab.experiments.swin_cost", "measure_costs"),  # (builds and times, no training)
 ]
+
+
+# One parser for every invocation: building it (some 900 flags) took ~80 ms, as long as many a
+# refused invocation, and the property tests make hundreds. Parsing leaves it as it was (each
+# call fills a new namespace; no attnlab action or command keeps state on it).
+_PARSERS: list = []
+
+
+def _parser():
+    if not _PARSERS:
+        _PARSERS.append(build_parser())
+    return _PARSERS[0]
 
 
 @dataclass
@@ -104,12 +117,13 @@ def _sandbox(cwd: Path, home: Path, cache: Path, err: io.StringIO) -> Iterator[N
     root.addHandler(shown)
     env = {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "ATTNLAB_CACHE": str(cache)}
     saved_env = {k: os.environ.get(k) for k in env}
-    run = _trainer._Loop.run
+    run, parser = _trainer._Loop.run, _cli.build_parser
     work = [(importlib.import_module(m), name) for m, name in _WORK]
     saved_work = [getattr(m, name) for m, name in work]
     try:
         os.environ.update(env)
         _trainer._Loop.run = _no_training
+        _cli.build_parser = _parser
         for m, name in work:
             setattr(m, name, _no_work)
         with contextlib.chdir(cwd), warnings.catch_warnings():
@@ -120,7 +134,7 @@ def _sandbox(cwd: Path, home: Path, cache: Path, err: io.StringIO) -> Iterator[N
             )
             yield
     finally:
-        _trainer._Loop.run = run
+        _trainer._Loop.run, _cli.build_parser = run, parser
         for (m, name), saved in zip(work, saved_work, strict=True):
             setattr(m, name, saved)
         for k, v in saved_env.items():
