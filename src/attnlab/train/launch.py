@@ -17,6 +17,7 @@ resumed run's) ``max_time``, which would otherwise win over it.
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@functools.cache  # one subclass per action class (each parser build made ~300 new classes)
 def _tracked(action_cls: type) -> type:
     def __call__(self, parser, namespace, values, option_string=None):  # noqa: N807
         given = getattr(namespace, _GIVEN, None)
