@@ -8,17 +8,20 @@ import os
 import pytest
 import torch
 
-tl = pytest.importorskip("transformer_lens", reason="transformer-lens (the test extra) is missing")
-T = pytest.importorskip("transformers")
-
-from attnlab.inspect import patch_heads, patch_positions, run_with_cache  # noqa: E402
-from attnlab.interop import from_hf  # noqa: E402
+from attnlab.inspect import patch_heads, patch_positions, run_with_cache
+from attnlab.interop import from_hf
 
 pytestmark = pytest.mark.slow  # importing TransformerLens takes seconds
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
+    # imported here, not at collection: TransformerLens took ~2 s in every test worker (and in
+    # `-m "not slow"` runs, which deselect this file)
+    tl = pytest.importorskip(
+        "transformer_lens", reason="transformer-lens (the test extra) is missing"
+    )
+    T = pytest.importorskip("transformers")
     os.environ["HF_HUB_OFFLINE"] = "1"
     torch.manual_seed(0)
     cfg = T.GPT2Config(
