@@ -214,7 +214,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 @needs_tmpfs
-def test_a_real_full_file_system(tmp_path):
+def test_a_real_full_file_system(tmp_path, one_thread):
     """A tmpfs that fills up between two checkpoints: the real errors of safetensors / torch
     become the same one line, and the earlier checkpoint loads and resumes exactly."""
     mnt, out = tmp_path / "mnt", tmp_path / "out"
@@ -352,12 +352,18 @@ def test_a_directory_without_write_permission_is_refused(tmp_path, monkeypatch, 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> Path:
-    """The reference run, trained in this process (only the interrupted runs need their own)."""
+    """The reference run, trained in this process (only the interrupted runs need their own),
+    on one thread like the processes it is compared with (OMP_NUM_THREADS=1)."""
     run = tmp_path_factory.mktemp("ref") / "run"
     args = ["train", "lm", *TINY, "--steps", "24", "--eval-every", "1000", "--out", str(run)]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ATTNLAB_CACHE", str(run.parent / "cache"))
-        assert main(args) == 0
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("ATTNLAB_CACHE", str(run.parent / "cache"))
+            assert main(args) == 0
+    finally:
+        torch.set_num_threads(threads)
     return run
 
 
@@ -366,7 +372,7 @@ def uninterrupted(tmp_path_factory) -> Path:
     [(signal.SIGTERM, 143, "terminated (SIGTERM)"), (signal.SIGINT, 130, "interrupted")],
 )
 def test_a_signal_from_outside_saves_and_resume_is_exact(
-    tmp_path, uninterrupted, signum, status, word
+    tmp_path, uninterrupted, signum, status, word, one_thread
 ):
     """SIGTERM (a scheduler) or SIGINT (Ctrl-C) while step 10 runs, with no checkpoint due before
     step 24: the process saves the 9 completed steps and exits 143 / 130; --resume then ends with
