@@ -42,6 +42,7 @@ __all__ = [
     "check_writable",
     "PROBE_PREFIX",
     "remove_temporaries",
+    "is_temporary",
     "DirectoryLock",
     "LockHeld",
     "lock_holder",
@@ -195,6 +196,18 @@ def atomic_save(path: str | os.PathLike, writer: Callable[[str], None]) -> None:
 PROBE_PREFIX = ".attnlab-probe-"  # check_writable's empty file, there for a moment
 
 
+def is_temporary(entry: str, names: Iterable[str]) -> bool:
+    """True if the file name ``entry`` is a temporary file of one of ``names`` (an atomic
+    write's, or a lock file's before it is linked into place) or a writability probe."""
+    patterns = []
+    for name in names:
+        suffixes = {".tmp", Path(name).suffix or ".tmp"}
+        ends = "|".join(re.escape(s) for s in sorted(suffixes))
+        patterns.append(re.escape(f".{name}.") + rf"[a-z0-9_]{{8}}(?:{ends})\Z")
+    patterns.append(re.escape(PROBE_PREFIX) + r"[a-z0-9_]{8}\Z")
+    return any(re.match(p, entry) for p in patterns)
+
+
 def remove_temporaries(directory: str | os.PathLike, names: Iterable[str]) -> list[str]:
     """Delete the temporary files of ``names`` that a killed writer left in ``directory``.
 
@@ -203,19 +216,14 @@ def remove_temporaries(directory: str | os.PathLike, names: Iterable[str]) -> li
     Returns:
         The names of the files removed.
     """
-    patterns = []
-    for name in names:
-        suffixes = {".tmp", Path(name).suffix or ".tmp"}
-        ends = "|".join(re.escape(s) for s in sorted(suffixes))
-        patterns.append(re.compile(re.escape(f".{name}.") + rf"[a-z0-9_]{{8}}(?:{ends})\Z"))
-    patterns.append(re.compile(re.escape(PROBE_PREFIX) + r"[a-z0-9_]{8}\Z"))
+    names = tuple(names)
     removed = []
     try:
         entries = os.listdir(directory)
     except OSError:
         return removed
     for entry in entries:
-        if any(p.match(entry) for p in patterns):
+        if is_temporary(entry, names):
             _unlink_quietly(os.path.join(directory, entry))
             removed.append(entry)
     return removed

@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,7 +35,6 @@ from torch import nn
 from attnlab import dcp_files, fileio
 from attnlab.errors import RunDirError, UserError
 from attnlab.fileio import (
-    PROBE_PREFIX,
     AtomicFiles,
     DirectoryLock,
     LockHeld,
@@ -158,18 +156,12 @@ def _in_use(run_dir: Path, holder: dict | None) -> RunDirError:
     )
 
 
-#: the lock file :class:`~attnlab.fileio.DirectoryLock` writes, then links into place
-_LOCK_TEMPORARY = re.compile(re.escape(f".{LOCK_FILE}.") + r"[a-z0-9_]{8}\.tmp\Z")
-
-
 def _holds_files(run_dir: Path) -> bool:
     """Anything but the lock file, the lock file being written, and a writability probe (under
     torchrun the ranks check the same directory at once: rank 0 taking the lock, or one rank's
     probe, must not make it look taken to another)."""
     return any(
-        p.name != LOCK_FILE
-        and not p.name.startswith(PROBE_PREFIX)
-        and not _LOCK_TEMPORARY.match(p.name)
+        p.name != LOCK_FILE and not fileio.is_temporary(p.name, (LOCK_FILE,))
         for p in run_dir.iterdir()
     )
 
