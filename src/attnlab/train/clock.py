@@ -6,8 +6,9 @@ The rule (docs/training.md):
   importing torch and preparing the data count) or, from Python, when :func:`attnlab.train.train`
   is called; a resumed run adds the seconds of its earlier sessions.
 - Every validation and checkpoint is inside the budget. To leave room for the final one, the loop
-  stops once ``elapsed + one step + reserve >= max_time``, where ``reserve`` is what the last
-  validation + checkpoint took. A timed run therefore validates when a session starts (step 0, or
+  stops once ``elapsed + one step + reserve >= max_time``, where ``reserve`` is the longest
+  validation + checkpoint of the session so far (the final one, with the last loss curve, can
+  take longer than a typical one). A timed run therefore validates when a session starts (step 0, or
   the step it resumes from, unless that step was validated already): that measures the reserve
   before it is needed, and puts the initial loss on the curve.
 - The learning-rate schedule runs on ``(elapsed + one step) / (max_time - reserve)``, so it ends
@@ -72,7 +73,7 @@ class Budget:
         self.max_time = max_time
         self.device = device
         self.step_time: float | None = None  # running mean of one optimizer step (seconds)
-        self.reserve: float | None = None  # what the last validation + checkpoint took
+        self.reserve: float | None = None  # the longest validation + checkpoint so far
         self.warn = warn
 
     @classmethod
@@ -88,9 +89,9 @@ class Budget:
             self.step_time = 0.8 * self.step_time + 0.2 * seconds
 
     def record_final(self, seconds: float) -> None:
-        """A validation + checkpoint took ``seconds``: the reserve for the final one (a warning,
-        once, if that is more than half the budget)."""
-        self.reserve = seconds
+        """A validation + checkpoint took ``seconds``: the reserve for the final one is the
+        longest so far (a warning, once, if that is more than half the budget)."""
+        self.reserve = seconds if self.reserve is None else max(self.reserve, seconds)
         if seconds > 0.5 * self.max_time and self.warn:
             self.warn = False
             log.warning(
