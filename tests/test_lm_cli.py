@@ -13,12 +13,13 @@ from safetensors.torch import load_file
 
 import attnlab
 from attnlab.cli import main
-from attnlab.config import ModelConfig
+from attnlab.config import LMTaskConfig, ModelConfig
 from attnlab.data.tokenizers import ByteBPETokenizer
 from attnlab.decoding import beam_generate, generate
 from attnlab.demo import TRANSFORMER_OPTIMIZER
 from attnlab.interop import to_hf
 from attnlab.models.lm import DecoderLM
+from attnlab.tasks.lm import LMTask
 
 pytestmark = pytest.mark.slow
 
@@ -246,8 +247,10 @@ def test_demo_runs_and_can_run_again(tmp_path, capsys):
         records = [json.loads(x) for x in (out / sub / "metrics.jsonl").read_text().splitlines()]
         last = [r for r in records if "val_loss" in r][-1]
         assert last["step"] == 2 and m["curve_at_equal"] == pytest.approx(last["val_loss"])
-        assert f"{m['curve_at_equal']:.4f}" in text
-    assert f"at {2 * per_step:,} tokens, the fewest any model reached" in text
+        # the same steps each: every model's equal-token loss is its final one, its own run
+        assert m["at_equal"]["val_loss"] == m["val_loss"]
+        assert m["at_equal"]["run"] == str(out / sub)
+    assert f"trained for {2 * per_step:,} tokens, the fewest any model reached" in text
     optimizers = [
         json.loads((out / sub / "config.json").read_text())["train"]["optimizer"]
         for sub in ("transformer", "lstm", "bigram")
@@ -267,6 +270,34 @@ def test_demo_runs_and_can_run_again(tmp_path, capsys):
         assert m["tokens"] == m["steps"] * report["tokens_per_step"] and m["steps"] >= 1
         assert f"{m['tokens']:,}" in text
     assert report["equal_tokens"] == min(m["tokens"] for m in report["models"])
+    # at equal tokens: the model with the fewest as it ended; every other one trained again
+    # from the seed for exactly that many steps, measured on the same batches (checked here by
+    # loading its run and scoring it independently)
+    equal_steps = report["equal_tokens"] // per_step
+    task = LMTask.build(
+        LMTaskConfig(data="pydoc", tokenizer="char", seq_len=report["seq_len"], seed=0)
+    )
+    retrained = []
+    for m, sub in zip(report["models"], ("transformer", "lstm", "bigram")):
+        at = m["at_equal"]
+        assert f"{at['val_loss']:.4f}" in text
+        if m["tokens"] == report["equal_tokens"]:
+            assert at["val_loss"] == m["val_loss"] and at["run"] == str(out / sub)
+            continue
+        retrained.append(sub)
+        assert at["run"] == str(out / f"{sub}_equal_tokens")
+        cfg = json.loads((out / f"{sub}_equal_tokens" / "config.json").read_text())["train"]
+        assert cfg["steps"] == equal_steps and cfg["max_time"] is None
+        model = attnlab.load(at["run"], weights="last").model
+        assert task.val_loss(model, batch_size=32, n_batches=1)["loss"] == pytest.approx(
+            at["val_loss"], abs=1e-5
+        )
+    assert retrained  # the bigram, at least, reads far more than the others in 2 s
+    # a later demo where none is retrained leaves no second runs of an earlier one behind
+    assert main(["demo", "--out", str(out), "--steps", "1", "--val-batches", "1",
+                 "--no-progress"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert not any((out / f"{sub}_equal_tokens").exists() for sub in retrained)
 
 
 def test_generate_from_a_hugging_face_folder(tmp_path, capsys):

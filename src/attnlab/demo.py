@@ -10,9 +10,13 @@
 3. Measure all three on the whole held-out split, sample from the Transformer, and write a loss
    curve comparing the three (against training tokens) plus an attention heatmap of the
    Transformer's last layer.
-4. Compare them at equal tokens too: every model's validation curve (the same 4 held-out batches
-   for each) read at the fewest tokens any model reached, interpolated linearly between the
-   curve's points (:func:`loss_at_tokens`).
+4. Compare them at equal tokens too, on the whole held-out split: every model that read more than
+   the fewest tokens any model reached is trained again from the same initialisation for exactly
+   that many steps, its schedule (warm-up, cosine decay) fitted to them, and measured like the
+   others. (A copy of its weights taken at that point of its longer run would be mid-schedule,
+   at a high learning rate, and read worse than a run of that length.)
+   The validation curves during training (the same 4 held-out batches for each) are also read at
+   that count (:func:`loss_at_tokens`), in the report only.
 
 With ``steps`` every model trains exactly that many steps instead (the same tokens each).
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -103,11 +108,21 @@ def _plot_val_curves(
     save_png(fig, path)
 
 
+#: the models' run directories (``<name>_equal_tokens``: a model trained again for the fewest
+#: tokens any model reached)
+RUN_DIRS = ("transformer", "lstm", "bigram")
+EQUAL_SUFFIX = "_equal_tokens"
 #: what a demo directory holds; re-running the demo overwrites exactly these
-DEMO_FILES = ("transformer", "lstm", "bigram", "loss.png", "attention.png", "report.json")
-#: seconds of training per model by default: 3 x 45 s, then ~15 s of speed probe, evaluation,
-#: sample and plots (2.5 min in all measured on the 2-core machine, so that a fresh clone's
-#: `make demo` with its ~2 min of set-up stays within 5 minutes)
+DEMO_FILES = (
+    *RUN_DIRS,
+    *(name + EQUAL_SUFFIX for name in RUN_DIRS),
+    "loss.png",
+    "attention.png",
+    "report.json",
+)
+#: seconds of training per model by default: 3 x 45 s, then the faster models again for the
+#: slowest one's tokens (up to ~45 s more), and ~15 s of speed probe, evaluation, sample and
+#: plots (about 3 minutes in all)
 DEFAULT_BUDGET = 45.0
 #: the Transformer's optimizer (the baselines': AdamW): Muon, 0.14 nats/char better per token
 #: at the demo's settings, and ahead of AdamW given 37 % more steps; its AdamW part (embeddings,
@@ -169,10 +184,14 @@ def run_demo(
             ``adamw``); the baselines train with AdamW.
 
     Returns:
-        ``{"models": [{name, kind, params, steps, tokens, val_loss, time, curve_at_equal}],
-        "budget", "tokens_per_step", "equal_tokens", "sample", "files", ...}``:
-        ``curve_at_equal`` is the model's validation curve (``CURVE_BATCHES`` batches) at
-        ``equal_tokens``, the fewest tokens any model reached (None off its curve).
+        ``{"models": [{name, kind, params, steps, tokens, val_loss, time, at_equal,
+        curve_at_equal}], "budget", "tokens_per_step", "equal_tokens", "sample", "files", ...}``:
+        ``equal_tokens`` is the fewest tokens any model reached; ``at_equal`` is
+        ``{"val_loss", "run", "time"}``, the model trained for exactly that many tokens (the
+        model itself when it reached no more, else a second run from the same initialisation)
+        on the same validation batches as ``val_loss``; ``curve_at_equal`` is the model's
+        validation curve during training (``CURVE_BATCHES`` batches) read at ``equal_tokens``
+        (None off its curve).
 
     Raises:
         UserError: a setting out of range; ``out`` holding other files.
@@ -250,6 +269,27 @@ class _DemoSettings:
     optimizer: str
 
 
+def _baseline_warmup(steps: int) -> int:
+    """The LSTM's and the bigram's warm-up for a run of ``steps``: 20, at most a tenth."""
+    return min(20, max(1, steps // 10))
+
+
+@dataclass(frozen=True)
+class _Model:
+    """One of the demo's models: its name, run directory, how to build it from the seed, its
+    optimizer, learning rate and warm-up for a run of n steps; ``one_thread``: train on one
+    thread (an LSTM step is 128 small sequential matmuls, and splitting them over threads costs
+    more in synchronisation than it gains: several times slower on a busy 2-core machine)."""
+
+    name: str
+    sub: str
+    make: Callable[[], torch.nn.Module]
+    optimizer: str
+    lr: float
+    warmup_for: Callable[[int], int]
+    one_thread: bool = False
+
+
 def _run(settings: _DemoSettings, task, transformer, choice) -> dict[str, Any]:
     """The three trainings, the measurements and the figures (see :func:`run_demo`)."""
     out, budget, steps, seed, device = (
@@ -282,53 +322,96 @@ def _run(settings: _DemoSettings, task, transformer, choice) -> dict[str, Any]:
         what, warmup_baseline = f"for {budget:.0f} s", 20
     else:
         length = dict(steps=steps, eval_every=max(1, steps // 4))
-        what, warmup_baseline = f"for {steps} steps", min(20, max(1, steps // 10))
+        what, warmup_baseline = f"for {steps} steps", _baseline_warmup(steps)
     lr, warmup = choice.lr, choice.warmup_steps
     clock.count_from(None)  # each model's clock starts with its training, not with the command
-    say(f"[1/3] {name_t} {what} ...")
-    t_cfg = TrainConfig(lr=lr, warmup_steps=warmup, optimizer=optimizer, **length, **common)
-    t0 = time.time()
-    results = {name_t: train(transformer, task, t_cfg, out / "transformer", overwrite=True)}
-    times = [time.time() - t0]
-
-    baselines = [
-        (
+    t_model = choice.model | {"vocab_size": V}
+    entries = [
+        _Model(
+            name_t,
+            "transformer",
+            lambda: DecoderLM(ModelConfig.from_dict(t_model)),
+            optimizer,
+            lr,
+            lambda n: max(1, min(choice.row.warmup_steps, n // 10)),
+        ),
+        _Model(
             "LSTM (1 layer, 256)",
             "lstm",
             lambda: LSTMLM(LSTMConfig.preset("small", vocab_size=V, max_seq_len=seq_len)),
+            "adamw",
             1e-2,
+            _baseline_warmup,
+            one_thread=True,
         ),
-        (
+        _Model(
             "bigram",
             "bigram",
             lambda: BigramLM(BigramConfig(vocab_size=V, max_seq_len=seq_len)),
+            "adamw",
             1e-1,
+            _baseline_warmup,
+            one_thread=True,
         ),
     ]
-    models = {name_t: transformer}
-    for i, (name, sub, make, base_lr) in enumerate(baselines, start=2):
-        say(f"[{i}/3] {name} {what} ...")
-        torch.manual_seed(seed)
-        model = make()
-        cfg = TrainConfig(lr=base_lr, warmup_steps=warmup_baseline, **length, **common)
+
+    def fit(entry: _Model, model, length: dict[str, Any], warmup_steps: int, sub: str):
+        """Train one model into ``out / sub``; returns (TrainResult, seconds)."""
+        cfg = TrainConfig(
+            lr=entry.lr, warmup_steps=warmup_steps, optimizer=entry.optimizer, **length, **common
+        )
+        before = torch.get_num_threads()
+        if entry.one_thread:
+            torch.set_num_threads(1)
         t0 = time.time()
-        # an LSTM step is 128 small sequential matmuls: splitting them over threads costs more
-        # in synchronisation than it gains (several times slower on a busy 2-core machine)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
         try:
-            results[name] = train(model, task, cfg, out / sub, overwrite=True)
+            return train(model, task, cfg, out / sub, overwrite=True), time.time() - t0
         finally:
-            torch.set_num_threads(threads)
-        times.append(time.time() - t0)
-        models[name] = model
+            torch.set_num_threads(before)
+
+    results, times, models = {}, [], {}
+    for i, entry in enumerate(entries, start=1):
+        say(f"[{i}/3] {entry.name} {what} ...")
+        if i == 1:
+            model = transformer  # built by run_demo from the seed
+        else:
+            torch.manual_seed(seed)
+            model = entry.make()
+        # the Transformer's warm-up is the rule's (for the steps it expects); the baselines' 20
+        model_warmup = warmup if i == 1 else warmup_baseline
+        results[entry.name], elapsed = fit(entry, model, length, model_warmup, entry.sub)
+        times.append(elapsed)
+        models[entry.name] = model
+
+    tokens_per_step = batch * seq_len
+    equal_steps = min(res.steps for res in results.values())
+    equal = equal_steps * tokens_per_step  # the fewest tokens
+    # at equal tokens: each model that read more, again from the seed for exactly equal_steps
+    at_equal: dict[str, dict[str, Any]] = {}
+    for entry in entries:
+        again = out / (entry.sub + EQUAL_SUFFIX)
+        if results[entry.name].steps == equal_steps:
+            if again.exists():  # an earlier demo's second run: not this demo's
+                shutil.rmtree(again)
+            continue
+        say(f"at equal tokens: {entry.name} again for {equal_steps:,} steps ({equal:,} tokens)")
+        torch.manual_seed(seed)
+        model = entry.make()
+        length_equal = dict(steps=equal_steps, eval_every=max(1, equal_steps // 4))
+        warmup_equal = entry.warmup_for(equal_steps)
+        result, elapsed = fit(entry, model, length_equal, warmup_equal, again.name)
+        at_equal[entry.name] = {"model": model, "run": str(result.run_dir), "time": elapsed}
 
     say("measuring the whole validation split ...")
-    tokens_per_step = batch * seq_len
-    equal = min(res.steps for res in results.values()) * tokens_per_step  # the fewest tokens
     rows = []
     for (name, model), elapsed in zip(models.items(), times):
         val = task.val_loss(model, batch_size=32, n_batches=val_batches)
+        if name in at_equal:
+            second = at_equal[name]
+            loss = task.val_loss(second.pop("model"), batch_size=32, n_batches=val_batches)
+            at = {"val_loss": loss["loss"], **second}
+        else:
+            at = {"val_loss": val["loss"], "run": str(results[name].run_dir), "time": elapsed}
         n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
         n_steps = results[name].steps
         rows.append(
@@ -340,6 +423,7 @@ def _run(settings: _DemoSettings, task, transformer, choice) -> dict[str, Any]:
                 "tokens": n_steps * batch * seq_len,
                 "val_loss": val["loss"],
                 "time": elapsed,
+                "at_equal": at,
                 "curve_at_equal": loss_at_tokens(
                     val_curve(results[name].history, tokens_per_step), equal
                 ),
@@ -419,16 +503,15 @@ def format_report(report: dict[str, Any], seconds: float) -> str:
         f"{'at equal tokens*':>18}",
     ]
     for row in report["models"]:
-        at = row.get("curve_at_equal")
+        at = f"{row['at_equal']['val_loss']:.4f}"
         lines.append(
             f"  {row['name']:<32}{row['params']:>10,}{row['tokens']:>12,}{row['val_loss']:>10.4f}"
-            f"{math.exp(row['val_loss']):>9.2f}{row['time']:>7.0f}s"
-            f"{'-' if at is None else f'{at:.4f}':>18}"
+            f"{math.exp(row['val_loss']):>9.2f}{row['time']:>7.0f}s{at:>18}"
         )
     lines.append(
-        f"  * the validation curve during training (the same {report['curve_batches']} batches "
-        f"for every model) at {report['equal_tokens']:,} tokens, the fewest any model reached; "
-        "linear between the curve's points"
+        f"  * the same whole split, every model trained for {report['equal_tokens']:,} tokens, "
+        "the fewest any model reached (a model that read more trained again from the same "
+        "initialisation for exactly that many, its schedule fitted to them)"
     )
     lines += ["", f"Sample (temperature {report['temperature']}):", report["sample"], ""]
     lines += [f"{name}: {path}" for name, path in report["files"].items()]
