@@ -67,12 +67,16 @@ def test_weight_decay_groks_and_no_decay_stays_memorised(one_thread):
     cfg = GrokkingConfig(p=23, train_fraction=0.7, d_model=32, ffn_hidden=128, lr=1e-2, top_k=4)
     data = modular_addition(cfg.p, cfg.train_fraction, seed=0)
     runs = {}
-    for wd in (2.0, 0.0):
+    # full-batch AdamW at this rate spikes: at 250 steps and weight decay 2.0 the test accuracy
+    # peaked at 0.94 on an AVX-512 machine (>= 0.95 on the AVX2 ones before), and at 400 steps
+    # at 0.34-0.99 over seeds 0-4; at 600 steps and 1.0 every assertion below held for seeds
+    # 0-4 there, the weight-decay run reaching 0.98-1.0
+    for wd in (1.0, 0.0):
         runs[wd] = train_modular(
-            grokking_model(cfg), data, steps=250, lr=cfg.lr, weight_decay=wd, p=cfg.p,
+            grokking_model(cfg), data, steps=600, lr=cfg.lr, weight_decay=wd, p=cfg.p,
             top_k=cfg.top_k, eval_points=20,
         )  # fmt: skip
-    wd, plain = runs[2.0], runs[0.0]
+    wd, plain = runs[1.0], runs[0.0]
     # both memorise the training pairs; only weight decay then generalises, much later
     assert wd["memorised_at"] is not None and plain["memorised_at"] is not None
     assert wd["generalised_at"] is not None and wd["generalised_at"] > wd["memorised_at"]
