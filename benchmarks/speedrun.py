@@ -4,9 +4,12 @@ Every row is ``attnlab train lm --max-time S`` run as a user would (a subprocess
 with nothing else (today's budget rule chooses the model and recipe), then one technique added
 with ``--set`` to the baseline's own recorded settings (``--config`` its config.json: naming a
 model field would otherwise turn the budget rule off and change more than the technique), then
-the best combination (every technique whose mean score beat the baseline at that budget). Data and scoring are those of ``benchmarks/lm_vs_nanogpt.py`` (``pydoc_score.py``:
-attnlab's character ids, first 90 % of pydoc for training, last 10 % scored in non-overlapping
-64-character windows).
+the best combination (every technique whose mean score beat the baseline at that budget), then
+the rows of ``WITH_THE_RULE``: a change given to the budget rule itself (no ``--config``), so
+that it chooses the model and recipe again for it (``muon+rule``: with Muon the rule takes row
+s from fewer steps than with AdamW). Data and scoring are those of
+``benchmarks/lm_vs_nanogpt.py`` (``pydoc_score.py``: attnlab's character ids, first 90 % of
+pydoc for training, last 10 % scored in non-overlapping 64-character windows).
 
 Columns: nats/char of the final weights (mean ± spread over ``--seeds``) and the time to
 target: the first elapsed time at which the run's own validation estimate (``val_loss`` in
@@ -50,6 +53,12 @@ TECHNIQUES: dict[str, list[str]] = {
     "softcap": ["model.logit_softcap=15"],
     "value_embeds": ["model.value_embeds=1"],
     "unet_skips": ["model.unet_skips=true"],
+}
+
+#: rows run without the baseline's config.json: the budget rule chooses again for the change
+#: (with Muon a larger row pays from fewer steps: BudgetRow.min_steps_with_muon)
+WITH_THE_RULE: dict[str, list[str]] = {
+    "muon+rule": ["train.optimizer=muon"],
 }
 
 #: nanoGPT's CPU recipe on the same split: its final nats/char (docs/performance.md)
@@ -132,9 +141,11 @@ def main() -> None:
     ap.add_argument("--max-chars", type=int, default=None, help="a prefix of pydoc (smoke tests)")
     args = ap.parse_args()
     techniques = {k: v for k, v in TECHNIQUES.items() if args.only is None or k in args.only}
-    unknown = set(args.only or []) - set(TECHNIQUES) - {"baseline"}
+    ruled = {k: v for k, v in WITH_THE_RULE.items() if args.only is None or k in args.only}
+    known = set(TECHNIQUES) | set(WITH_THE_RULE)
+    unknown = set(args.only or []) - known - {"baseline"}
     if unknown:
-        raise SystemExit(f"unknown techniques {sorted(unknown)}; choose from {sorted(TECHNIQUES)}")
+        raise SystemExit(f"unknown techniques {sorted(unknown)}; choose from {sorted(known)}")
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     val_ids = pydoc_task(max_chars=args.max_chars).splits["val"]
     rows = []
@@ -153,6 +164,7 @@ def main() -> None:
             sets = [s for w in winners for s in TECHNIQUES[w]]
             combo = measure("+".join(winners), sets, budget, args.seeds, args, val_ids, frozen)
             rows.append(combo)
+        rows += [measure(k, v, budget, args.seeds, args, val_ids) for k, v in ruled.items()]
     print(
         f"\npydoc, last 10 %, 64-character windows; seeds {args.seeds}; target {args.target} "
         f"({torch.get_num_threads()} threads)\n"

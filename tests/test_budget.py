@@ -82,18 +82,37 @@ def test_with_muon_the_rows_measured_adamw_rate_is_chosen():
     rows xs and s are best with the AdamW part at lr 0.02 (xs: 1.316 nats/char against 1.380 at
     the row's 4e-3; s: 1.245 against 1.263); a row without a measured rate keeps its own;
     AdamW runs are unchanged."""
-    kw = dict(budget_s=150, corpus_tokens=PYDOC, vocab_size=103, ref_steps_per_s=15.5)
+    kw = dict(budget_s=45, corpus_tokens=PYDOC, vocab_size=103, ref_steps_per_s=15.5)
     muon = choose_lm_settings(**kw, optimizer="muon")
     assert muon.row.name == "xs" and muon.lr == 0.02
     at_300 = choose_lm_settings(**{**kw, "budget_s": 300}, optimizer="muon")
     assert at_300.row.name == "s" and at_300.lr == 0.02
     assert choose_lm_settings(**kw).lr == choose_lm_settings(**kw, optimizer="adamw").lr == 4e-3
-    # everything but the rate is the AdamW choice
+    # everything but the rate is the AdamW choice where the rows' crossings agree
     assert muon == dataclasses.replace(choose_lm_settings(**kw), lr=0.02)
     unmeasured = [r for r in ROWS if r.lr_with_muon is None]
     for row in unmeasured:
         c = choose_lm_settings(steps=10**4, corpus_tokens=10**9, rows=(row,), optimizer="muon")
         assert c.lr == row.lr
+
+
+def test_with_muon_row_s_passes_xs_from_fewer_steps():
+    """The speedrun's trials on one thread (13.8 reference steps/s; benchmarks/speedrun.py's
+    split and score, Muon for both rows): row xs ahead at 45 s (621 reference steps), row s
+    ahead at 100 s (1,380) and 161 s (2,222), where AdamW's crossing (3,000) still gives xs."""
+    kw = dict(corpus_tokens=PYDOC, vocab_size=103, ref_steps_per_s=13.8)
+    assert choose_lm_settings(budget_s=45, **kw, optimizer="muon").row.name == "xs"
+    for budget_s in (100, 161):
+        muon = choose_lm_settings(budget_s=budget_s, **kw, optimizer="muon")
+        assert muon.row.name == "s" and muon.lr == ROWS[1].lr_with_muon
+        assert choose_lm_settings(budget_s=budget_s, **kw).row.name == "xs"
+    # the crossing itself: at R = 1300 reference steps row s is chosen, one step short it is not
+    s_at = dict(corpus_tokens=PYDOC, vocab_size=103, optimizer="muon")
+    assert choose_lm_settings(steps=1300, **s_at).row.name == "s"
+    assert choose_lm_settings(steps=1299, **s_at).row.name == "xs"
+    # still monotone: more budget never gives a smaller model
+    sizes = [_params(choose_lm_settings(budget_s=b, **kw, optimizer="muon")) for b in BUDGETS]
+    assert sizes == sorted(sizes)
 
 
 def test_train_lm_with_muon_takes_the_rows_muon_rate(tmp_path, capsys):

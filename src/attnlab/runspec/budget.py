@@ -78,6 +78,8 @@ class BudgetRow:
         lr_with_muon: the peak rate of the AdamW part (embeddings, norms, the tied head) when
             the hidden matrices train with Muon (``optimizer="muon"``), where measured
             (``benchmarks/demo_recipes.py``); None: ``lr``.
+        min_steps_with_muon: ``min_steps`` when the hidden matrices train with Muon, where
+            measured (Muon makes a larger model pay from fewer steps); None: ``min_steps``.
     """
 
     name: str
@@ -91,6 +93,7 @@ class BudgetRow:
     min_steps: int
     source: str = ""
     lr_with_muon: float | None = None
+    min_steps_with_muon: int | None = None
 
     def model_fields(self) -> dict[str, Any]:
         """The :class:`attnlab.config.ModelConfig` fields (a ``gpt2-mini``-style model, RoPE)."""
@@ -131,8 +134,11 @@ ROWS: tuple[BudgetRow, ...] = (
         100,
         3000,
         "sweep: ahead of xs from about 200 s (1.248 at 300 s); with Muon, 880 steps: lr 0.02 "
-        "1.245, 4e-3 1.263 nats/char",
+        "1.245, 4e-3 1.263 nats/char; with Muon against xs with Muon, one thread at 13.8 "
+        "reference steps/s: behind at 45 s (621 reference steps: 1.367 vs 1.270), ahead at "
+        "100 s (1,380: 1.234 vs 1.246) and 161 s (2,222: 1.210 vs 1.252)",
         lr_with_muon=0.02,
+        min_steps_with_muon=1300,
     ),
     BudgetRow(
         "m", 4, 192, 6, 128, 16, 4e-3, 150, 2000, "sweep: 0.06 behind s at 300 s; interpolated"
@@ -229,8 +235,9 @@ def choose_lm_settings(
             (:func:`measure_ref_steps_per_s`); default: the 2-core machine of issue 12.
         vocab_size: the tokenizer's vocabulary (for the FLOPs and parameter counts).
         rows: the table, smallest first.
-        optimizer: ``TrainConfig.optimizer``; with ``"muon"`` the rate is the row's
-            ``lr_with_muon`` where it has one (the rate of the AdamW part).
+        optimizer: ``TrainConfig.optimizer``; with ``"muon"`` a row's ``min_steps_with_muon``
+            and ``lr_with_muon`` replace its ``min_steps`` and ``lr`` where it has them (the
+            latter is the rate of the AdamW part).
 
     Returns:
         An :class:`LMBudgetChoice`.
@@ -256,10 +263,14 @@ def choose_lm_settings(
             return int(steps)
         return max(1, int(reference_steps / row_cost(row, vocab_size)))
 
+    def min_steps_of(row: BudgetRow) -> int:
+        muon = optimizer == "muon" and row.min_steps_with_muon is not None
+        return row.min_steps_with_muon if muon else row.min_steps
+
     chosen = rows[0]
     for row in rows[1:]:
         fits_corpus = row_params(row, vocab_size) <= MAX_PARAMS_PER_TOKEN * corpus_tokens
-        if fits_corpus and steps_of(row) >= row.min_steps:
+        if fits_corpus and steps_of(row) >= min_steps_of(row):
             chosen = row
     n_steps = steps_of(chosen)
     tokens = n_steps * chosen.batch_size * chosen.seq_len
