@@ -236,14 +236,15 @@ def register(groups) -> None:
     add_command(
         groups["top"], "demo", func=_demo,
         help="train a small Transformer LM on pydoc and compare it with LSTM and bigram "
-        "baselines, 45 s each (about 2.5 minutes in all on 2 CPU cores)",
+        "baselines, 45 s each, then at equal tokens (about 3 minutes in all on 2 CPU cores)",
         description="Train a small GPT-style character model on CPython's pydoc topics for a "
         "wall-clock budget (its size, window, batch, learning rate and warm-up chosen for the "
         "budget and this machine's measured speed by the rule of 'attnlab train lm' without a "
         "model), then an LSTM LM and a bigram model for the same wall-clock on the same "
-        "batches with the same trainer (3 x 45 s by default, about 2.5 minutes in all); print "
-        "validation losses beside the tokens each model reached and at equal tokens, and a "
-        "sample; write loss curves and an attention heatmap into the output directory "
+        "batches with the same trainer (3 x 45 s by default); train each model that read more "
+        "than the fewest tokens any model reached again for exactly that many (about 3 minutes "
+        "in all); print validation losses on the whole held-out split beside the tokens each "
+        "model reached and at equal tokens, and a sample; write loss curves and an attention heatmap into the output directory "
         "(overwritten on re-runs).",
         flags=[
             ("--out", None, "runs/demo", "output directory (default runs/demo)"),
