@@ -23,26 +23,13 @@ from pathlib import Path
 import torch
 
 from attnlab.config import ModelConfig
+from attnlab.config.overrides import parse_overrides
 from attnlab.models.lm import DecoderLM
 from attnlab.runspec.budget import ROWS
 from attnlab.train import TrainConfig, train
 
 sys.path.insert(0, str(Path(__file__).parent))
 from pydoc_score import pydoc_task, score  # noqa: E402
-
-
-def _pairs(items: list[str]) -> dict:
-    """``key=json`` items as a dict (``logit_softcap=15``, ``qk_norm="rmsnorm"``)."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"expected key=value, got {item!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value  # a bare word: a string
-    return out
 
 
 def main() -> None:
@@ -59,13 +46,18 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.02, help="AdamW's rate (Muon's AdamW part)")
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0, help="the initialisation's and the batches'")
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="a ModelConfig field (repeatable)")  # fmt: skip
-    ap.add_argument("--train-set", action="append", default=[], metavar="FIELD=VALUE",
-                    help="a TrainConfig field (repeatable), e.g. muon_lr=0.03")  # fmt: skip
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="as in attnlab train lm: model.FIELD (the default section) or "
+                    "train.FIELD, e.g. logit_softcap=15, train.muon_lr=0.03 (repeatable)")  # fmt: skip
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--workdir", default="runs/recipe_trial")
     args = ap.parse_args()
+    sets = {"model": {}, "train": {}}
+    for key, value in parse_overrides(args.set).items():
+        section, name = key.split(".", 1)
+        if section not in sets:
+            raise SystemExit(f"--set {key}: only model.* and train.* fields here")
+        sets[section][name] = value
     torch.set_num_threads(args.threads)
     task = pydoc_task(seq_len=args.seq_len)
     fields = {
@@ -75,7 +67,7 @@ def main() -> None:
         "n_heads": args.heads,
         "max_seq_len": args.seq_len,
         "vocab_size": task.vocab_size,
-        **_pairs(args.set),
+        **sets["model"],
     }
     torch.manual_seed(args.seed)
     model = DecoderLM(ModelConfig.from_dict(fields))
@@ -92,7 +84,7 @@ def main() -> None:
             "eval_every": 10**9,
             "eval_batches": 0,
             **run_length,
-            **_pairs(args.train_set),
+            **sets["train"],
         }
     )
     t0 = time.time()

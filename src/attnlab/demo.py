@@ -47,6 +47,7 @@ from attnlab.train.budget import (
     choose_lm_settings,
     fastest_ref_steps_per_s,
     measure_ref_steps_per_s,
+    row_warmup,
 )
 from attnlab.viz.attention import plot_attention_grid
 
@@ -242,12 +243,10 @@ def run_demo(
         )
         say(f"budget rule: {choice.describe()}")
         task = LMTask(task.ids, task.tokenizer, task.config.replace(seq_len=choice.seq_len))
-        torch.manual_seed(seed)
-        transformer = DecoderLM(ModelConfig.from_dict({**choice.model, "vocab_size": V}))
         settings = _DemoSettings(
             out, budget, steps, seed, device, progress, val_batches, threads, say, optimizer
         )
-        return _run(settings, task, transformer, choice)
+        return _run(settings, task, choice)
     finally:
         torch.set_num_threads(threads_before)
 
@@ -290,7 +289,7 @@ class _Model:
     one_thread: bool = False
 
 
-def _run(settings: _DemoSettings, task, transformer, choice) -> dict[str, Any]:
+def _run(settings: _DemoSettings, task, choice) -> dict[str, Any]:
     """The three trainings, the measurements and the figures (see :func:`run_demo`)."""
     out, budget, steps, seed, device = (
         settings.out,
@@ -333,7 +332,7 @@ def _run(settings: _DemoSettings, task, transformer, choice) -> dict[str, Any]:
             lambda: DecoderLM(ModelConfig.from_dict(t_model)),
             optimizer,
             lr,
-            lambda n: max(1, min(choice.row.warmup_steps, n // 10)),
+            lambda n: row_warmup(choice.row, n),
         ),
         _Model(
             "LSTM (1 layer, 256)",
@@ -372,11 +371,8 @@ def _run(settings: _DemoSettings, task, transformer, choice) -> dict[str, Any]:
     results, times, models = {}, [], {}
     for i, entry in enumerate(entries, start=1):
         say(f"[{i}/3] {entry.name} {what} ...")
-        if i == 1:
-            model = transformer  # built by run_demo from the seed
-        else:
-            torch.manual_seed(seed)
-            model = entry.make()
+        torch.manual_seed(seed)
+        model = entry.make()
         # the Transformer's warm-up is the rule's (for the steps it expects); the baselines' 20
         model_warmup = warmup if i == 1 else warmup_baseline
         results[entry.name], elapsed = fit(entry, model, length, model_warmup, entry.sub)
@@ -400,18 +396,15 @@ def _run(settings: _DemoSettings, task, transformer, choice) -> dict[str, Any]:
         length_equal = dict(steps=equal_steps, eval_every=max(1, equal_steps // 4))
         warmup_equal = entry.warmup_for(equal_steps)
         result, elapsed = fit(entry, model, length_equal, warmup_equal, again.name)
-        at_equal[entry.name] = {"model": model, "run": str(result.run_dir), "time": elapsed}
+        loss = task.val_loss(model, batch_size=32, n_batches=val_batches)["loss"]
+        at_equal[entry.name] = {"val_loss": loss, "run": str(result.run_dir), "time": elapsed}
 
     say("measuring the whole validation split ...")
     rows = []
     for (name, model), elapsed in zip(models.items(), times):
         val = task.val_loss(model, batch_size=32, n_batches=val_batches)
-        if name in at_equal:
-            second = at_equal[name]
-            loss = task.val_loss(second.pop("model"), batch_size=32, n_batches=val_batches)
-            at = {"val_loss": loss["loss"], **second}
-        else:
-            at = {"val_loss": val["loss"], "run": str(results[name].run_dir), "time": elapsed}
+        own = {"val_loss": val["loss"], "run": str(results[name].run_dir), "time": elapsed}
+        at = at_equal.get(name, own)
         n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
         n_steps = results[name].steps
         rows.append(
@@ -431,6 +424,7 @@ def _run(settings: _DemoSettings, task, transformer, choice) -> dict[str, Any]:
         )
 
     # a sample and one attention map from the Transformer
+    transformer = models[name_t]
     dev = next(transformer.parameters()).device
     prompt = "The "
     gen = torch.Generator(device=dev).manual_seed(seed)

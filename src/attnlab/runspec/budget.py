@@ -50,6 +50,7 @@ __all__ = [
     "choose_lm_settings",
     "row_cost",
     "row_params",
+    "row_warmup",
     "measure_ref_steps_per_s",
     "fastest_ref_steps_per_s",
 ]
@@ -211,6 +212,11 @@ class LMBudgetChoice:
         )
 
 
+def row_warmup(row: BudgetRow, steps: int) -> int:
+    """A row's warm-up for a run of ``steps``: the row's, at most a tenth of the run."""
+    return max(1, min(row.warmup_steps, steps // 10))
+
+
 def _dropout(epochs: float) -> float:
     return 0.0 if epochs <= 10 else 0.1 if epochs <= 30 else 0.2
 
@@ -282,7 +288,7 @@ def choose_lm_settings(
         seq_len=chosen.seq_len,
         batch_size=chosen.batch_size,
         lr=chosen.lr_with_muon if optimizer == "muon" and chosen.lr_with_muon else chosen.lr,
-        warmup_steps=max(1, min(chosen.warmup_steps, n_steps // 10)),
+        warmup_steps=row_warmup(chosen, n_steps),
         dropout=dropout,
         steps=n_steps,
         tokens=tokens,
