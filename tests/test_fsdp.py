@@ -46,7 +46,7 @@ TRANSLATE = [
 ]  # fmt: skip
 
 DRIVER = """
-import faulthandler, json, os, shutil, signal, sys
+import faulthandler, json, os, shutil, signal, sys, time
 faulthandler.dump_traceback_later(int(os.environ.get("FSDP_TEST_HANG_S", "600")), exit=True)
 import torch
 torch.set_num_threads(1)
@@ -91,6 +91,13 @@ def killed_after_writing(self, plan, planner):
     result = real_write(self, plan, planner)
     if len(saves) == 2:
         result.wait()  # this rank's shard file is written; .metadata never will be
+        # meet on the file system, not through gloo: a rank that dies while the other is still
+        # in a collective (the plan's scatter) makes that one fail and return instead of dying
+        open(f"{out}/written{rank}", "w").close()
+        deadline = time.monotonic() + 60
+        while not all(os.path.exists(f"{out}/written{r}") for r in range(2)):
+            assert time.monotonic() < deadline, "the other rank never wrote its shard"
+            time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
     return result
 
