@@ -11,6 +11,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
+import attnlab.decoding.speculative as speculative_mod
 import attnlab.fast.compiled as compiled_mod
 from attnlab.cli import main
 from attnlab.config import ModelConfig
@@ -73,13 +74,27 @@ def test_greedy_speculation_equals_plain_greedy(position, kv_heads):
     assert stats.drafted > 0 and stats.tokens == 60 and stats.rounds < 60
 
 
-def test_greedy_speculation_over_static_caches_and_other_dtypes(eager_static):
+def test_greedy_speculation_over_static_caches_and_other_dtypes(eager_static, monkeypatch):
     target = _lm(position="rope", n_kv_heads=2)
     draft = _lm(d=16, layers=1, heads=2, seed=1, position="rope")
     idx = torch.tensor([[1, 2, 3, 1, 2, 3, 1]])
     plain = generate(target, idx, 30, temperature=0)
     for kw in (dict(draft=draft, speculate=3), dict(prompt_lookup=3, speculate=4)):
         assert torch.equal(generate(target, idx, 30, temperature=0, compile=True, **kw), plain)
+    # the draft compiled apart from the target (draft_compile), either way round
+    static_for = []
+    real_start = speculative_mod.start_static
+
+    def spy(model, *args, **kwargs):
+        static_for.append(model)
+        return real_start(model, *args, **kwargs)
+
+    monkeypatch.setattr(speculative_mod, "start_static", spy)
+    for compile, draft_compile in ((False, True), (True, False)):
+        static_for.clear()
+        kw = dict(draft=draft, speculate=3, compile=compile, draft_compile=draft_compile)
+        assert torch.equal(generate(target, idx, 30, temperature=0, **kw), plain)
+        assert {id(m) for m in static_for} == {id(draft if draft_compile else target)}
     # a bf16 draft for an fp32 target: other proposals, the target's tokens all the same
     out = generate(target, idx, 30, temperature=0, draft=draft.to(torch.bfloat16), speculate=3)
     assert torch.equal(out, plain)
@@ -333,6 +348,8 @@ def test_cli_speculates_and_refuses_a_draft_with_another_tokenizer(tmp_path, cap
         ([*common, "--draft", other], "other tokens"),
         ([*common, "--draft", draft, "--prompt-lookup", "2"], "not both"),
         ([*common, "--speculate", "3"], "add --draft RUN"),
+        ([*common, "--draft-compile"], "add --draft RUN"),
+        ([*common, "--prompt-lookup", "2", "--no-draft-compile"], "are for --draft RUN"),
         ([*common[:-2], "--draft", draft, "--beam", "2"], "drop it or --beam"),
     ):
         assert main(argv) == 2

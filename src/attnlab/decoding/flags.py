@@ -6,7 +6,7 @@ checks the values too, but only once the prompt is already on the screen):
 - sampling: ``--temperature``, ``--top-k``, ``--top-p``; ``--beam N`` takes none of them, nor
   ``--no-cache``; ``--compile`` decodes over the KV cache;
 - speculative decoding: ``--draft RUN`` or ``--prompt-lookup N`` (not both), ``--speculate K``,
-  ``--no-adapt``, ``--draft-dtype``, ``--draft-quantize``.
+  ``--no-adapt``, ``--draft-dtype``, ``--draft-quantize``, ``--draft-compile``.
 
 :func:`load_draft` reads the draft run and refuses it unless its tokenizer is the model's;
 :func:`speculative_settings` gives the keywords of :func:`attnlab.decoding.stream_generate`;
@@ -82,6 +82,10 @@ SPEED_FLAGS = [
      "the draft's dtype (without it and --draft-quantize: the model's "
      "--dtype/--quantize)"),
     ("--draft-quantize", ["int8"], None, "quantise the draft's linear layers to int8"),
+    ("--draft-compile", argparse.BooleanOptionalAction, None,
+     "compile the draft's step (or not, with --no-draft-compile) whatever --compile does "
+     "for the model (default: as --compile); a small draft is bound by Python's cost per "
+     "step, which compiling removes"),
     ("--no-cache", "store_true", None, "recompute the context every step"),
     ("--no-stream", "store_true", None, "print only when finished"),
 ]
@@ -143,6 +147,7 @@ def check_speculative_flags(args: argparse.Namespace) -> None:
             ("--no-adapt", args.no_adapt),
             ("--draft-dtype", args.draft_dtype),
             ("--draft-quantize", args.draft_quantize),
+            ("--draft-compile", args.draft_compile is not None),
         ):
             if value:
                 raise UserError(f"{flag} is for speculative decoding: add --draft RUN")
@@ -155,8 +160,10 @@ def check_speculative_flags(args: argparse.Namespace) -> None:
         raise UserError(f"--speculate must be >= 1, got {args.speculate}")
     if args.prompt_lookup is not None and args.prompt_lookup < 1:
         raise UserError(f"--prompt-lookup must be >= 1, got {args.prompt_lookup}")
-    if args.prompt_lookup and (args.draft_dtype or args.draft_quantize):
-        raise UserError("--draft-dtype and --draft-quantize are for --draft RUN")
+    if args.prompt_lookup and (
+        args.draft_dtype or args.draft_quantize or args.draft_compile is not None
+    ):
+        raise UserError("--draft-dtype, --draft-quantize and --draft-compile are for --draft RUN")
 
 
 def load_draft(args: argparse.Namespace, model, tok, load_lm: Callable[..., Any]):
@@ -189,6 +196,7 @@ def speculative_settings(args: argparse.Namespace) -> dict:
         "prompt_lookup": args.prompt_lookup,
         "speculate": 5 if args.speculate is None else args.speculate,
         "adapt": not args.no_adapt,
+        **({"draft_compile": args.draft_compile} if args.draft_model is not None else {}),
         "stats": SpeculativeStats(),
     }
 

@@ -134,6 +134,7 @@ def stream_generate(
     generator: torch.Generator | None = None,
     compile: bool = False,
     draft: nn.Module | None = None,
+    draft_compile: bool | None = None,
     speculate: int = 5,
     adapt: bool = True,
     prompt_lookup: int | None = None,
@@ -167,6 +168,7 @@ def stream_generate(
             stop_ids=stop_list,
             generator=generator,
             compile=compile,
+            draft_compile=draft_compile,
             stats=stats,
         )
         return
@@ -260,6 +262,10 @@ def generate(
             decoding (:mod:`attnlab.decoding.speculative`): the draft proposes up to
             ``speculate`` tokens, the model checks them in one forward; greedy output equals
             plain greedy decoding, sampled output has exactly the model's distribution.
+        draft_compile: the draft's single-token step compiled (True) or eager (False) apart
+            from the model's ``compile`` (None: as ``compile``). A small draft is bound by
+            Python's cost per step, which compiling removes; the model's eager step may be
+            the faster of its own two.
         speculate: K, the most tokens drafted per round (default 5).
         adapt: choose each round's number of drafts (0 … K) from the recent acceptance rate;
             False drafts K every round.

@@ -36,6 +36,9 @@ With ``compile=True`` both models decode over static caches with compiled steps
 (:mod:`attnlab.fast.compiled`): the draft's single-token step, and the target's single-token
 step and (K + 1)-token forward (a round of k < K drafts is padded to K + 1 tokens, the padding
 cropped with the rejected positions, so that adapting k compiles no new graph).
+``draft_compile`` sets the draft's apart: a small draft's eager step is mostly Python and
+kernel launches, which its compiled step removes, while a large target's eager int8 or bf16 step
+may be the faster of its two.
 
 Rows of a batch are decoded one after another (their accepted lengths differ).
 
@@ -343,6 +346,7 @@ class _Row:
         sampling: dict,
         generator: torch.Generator | None,
         compile: bool,
+        draft_compile: bool,
         stats: SpeculativeStats,
     ) -> None:
         self.tokens = list(prompt)
@@ -351,7 +355,9 @@ class _Row:
         self.greedy = sampling["temperature"] == 0
         self.generator, self.stats = generator, stats
         self.target = _Stream(model, compile=compile, compiled_upto=k_max + 1)
-        self.draft = None if draft is None else _Stream(draft, compile=compile, compiled_upto=1)
+        self.draft = (
+            None if draft is None else _Stream(draft, compile=draft_compile, compiled_upto=1)
+        )
         self.index = NgramIndex(ngram, prompt) if draft is None else None
         self.draft_cost = 0.0 if draft is None else step_cost(draft) / step_cost(model)
         self.acceptance = _Acceptance()
@@ -498,6 +504,7 @@ def speculative_stream(
     stop_ids: Sequence[int] = (),
     generator: torch.Generator | None = None,
     compile: bool = False,
+    draft_compile: bool | None = None,
     stats: SpeculativeStats | None = None,
 ) -> Iterator[Tensor]:
     """Yield the next token of every row ``(B,)`` (see :func:`attnlab.decoding.generate`'s
@@ -511,6 +518,9 @@ def speculative_stream(
         adapt: choose k ≤ K each round from the acceptance rate (module docstring).
         prompt_lookup: the longest n-gram matched (with ``draft`` None).
         stop_ids: ids that end a row (later columns repeat the first).
+        compile: both models over static caches with compiled steps.
+        draft_compile: the draft's steps compiled or not apart from the model's (None: as
+            ``compile``).
         stats: filled with what happened (:class:`SpeculativeStats`).
 
     Raises:
@@ -526,6 +536,7 @@ def speculative_stream(
         raise UserError(f"prompt lookup's n-gram size must be >= 1, got {prompt_lookup}")
     check_draft(model, draft if draft is not None else model)
     stats = SpeculativeStats() if stats is None else stats
+    draft_compile = compile if draft_compile is None else draft_compile
     sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
     stops = set(stop_ids)
     with evaluating(model), evaluating(draft if draft is not None else model):
@@ -540,14 +551,14 @@ def speculative_stream(
                 prompt_lookup,
                 sampling,
                 generator,
-                compile,
+                (compile, draft_compile),
                 stats,
                 stops,
             )
             return
         rows = [
             list(_one_row(model, p, max_new_tokens, draft, speculate, adapt, prompt_lookup,
-                          sampling, generator, compile, stats, stops))
+                          sampling, generator, (compile, draft_compile), stats, stops))
             for p in prompts
         ]  # fmt: skip
     width = max(len(r) for r in rows)
@@ -561,7 +572,7 @@ def speculative_stream(
 
 def _one_row(
     model, prompt, max_new_tokens, draft, speculate, adapt, ngram, sampling, generator,
-    compile, stats, stops,
+    compiled, stats, stops,
 ) -> Iterator[Tensor]:  # fmt: skip
     row = _Row(
         model,
@@ -573,7 +584,8 @@ def _one_row(
         ngram=ngram or 1,
         sampling=sampling,
         generator=generator,
-        compile=compile,
+        compile=compiled[0],
+        draft_compile=compiled[1],
         stats=stats,
     )
     device = model.tok_emb.weight.device
