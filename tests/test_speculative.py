@@ -252,6 +252,33 @@ def test_acceptance_rule_and_k_choice_by_hand():
     # a round must gain more than its fixed cost: α = 0.12 gains 1.12 / 1.08 without one, and
     # loses 1.12 / 1.18 with it
     assert best_k(0.12, 5, 0.0, 0.08, 0.0) == 1 and best_k(0.12, 5, 0.0, 0.08, 0.1) == 0
+    # a compiled verification padded to K + 1 tokens costs K·β for any k > 0: α = 0.5, β = 0.3
+    # gains with one draft unpadded (1.5 / 1.3), loses padded to K = 4 (1.5 / 2.2 < 1)
+    assert best_k(0.5, 4, 0.0, 0.3, 0.0) == 1 and best_k(0.5, 4, 0.0, 0.3, 0.0, padded=True) == 0
+    # a survival S (S[i-1] = P(drafts 1..i all accepted)) in place of α
+    assert expected_tokens([0.5, 0.5, 0.25], 3) == 2.25 == expected_tokens(0.5, 2) + 0.5
+
+
+def test_acceptance_estimate_per_draft_position():
+    est = speculative_mod._Acceptance()
+    assert est.survival(0, 2) == pytest.approx([0.6, 0.36])  # the prior, α = 0.6
+    est.update(0, 2, 0)  # two drafted, the first rejected: position 1 reached, rejected there
+    # pooled rejection rate (1 + 0.8) / (1 + 2) = 0.6; position 1: (1 + 2 · 0.6) / (1 + 2);
+    # position 2, never reached: the pooled 0.6
+    s1 = 1 - 2.2 / 3
+    assert est.survival(0, 2) == pytest.approx([s1, s1 * 0.4])
+    # rounds accepted whole or failing at once (text that repeats, then text that does not):
+    # the first draft is the risky one, the later ones are kept once it is (a single α makes
+    # every draft as risky as the average)
+    est = speculative_mod._Acceptance()
+    for _ in range(6):
+        est.update(0, 8, 8)
+        est.update(0, 8, 0)
+    s = est.survival(0, 8)
+    assert s[0] < 0.6 < est.alpha(0)
+    assert min(b / a for a, b in zip(s, s[1:])) > 0.9
+    assert best_k(s, 8, 0.05) == 8
+    assert est.update(1, 3, 3) is None and est.survival(0, 8) == s  # keys are apart
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,3 +382,21 @@ def test_cli_speculates_and_refuses_a_draft_with_another_tokenizer(tmp_path, cap
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("attnlab: error:") and message in err[0], err
+
+
+def test_probes_grow_rarer_while_they_find_nothing():
+    target = _lm()
+    row = speculative_mod._Row(
+        target, [1, 2, 3], 500, draft=None, k_max=4, adapt=True, ngram=2,
+        sampling=dict(temperature=0.0, top_k=None, top_p=None), generator=None,
+        compile=False, draft_compile=False, stats=SpeculativeStats(),
+    )  # fmt: skip
+    for _ in range(20):
+        row.acceptance.update(1, 4, 0)  # every first draft rejected: drafting never pays
+    assert best_k(row.acceptance.survival(1, 4), 4, 0.0) == 0
+    ks = [row._choose_k(1) for _ in range(200)]
+    # gaps of 8, 16, 32, then 64 plain rounds between one-token probes
+    assert [i for i, k in enumerate(ks) if k] == [7, 23, 55, 119, 183]
+    assert {k for k in ks if k} == {1}
+    row.target.compile = True  # a verification padded to K + 1: the probe drafts all K
+    assert {row._choose_k(1) for _ in range(64)} == {0, 4}

@@ -21,16 +21,22 @@ forward equal those of k + 1 single steps up to float rounding, so only a near-t
 After a round both KV caches are cropped (:meth:`attnlab.attention.cache.KVCache.crop`) to the
 accepted tokens; the rejected positions are overwritten by the next round.
 
-How many tokens to draft (``speculate`` = K, the most): with per-token acceptance rate α, a round
-of k drafts yields ``E(k) = (1 − α^(k+1)) / (1 − α)`` tokens and costs ``1 + k·c + k·β + r``
-target steps (r = :data:`ROUND_COST` when k > 0), c the draft's cost per token relative to the
+How many tokens to draft (``speculate`` = K, the most): a round of k drafts yields
+``E(k) = 1 + S₁ + … + S_k`` tokens, S_i the probability that the first i drafts are all accepted
+(with independent acceptance α, ``(1 − α^(k+1)) / (1 − α)``), and costs ``1 + k·c + v·β + r``
+target steps: r = :data:`ROUND_COST` when k > 0, c the draft's cost per token relative to the
 target's (:func:`step_cost`: the bytes of weights each reads plus a fixed cost per block; 0 for
-prompt lookup) and β what each extra verified token adds to a forward (:data:`VERIFY_COST`).
-With ``adapt=True`` every round takes the k in 0 … K maximising ``E(k) / cost(k)``, α estimated
-from the recent rounds (accepted / (accepted + rejections), exponentially decayed, from a prior of
-0.6 with weight 2; prompt lookup keeps one estimate per n-gram size). k = 0 is a plain step; then every 8th round drafts one token, so the estimate can
-recover. The choice depends only on the tokens, not on timings: seeded sampling stays
-reproducible. ``adapt=False`` drafts K every round.
+prompt lookup), β what each extra verified token adds to a forward (:data:`VERIFY_COST`), v = k,
+or K when the compiled verification is padded to K + 1 tokens. With ``adapt=True`` every round
+takes the k in 0 … K maximising ``E(k) / cost(k)``, S estimated from the recent rounds: per draft
+position, the rounds that reached it and the rejections there, exponentially decayed and shrunk
+towards the pooled rate (prior α = 0.6, weight 2). Per position, because acceptance is not
+independent: where the text repeats a round is accepted whole, elsewhere the first draft fails,
+and a single α would draft too few in the one case. Prompt lookup keeps one estimate per n-gram
+size. k = 0 is a plain step; after 8 of those a round drafts one token (K when padded: the same
+forward), so the estimate can recover, and while such probes find nothing to gain they come
+twice as rarely each time, up to one in 64 rounds. The choice depends only on the tokens, not
+on timings: seeded sampling stays reproducible. ``adapt=False`` drafts K every round.
 
 With ``compile=True`` both models decode over static caches with compiled steps
 (:mod:`attnlab.fast.compiled`): the draft's single-token step, and the target's single-token
@@ -76,16 +82,22 @@ __all__ = [
 
 #: what each extra token of a verifying forward costs, in single-token target steps (β). A
 #: forward reads the weights once however many tokens it carries, but on a CPU without bf16/int8
-#: matrix instructions the products of a few rows cost more than the one-row kernel's: fitted
-#: to benchmarks/speculative.py's fixed-K rows on the project's machine, β ~ 0.2 (near 0 on a GPU)
-VERIFY_COST = 0.2
-#: a drafting round's fixed cost (its bookkeeping, the verification's extra work), in target
-#: steps: a round drafts only where it is predicted to gain more than this
-ROUND_COST = 0.1
-#: with adaptive k: a round that would draft nothing drafts one token every PROBE_EVERY rounds
+#: matrix instructions the products of a few rows cost more than the one-row kernel's. Fitted
+#: (a line through round time against K) to benchmarks/speculative.py's fixed-K rows, K = 6, 10,
+#: 16, int8 target eager and compiled, on an AVX-512 CPU: β ~ 0.15 (0.2 on AVX2; near 0 on a GPU)
+VERIFY_COST = 0.15
+#: a drafting round's fixed cost (the draft's catch-up, bookkeeping, the verifying forward's
+#: extra work), in target steps, from the same fit (~0.5): a round drafts only where it is
+#: predicted to gain more than this
+ROUND_COST = 0.5
+#: with adaptive k: a round that would draft nothing drafts one token (K where the compiled
+#: verification is padded to K + 1) every PROBE_EVERY rounds
 PROBE_EVERY = 8
+#: ... and after each probe that found nothing to gain, twice as many rounds, up to PROBE_MAX
+PROBE_MAX = 64
 _DECAY = 0.9  # weight of the past in the acceptance estimate, per round
 _PRIOR = (1.2, 0.8)  # (accepted, rejections) pseudo-counts: α = 0.6 with weight 2
+_SHRINK = 2.0  # pseudo-rounds at the pooled rate in each position's rejection rate
 
 
 @dataclass
@@ -153,25 +165,38 @@ def residual_probs(p: Tensor, q: Tensor) -> Tensor:
     return r / total if float(total) > 0 else p
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens a round of ``k`` drafts yields when each is accepted with probability α:
-    ``1 + α + … + α^k = (1 − α^(k+1)) / (1 − α)``."""
-    return float(sum(alpha**i for i in range(k + 1)))
+def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
+    """Tokens a round of ``k`` drafts yields.
+
+    Args:
+        alpha: α, each draft accepted independently with that probability:
+            ``1 + α + … + α^k = (1 − α^(k+1)) / (1 − α)``; or the survival ``S`` with ``S[i − 1]``
+            the probability that the first i drafts are all accepted: ``1 + S₁ + … + S_k``.
+    """
+    if isinstance(alpha, (int, float)):
+        return float(sum(alpha**i for i in range(k + 1)))
+    return 1.0 + float(sum(alpha[:k]))
 
 
 def best_k(
-    alpha: float,
+    alpha: float | Sequence[float],
     k_max: int,
     draft_cost: float,
     verify_cost: float = VERIFY_COST,
     round_cost: float = ROUND_COST,
+    *,
+    padded: bool = False,
 ) -> int:
     """The k in 0 … ``k_max`` maximising tokens per unit of time,
-    ``expected_tokens(α, k) / (1 + k·(draft_cost + verify_cost) + round_cost·[k > 0])``."""
-    rates = [
-        expected_tokens(alpha, k) / (1.0 + k * (draft_cost + verify_cost) + round_cost * (k > 0))
-        for k in range(k_max + 1)
-    ]
+    ``expected_tokens(alpha, k) / (1 + k·draft_cost + v·verify_cost + round_cost·[k > 0])``
+    with v = k verified drafts, or v = ``k_max`` for every k > 0 when ``padded`` (the compiled
+    verification is padded to K + 1 tokens)."""
+
+    def cost(k: int) -> float:
+        verified = k_max if padded and k > 0 else k
+        return 1.0 + k * draft_cost + verified * verify_cost + round_cost * (k > 0)
+
+    rates = [expected_tokens(alpha, k) / cost(k) for k in range(k_max + 1)]
     return max(range(k_max + 1), key=lambda k: (rates[k], -k))
 
 
@@ -316,18 +341,51 @@ class _Stream:
 
 
 class _Acceptance:
-    """The decayed estimate of α (one per key: the n-gram size for prompt lookup)."""
+    """The decayed acceptance counts per draft position (one set per key: the n-gram size for
+    prompt lookup), and the survival they give.
+
+    Acceptance is not independent from one draft to the next: where the text repeats itself
+    a round is accepted whole, elsewhere the first draft fails. So each position i keeps how
+    many rounds reached it and how many were rejected there; its rejection rate is shrunk
+    towards the pooled one (``_SHRINK`` pseudo-rounds; the pool starts from the prior α = 0.6
+    of weight 2), so that positions never drafted yet take the pooled rate."""
 
     def __init__(self) -> None:
-        self.counts: dict[int, list[float]] = {}
+        self.reached: dict[int, list[float]] = {}
+        self.rejected: dict[int, list[float]] = {}
 
     def alpha(self, key: int = 0) -> float:
-        acc, rej = self.counts.get(key, _PRIOR)
-        return acc / (acc + rej)
+        """The pooled per-draft acceptance rate."""
+        reached, rejected = sum(self.reached.get(key, ())), sum(self.rejected.get(key, ()))
+        return 1.0 - (rejected + _PRIOR[1]) / (reached + sum(_PRIOR))
 
-    def update(self, key: int, accepted: int, rejected: bool) -> None:
-        acc, rej = self.counts.get(key, _PRIOR)
-        self.counts[key] = [_DECAY * acc + accepted, _DECAY * rej + float(rejected)]
+    def survival(self, key: int, k_max: int) -> list[float]:
+        """``S[i − 1]``: the estimated probability that drafts 1 … i are all accepted."""
+        reached, rejected = self.reached.get(key, []), self.rejected.get(key, [])
+        pooled = 1.0 - self.alpha(key)
+        out, s = [], 1.0
+        for i in range(k_max):
+            n = reached[i] if i < len(reached) else 0.0
+            r = rejected[i] if i < len(rejected) else 0.0
+            s *= 1.0 - (r + _SHRINK * pooled) / (n + _SHRINK)
+            out.append(s)
+        return out
+
+    def update(self, key: int, drafted: int, accepted: int) -> None:
+        """A round drafted ``drafted`` tokens and the first ``accepted`` were kept."""
+        reached = self.reached.setdefault(key, [])
+        rejected = self.rejected.setdefault(key, [])
+        grow = drafted - len(reached)
+        if grow > 0:
+            reached += [0.0] * grow
+            rejected += [0.0] * grow
+        for i in range(len(reached)):
+            reached[i] *= _DECAY
+            rejected[i] *= _DECAY
+        for i in range(min(accepted + 1, drafted)):
+            reached[i] += 1.0
+        if accepted < drafted:
+            rejected[accepted] += 1.0
 
 
 class _Row:
@@ -361,7 +419,7 @@ class _Row:
         self.index = NgramIndex(ngram, prompt) if draft is None else None
         self.draft_cost = 0.0 if draft is None else step_cost(draft) / step_cost(model)
         self.acceptance = _Acceptance()
-        self.rounds_without = 0
+        self.rounds_without, self.probe_gap = 0, PROBE_EVERY
 
     # -- windows --------------------------------------------------------------------------------
 
@@ -389,11 +447,21 @@ class _Row:
     def _choose_k(self, key: int) -> int:
         if not self.adapt:
             return self.k_max
-        k = best_k(self.acceptance.alpha(key), self.k_max, self.draft_cost)
-        if k == 0:
-            self.rounds_without += 1
-            if self.rounds_without % PROBE_EVERY == 0:
-                k = 1
+        k = best_k(
+            self.acceptance.survival(key, self.k_max),
+            self.k_max,
+            self.draft_cost,
+            padded=self.target.compile,
+        )
+        if k > 0:
+            self.rounds_without, self.probe_gap = 0, PROBE_EVERY
+            return k
+        self.rounds_without += 1
+        if self.rounds_without >= self.probe_gap:
+            # a probe: one draft, or all K where the verification is padded to K + 1 anyway;
+            # while probes find nothing to gain they grow rarer (a padded one costs several steps)
+            self.rounds_without, self.probe_gap = 0, min(2 * self.probe_gap, PROBE_MAX)
+            k = self.k_max if self.target.compile else 1
         return k
 
     def _pick(self, logits: Tensor) -> tuple[int, Tensor | None]:
@@ -485,7 +553,7 @@ class _Row:
         s.tokens += n + 1
         s.k_used[k] += 1
         if k > 0:
-            self.acceptance.update(key, n, n < k)
+            self.acceptance.update(key, k, n)
 
 
 @torch.no_grad()
