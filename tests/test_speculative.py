@@ -11,6 +11,7 @@ import pytest
 import torch
 from scipy.stats import chi2
 
+import attnlab.decoding.draft_length as draft_length
 import attnlab.decoding.speculative as speculative_mod
 import attnlab.fast.compiled as compiled_mod
 from attnlab.cli import main
@@ -260,7 +261,7 @@ def test_acceptance_rule_and_k_choice_by_hand():
 
 
 def test_acceptance_estimate_per_draft_position():
-    est = speculative_mod._Acceptance()
+    est = draft_length.Acceptance()
     assert est.survival(0, 2) == pytest.approx([0.6, 0.36])  # the prior, α = 0.6
     est.update(0, 2, 0)  # two drafted, the first rejected: position 1 reached, rejected there
     # pooled rejection rate (1 + 0.8) / (1 + 2) = 0.6; position 1: (1 + 2 · 0.6) / (1 + 2);
@@ -270,7 +271,7 @@ def test_acceptance_estimate_per_draft_position():
     # rounds accepted whole or failing at once (text that repeats, then text that does not):
     # the first draft is the risky one, the later ones are kept once it is (a single α makes
     # every draft as risky as the average)
-    est = speculative_mod._Acceptance()
+    est = draft_length.Acceptance()
     for _ in range(6):
         est.update(0, 8, 8)
         est.update(0, 8, 0)

@@ -60,6 +60,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from attnlab.decoding.draft_length import (
+    PROBE_EVERY,
+    PROBE_MAX,
+    ROUND_COST,
+    VERIFY_COST,
+    Acceptance,
+    best_k,
+    expected_tokens,
+    step_cost,
+)
 from attnlab.decoding.lookup import NgramIndex
 from attnlab.decoding.probs import next_token_probs
 from attnlab.errors import UserError
@@ -79,25 +89,6 @@ __all__ = [
     "speculative_stream",
     "VERIFY_COST",
 ]
-
-#: what each extra token of a verifying forward costs, in single-token target steps (β). A
-#: forward reads the weights once however many tokens it carries, but on a CPU without bf16/int8
-#: matrix instructions the products of a few rows cost more than the one-row kernel's. Fitted
-#: (a line through round time against K) to benchmarks/speculative.py's fixed-K rows, K = 6, 10,
-#: 16, int8 target eager and compiled, on an AVX-512 CPU: β ~ 0.15 (0.2 on AVX2; near 0 on a GPU)
-VERIFY_COST = 0.15
-#: a drafting round's fixed cost (the draft's catch-up, bookkeeping, the verifying forward's
-#: extra work), in target steps, from the same fit (~0.5): a round drafts only where it is
-#: predicted to gain more than this
-ROUND_COST = 0.5
-#: with adaptive k: a round that would draft nothing drafts one token (K where the compiled
-#: verification is padded to K + 1) every PROBE_EVERY rounds
-PROBE_EVERY = 8
-#: ... and after each probe that found nothing to gain, twice as many rounds, up to PROBE_MAX
-PROBE_MAX = 64
-_DECAY = 0.9  # weight of the past in the acceptance estimate, per round
-_PRIOR = (1.2, 0.8)  # (accepted, rejections) pseudo-counts: α = 0.6 with weight 2
-_SHRINK = 2.0  # pseudo-rounds at the pooled rate in each position's rejection rate
 
 
 @dataclass
@@ -165,41 +156,6 @@ def residual_probs(p: Tensor, q: Tensor) -> Tensor:
     return r / total if float(total) > 0 else p
 
 
-def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
-    """Tokens a round of ``k`` drafts yields.
-
-    Args:
-        alpha: α, each draft accepted independently with that probability:
-            ``1 + α + … + α^k = (1 − α^(k+1)) / (1 − α)``; or the survival ``S`` with ``S[i − 1]``
-            the probability that the first i drafts are all accepted: ``1 + S₁ + … + S_k``.
-    """
-    if isinstance(alpha, (int, float)):
-        return float(sum(alpha**i for i in range(k + 1)))
-    return 1.0 + float(sum(alpha[:k]))
-
-
-def best_k(
-    alpha: float | Sequence[float],
-    k_max: int,
-    draft_cost: float,
-    verify_cost: float = VERIFY_COST,
-    round_cost: float = ROUND_COST,
-    *,
-    padded: bool = False,
-) -> int:
-    """The k in 0 … ``k_max`` maximising tokens per unit of time,
-    ``expected_tokens(alpha, k) / (1 + k·draft_cost + v·verify_cost + round_cost·[k > 0])``
-    with v = k verified drafts, or v = ``k_max`` for every k > 0 when ``padded`` (the compiled
-    verification is padded to K + 1 tokens)."""
-
-    def cost(k: int) -> float:
-        verified = k_max if padded and k > 0 else k
-        return 1.0 + k * draft_cost + verified * verify_cost + round_cost * (k > 0)
-
-    rates = [expected_tokens(alpha, k) / cost(k) for k in range(k_max + 1)]
-    return max(range(k_max + 1), key=lambda k: (rates[k], -k))
-
-
 # ----------------------------------------------------------------------------------------------
 # checks
 
@@ -250,22 +206,6 @@ def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
 
 # ----------------------------------------------------------------------------------------------
 # one model's KV-cached view of one row
-
-
-#: the fixed cost per step of a block (and of the embedding and head together): Python and
-#: kernel launches, in bytes of weights read in the same time (eager, ~0.2 ms on a CPU reading
-#: ~12 GB/s; fitted so that a 1 x 128 draft of a 4 x 512 bf16 target costs the measured 15 %)
-LAYER_OVERHEAD_BYTES = 2_500_000
-
-
-def step_cost(model: nn.Module) -> float:
-    """A model's cost per decoding step, in bytes: the weights it reads plus
-    :data:`LAYER_OVERHEAD_BYTES` per block and once for the embedding and head (what makes a
-    small draft dearer than its size)."""
-    seen = {id(p): p for p in model.parameters()}
-    seen.update({id(b): b for name, b in model.named_buffers() if "weight" in name})
-    weights = sum(t.numel() * t.element_size() for t in seen.values())
-    return float(weights + LAYER_OVERHEAD_BYTES * (len(getattr(model, "blocks", ())) + 1))
 
 
 class _Stream:
@@ -340,54 +280,6 @@ class _Stream:
 # decoding
 
 
-class _Acceptance:
-    """The decayed acceptance counts per draft position (one set per key: the n-gram size for
-    prompt lookup), and the survival they give.
-
-    Acceptance is not independent from one draft to the next: where the text repeats itself
-    a round is accepted whole, elsewhere the first draft fails. So each position i keeps how
-    many rounds reached it and how many were rejected there; its rejection rate is shrunk
-    towards the pooled one (``_SHRINK`` pseudo-rounds; the pool starts from the prior α = 0.6
-    of weight 2), so that positions never drafted yet take the pooled rate."""
-
-    def __init__(self) -> None:
-        self.reached: dict[int, list[float]] = {}
-        self.rejected: dict[int, list[float]] = {}
-
-    def alpha(self, key: int = 0) -> float:
-        """The pooled per-draft acceptance rate."""
-        reached, rejected = sum(self.reached.get(key, ())), sum(self.rejected.get(key, ()))
-        return 1.0 - (rejected + _PRIOR[1]) / (reached + sum(_PRIOR))
-
-    def survival(self, key: int, k_max: int) -> list[float]:
-        """``S[i − 1]``: the estimated probability that drafts 1 … i are all accepted."""
-        reached, rejected = self.reached.get(key, []), self.rejected.get(key, [])
-        pooled = 1.0 - self.alpha(key)
-        out, s = [], 1.0
-        for i in range(k_max):
-            n = reached[i] if i < len(reached) else 0.0
-            r = rejected[i] if i < len(rejected) else 0.0
-            s *= 1.0 - (r + _SHRINK * pooled) / (n + _SHRINK)
-            out.append(s)
-        return out
-
-    def update(self, key: int, drafted: int, accepted: int) -> None:
-        """A round drafted ``drafted`` tokens and the first ``accepted`` were kept."""
-        reached = self.reached.setdefault(key, [])
-        rejected = self.rejected.setdefault(key, [])
-        grow = drafted - len(reached)
-        if grow > 0:
-            reached += [0.0] * grow
-            rejected += [0.0] * grow
-        for i in range(len(reached)):
-            reached[i] *= _DECAY
-            rejected[i] *= _DECAY
-        for i in range(min(accepted + 1, drafted)):
-            reached[i] += 1.0
-        if accepted < drafted:
-            rejected[accepted] += 1.0
-
-
 class _Row:
     """Speculative decoding of one row (a prompt without padding)."""
 
@@ -418,7 +310,7 @@ class _Row:
         )
         self.index = NgramIndex(ngram, prompt) if draft is None else None
         self.draft_cost = 0.0 if draft is None else step_cost(draft) / step_cost(model)
-        self.acceptance = _Acceptance()
+        self.acceptance = Acceptance()
         self.rounds_without, self.probe_gap = 0, PROBE_EVERY
 
     # -- windows --------------------------------------------------------------------------------
