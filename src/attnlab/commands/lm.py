@@ -244,8 +244,8 @@ def register(groups) -> None:
         "batches with the same trainer (3 x 45 s by default); train each model that read more "
         "than the fewest tokens any model reached again for exactly that many (about 3 minutes "
         "in all); print validation losses on the whole held-out split beside the tokens each "
-        "model reached and at equal tokens, and a sample; write loss curves and an attention heatmap into the output directory "
-        "(overwritten on re-runs).",
+        "model reached and at equal tokens, and a sample; write loss curves and an attention "
+        "heatmap into the output directory (overwritten on re-runs).",
         flags=[
             ("--out", None, "runs/demo", "output directory (default runs/demo)"),
             ("--budget", float, DEFAULT_BUDGET,

@@ -196,7 +196,7 @@ def speculative_settings(args: argparse.Namespace) -> dict:
         "prompt_lookup": args.prompt_lookup,
         "speculate": 5 if args.speculate is None else args.speculate,
         "adapt": not args.no_adapt,
-        **({"draft_compile": args.draft_compile} if args.draft_model is not None else {}),
+        "draft_compile": args.draft_compile,  # None (as --compile) with --prompt-lookup
         "stats": SpeculativeStats(),
     }
 

@@ -511,14 +511,15 @@ def speculative_stream(
                 prompt_lookup,
                 sampling,
                 generator,
-                (compile, draft_compile),
+                compile,
+                draft_compile,
                 stats,
                 stops,
             )
             return
         rows = [
             list(_one_row(model, p, max_new_tokens, draft, speculate, adapt, prompt_lookup,
-                          sampling, generator, (compile, draft_compile), stats, stops))
+                          sampling, generator, compile, draft_compile, stats, stops))
             for p in prompts
         ]  # fmt: skip
     width = max(len(r) for r in rows)
@@ -532,7 +533,7 @@ def speculative_stream(
 
 def _one_row(
     model, prompt, max_new_tokens, draft, speculate, adapt, ngram, sampling, generator,
-    compiled, stats, stops,
+    compile, draft_compile, stats, stops,
 ) -> Iterator[Tensor]:  # fmt: skip
     row = _Row(
         model,
@@ -544,8 +545,8 @@ def _one_row(
         ngram=ngram or 1,
         sampling=sampling,
         generator=generator,
-        compile=compiled[0],
-        draft_compile=compiled[1],
+        compile=compile,
+        draft_compile=draft_compile,
         stats=stats,
     )
     device = model.tok_emb.weight.device

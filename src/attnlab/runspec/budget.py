@@ -269,14 +269,13 @@ def choose_lm_settings(
             return int(steps)
         return max(1, int(reference_steps / row_cost(row, vocab_size)))
 
-    def min_steps_of(row: BudgetRow) -> int:
-        muon = optimizer == "muon" and row.min_steps_with_muon is not None
-        return row.min_steps_with_muon if muon else row.min_steps
+    def with_muon(own, measured):  # a row's value, or its Muon value where it has one
+        return measured if optimizer == "muon" and measured is not None else own
 
     chosen = rows[0]
     for row in rows[1:]:
         fits_corpus = row_params(row, vocab_size) <= MAX_PARAMS_PER_TOKEN * corpus_tokens
-        if fits_corpus and steps_of(row) >= min_steps_of(row):
+        if fits_corpus and steps_of(row) >= with_muon(row.min_steps, row.min_steps_with_muon):
             chosen = row
     n_steps = steps_of(chosen)
     tokens = n_steps * chosen.batch_size * chosen.seq_len
@@ -287,7 +286,7 @@ def choose_lm_settings(
         model={**chosen.model_fields(), "dropout": dropout},
         seq_len=chosen.seq_len,
         batch_size=chosen.batch_size,
-        lr=chosen.lr_with_muon if optimizer == "muon" and chosen.lr_with_muon else chosen.lr,
+        lr=with_muon(chosen.lr, chosen.lr_with_muon),
         warmup_steps=row_warmup(chosen, n_steps),
         dropout=dropout,
         steps=n_steps,
