@@ -23,18 +23,26 @@ tests allow 5 % on a 2-block model.
 
 On a CPU the product runs in ``torch._weight_int8pack_mm`` (int8 weights converted in registers,
 never materialised as floats); elsewhere, and for shapes that kernel does not take, the portable
-form ``(x @ Q.to(x.dtype)ᵀ) · s`` (which ``torch.compile`` fuses on a GPU).
+form ``(x @ Q.to(x.dtype)ᵀ) · s`` (which ``torch.compile`` fuses on a GPU). On an x86 CPU
+without AVX-512 (AVX2) torch's kernel is vectorised for bf16 activations only: with fp32 or fp16
+ones it is a scalar loop, ~10× an fp32 matmul (a decoding step of a 4 × 512 LM with fp32
+activations took 4.6× fp32's, the portable form 1.7×). There the layer takes the portable form
+for those dtypes (:func:`kernel_dtypes`) and :func:`quantize_int8` warns: use bf16 activations
+(``load(..., quantize="int8")``'s default).
 
 Shape legend: N output features, K input features, ``...`` leading dimensions of x.
 """
 
 from __future__ import annotations
 
+import logging
+import platform
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["Int8Linear", "quantize_int8", "int8_error_bound"]
+__all__ = ["Int8Linear", "quantize_int8", "int8_error_bound", "kernel_dtypes"]
 
 _QMAX = 127
 # the CPU kernel reads K in vectors of 8 (bf16 crashes on other widths in torch 2.13)
@@ -43,6 +51,21 @@ _KERNEL_K_MULTIPLE = 8
 
 def _kernel_available() -> bool:
     return hasattr(torch, "_weight_int8pack_mm")
+
+
+def _x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+
+
+def kernel_dtypes() -> frozenset[torch.dtype]:
+    """The activation dtypes for which this CPU runs torch's int8 kernel vectorised: fp32, bf16
+    and fp16 on x86 with AVX-512 (torch's CPU capability ``AVX512``) and on other architectures;
+    bf16 only on x86 without (AVX2: the others are a scalar loop, ~10× an fp32 matmul)."""
+    if not _kernel_available():
+        return frozenset()
+    if not _x86() or torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return frozenset((torch.float32, torch.bfloat16, torch.float16))
+    return frozenset((torch.bfloat16,))
 
 
 class Int8Linear(nn.Module):
@@ -69,6 +92,9 @@ class Int8Linear(nn.Module):
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        #: activation dtypes run through torch's CPU int8 kernel (:func:`kernel_dtypes`); other
+        #: dtypes take the portable form
+        self.kernel_dtypes = kernel_dtypes()
         self.register_buffer(
             "weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device)
         )
@@ -113,8 +139,7 @@ class Int8Linear(nn.Module):
         scale = self.scale if self.scale.dtype == x.dtype else self.scale.to(x.dtype)
         use_kernel = (
             x.device.type == "cpu"
-            and _kernel_available()
-            and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and x.dtype in self.kernel_dtypes
             and self.in_features % _KERNEL_K_MULTIPLE == 0
         )
         if use_kernel:
@@ -145,6 +170,9 @@ def quantize_int8(model: nn.Module, *, skip: tuple[str, ...] = ()) -> nn.Module:
     Embeddings, norms and anything that is not an ``nn.Linear`` (MoE expert banks) keep their
     dtype.
 
+    It warns where the layers' dtype (their activations') is one this CPU's int8 kernel runs
+    slowly (:func:`kernel_dtypes`: fp32 or fp16 on x86 without AVX-512).
+
     Args:
         skip: names of modules (as in ``named_modules``) to leave in floating point.
     """
@@ -153,6 +181,21 @@ def quantize_int8(model: nn.Module, *, skip: tuple[str, ...] = ()) -> nn.Module:
         for name, mod in model.named_modules()
         if isinstance(mod, nn.Linear) and name not in skip
     ]
+    slow = {
+        lin.weight.dtype
+        for _, lin in targets
+        if lin.weight.device.type == "cpu" and lin.weight.dtype not in kernel_dtypes()
+    }
+    if slow and _kernel_available():
+        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in slow))
+        logging.getLogger(__name__).warning(
+            "int8 weights with %s activations decode slower than unquantised %s weights on this "
+            "CPU (%s: torch's int8 kernel is vectorised for bf16 activations only); use bf16 "
+            "activations (--dtype bfloat16)",
+            names,
+            names,
+            torch.backends.cpu.get_cpu_capability(),
+        )
     for name, linear in targets:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
