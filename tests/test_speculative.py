@@ -28,6 +28,7 @@ from attnlab.decoding.speculative import (
     check_tokenizers,
     expected_tokens,
     residual_probs,
+    verify_width,
 )
 from attnlab.errors import UserError
 from attnlab.models.lm import DecoderLM
@@ -99,6 +100,34 @@ def test_greedy_speculation_over_static_caches_and_other_dtypes(eager_static, mo
     # a bf16 draft for an fp32 target: other proposals, the target's tokens all the same
     out = generate(target, idx, 30, temperature=0, draft=draft.to(torch.bfloat16), speculate=3)
     assert torch.equal(out, plain)
+
+
+def test_compiled_verifications_take_a_handful_of_widths(monkeypatch):
+    """Over static caches every verifying forward is padded to a width of verify_width (2, 3, 5,
+    7 for K = 6), the tokens still plain greedy decoding's."""
+    widths = []
+
+    def recording(model, *, mode="auto"):
+        def step(idx, **kwargs):
+            widths.append(idx.shape[1])
+            return model(idx, **kwargs)
+
+        return step
+
+    monkeypatch.setattr(compiled_mod, "compiled_forward", recording)
+    target = _lm(position="rope")
+    idx = torch.tensor([[1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 1, 2]])
+    plain = generate(target, idx, 20, temperature=0)
+    stats = SpeculativeStats()
+    out = generate(target, idx, 20, temperature=0, compile=True, prompt_lookup=2, speculate=6,
+                   stats=stats)  # fmt: skip
+    assert torch.equal(out, plain)
+    # every round but the first (the prompt's prefill: eager) is one compiled forward (12 + 20
+    # tokens and K + 1 of room fit the context of 40: the window never slides)
+    assert stats.rounds < 20 and len(widths) == stats.rounds - 1
+    assert 1 in widths and set(widths) <= {1, 2, 3, 5, 7}, widths
+    # adapting k used widths below K + 1 (a round of a few drafts does not pay for K + 1)
+    assert {w for w in widths if 1 < w < 7}, widths
 
 
 def test_batches_stops_and_padding_follow_plain_decoding():
@@ -253,9 +282,16 @@ def test_acceptance_rule_and_k_choice_by_hand():
     # a round must gain more than its fixed cost: α = 0.12 gains 1.12 / 1.08 without one, and
     # loses 1.12 / 1.18 with it
     assert best_k(0.12, 5, 0.0, 0.08, 0.0) == 1 and best_k(0.12, 5, 0.0, 0.08, 0.1) == 0
-    # a compiled verification padded to K + 1 tokens costs K·β for any k > 0: α = 0.5, β = 0.3
-    # gains with one draft unpadded (1.5 / 1.3), loses padded to K = 4 (1.5 / 2.2 < 1)
-    assert best_k(0.5, 4, 0.0, 0.3, 0.0) == 1 and best_k(0.5, 4, 0.0, 0.3, 0.0, padded=True) == 0
+    # a compiled verification is padded to 1 + the next power of two of the drafts, at most
+    # K + 1 tokens (a fed sequence longer than K + 1 goes eager, unpadded)
+    assert [verify_width(n, 16) for n in (2, 3, 4, 5, 6, 9, 10, 17, 20)] == [
+        2, 3, 5, 5, 9, 9, 17, 17, 20,
+    ]  # fmt: skip
+    assert [verify_width(n, 6) for n in (1, 4, 6, 7)] == [1, 5, 7, 7]
+    # ... and costed so: α = 0.7, β = 0.2, K = 4, no round cost, E(k) = 1, 1.7, 2.19, 2.533,
+    # 2.7731. Unpadded k = 3 wins (2.533 / 1.6 = 1.583 > k = 2's 2.19 / 1.4 = 1.564 > k = 4's
+    # 2.7731 / 1.8 = 1.541); padded, three drafts cost four (2.533 / 1.8 = 1.407): k = 2
+    assert best_k(0.7, 4, 0.0, 0.2, 0.0) == 3 and best_k(0.7, 4, 0.0, 0.2, 0.0, padded=True) == 2
     # a survival S (S[i-1] = P(drafts 1..i all accepted)) in place of α
     assert expected_tokens([0.5, 0.5, 0.25], 3) == 2.25 == expected_tokens(0.5, 2) + 0.5
 
@@ -399,5 +435,5 @@ def test_probes_grow_rarer_while_they_find_nothing():
     # gaps of 8, 16, 32, then 64 plain rounds between one-token probes
     assert [i for i, k in enumerate(ks) if k] == [7, 23, 55, 119, 183]
     assert {k for k in ks if k} == {1}
-    row.target.compile = True  # a verification padded to K + 1: the probe drafts all K
-    assert {row._choose_k(1) for _ in range(64)} == {0, 4}
+    row.target.compile = True  # padded, a probe of one draft is a forward of two tokens
+    assert {row._choose_k(1) for _ in range(64)} == {0, 1}

@@ -16,6 +16,7 @@ __all__ = [
     "Acceptance",
     "best_k",
     "expected_tokens",
+    "verify_width",
     "step_cost",
     "LAYER_OVERHEAD_BYTES",
     "PROBE_EVERY",
@@ -34,8 +35,7 @@ VERIFY_COST = 0.15
 #: extra work), in target steps, from the same fit (~0.5): a round drafts only where it is
 #: predicted to gain more than this
 ROUND_COST = 0.5
-#: with adaptive k: a round that would draft nothing drafts one token (K where the compiled
-#: verification is padded to K + 1) every PROBE_EVERY rounds
+#: with adaptive k: a round that would draft nothing drafts one token every PROBE_EVERY rounds
 PROBE_EVERY = 8
 #: ... and after each probe that found nothing to gain, twice as many rounds, up to PROBE_MAX
 PROBE_MAX = 64
@@ -57,6 +57,19 @@ def expected_tokens(alpha: float | Sequence[float], k: int) -> float:
     return 1.0 + float(sum(alpha[:k]))
 
 
+def verify_width(n: int, k_max: int) -> int:
+    """The tokens a compiled verification of ``n`` fed tokens (the last emitted token and n − 1
+    drafts) carries: padded to 1 + the next power of two of the drafts, at most K + 1
+    (2, 3, 5, 9, 17, ..., K + 1), so that adapting k uses a handful of compiled graphs; ``n``
+    itself for a single step and above K + 1 (an eager forward)."""
+    if n <= 1 or n > k_max + 1:
+        return n
+    drafts = 1
+    while drafts < n - 1:
+        drafts *= 2
+    return 1 + min(drafts, k_max)
+
+
 def best_k(
     alpha: float | Sequence[float],
     k_max: int,
@@ -68,11 +81,11 @@ def best_k(
 ) -> int:
     """The k in 0 … ``k_max`` maximising tokens per unit of time,
     ``expected_tokens(alpha, k) / (1 + k·draft_cost + v·verify_cost + round_cost·[k > 0])``
-    with v = k verified drafts, or v = ``k_max`` for every k > 0 when ``padded`` (the compiled
-    verification is padded to K + 1 tokens)."""
+    with v = k verified drafts, or, when ``padded`` (a compiled verification), the drafts of
+    its padded width ``verify_width(k + 1, k_max) − 1``."""
 
     def cost(k: int) -> float:
-        verified = k_max if padded and k > 0 else k
+        verified = verify_width(k + 1, k_max) - 1 if padded and k > 0 else k
         return 1.0 + k * draft_cost + verified * verify_cost + round_cost * (k > 0)
 
     rates = [expected_tokens(alpha, k) / cost(k) for k in range(k_max + 1)]

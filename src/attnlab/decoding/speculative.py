@@ -27,21 +27,23 @@ How many tokens to draft (``speculate`` = K, the most): a round of k drafts yiel
 target steps: r = :data:`ROUND_COST` when k > 0, c the draft's cost per token relative to the
 target's (:func:`step_cost`: the bytes of weights each reads plus a fixed cost per block; 0 for
 prompt lookup), β what each extra verified token adds to a forward (:data:`VERIFY_COST`), v = k,
-or K when the compiled verification is padded to K + 1 tokens. With ``adapt=True`` every round
+or the padded width's drafts when the verification is compiled (:func:`verify_width`). With ``adapt=True`` every round
 takes the k in 0 … K maximising ``E(k) / cost(k)``, S estimated from the recent rounds: per draft
 position, the rounds that reached it and the rejections there, exponentially decayed and shrunk
 towards the pooled rate (prior α = 0.6, weight 2). Per position, because acceptance is not
 independent: where the text repeats a round is accepted whole, elsewhere the first draft fails,
 and a single α would draft too few in the one case. Prompt lookup keeps one estimate per n-gram
-size. k = 0 is a plain step; after 8 of those a round drafts one token (K when padded: the same
-forward), so the estimate can recover, and while such probes find nothing to gain they come
+size. k = 0 is a plain step; after 8 of those a round drafts one token, so the estimate can
+recover, and while such probes find nothing to gain they come
 twice as rarely each time, up to one in 64 rounds. The choice depends only on the tokens, not
 on timings: seeded sampling stays reproducible. ``adapt=False`` drafts K every round.
 
 With ``compile=True`` both models decode over static caches with compiled steps
 (:mod:`attnlab.fast.compiled`): the draft's single-token step, and the target's single-token
-step and (K + 1)-token forward (a round of k < K drafts is padded to K + 1 tokens, the padding
-cropped with the rejected positions, so that adapting k compiles no new graph).
+step and its verifying forwards. Those are padded (:func:`verify_width`) to 1 + the next power of
+two of the k drafts, at most K + 1 tokens (2, 3, 5, 9, 17: five graphs for K = 16), the padding
+cropped with the rejected positions: adapting k compiles a handful of graphs, and a short round
+does not pay for K + 1 tokens.
 ``draft_compile`` sets the draft's apart: a small draft's eager step is mostly Python and
 kernel launches, which its compiled step removes, while a large target's eager int8 or bf16 step
 may be the faster of its two.
@@ -69,6 +71,7 @@ from attnlab.decoding.draft_length import (
     best_k,
     expected_tokens,
     step_cost,
+    verify_width,
 )
 from attnlab.decoding.lookup import NgramIndex
 from attnlab.decoding.probs import next_token_probs
@@ -83,6 +86,7 @@ __all__ = [
     "expected_tokens",
     "best_k",
     "step_cost",
+    "verify_width",
     "ROUND_COST",
     "check_draft",
     "check_tokenizers",
@@ -210,13 +214,14 @@ def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
 
 class _Stream:
     """The window ``tokens[start:cached]`` of one row in a model's KV cache (see the module
-    docstring); ``compile``: static caches, feeds of up to ``compiled_upto`` tokens compiled."""
+    docstring); ``compile``: static caches, feeds of the ``compiled_widths`` compiled (any other
+    length runs eagerly over the same caches)."""
 
-    def __init__(self, model: nn.Module, *, compile: bool, compiled_upto: int) -> None:
+    def __init__(self, model: nn.Module, *, compile: bool, compiled_widths: set[int]) -> None:
         self.model = model
         self.ctx = model.config.max_seq_len
         self.compile = compile
-        self.compiled_upto = compiled_upto
+        self.compiled_widths = compiled_widths
         self.device = model.tok_emb.weight.device
         self.state = None
         self.start = self.cached = self.capacity = 0
@@ -256,7 +261,7 @@ class _Stream:
         if state.static:
             slots = state.caches[0].cursor + torch.arange(T, device=self.device)
             state.mask.index_copy_(1, slots, new)
-            if state.step_forward is not None and T <= self.compiled_upto:
+            if state.step_forward is not None and T in self.compiled_widths:
                 forward = state.step_forward
         else:
             state.mask = torch.cat([state.mask, new], dim=1)
@@ -304,9 +309,10 @@ class _Row:
         self.k_max, self.adapt, self.sampling = k_max, adapt, sampling
         self.greedy = sampling["temperature"] == 0
         self.generator, self.stats = generator, stats
-        self.target = _Stream(model, compile=compile, compiled_upto=k_max + 1)
+        widths = {verify_width(n, k_max) for n in range(1, k_max + 2)}
+        self.target = _Stream(model, compile=compile, compiled_widths=widths)
         self.draft = (
-            None if draft is None else _Stream(draft, compile=draft_compile, compiled_upto=1)
+            None if draft is None else _Stream(draft, compile=draft_compile, compiled_widths={1})
         )
         self.index = NgramIndex(ngram, prompt) if draft is None else None
         self.draft_cost = 0.0 if draft is None else step_cost(draft) / step_cost(model)
@@ -350,10 +356,9 @@ class _Row:
             return k
         self.rounds_without += 1
         if self.rounds_without >= self.probe_gap:
-            # a probe: one draft, or all K where the verification is padded to K + 1 anyway;
-            # while probes find nothing to gain they grow rarer (a padded one costs several steps)
+            # a probe of one draft; while probes find nothing to gain they grow rarer
             self.rounds_without, self.probe_gap = 0, min(2 * self.probe_gap, PROBE_MAX)
-            k = self.k_max if self.target.compile else 1
+            k = 1
         return k
 
     def _pick(self, logits: Tensor) -> tuple[int, Tensor | None]:
@@ -392,9 +397,9 @@ class _Row:
         fed = self.tokens[t.cached : L] + drafts
         pad = 0
         if t.compile and k > 0:
-            # one compiled graph for every number of drafts: pad to K + 1 tokens (cropped below)
-            pad = max(0, min(self.k_max + 1 - (k + 1), t.room - len(fed)))
-            if len(fed) + pad > self.k_max + 1:
+            # a handful of compiled graphs for every number of drafts (the padding is cropped)
+            pad = verify_width(len(fed), self.k_max) - len(fed)
+            if pad > t.room - len(fed):
                 pad = 0
         logits = t.feed(fed + [fed[-1]] * pad, keep=k + 1 + pad)[: k + 1]  # (k + 1, V)
         n, last = self._verify(logits, drafts, qs)
