@@ -1,4 +1,4 @@
-"""One-row linear layers at the memory limit on a CPU: ``y = W x + b`` for a single row ``x``.
+"""Linear layers of one row or a few at the memory limit on a CPU: ``y = x Wᵀ + b``.
 
 Decoding one token at a time multiplies every weight matrix by one vector, so a step costs the
 time to read the weights. torch's CPU kernels for that product read bf16 weights at about
@@ -10,14 +10,23 @@ registers (a shift), multiplied by the fp32 vector with four independent accumul
 and the sum rounded to the layer's dtype once. It reads at 14–16 GB/s where torch's product
 reads at 11 (benchmarks/generate.py prints both in its roofline line).
 
+A few rows (a speculative verification of k + 1 tokens, a small batch's decoding step) go
+through the same kernel, still reading the weights once: two weight rows at a time against up
+to four rows of x (eight accumulators; a chunk of 64 weight rows stays in cache while the blocks
+of x pass over it). torch's product of a few rows packs the weights first (MKL's GEMM for fp32,
+2–3× a one-row product at 2–5 rows) or, in bf16 without bf16 matrix instructions, is several
+times slower still; the kernel takes at most :data:`ROWS_FP32` / :data:`ROWS_BF16` rows, where it
+stays ahead.
+
 :class:`Linear` is ``nn.Linear`` (same parameters, same state-dict names) whose forward takes
-this path for one row on a CPU when no gradient is needed, the weight is bf16 or fp32 and the
-kernel is available; otherwise ``F.linear``. The models are built with plain ``nn.Linear``;
-:func:`use_matvec` (applied by :func:`attnlab.fast.for_decoding`) turns their layers into this
-one, and only then, at the first one-row product, is the kernel built. Inside ``torch.compile`` the kernel is the custom
-operator ``attnlab::matvec``, which inductor calls like its own extern kernels. Where the kernel
-cannot be built (no AVX2/FMA, no C++ compiler or ninja, another architecture) it is off, with
-one logged warning, and every product is ``F.linear``'s. ``ATTNLAB_MATVEC=0`` turns it off.
+this path for one row or a few on a CPU when no gradient is needed, the weight is bf16 or fp32
+and the kernel is available; otherwise ``F.linear``. The models are built with plain
+``nn.Linear``; :func:`use_matvec` (applied by :func:`attnlab.fast.for_decoding`) turns their
+layers into this one, and only then, at the first product it takes, is the kernel built. Inside
+``torch.compile`` the kernel is the custom operator ``attnlab::matvec``, which inductor calls
+like its own extern kernels. Where the kernel cannot be built (no AVX2/FMA, no C++ compiler or
+ninja, another architecture) it is off, with one logged warning, and every product is
+``F.linear``'s. ``ATTNLAB_MATVEC=0`` turns it off.
 
 Shape legend: N output features, K input features.
 """
@@ -37,9 +46,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import register_flop_formula
 
-__all__ = ["Linear", "matvec", "matvec_available", "use_matvec"]
+__all__ = ["Linear", "matvec", "matvec_available", "use_matvec", "MAX_ROWS"]
 
 log = logging.getLogger(__name__)
+
+#: the most rows :func:`matvec` takes
+MAX_ROWS = 64
+#: the most rows :class:`Linear` sends to the kernel, per weight dtype: where it stays faster
+#: than torch's product (measured on a 2-core AVX2 EPYC, 2048 × 512 and 512 × 2048 weights:
+#: fp32 ahead of MKL up to ~12 rows, bf16 4-5x ahead of torch's bf16 product up to 32)
+ROWS_FP32 = 12
+ROWS_BF16 = 32
+_ROWS_FOR = {torch.float32: ROWS_FP32, torch.bfloat16: ROWS_BF16}
 
 _SOURCE = r"""
 // the few ATen headers the kernel needs, not <torch/extension.h> (pybind11 and the whole C++
@@ -49,6 +67,7 @@ _SOURCE = r"""
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 #include <immintrin.h>
+#include <algorithm>
 #include <cstring>
 
 namespace {
@@ -95,25 +114,116 @@ float row_dot(const T* w, const float* x, int64_t K) {
   return acc;
 }
 
+// w · x_r for R rows x_r = x + r·K at once: each 8 weights loaded (and widened) once for all R,
+// two accumulators per row (2·R independent chains: one per row would wait on the FMA latency)
+template <int R, typename T>
+inline void rows_dot(const T* w, const float* x, int64_t K, float* out) {
+  __m256 a[R], c[R];
+  for (int r = 0; r < R; ++r) a[r] = c[r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 16 <= K; k += 16) {
+    const __m256 w0 = load8(w + k), w1 = load8(w + k + 8);
+    for (int r = 0; r < R; ++r) {
+      a[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * K + k), a[r]);
+      c[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * K + k + 8), c[r]);
+    }
+  }
+  for (; k + 8 <= K; k += 8) {
+    const __m256 w0 = load8(w + k);
+    for (int r = 0; r < R; ++r) a[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * K + k), a[r]);
+  }
+  const __m256 z = _mm256_setzero_ps();
+  for (int r = 0; r < R; ++r) {
+    float acc = hsum(a[r], c[r], z, z);
+    for (int64_t j = k; j < K; ++j) acc += scalar(w[j]) * x[r * K + j];
+    out[r] = acc;
+  }
+}
+
+// the same for two weight rows u and v at once: each 8 of x loaded once for both (2·R chains)
+template <int R, typename T>
+inline void rows_dot2(const T* u, const T* v, const float* x, int64_t K, float* ou, float* ov) {
+  __m256 a[R], c[R];
+  for (int r = 0; r < R; ++r) a[r] = c[r] = _mm256_setzero_ps();
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const __m256 u0 = load8(u + k), v0 = load8(v + k);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xr = _mm256_loadu_ps(x + r * K + k);
+      a[r] = _mm256_fmadd_ps(u0, xr, a[r]);
+      c[r] = _mm256_fmadd_ps(v0, xr, c[r]);
+    }
+  }
+  const __m256 z = _mm256_setzero_ps();
+  for (int r = 0; r < R; ++r) {
+    float su = hsum(a[r], z, z, z), sv = hsum(c[r], z, z, z);
+    for (int64_t j = k; j < K; ++j) {
+      su += scalar(u[j]) * x[r * K + j];
+      sv += scalar(v[j]) * x[r * K + j];
+    }
+    ou[r] = su;
+    ov[r] = sv;
+  }
+}
+
+// R rows of x against the weight rows lo .. hi, two at a time (one left over: rows_dot)
+template <int R, typename T>
+inline void block(const T* w, const float* x, const float* b, float* o, int64_t N, int64_t K,
+                  int64_t lo, int64_t hi) {
+  float du[R], dv[R];
+  int64_t n = lo;
+  for (; n + 2 <= hi; n += 2) {
+    rows_dot2<R>(w + n * K, w + (n + 1) * K, x, K, du, dv);
+    for (int r = 0; r < R; ++r) {
+      o[r * N + n] = du[r] + (b ? b[n] : 0.f);
+      o[r * N + n + 1] = dv[r] + (b ? b[n + 1] : 0.f);
+    }
+  }
+  if (n < hi) {
+    rows_dot<R>(w + n * K, x, K, du);
+    for (int r = 0; r < R; ++r) o[r * N + n] = du[r] + (b ? b[n] : 0.f);
+  }
+}
+
+// o (M, N) = x (M, K) · Wᵀ (+ b): the rows of x in blocks of up to 4 (a last single row as in
+// the one-row product), for each block the weight rows two at a time; a chunk of 64 weight rows (at most 64 · K values) stays in L2 across the
+// blocks, so the weights stream from memory once
 template <typename T>
-void rows(const T* w, const float* x, const float* b, float* o, int64_t N, int64_t K) {
-  at::parallel_for(0, N, 256, [&](int64_t lo, int64_t hi) {
-    for (int64_t n = lo; n < hi; ++n) o[n] = row_dot(w + n * K, x, K) + (b ? b[n] : 0.f);
+void rows(const T* w, const float* x, const float* b, float* o, int64_t M, int64_t N, int64_t K) {
+  if (M == 1) {
+    at::parallel_for(0, N, 256, [&](int64_t lo, int64_t hi) {
+      for (int64_t n = lo; n < hi; ++n) o[n] = row_dot(w + n * K, x, K) + (b ? b[n] : 0.f);
+    });
+    return;
+  }
+  at::parallel_for(0, N, 64, [&](int64_t lo0, int64_t hi0) {
+    for (int64_t lo = lo0; lo < hi0; lo += 64) {
+      const int64_t hi = std::min(lo + 64, hi0);
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) block<4>(w, x + m * K, b, o + m * N, N, K, lo, hi);
+      const int64_t left = M - m;
+      if (left == 3) block<3>(w, x + m * K, b, o + m * N, N, K, lo, hi);
+      if (left == 2) block<2>(w, x + m * K, b, o + m * N, N, K, lo, hi);
+      if (left == 1)  // one row: row_dot's four accumulators, not two chains
+        for (int64_t n = lo; n < hi; ++n)
+          o[m * N + n] = row_dot(w + n * K, x + m * K, K) + (b ? b[n] : 0.f);
+    }
   });
 }
 
 }  // namespace
 
-// y = W x + b for one row x (any float dtype, K elements), W (N, K) bf16 or fp32; products
+// y = x Wᵀ + b for a few rows x (..., K) (any float dtype), W (N, K) bf16 or fp32; products
 // and sums in fp32, the result in x's dtype with x's leading dimensions
 at::Tensor matvec(const at::Tensor& x, const at::Tensor& weight,
                      const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(weight.dim() == 2, "attnlab::matvec: weight must be a matrix");
   const int64_t N = weight.size(0), K = weight.size(1);
-  TORCH_CHECK(x.numel() == K && x.size(-1) == K, "attnlab::matvec: x must be one row of width ", K);
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == K, "attnlab::matvec: x must be rows of width ", K);
+  const int64_t M = K == 0 ? 0 : x.numel() / K;
   auto w = weight.contiguous();
   auto xf = x.to(at::kFloat).contiguous();
-  auto out = at::empty({N}, xf.options());
+  auto out = at::empty({M, N}, xf.options());
   const float* xv = xf.data_ptr<float>();
   float* o = out.data_ptr<float>();
   at::Tensor bf;
@@ -123,10 +233,10 @@ at::Tensor matvec(const at::Tensor& x, const at::Tensor& weight,
     b = bf.data_ptr<float>();
   }
   if (w.scalar_type() == at::kBFloat16) {
-    rows(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), xv, b, o, N, K);
+    rows(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), xv, b, o, M, N, K);
   } else {
     TORCH_CHECK(w.scalar_type() == at::kFloat, "attnlab::matvec: weight must be bf16 or fp32");
-    rows(w.data_ptr<float>(), xv, b, o, N, K);
+    rows(w.data_ptr<float>(), xv, b, o, M, N, K);
   }
   auto shape = x.sizes().vec();
   shape.back() = N;
@@ -143,7 +253,7 @@ TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
 """
 
 #: bump when the C++ source changes (the build is cached on disk under this name)
-_EXT_NAME = "attnlab_matvec_v4"
+_EXT_NAME = "attnlab_matvec_v8"
 
 
 def _cpu_has_avx2_fma() -> bool:
@@ -242,26 +352,34 @@ def _register_fake() -> None:
 
     @register_flop_formula(torch.ops.attnlab.matvec)
     def _flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
-        return 2 * w_shape[0] * w_shape[1]
+        rows = 1
+        for d in x_shape[:-1]:
+            rows *= d
+        return 2 * rows * w_shape[0] * w_shape[1]
+
+
+def _rows(x: Tensor) -> int:
+    return x.numel() // max(x.shape[-1], 1)
 
 
 def matvec(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)`` for one row ``x (..., K)`` (one element in the leading
-    dimensions) on a CPU, through the kernel of this module; the products accumulate in fp32 and
-    the result has ``x``'s dtype."""
-    if x.numel() != x.shape[-1] or x.shape[-1] != weight.shape[1]:
+    """``F.linear(x, weight, bias)`` for one row ``x (..., K)`` or a few (at most
+    :data:`MAX_ROWS` in the leading dimensions) on a CPU, through the kernel of this module;
+    the products accumulate in fp32 and the result has ``x``'s dtype."""
+    if x.dim() == 0 or x.shape[-1] != weight.shape[1] or not 1 <= _rows(x) <= MAX_ROWS:
         raise ValueError(
-            f"matvec takes one row of width {weight.shape[1]}, got x of shape {tuple(x.shape)}"
+            f"matvec takes 1 to {MAX_ROWS} rows of width {weight.shape[1]}, got x of shape "
+            f"{tuple(x.shape)}"
         )
     op = _extension()
     return F.linear(x, weight, bias) if op is None else op(x, weight, bias)
 
 
-def _one_row_path(x: Tensor, weight: Tensor) -> bool:
+def _few_rows_path(x: Tensor, weight: Tensor) -> bool:
     return (
         x.device.type == "cpu"
-        and x.numel() == x.shape[-1]
-        and weight.dtype in (torch.bfloat16, torch.float32)
+        and x.shape[-1] > 0
+        and _rows(x) <= _ROWS_FOR.get(weight.dtype, 0)
         and x.dtype == weight.dtype
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         and matvec_available()
@@ -269,12 +387,13 @@ def _one_row_path(x: Tensor, weight: Tensor) -> bool:
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` whose one-row products on a CPU (a decoding step) run through
-    :func:`matvec`; the same parameters, state-dict names and results (up to the order of the
-    fp32 additions). Gradients, batches, other devices and dtypes go through ``F.linear``."""
+    """``nn.Linear`` whose products of one row or a few on a CPU (a decoding step, a speculative
+    verification, a small batch's step) run through :func:`matvec`; the same parameters,
+    state-dict names and results (up to the order of the fp32 additions). Gradients, more rows
+    (:data:`ROWS_FP32`, :data:`ROWS_BF16`), other devices and dtypes go through ``F.linear``."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if _one_row_path(x, self.weight):
+        if _few_rows_path(x, self.weight):
             return torch.ops.attnlab.matvec(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
