@@ -5,7 +5,8 @@ style target and a draft with at least 8x fewer parameters, both through ``attnl
 cached in ``--runs`` (a rerun with the same settings skips training). Prompts are taken from the
 held-out split. For the target it measures tokens/s of
 
-- plain greedy decoding in every fast setting (fp32, bf16, int8; eager and ``--compile``), the
+- plain greedy decoding in every fast setting (fp32, bf16, int8; eager and ``--compile``; each
+  prepared as ``attnlab generate`` does with those flags, ``attnlab.fast.for_decoding``), the
   best of which is "plain";
 - speculative decoding with the draft (``generate(..., draft=...)``) for each fixed K
   (``adapt=False``) and adaptive K, in the best plain setting, with acceptance rate, mean
@@ -50,6 +51,7 @@ torch._dynamo.config.recompile_limit = 64
 import attnlab  # noqa: E402
 from attnlab.decoding import generate  # noqa: E402
 from attnlab.decoding.speculative import SpeculativeStats, check_tokenizers  # noqa: E402
+from attnlab.fast import for_decoding  # noqa: E402
 
 TARGET = {"d_model": 512, "n_layers": 4, "n_heads": 8}
 DRAFT = {"d_model": 128, "n_layers": 1, "n_heads": 4}
@@ -80,6 +82,13 @@ def train_run(out: Path, model: dict, seconds: float, seq_len: int, seed: int) -
 def load(run: Path, setting: str):
     kw = {"bf16": {"dtype": "bfloat16"}, "int8": {"quantize": "int8"}}.get(setting, {})
     return attnlab.load(run, **kw)
+
+
+def fast(run: Path, setting: str):
+    """The model as ``attnlab generate`` decodes it with a fast-path flag (``--dtype``,
+    ``--quantize``, ``--compile``): :func:`attnlab.fast.for_decoding` (the kernel of a few rows
+    for the floating-point layers, fp32 attention products for one query)."""
+    return for_decoding(load(run, setting).model)
 
 
 def held_out_prompts(loaded, n: int, length: int) -> list[list[int]]:
@@ -214,8 +223,8 @@ def main() -> None:
 
     # plain decoding in every fast setting
     settings = ["fp32", "bf16", "int8"]
-    models = {s: load(t_run, s).model for s in settings}
-    drafts = {s: load(d_run, s).model for s in settings}
+    models = {s: fast(t_run, s) for s in settings}
+    drafts = {s: fast(d_run, s) for s in settings}
     plain = {f"plain {s}": ours(models[s], n, False) for s in settings}
     if not args.no_compile:
         for s in settings:
