@@ -27,16 +27,17 @@ How many tokens to draft (``speculate`` = K, the most): a round of k drafts yiel
 target steps: r = :data:`ROUND_COST` when k > 0, c the draft's cost per token relative to the
 target's (:func:`step_cost`: the bytes of weights each reads plus a fixed cost per block; 0 for
 prompt lookup), β what each extra verified token adds to a forward (:data:`VERIFY_COST`), v = k,
-or the padded width's drafts when the verification is compiled (:func:`verify_width`). With ``adapt=True`` every round
-takes the k in 0 … K maximising ``E(k) / cost(k)``, S estimated from the recent rounds: per draft
-position, the rounds that reached it and the rejections there, exponentially decayed and shrunk
-towards the pooled rate (prior α = 0.6, weight 2). Per position, because acceptance is not
-independent: where the text repeats a round is accepted whole, elsewhere the first draft fails,
-and a single α would draft too few in the one case. Prompt lookup keeps one estimate per n-gram
-size. k = 0 is a plain step; after 8 of those a round drafts one token, so the estimate can
-recover, and while such probes find nothing to gain they come
-twice as rarely each time, up to one in 64 rounds. The choice depends only on the tokens, not
-on timings: seeded sampling stays reproducible. ``adapt=False`` drafts K every round.
+or the drafts of the padded width when the verification is compiled (:func:`verify_width`).
+With ``adapt=True`` every round takes the k in 0 … K maximising ``E(k) / cost(k)``, S estimated
+from the recent rounds: per draft position, the rounds that reached it and the rejections
+there, exponentially decayed and shrunk towards the pooled rate (prior α = 0.6, weight 2). Per
+position, because acceptance is not independent: where the text repeats a round is accepted
+whole, elsewhere the first draft fails, and a single α would draft too few in the one case.
+Prompt lookup keeps one estimate per n-gram size. k = 0 is a plain step; after 8 of those a
+round drafts one token, so the estimate can recover, and while such probes find nothing to
+gain they come twice as rarely each time, up to one in 64 rounds. The choice depends only on
+the tokens, not on timings: seeded sampling stays reproducible. ``adapt=False`` drafts K every
+round.
 
 With ``compile=True`` both models decode over static caches with compiled steps
 (:mod:`attnlab.fast.compiled`): the draft's single-token step, and the target's single-token

@@ -186,8 +186,9 @@ inline void block(const T* w, const float* x, const float* b, float* o, int64_t 
 }
 
 // o (M, N) = x (M, K) · Wᵀ (+ b): the rows of x in blocks of up to 4 (a last single row as in
-// the one-row product), for each block the weight rows two at a time; a chunk of 64 weight rows (at most 64 · K values) stays in L2 across the
-// blocks, so the weights stream from memory once
+// the one-row product), for each block the weight rows two at a time; a chunk of 64 weight
+// rows (at most 64 · K values) stays in cache across the blocks, so the weights stream from
+// memory once
 template <typename T>
 void rows(const T* w, const float* x, const float* b, float* o, int64_t M, int64_t N, int64_t K) {
   if (M == 1) {
@@ -253,7 +254,7 @@ TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
 """
 
 #: bump when the C++ source changes (the build is cached on disk under this name)
-_EXT_NAME = "attnlab_matvec_v8"
+_EXT_NAME = "attnlab_matvec_v9"
 
 
 def _cpu_has_avx2_fma() -> bool:
