@@ -114,33 +114,8 @@ float row_dot(const T* w, const float* x, int64_t K) {
   return acc;
 }
 
-// w · x_r for R rows x_r = x + r·K at once: each 8 weights loaded (and widened) once for all R,
-// two accumulators per row (2·R independent chains: one per row would wait on the FMA latency)
-template <int R, typename T>
-inline void rows_dot(const T* w, const float* x, int64_t K, float* out) {
-  __m256 a[R], c[R];
-  for (int r = 0; r < R; ++r) a[r] = c[r] = _mm256_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    const __m256 w0 = load8(w + k), w1 = load8(w + k + 8);
-    for (int r = 0; r < R; ++r) {
-      a[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * K + k), a[r]);
-      c[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * K + k + 8), c[r]);
-    }
-  }
-  for (; k + 8 <= K; k += 8) {
-    const __m256 w0 = load8(w + k);
-    for (int r = 0; r < R; ++r) a[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * K + k), a[r]);
-  }
-  const __m256 z = _mm256_setzero_ps();
-  for (int r = 0; r < R; ++r) {
-    float acc = hsum(a[r], c[r], z, z);
-    for (int64_t j = k; j < K; ++j) acc += scalar(w[j]) * x[r * K + j];
-    out[r] = acc;
-  }
-}
-
-// the same for two weight rows u and v at once: each 8 of x loaded once for both (2·R chains)
+// w · x_r for R rows x_r = x + r·K, for two weight rows u and v at once: each 8 weights loaded
+// (and widened) once for all R rows, each 8 of x once for both weight rows (2·R chains)
 template <int R, typename T>
 inline void rows_dot2(const T* u, const T* v, const float* x, int64_t K, float* ou, float* ov) {
   __m256 a[R], c[R];
@@ -166,7 +141,7 @@ inline void rows_dot2(const T* u, const T* v, const float* x, int64_t K, float* 
   }
 }
 
-// R rows of x against the weight rows lo .. hi, two at a time (one left over: rows_dot)
+// R rows of x against the weight rows lo .. hi, two at a time (one left over: row_dot per row)
 template <int R, typename T>
 inline void block(const T* w, const float* x, const float* b, float* o, int64_t N, int64_t K,
                   int64_t lo, int64_t hi) {
@@ -179,10 +154,9 @@ inline void block(const T* w, const float* x, const float* b, float* o, int64_t 
       o[r * N + n + 1] = dv[r] + (b ? b[n + 1] : 0.f);
     }
   }
-  if (n < hi) {
-    rows_dot<R>(w + n * K, x, K, du);
-    for (int r = 0; r < R; ++r) o[r * N + n] = du[r] + (b ? b[n] : 0.f);
-  }
+  if (n < hi)
+    for (int r = 0; r < R; ++r)
+      o[r * N + n] = row_dot(w + n * K, x + r * K, K) + (b ? b[n] : 0.f);
 }
 
 // o (M, N) = x (M, K) · Wᵀ (+ b): the rows of x in blocks of up to 4 (a last single row as in
@@ -191,12 +165,6 @@ inline void block(const T* w, const float* x, const float* b, float* o, int64_t 
 // memory once
 template <typename T>
 void rows(const T* w, const float* x, const float* b, float* o, int64_t M, int64_t N, int64_t K) {
-  if (M == 1) {
-    at::parallel_for(0, N, 256, [&](int64_t lo, int64_t hi) {
-      for (int64_t n = lo; n < hi; ++n) o[n] = row_dot(w + n * K, x, K) + (b ? b[n] : 0.f);
-    });
-    return;
-  }
   at::parallel_for(0, N, 64, [&](int64_t lo0, int64_t hi0) {
     for (int64_t lo = lo0; lo < hi0; lo += 64) {
       const int64_t hi = std::min(lo + 64, hi0);
@@ -254,7 +222,7 @@ TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
 """
 
 #: bump when the C++ source changes (the build is cached on disk under this name)
-_EXT_NAME = "attnlab_matvec_v9"
+_EXT_NAME = "attnlab_matvec_v10"
 
 
 def _cpu_has_avx2_fma() -> bool:

@@ -181,10 +181,11 @@ def quantize_int8(model: nn.Module, *, skip: tuple[str, ...] = ()) -> nn.Module:
         for name, mod in model.named_modules()
         if isinstance(mod, nn.Linear) and name not in skip
     ]
+    fast = kernel_dtypes()
     slow = {
         lin.weight.dtype
         for _, lin in targets
-        if lin.weight.device.type == "cpu" and lin.weight.dtype not in kernel_dtypes()
+        if lin.weight.device.type == "cpu" and lin.weight.dtype not in fast
     }
     if slow and _kernel_available():
         names = ", ".join(sorted(str(d).removeprefix("torch.") for d in slow))
