@@ -132,6 +132,7 @@ def test_compiled_few_rows_linear_calls_the_kernel_without_a_graph_break():
 
 
 def test_without_the_kernel_every_product_is_f_linears(monkeypatch):
+    was = matvec_available()
     monkeypatch.setenv("ATTNLAB_MATVEC", "0")
     mv._extension.cache_clear()
     try:
@@ -144,6 +145,7 @@ def test_without_the_kernel_every_product_is_f_linears(monkeypatch):
     finally:
         monkeypatch.delenv("ATTNLAB_MATVEC")
         mv._extension.cache_clear()
+    assert matvec_available() == was  # turned on again in the same process (loaded once)
 
 
 def test_matvec_refuses_too_many_rows_or_another_width():

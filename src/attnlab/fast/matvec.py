@@ -312,7 +312,8 @@ def matvec_available() -> bool:
 matvec_available._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
-def _register_fake() -> None:
+@functools.cache  # once per process: a second registration is refused (the kernel's .so, once
+def _register_fake() -> None:  # loaded, stays loaded when _extension's cache is cleared)
     # shapes for torch.compile, and FLOPs for torch.utils.flop_counter (2·N·K, as F.linear)
 
     @torch.library.register_fake("attnlab::matvec")
