@@ -1,7 +1,8 @@
 """The CPU kernel of one row or a few (attnlab.fast.matvec) against F.linear: values in fp32
 and bf16, odd widths and row counts, bias, the Linear layer's dispatch (a few rows without
 gradients only), inside torch.compile, the fallback where the kernel is off, and use_matvec's
-in-place swap.
+in-place swap; int8 weights with per-row scales against the float64 product with the
+dequantised weights, and Int8Linear's dispatch to them.
 
 The kernel is built (about 6 s the first time, then loaded from torch's on-disk cache) inside
 the module-scoped ``kernel`` fixture, by the first test that needs it: never at collection."""
@@ -18,7 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnlab.fast import matvec as mv
-from attnlab.fast.matvec import Linear, matvec, matvec_available, use_matvec
+from attnlab.fast.matvec import Linear, int8_matvec, matvec, matvec_available, use_matvec
+from attnlab.fast.quant import Int8Linear
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,7 @@ def test_fp32_one_row_equals_f_linear(K, with_bias):
 
 
 @pytest.mark.usefixtures("kernel")
-@pytest.mark.parametrize("M", [2, 3, 4, 5, 7, 17, 64])  # blocks of 4 rows and every remainder
+@pytest.mark.parametrize("M", [2, 3, 4, 5, 6, 7, 8, 9, 10, 17, 64])  # blocks of 6, every remainder
 @pytest.mark.parametrize("K", [384, 37, 8, 1])
 @pytest.mark.parametrize("N", [300, 301])  # weight rows two at a time, and one left over
 def test_fp32_few_rows_equal_f_linear(M, K, N):
@@ -89,6 +91,29 @@ def test_bf16_accumulates_in_fp32_and_rounds_once(K, M):
     # never worse than torch's own bf16 product, by more than a bf16 rounding
     torch_err = (F.linear(x, W, b).double() - exact).abs()
     assert err.mean() <= torch_err.mean() + 2**-8 * exact.abs().mean()
+
+
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("weights", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("K", [384, 37])
+def test_a_rows_result_does_not_depend_on_the_rows_computed_with_it(weights, K):
+    """Bit for bit: each row of a product of 1-17 rows equals that row's product alone, so a
+    speculative verification's linear layers compute each token as a one-token step does (its
+    greedy tokens then follow plain decoding's, not a near-tie flipped by summation order)."""
+    g = torch.Generator().manual_seed(K)
+    W = torch.randn(301, K, generator=g)
+    b = torch.randn(301, generator=g)
+    q, s = _int8(301, K, g)
+    x = torch.randn(17, K, generator=g)
+    if weights == "bf16":
+        W, b, x = W.bfloat16(), b.bfloat16(), x.bfloat16()
+
+    def product(rows: torch.Tensor) -> torch.Tensor:
+        return int8_matvec(rows, q, s, b) if weights == "int8" else matvec(rows, W, b)
+
+    alone = torch.cat([product(x[r : r + 1]) for r in range(17)])
+    for m in (2, 3, 5, 6, 7, 12, 17):
+        assert torch.equal(product(x[:m]), alone[:m]), m
 
 
 @pytest.mark.usefixtures("kernel")
@@ -182,3 +207,97 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     mv._clear_stale_lock(str(lock))
     assert not lock.exists()
     mv._clear_stale_lock(str(lock))  # no lock: nothing to do
+
+
+def _int8(N: int, K: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random int8 weights Q (N, K) in [-127, 127] and positive fp32 scales (N,)."""
+    q = torch.randint(-127, 128, (N, K), generator=g, dtype=torch.int8)
+    return q, torch.rand(N, generator=g) * 0.02 + 1e-3
+
+
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("M", [1, 2, 3, 5, 6, 7, 11, 17, 64])
+@pytest.mark.parametrize("K", [384, 37, 8, 1])
+@pytest.mark.parametrize("N", [300, 301])
+def test_int8_rows_equal_the_float64_product_with_the_dequantised_weights(M, K, N):
+    g = torch.Generator().manual_seed(M * K + N)
+    q, s = _int8(N, K, g)
+    b = torch.randn(N, generator=g)
+    x = torch.randn(M, 1, K, generator=g)
+    W = q.double() * s.double()[:, None]  # the weights the layer stands for: s_n · Q_nk
+    got = int8_matvec(x, q, s, b)
+    assert got.shape == (M, 1, N) and got.dtype == torch.float32
+    want = F.linear(x.double(), W, b.double())
+    # the int8 values convert exactly; the fp32 sum of K products rounds as in the fp32 test,
+    # and the scale and the bias add one rounding each
+    bound = (K / 8 + 12) * 2**-24 * (x.double().abs() @ W.abs().T + b.double().abs())
+    assert ((got.double() - want).abs() <= bound).all()
+    no_bias = (int8_matvec(x, q, s).double() - F.linear(x.double(), W)).abs()
+    assert (no_bias <= bound).all()
+
+
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_int8_rows_with_half_activations_round_once(dtype):
+    g = torch.Generator().manual_seed(1)
+    q, s = _int8(256, 96, g)
+    x = torch.randn(5, 96, generator=g).to(dtype)
+    got = int8_matvec(x, q, s.to(dtype))
+    assert got.dtype == dtype
+    exact = F.linear(x.double(), q.double() * s.to(dtype).double()[:, None])
+    assert ((got.double() - exact).abs() <= exact.abs() * 2**-8 + 1e-5 * 96).all()
+
+
+@pytest.mark.usefixtures("kernel")
+def test_int8_kernel_refuses_weights_without_scales_and_scales_without_int8():
+    q, s = _int8(8, 16, torch.Generator().manual_seed(0))
+    x = torch.randn(2, 16)
+    with pytest.raises(RuntimeError, match="int8 weights take scales"):
+        torch.ops.attnlab.matvec(x, q, None)  # int8 read as if it were floats: refused
+    with pytest.raises(RuntimeError, match="int8 weights take scales"):
+        torch.ops.attnlab.int8_matvec(x, q.float(), s, None)
+    with pytest.raises(RuntimeError, match="one scale per weight row"):
+        torch.ops.attnlab.int8_matvec(x, q, s[:5], None)
+    with pytest.raises(ValueError, match="an int8 weight \\(N, K\\) and N scales"):
+        int8_matvec(x, q, s[:5])
+    with pytest.raises(ValueError, match="1 to 64 rows of width 16, got x of shape \\(2, 15\\)"):
+        int8_matvec(torch.randn(2, 15), q, s)
+
+
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int8_linear_takes_the_kernel_after_use_matvec_for_a_few_rows_only(dtype):
+    torch.manual_seed(0)
+    layer = Int8Linear.from_linear(nn.Linear(64, 48).to(dtype))
+    limit = mv.ROWS_FP32 if dtype == torch.float32 else mv.ROWS_INT8
+    few, many = torch.randn(1, limit, 64).to(dtype), torch.randn(1, limit + 1, 64).to(dtype)
+    with torch.no_grad():
+        before = layer(few)
+        assert "attnlab::int8_matvec" not in _ops_called(lambda: layer(few))  # not asked for
+        use_matvec(nn.Sequential(layer))
+        assert layer.few_rows_kernel
+        assert "attnlab::int8_matvec" in _ops_called(lambda: layer(few))
+        assert "attnlab::int8_matvec" not in _ops_called(lambda: layer(many))
+        exact = F.linear(few.double(), layer.dequantized().double(), layer.bias.double())
+        tol = 1e-5 if dtype == torch.float32 else 2**-7
+        torch.testing.assert_close(layer(few).double(), exact, rtol=tol, atol=tol)
+        torch.testing.assert_close(layer(few), before, rtol=tol, atol=tol)
+    assert set(layer.state_dict()) == {"weight", "scale", "bias"}
+
+
+@pytest.mark.usefixtures("kernel")
+@pytest.mark.slow
+def test_compiled_int8_rows_call_the_kernel_without_a_graph_break():
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16)).bfloat16()
+    model = use_matvec(
+        nn.Sequential(
+            *(Int8Linear.from_linear(m) if isinstance(m, nn.Linear) else m for m in plain)
+        )
+    ).eval()
+    x = torch.randn(1, 5, 32).bfloat16()  # five rows (a verification of four drafts)
+    with torch.no_grad():
+        assert torch._dynamo.explain(model)(x).graph_break_count == 0
+        compiled = torch.compile(model, dynamic=False)
+        torch.testing.assert_close(compiled(x), model(x))
+        assert "attnlab::int8_matvec" in _ops_called(lambda: compiled(x))

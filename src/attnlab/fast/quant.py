@@ -30,6 +30,12 @@ activations took 4.6× fp32's, the portable form 1.7×). There the layer takes t
 for those dtypes (:func:`kernel_dtypes`) and :func:`quantize_int8` warns: use bf16 activations
 (``load(..., quantize="int8")``'s default).
 
+Prepared for decoding (:func:`attnlab.fast.for_decoding`, which applies
+:func:`attnlab.fast.matvec.use_matvec`), a layer sends one row or a few (a decoding step, a
+speculative verification) to attnlab's own AVX2 kernel instead
+(:func:`attnlab.fast.matvec.int8_matvec`): 1.2–2× torch's with bf16 activations, and vectorised
+for fp32 and fp16 ones too. A layer built alone keeps torch's product.
+
 Shape legend: N output features, K input features, ``...`` leading dimensions of x.
 """
 
@@ -41,6 +47,8 @@ import platform
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from attnlab.fast.matvec import int8_rows_path
 
 __all__ = ["Int8Linear", "quantize_int8", "int8_error_bound", "kernel_dtypes"]
 
@@ -95,6 +103,10 @@ class Int8Linear(nn.Module):
         #: activation dtypes run through torch's CPU int8 kernel (:func:`kernel_dtypes`); other
         #: dtypes take the portable form
         self.kernel_dtypes = kernel_dtypes()
+        #: a few rows (a decoding step, a speculative verification) through attnlab's own CPU
+        #: kernel (:func:`attnlab.fast.matvec.int8_matvec`); set by
+        #: :func:`attnlab.fast.matvec.use_matvec` (``for_decoding``), off for a layer built alone
+        self.few_rows_kernel = False
         self.register_buffer(
             "weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device)
         )
@@ -134,6 +146,8 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """``x (..., K) -> (..., N)`` in x's dtype."""
+        if self.few_rows_kernel and int8_rows_path(x):
+            return torch.ops.attnlab.int8_matvec(x, self.weight, self.scale, self.bias)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
         scale = self.scale if self.scale.dtype == x.dtype else self.scale.to(x.dtype)
@@ -190,10 +204,11 @@ def quantize_int8(model: nn.Module, *, skip: tuple[str, ...] = ()) -> nn.Module:
     if slow and _kernel_available():
         names = ", ".join(sorted(str(d).removeprefix("torch.") for d in slow))
         logging.getLogger(__name__).warning(
-            "int8 weights with %s activations decode slower than unquantised %s weights on this "
-            "CPU (%s: torch's int8 kernel is vectorised for bf16 activations only); use bf16 "
-            "activations (--dtype bfloat16)",
-            names,
+            "int8 weights with %s activations: on this CPU (%s) torch's int8 kernel is "
+            "vectorised for bf16 activations only, so prompts and batches take a slower portable "
+            "form (decoding steps prepared by attnlab.fast.for_decoding, as attnlab generate "
+            "does, take attnlab's own int8 kernel); bf16 activations (--dtype bfloat16) are "
+            "fastest",
             names,
             torch.backends.cpu.get_cpu_capability(),
         )
