@@ -25,7 +25,7 @@ from attnlab.cli import main
 from attnlab.config import LMTaskConfig, ModelConfig
 from attnlab.data.tokenizers import CharTokenizer
 from attnlab.decoding import generate
-from attnlab.fast.attention import ONE_QUERY_FP32_FROM
+from attnlab.fast.attention import FP32_QUERIES, ONE_QUERY_FP32_FROM
 from attnlab.fast.compiled import capacity_bucket
 from attnlab.fast.quant import Int8Linear, int8_error_bound, quantize_int8
 from attnlab.models.lm import DecoderLM
@@ -374,18 +374,20 @@ def test_load_and_generate_with_dtype_and_int8(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_one_half_precision_query_over_many_keys_is_the_formula_in_fp32(monkeypatch, dtype):
+@pytest.mark.parametrize("Tq", [1, 5, FP32_QUERIES])
+def test_one_half_precision_query_over_many_keys_is_the_formula_in_fp32(monkeypatch, dtype, Tq):
     """With the ``decode`` backend (attnlab.fast), a decoding step in bf16/fp16 over
-    ≥ ONE_QUERY_FP32_FROM keys runs the products in fp32 on a CPU (faster there): the outputs are
-    the float64 formula's rounded once to the dtype, with GQA, a padding mask, an additive bias
-    and a row with no allowed key. The default ``sdpa`` backend takes torch's fused kernel."""
+    ≥ ONE_QUERY_FP32_FROM keys, or a verification of a few queries, runs the products in fp32 on
+    a CPU (faster there): the outputs are the float64 formula's rounded once to the dtype, with
+    GQA, a padding mask, an additive bias and a row with no allowed key. The default ``sdpa``
+    backend takes torch's fused kernel, and so does ``decode`` for more queries."""
     torch.manual_seed(0)
     S = ONE_QUERY_FP32_FROM + 88
-    q = torch.randn(3, 4, 1, 16)
+    q = torch.randn(3, 4, Tq, 16)
     k, v = torch.randn(3, 2, S, 16), torch.randn(3, 2, S, 16)
     mask = torch.rand(3, 1, 1, S) > 0.3
     mask[2] = False  # no key allowed: zeros, not NaN
-    bias = torch.randn(1, 4, 1, S)
+    bias = torch.randn(1, 4, Tq, S)
     fused = []
     real_sdpa = F.scaled_dot_product_attention
     monkeypatch.setattr(
@@ -411,3 +413,6 @@ def test_one_half_precision_query_over_many_keys_is_the_formula_in_fp32(monkeypa
         q.to(dtype), k[:, :, :64].to(dtype), v[:, :, :64].to(dtype), backend="decode"
     )
     assert len(fused) == 3 and short.dtype == dtype
+    many = torch.randn(3, 4, FP32_QUERIES + 1, 16).to(dtype)
+    scaled_dot_product_attention(many, k.to(dtype), v.to(dtype), backend="decode")
+    assert len(fused) == 4  # more queries than a verification: the fused kernel

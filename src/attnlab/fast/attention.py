@@ -1,4 +1,4 @@
-"""One query attending on a CPU through fp32 products: the ``decode`` attention backend.
+"""A query or a few attending on a CPU through fp32 products: the ``decode`` attention backend.
 
 A decoding step has one query per head. On a CPU torch's fused kernel converts every block of
 bf16/fp16 keys on machines without bf16 instructions, and two matrix-vector products in fp32 are
@@ -6,7 +6,10 @@ faster (measured on a 2-core AVX2 machine: 0.66 → 0.37 ms over 1,024 keys, 3.7
 4,096, six heads of 64); inside ``torch.compile`` inductor fuses the products, the mask and the
 softmax, so there the explicit form is always the faster. The ``decode`` backend takes the math
 path in fp32 for such a query (exact up to rounding, which fp32 makes smaller) and is ``sdpa``
-otherwise. :func:`decode_attention` (applied by :func:`attnlab.fast.for_decoding`) selects it in
+otherwise. A few queries (up to :data:`FP32_QUERIES`: a speculative verification of k + 1
+tokens) take the same path, so each rounds as a one-token step does: greedy speculative decoding
+then gives plain greedy decoding's tokens with bf16 activations too, where torch's fused kernel
+for several queries had flipped a near-tie of two logits. :func:`decode_attention` (applied by :func:`attnlab.fast.for_decoding`) selects it in
 every attention layer that uses the default backend.
 
 Shape legend: B batch, H heads, Tq queries, Tk keys, D head width.
@@ -21,17 +24,24 @@ from torch import Tensor, nn
 
 from attnlab.attention.core import math_attention, register_backend, sdpa_attention
 
-__all__ = ["ONE_QUERY_FP32_FROM", "one_query_in_fp32", "decode_attention"]
+__all__ = ["FP32_QUERIES", "ONE_QUERY_FP32_FROM", "one_query_in_fp32", "decode_attention"]
 
 #: from this many keys on, one bf16/fp16 query attends faster through fp32 products on a CPU
 ONE_QUERY_FP32_FROM = 512
+#: a few queries (a speculative verification of k + 1 tokens) take the same path as one: each
+#: query's scores, softmax and weighted sum then round as a one-token step's do, where torch's
+#: fused kernel for several bf16 queries rounds otherwise (in a greedy run with bf16
+#: activations, a near-tie of two logits came out the other way)
+FP32_QUERIES = 32
 
 
 def one_query_in_fp32(q: Tensor, k: Tensor, dropout_p: float) -> bool:
-    """Whether a single query ``(B, H, 1, D)`` on a CPU is faster as two fp32 matrix-vector
-    products than through torch's fused kernel: always inside ``torch.compile``; in eager mode
-    for bf16/fp16 over ``ONE_QUERY_FP32_FROM`` keys or more; never with dropout (training)."""
-    if q.shape[-2] != 1 or q.device.type != "cpu" or dropout_p > 0 or not q.is_floating_point():
+    """Whether a single query ``(B, H, 1, D)`` on a CPU (or up to :data:`FP32_QUERIES`, a
+    verification's) attends as fp32 products rather than through torch's fused kernel: always
+    inside ``torch.compile``; in eager mode for bf16/fp16 over ``ONE_QUERY_FP32_FROM`` keys or
+    more; never with dropout (training)."""
+    few = 1 <= q.shape[-2] <= FP32_QUERIES
+    if not few or q.device.type != "cpu" or dropout_p > 0 or not q.is_floating_point():
         return False
     if torch.compiler.is_compiling():
         return True
