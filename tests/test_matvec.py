@@ -266,7 +266,7 @@ def test_int8_kernel_refuses_weights_without_scales_and_scales_without_int8():
 
 @pytest.mark.usefixtures("kernel")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int8_linear_takes_the_kernel_after_use_matvec_for_a_few_rows_only(dtype):
+def test_int8_linear_takes_the_kernel_after_use_matvec_for_a_few_rows_only(monkeypatch, dtype):
     torch.manual_seed(0)
     layer = Int8Linear.from_linear(nn.Linear(64, 48).to(dtype))
     limit = mv.ROWS_FP32 if dtype == torch.float32 else mv.ROWS_INT8
@@ -274,6 +274,10 @@ def test_int8_linear_takes_the_kernel_after_use_matvec_for_a_few_rows_only(dtype
     with torch.no_grad():
         before = layer(few)
         assert "attnlab::int8_matvec" not in _ops_called(lambda: layer(few))  # not asked for
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+        use_matvec(nn.Sequential(layer))
+        assert not layer.few_rows_kernel  # AVX-512: torch's kernel is kept
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
         use_matvec(nn.Sequential(layer))
         assert layer.few_rows_kernel
         assert "attnlab::int8_matvec" in _ops_called(lambda: layer(few))
@@ -287,7 +291,8 @@ def test_int8_linear_takes_the_kernel_after_use_matvec_for_a_few_rows_only(dtype
 
 @pytest.mark.usefixtures("kernel")
 @pytest.mark.slow
-def test_compiled_int8_rows_call_the_kernel_without_a_graph_break():
+def test_compiled_int8_rows_call_the_kernel_without_a_graph_break(monkeypatch):
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     torch.manual_seed(0)
     plain = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16)).bfloat16()
     model = use_matvec(

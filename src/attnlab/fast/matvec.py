@@ -28,7 +28,9 @@ scale once. On the 2-core AVX2 EPYC, with bf16 activations, it runs 1.2× torch'
 ``_weight_int8pack_mm`` for one row and 1.5–2× from 3 to 64 rows (that kernel's cost grows with
 the rows faster); torch's kernel has no vectorised AVX2 path for fp32 activations at all, this one
 does. An :class:`~attnlab.fast.quant.Int8Linear` takes it for at most :data:`ROWS_INT8` rows
-(:data:`ROWS_FP32` with fp32 activations) once :func:`use_matvec` has been applied.
+(:data:`ROWS_FP32` with fp32 activations) once :func:`use_matvec` has been applied, on CPUs
+without AVX-512 (:func:`int8_kernel_pays`: with AVX-512 torch's kernel, 512 bits wide and
+vectorised for every activation dtype, is kept; not measured against this one).
 
 :class:`Linear` is ``nn.Linear`` (same parameters, same state-dict names) whose forward takes
 this path for one row or a few on a CPU when no gradient is needed, the weight is bf16 or fp32
@@ -464,5 +466,13 @@ def use_matvec(model: nn.Module) -> nn.Module:
         if type(mod) is nn.Linear:
             mod.__class__ = Linear
         elif hasattr(mod, "few_rows_kernel"):  # an Int8Linear (quant imports this module)
-            mod.few_rows_kernel = True
+            mod.few_rows_kernel = int8_kernel_pays()
     return model
+
+
+def int8_kernel_pays() -> bool:
+    """Whether int8 layers take :func:`int8_matvec` for a few rows: on CPUs without AVX-512,
+    where it was measured ahead of torch's ``_weight_int8pack_mm`` (which is vectorised there
+    for bf16 activations only). With AVX-512 torch's kernel runs 512-bit vectors for every
+    activation dtype; this 256-bit one was not measured against it, so it is kept."""
+    return not torch.backends.cpu.get_cpu_capability().startswith("AVX512")

@@ -32,9 +32,10 @@ for those dtypes (:func:`kernel_dtypes`) and :func:`quantize_int8` warns: use bf
 
 Prepared for decoding (:func:`attnlab.fast.for_decoding`, which applies
 :func:`attnlab.fast.matvec.use_matvec`), a layer sends one row or a few (a decoding step, a
-speculative verification) to attnlab's own AVX2 kernel instead
+speculative verification) to attnlab's own AVX2 kernel instead on CPUs without AVX-512
 (:func:`attnlab.fast.matvec.int8_matvec`): 1.2–2× torch's with bf16 activations, and vectorised
-for fp32 and fp16 ones too. A layer built alone keeps torch's product.
+for fp32 and fp16 ones too. A layer built alone, and every layer on an AVX-512 CPU, keeps
+torch's product.
 
 Shape legend: N output features, K input features, ``...`` leading dimensions of x.
 """
