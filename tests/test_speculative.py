@@ -316,6 +316,17 @@ def test_acceptance_estimate_per_draft_position():
     assert min(b / a for a, b in zip(s, s[1:])) > 0.9
     assert best_k(s, 8, 0.05) == 8
     assert est.update(1, 3, 3) is None and est.survival(0, 8) == s  # keys are apart
+    # a plain round (nothing drafted) ages the counts by 0.9 too: an estimate that stopped
+    # drafting relaxes towards the prior instead of keeping its last rejections for ever
+    est = draft_length.Acceptance()
+    est.update(0, 2, 0)
+    est.update(0, 0, 0)  # reached = rejected = (0.9, 0)
+    pooled = (0.9 + 0.8) / (0.9 + 2)
+    s1 = 1 - (0.9 + 2 * pooled) / (0.9 + 2)
+    assert est.survival(0, 2) == pytest.approx([s1, s1 * (1 - pooled)])
+    for _ in range(100):
+        est.update(0, 0, 0)
+    assert est.survival(0, 2) == pytest.approx([0.6, 0.36], abs=1e-3)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -29,15 +29,16 @@ target's (:func:`step_cost`: the bytes of weights each reads plus a fixed cost p
 prompt lookup), β what each extra verified token adds to a forward (:data:`VERIFY_COST`), v = k,
 or the drafts of the padded width when the verification is compiled (:func:`verify_width`).
 With ``adapt=True`` every round takes the k in 0 … K maximising ``E(k) / cost(k)``, S estimated
-from the recent rounds: per draft position, the rounds that reached it and the rejections
-there, exponentially decayed and shrunk towards the pooled rate (prior α = 0.6, weight 2). Per
-position, because acceptance is not independent: where the text repeats a round is accepted
-whole, elsewhere the first draft fails, and a single α would draft too few in the one case.
-Prompt lookup keeps one estimate per n-gram size. k = 0 is a plain step; after 8 of those a
-round drafts one token, so the estimate can recover, and while such probes find nothing to
-gain they come twice as rarely each time, up to one in 64 rounds. The choice depends only on
-the tokens, not on timings: seeded sampling stays reproducible. ``adapt=False`` drafts K every
-round.
+from the recent rounds: per draft position, the rounds that reached it and the rejections there,
+decayed by every round (a plain one too) and shrunk towards the pooled rate (prior α = 0.6,
+weight 2). Per position, because acceptance is not independent: where the text repeats a round
+is accepted whole, elsewhere the first draft fails, and a single α would draft too few in the
+one case. Prompt lookup keeps one estimate per n-gram size. k = 0 is a plain step; after 8 of
+those a round drafts one token, so the estimate can recover, and while such probes find nothing
+to gain they come twice as rarely each time, up to one in 64 rounds; meanwhile the plain rounds
+age the estimate towards the prior, so drafting also resumes by itself. The choice depends only
+on the tokens, not on timings: seeded sampling stays reproducible. ``adapt=False`` drafts K
+every round.
 
 With ``compile=True`` both models decode over static caches with compiled steps
 (:mod:`attnlab.fast.compiled`): the draft's single-token step, and the target's single-token
@@ -450,8 +451,7 @@ class _Row:
         s.accepted += n
         s.tokens += n + 1
         s.k_used[k] += 1
-        if k > 0:
-            self.acceptance.update(key, k, n)
+        self.acceptance.update(key, k, n)  # a plain round (k = 0) ages the estimate
 
 
 @torch.no_grad()
