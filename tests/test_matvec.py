@@ -312,3 +312,18 @@ def test_compiled_int8_rows_call_the_kernel_without_a_graph_break(monkeypatch):
         compiled = torch.compile(model, dynamic=False)
         torch.testing.assert_close(compiled(x), model(x))
         assert "attnlab::int8_matvec" in _ops_called(lambda: compiled(x))
+
+
+@pytest.mark.usefixtures("kernel")
+def test_the_flop_counter_counts_both_kernels_as_f_linear():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    g = torch.Generator().manual_seed(0)
+    q, s = _int8(48, 32, g)
+    w = torch.randn(48, 32, generator=g)
+    x = torch.randn(2, 3, 32, generator=g)
+    for op, args in ((torch.ops.attnlab.matvec, (x, w, None)),
+                     (torch.ops.attnlab.int8_matvec, (x, q, s, None))):  # fmt: skip
+        with FlopCounterMode(display=False) as counter:
+            op(*args)
+        assert counter.get_total_flops() == 2 * 6 * 48 * 32  # 2·M·N·K, M = 2·3 rows

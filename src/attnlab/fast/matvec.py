@@ -370,16 +370,12 @@ def _register_fake() -> None:  # loaded, stays loaded when _extension's cache is
     def _(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None) -> Tensor:
         return x.new_empty(*x.shape[:-1], weight.shape[0])
 
-    @register_flop_formula(torch.ops.attnlab.matvec)
+    @register_flop_formula([torch.ops.attnlab.matvec, torch.ops.attnlab.int8_matvec])
     def _flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
         rows = 1
         for d in x_shape[:-1]:
             rows *= d
         return 2 * rows * w_shape[0] * w_shape[1]
-
-    @register_flop_formula(torch.ops.attnlab.int8_matvec)
-    def _int8_flops(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
-        return _flops(x_shape, w_shape)
 
 
 def _rows(x: Tensor) -> int:
