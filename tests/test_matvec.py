@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab.fast import matvec as mv
 from attnlab.fast.matvec import Linear, int8_matvec, matvec, matvec_available, use_matvec
@@ -269,7 +270,7 @@ def test_int8_kernel_refuses_weights_without_scales_and_scales_without_int8():
 def test_int8_linear_takes_the_kernel_after_use_matvec_for_a_few_rows_only(monkeypatch, dtype):
     torch.manual_seed(0)
     layer = Int8Linear.from_linear(nn.Linear(64, 48).to(dtype))
-    limit = mv.ROWS_FP32 if dtype == torch.float32 else mv.ROWS_INT8
+    limit = mv.ROWS_INT8_FP32 if dtype == torch.float32 else mv.ROWS_INT8
     few, many = torch.randn(1, limit, 64).to(dtype), torch.randn(1, limit + 1, 64).to(dtype)
     with torch.no_grad():
         before = layer(few)
@@ -316,8 +317,6 @@ def test_compiled_int8_rows_call_the_kernel_without_a_graph_break(monkeypatch):
 
 @pytest.mark.usefixtures("kernel")
 def test_the_flop_counter_counts_both_kernels_as_f_linear():
-    from torch.utils.flop_counter import FlopCounterMode
-
     g = torch.Generator().manual_seed(0)
     q, s = _int8(48, 32, g)
     w = torch.randn(48, 32, generator=g)

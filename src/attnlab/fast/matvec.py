@@ -28,7 +28,7 @@ scale once. On the 2-core AVX2 EPYC, with bf16 activations, it runs 1.2× torch'
 ``_weight_int8pack_mm`` for one row and 1.5–2× from 3 to 64 rows (that kernel's cost grows with
 the rows faster); torch's kernel has no vectorised AVX2 path for fp32 activations at all, this one
 does. An :class:`~attnlab.fast.quant.Int8Linear` takes it for at most :data:`ROWS_INT8` rows
-(:data:`ROWS_FP32` with fp32 activations) once :func:`use_matvec` has been applied, on CPUs
+(:data:`ROWS_INT8_FP32` with fp32 activations) once :func:`use_matvec` has been applied, on CPUs
 without AVX-512 (:func:`int8_kernel_pays`: with AVX-512 torch's kernel, 512 bits wide and
 vectorised for every activation dtype, is kept; not measured against this one).
 
@@ -79,9 +79,13 @@ MAX_ROWS = 64
 ROWS_FP32 = 12
 ROWS_BF16 = 32
 #: the most rows an int8 layer sends to :func:`int8_matvec` (bf16 or fp16 activations; fp32 ones:
-#: :data:`ROWS_FP32`): measured there 1.2-2x torch's ``_weight_int8pack_mm`` from 1 to 64 rows
-#: with bf16 activations, and ahead of dequantising for MKL's fp32 product up to ~24 rows
+#: :data:`ROWS_INT8_FP32`): measured there 1.2-2x torch's ``_weight_int8pack_mm`` from 1 to 64
+#: rows with bf16 activations, and ahead of dequantising for MKL's fp32 product up to ~24 rows
 ROWS_INT8 = 64
+#: ... with fp32 activations: 1.3-2x both torch's int8 product and MKL's of the dequantised
+#: weights at 13-24 rows (a verification of 17 tokens), even with them at ~33, behind at 48
+#: (2048 x 512, 512 x 2048, 1536 x 512, the same machine)
+ROWS_INT8_FP32 = 32
 _ROWS_FOR = {torch.float32: ROWS_FP32, torch.bfloat16: ROWS_BF16}
 
 _SOURCE = r"""
@@ -418,9 +422,9 @@ def int8_matvec(x: Tensor, weight: Tensor, scale: Tensor, bias: Tensor | None = 
 
 def int8_rows_path(x: Tensor) -> bool:
     """Whether an int8 layer's product of ``x`` goes to :func:`int8_matvec`'s kernel: a CPU, a
-    few rows (:data:`ROWS_INT8`; :data:`ROWS_FP32` for fp32 activations), no gradient, the
-    kernel available."""
-    limit = ROWS_FP32 if x.dtype == torch.float32 else ROWS_INT8
+    few rows (:data:`ROWS_INT8`; :data:`ROWS_INT8_FP32` for fp32 activations), no gradient,
+    the kernel available."""
+    limit = ROWS_INT8_FP32 if x.dtype == torch.float32 else ROWS_INT8
     return (
         x.device.type == "cpu"
         and x.shape[-1] > 0
