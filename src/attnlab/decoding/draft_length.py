@@ -29,7 +29,9 @@ __all__ = [
 #: forward reads the weights once however many tokens it carries, but on a CPU without bf16/int8
 #: matrix instructions the products of a few rows cost more than the one-row kernel's. Fitted
 #: (a line through round time against K) to benchmarks/speculative.py's fixed-K rows, K = 6, 10,
-#: 16, int8 target eager and compiled, on an AVX-512 CPU: β ~ 0.15 (0.2 on AVX2; near 0 on a GPU)
+#: 16, int8 target eager and compiled, on an AVX-512 CPU: β ~ 0.15 (near 0 on a GPU). With the
+#: few-row kernels, compiled on an AVX2 CPU, β ~ 0.11; 0.15 is kept, the two choosing alike in
+#: a replay of benchmarks/speculative.py's greedy text (docs/performance.md, section 4)
 VERIFY_COST = 0.15
 #: a drafting round's fixed cost (the draft's catch-up, bookkeeping, the verifying forward's
 #: extra work), in target steps: a round drafts only where it is predicted to gain more than
