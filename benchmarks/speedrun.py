@@ -20,6 +20,7 @@ nanoGPT's periodic estimate is inside its loop.
 
     python benchmarks/speedrun.py --budgets 75 150 300 --seeds 0 1 2
     python benchmarks/speedrun.py --budgets 10 --only baseline muon --max-chars 200000  # smoke
+    python benchmarks/speedrun.py --only --combine muon relu2  # baseline and one combination
 """
 
 from __future__ import annotations
@@ -135,6 +136,14 @@ def main() -> None:
     ap.add_argument("--target", type=float, default=NANOGPT_LOSS, help="loss for time-to-target")
     ap.add_argument("--only", nargs="*", default=None, help="baseline and these techniques only")
     ap.add_argument("--no-combination", action="store_true", help="skip the best-combination row")
+    ap.add_argument(
+        "--combine",
+        nargs="+",
+        default=None,
+        metavar="TECHNIQUE",
+        help="the combination row's techniques, instead of this run's winners (rows split "
+        "over several runs, e.g. one per core)",
+    )
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--workdir", default="runs/speedrun")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
@@ -143,7 +152,9 @@ def main() -> None:
     techniques = {k: v for k, v in TECHNIQUES.items() if args.only is None or k in args.only}
     ruled = {k: v for k, v in WITH_THE_RULE.items() if args.only is None or k in args.only}
     known = set(TECHNIQUES) | set(WITH_THE_RULE)
-    unknown = set(args.only or []) - known - {"baseline"}
+    unknown = (set(args.only or []) - known - {"baseline"}) | (
+        set(args.combine or []) - set(TECHNIQUES)
+    )
     if unknown:
         raise SystemExit(f"unknown techniques {sorted(unknown)}; choose from {sorted(known)}")
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
@@ -160,6 +171,7 @@ def main() -> None:
         rows += alone
         best = statistics.mean(base["nats"])
         winners = [r["name"] for r in alone if statistics.mean(r["nats"]) < best]
+        winners = args.combine or winners
         if len(winners) > 1 and not args.no_combination:
             sets = [s for w in winners for s in TECHNIQUES[w]]
             combo = measure("+".join(winners), sets, budget, args.seeds, args, val_ids, frozen)
