@@ -64,6 +64,31 @@ def test_constant_schedule_and_warmup_fraction():
     assert [no_warmup(k) for k in range(5)] == [0.5] * 5
 
 
+def test_wsd_schedule_is_flat_then_a_straight_line_to_the_floor():
+    """Warm-up, stable, decay: the numbers worked by hand for W = 10, S = 110, f = 0.25, r = 0.1
+    (the cool-down starts at p = 0.75, step 85, and reaches the floor at step 110)."""
+    lr, w, s, r, f = 2.0, 10, 110, 0.1, 0.25
+    cfg = TrainConfig(steps=s, lr=lr, warmup_steps=w, min_lr_ratio=r, schedule="wsd",
+                      cooldown_frac=f)  # fmt: skip
+    sched = LRSchedule(cfg)
+    assert [sched(k) for k in range(w)] == pytest.approx([lr * (k + 1) / w for k in range(w)])
+    assert [sched(k) for k in (10, 50, 85)] == pytest.approx([2.0, 2.0, 2.0])  # stable
+    # p = (k - 10) / 100; past 0.75: 0.2 + 1.8 · (1 - p) / 0.25
+    assert sched(90) == pytest.approx(0.2 + 1.8 * 0.20 / 0.25)  # 1.64
+    assert sched(97) == pytest.approx(0.2 + 1.8 * 0.13 / 0.25)  # 1.136
+    assert sched(110) == pytest.approx(0.2)  # the floor
+    decay = [sched(k) for k in range(85, 111)]
+    steps_down = [a - b for a, b in zip(decay, decay[1:])]
+    assert steps_down == pytest.approx([1.8 / 25] * 25)  # a straight line
+    # warm-up free (the speedrun's), timed: the progress is the elapsed fraction
+    timed = LRSchedule(TrainConfig(max_time=60.0, lr=1.0, min_lr_ratio=0.0, warmup_steps=0,
+                                   schedule="wsd", cooldown_frac=0.4))  # fmt: skip
+    assert timed(0, t=0.0) == 1.0 and timed(5, t=0.6) == pytest.approx(1.0)
+    assert timed(6, t=0.8) == pytest.approx(0.5) and timed(7, t=1.0) == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="cooldown_frac must be in"):
+        TrainConfig(steps=10, schedule="wsd", cooldown_frac=0.0)
+
+
 def test_timed_cosine_runs_on_elapsed_fraction():
     cfg = TrainConfig(max_time=60.0, lr=1.0, min_lr_ratio=0.0, warmup_steps=4)
     sched = LRSchedule(cfg)

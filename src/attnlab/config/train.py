@@ -15,7 +15,7 @@ from attnlab.config.base import Config, ConfigError
 __all__ = ["TrainConfig", "SCHEDULES", "AMP_MODES", "STRATEGIES", "FSDP_DTYPES", "OPTIMIZERS"]
 
 OPTIMIZERS = ("adamw", "muon")
-SCHEDULES = ("cosine", "inverse_sqrt", "constant")
+SCHEDULES = ("cosine", "inverse_sqrt", "constant", "wsd")
 AMP_MODES = ("none", "bf16")
 STRATEGIES = ("ddp", "fsdp")
 FSDP_DTYPES = ("float32", "bfloat16")
@@ -47,9 +47,12 @@ class TrainConfig(Config):
     min_lr_ratio: float = 0.1  # cosine floor = lr * min_lr_ratio
     warmup_steps: int = 100  # linear warm-up length in optimizer steps
     warmup_frac: float | None = None  # warm-up as a fraction of the run; overrides warmup_steps
-    schedule: Literal["cosine", "inverse_sqrt", "constant"] = (
-        "cosine"  # "cosine" | "inverse_sqrt" | "constant" (after warm-up)
+    schedule: Literal["cosine", "inverse_sqrt", "constant", "wsd"] = (
+        "cosine"  # "cosine" | "inverse_sqrt" | "constant" | "wsd" (after warm-up)
     )
+    # "wsd" (warm-up, stable, decay): the peak rate, then a linear cool-down to the floor over
+    # this last fraction of the run after warm-up (modded-nanogpt's speedrun: about 0.4)
+    cooldown_frac: float = 0.4
     weight_decay: float = 0.1  # AdamW decoupled decay; never on norms, biases, embeddings
     betas: tuple[float, float] = (0.9, 0.95)  # 0.95 rather than 0.999: steadier with large batches
     # "adamw" | "muon": torch.optim.Muon for the hidden 2-D weight matrices (not embeddings,
@@ -103,6 +106,8 @@ class TrainConfig(Config):
             raise ConfigError(f"warmup_frac must be in [0, 1), got {self.warmup_frac}")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not 0.0 < self.cooldown_frac <= 1.0:
+            raise ConfigError(f"cooldown_frac must be in (0, 1], got {self.cooldown_frac}")
         if self.schedule == "inverse_sqrt" and (self.warmup or 0) < 1:
             raise ConfigError(
                 "the inverse_sqrt schedule needs a warm-up of at least one step, "

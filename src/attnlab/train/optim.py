@@ -13,8 +13,13 @@ Schedules (``step`` = number of optimizer steps already taken, so the first step
 - ``inverse_sqrt`` (Vaswani et al. 2017, §5.3, rescaled so the peak is ``lr``):
   ``lr * min(s/W, sqrt(W/s))`` with ``s = step + 1``: linear up to ``lr`` at ``s = W``, then ∝ 1/√s.
 - ``constant``: the same linear warm-up, then ``lr``.
+- ``wsd`` (warm-up, stable, decay; the speedrun's warm-up-free schedule with a long cool-down
+  when ``W = 0``): the same warm-up, then ``lr`` until ``p = 1 − f``, then a straight line to
+  ``lr_min`` at ``p = 1``: ``lr_min + (lr − lr_min) · min(1, (1 − p) / f)``, with ``p`` as for
+  ``cosine`` and ``f = cooldown_frac``.
 
-With a wall-clock budget (``max_time``) the cosine progress is measured in time instead:
+With a wall-clock budget (``max_time``) the progress ``p`` of ``cosine`` and ``wsd`` is measured
+in time instead:
 ``p = (t - t_W) / (1 - t_W)`` with ``t = elapsed / max_time`` and ``t_W`` the value of ``t`` when
 the warm-up ended; a warm-up given as ``warmup_frac`` is then also a fraction of the time.
 """
@@ -169,7 +174,7 @@ class LRSchedule:
             start = None
         if cfg.schedule == "constant":
             return self.peak
-        # cosine decay from peak to floor
+        # progress p in [0, 1] after the warm-up: in steps, or in time for a timed run
         if cfg.timed:
             if start is None:
                 if self.warmup_end_t is None:
@@ -179,6 +184,8 @@ class LRSchedule:
         else:
             p = (step - self.warmup) / max(cfg.steps - self.warmup, 1)
         p = min(max(p, 0.0), 1.0)
+        if cfg.schedule == "wsd":  # stable, then a linear cool-down over the last cooldown_frac
+            return self.floor + (self.peak - self.floor) * min(1.0, (1.0 - p) / cfg.cooldown_frac)
         return self.floor + 0.5 * (self.peak - self.floor) * (1.0 + math.cos(math.pi * p))
 
     def apply(self, optimizer: torch.optim.Optimizer, step: int, t: float | None = None) -> float:

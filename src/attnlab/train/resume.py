@@ -181,12 +181,13 @@ def warn_about_settings(run_dir: Path, task, cfg: TrainConfig, resume: bool) -> 
         new = "max_time" if cfg.timed else "steps"
         old_length = saved_train.get(old)
         changed = old_length is not None and (old, old_length) != (new, getattr(cfg, new))
-        if cfg.schedule == "cosine" and changed:  # (a typed --steps may replace a budget)
+        if cfg.schedule in ("cosine", "wsd") and changed:  # (a typed --steps may replace a budget)
             log.warning(
-                "resuming a cosine schedule fitted to %s=%s with %s=%s: the learning rate "
+                "resuming a %s schedule fitted to %s=%s with %s=%s: the learning rate "
                 "jumps back up from where the shorter schedule left it, so this is not the "
                 "same as one run of the new length (constant and inverse_sqrt schedules are; "
                 "or give the full length from the start and stop early with Ctrl-C)",
+                cfg.schedule,
                 old,
                 old_length,
                 new,

@@ -2,7 +2,7 @@
 
 One optimizer step, written out (nanoGPT's loop is the model)::
 
-    lr = schedule(step, elapsed / max_time)              # warm-up, then cosine / inverse-sqrt
+    lr = schedule(step, elapsed / max_time)              # warm-up, then cosine / wsd / ...
     for micro in range(grad_accum):                      # gradient accumulation
         batch = task.get_batch("train", step * grad_accum + micro, batch_size // grad_accum,
                                rank, world)              # this rank's share, from (seed, step)
