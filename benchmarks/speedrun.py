@@ -11,14 +11,19 @@ s from fewer steps than with AdamW). Data and scoring are those of
 ``benchmarks/lm_vs_nanogpt.py`` (``pydoc_score.py``: attnlab's character ids, first 90 % of
 pydoc for training, last 10 % scored in non-overlapping 64-character windows).
 
-Columns: nats/char of the final weights (mean ± spread over ``--seeds``) and the time to
+Seeds: every row at ``--seeds``; the baseline, the combination and the rule's rows (the final
+rows) also at ``--final-seeds``. ``--keep`` scores a row's run directory again instead of
+training it when it holds a finished run of that budget and seed, so a table can be split over
+several invocations (one per core, into one ``--workdir``) and an interrupted one continued.
+
+Columns: nats/char of the final weights (mean ± spread over the row's seeds) and the time to
 target: the first elapsed time at which the run's own validation estimate (``val_loss`` in
 metrics.jsonl, every ``eval_every`` steps, over the whole held-out split: the score's windows)
 is at or below ``--target`` (default 1.423, nanoGPT's CPU recipe on this split,
 docs/performance.md); "-" if it never is. The estimates are inside the timed budget, as
 nanoGPT's periodic estimate is inside its loop.
 
-    python benchmarks/speedrun.py --budgets 75 150 300 --seeds 0 1 2
+    python benchmarks/speedrun.py --budgets 75 150 300 --final-seeds 0 1 2 --combine muon relu2
     python benchmarks/speedrun.py --budgets 10 --only baseline muon --max-chars 200000  # smoke
     python benchmarks/speedrun.py --only --combine muon relu2  # baseline and one combination
 """
@@ -37,6 +42,7 @@ import torch
 
 import attnlab
 from attnlab.runspec.budget import ROWS
+from attnlab.train.stopping import saved_progress
 
 sys.path.insert(0, str(Path(__file__).parent))
 from pydoc_score import pydoc_task, score  # noqa: E402
@@ -48,12 +54,14 @@ TECHNIQUES: dict[str, list[str]] = {
     "muon": ["train.optimizer=muon", f"train.lr={ROWS[0].lr_with_muon:g}"],
     "relu2": ["model.activation=relu2"],
     "qk_norm": ["model.qk_norm=rmsnorm"],
-    "rope": ["model.position=rope"],
+    # RoPE: no row; the budget rule's rows use it already (model.position=rope since the sweep)
     "zero_init": ["model.zero_init_proj=true"],
     "untied": ["model.tie_embeddings=false"],
     "softcap": ["model.logit_softcap=15"],
     "value_embeds": ["model.value_embeds=1"],
     "unet_skips": ["model.unet_skips=true"],
+    # warm-up free, the peak rate, then a linear cool-down over the last 40 % (TrainConfig "wsd")
+    "wsd": ["train.schedule=wsd", "train.warmup_steps=0"],
 }
 
 #: rows run without the baseline's config.json: the budget rule chooses again for the change
@@ -76,6 +84,15 @@ def command(budget: float, sets: list[str], seed: int, config: Path | None = Non
     for s in sets:
         cmd += ["--set", s]
     return cmd + (["--set", f"train.seed={seed}"] if seed else [])
+
+
+def finished(out: Path, budget: float, seed: int) -> bool:
+    """Whether ``out`` holds a run of ``budget`` seconds and ``seed`` that ended on its budget."""
+    progress = saved_progress(out)
+    if not progress or not progress.get("finished") or not (out / "config.json").is_file():
+        return False
+    train = json.loads((out / "config.json").read_text()).get("train", {})
+    return train.get("max_time") == budget and train.get("seed") == seed
 
 
 def run(cmd: list[str], out: Path, threads: int | None, max_chars: int | None) -> None:
@@ -111,7 +128,8 @@ def measure(name, sets, budget, seeds, args, val_ids, base: Path | None = None) 
     config = None if base is None else base / "config.json"
     for seed in seeds:
         out = Path(args.workdir) / f"{name}_{budget:g}s_seed{seed}"
-        run(command(budget, sets, seed, config), out, args.threads, args.max_chars)
+        if not (args.keep and finished(out, budget, seed)):
+            run(command(budget, sets, seed, config), out, args.threads, args.max_chars)
         nats.append(score(attnlab.load(out, weights="last").model, val_ids))
         ttt.append(time_to_target(out, args.target))
     shown = " ".join(command(budget, sets, seeds[0], config))
@@ -132,7 +150,19 @@ def _fmt(row: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--budgets", type=float, nargs="+", default=[75, 150, 300])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="every row's seeds")
+    ap.add_argument(
+        "--final-seeds",
+        type=int,
+        nargs="*",
+        default=[],
+        help="more seeds for the baseline, the combination and the rule's rows",
+    )
+    ap.add_argument(
+        "--keep",
+        action="store_true",
+        help="score finished runs of a row's budget and seed in --workdir again, not retrain them",
+    )
     ap.add_argument("--target", type=float, default=NANOGPT_LOSS, help="loss for time-to-target")
     ap.add_argument("--only", nargs="*", default=None, help="baseline and these techniques only")
     ap.add_argument("--no-combination", action="store_true", help="skip the best-combination row")
@@ -160,8 +190,9 @@ def main() -> None:
     Path(args.workdir).mkdir(parents=True, exist_ok=True)
     val_ids = pydoc_task(max_chars=args.max_chars).splits["val"]
     rows = []
+    final = args.seeds + [s for s in args.final_seeds if s not in args.seeds]
     for budget in args.budgets:
-        base = measure("baseline", [], budget, args.seeds, args, val_ids)
+        base = measure("baseline", [], budget, final, args, val_ids)
         rows.append(base)
         # the baseline's own settings (a named model turns the budget rule off) plus one change
         frozen = Path(args.workdir) / f"baseline_{budget:g}s_seed{args.seeds[0]}"
@@ -174,11 +205,12 @@ def main() -> None:
         winners = args.combine or winners
         if len(winners) > 1 and not args.no_combination:
             sets = [s for w in winners for s in TECHNIQUES[w]]
-            combo = measure("+".join(winners), sets, budget, args.seeds, args, val_ids, frozen)
+            combo = measure("+".join(winners), sets, budget, final, args, val_ids, frozen)
             rows.append(combo)
-        rows += [measure(k, v, budget, args.seeds, args, val_ids) for k, v in ruled.items()]
+        rows += [measure(k, v, budget, final, args, val_ids) for k, v in ruled.items()]
     print(
-        f"\npydoc, last 10 %, 64-character windows; seeds {args.seeds}; target {args.target} "
+        f"\npydoc, last 10 %, 64-character windows; seeds {args.seeds} (final rows {final}); "
+        f"target {args.target} "
         f"({torch.get_num_threads()} threads)\n"
     )
     print("| recipe | budget | nats/char | time to target (runs reaching it) | command |")
