@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.runspec import budget
+from attnlab.runspec import budget, build_run, resolve
 from attnlab.runspec.budget import (
     MAX_PARAMS_PER_TOKEN,
     REFERENCE,
@@ -89,7 +89,7 @@ def test_with_muon_the_rows_measured_adamw_rate_is_chosen():
     assert at_300.row.name == "s" and at_300.lr == 0.02
     assert choose_lm_settings(**kw).lr == choose_lm_settings(**kw, optimizer="adamw").lr == 4e-3
     # everything but the rate is the AdamW choice where the rows' crossings agree
-    assert muon == dataclasses.replace(choose_lm_settings(**kw), lr=0.02)
+    assert muon == dataclasses.replace(choose_lm_settings(**kw), lr=0.02, optimizer="muon")
     unmeasured = [r for r in ROWS if r.lr_with_muon is None]
     for row in unmeasured:
         c = choose_lm_settings(steps=10**4, corpus_tokens=10**9, rows=(row,), optimizer="muon")
@@ -113,6 +113,41 @@ def test_with_muon_row_s_passes_xs_from_fewer_steps():
     # still monotone: more budget never gives a smaller model
     sizes = [_params(choose_lm_settings(budget_s=b, **kw, optimizer="muon")) for b in BUDGETS]
     assert sizes == sorted(sizes)
+
+
+def test_the_rule_takes_muon_where_its_rows_were_measured_with_it():
+    """``optimizer="auto"`` (``attnlab train lm`` without ``--set train.optimizer``): the speedrun
+    table (benchmarks/speedrun.py, docs/performance.md §5) measured the rule with Muon ahead of
+    the rule with AdamW at 75 and 150 s and level at 300 s, so rows xs and s take Muon and its
+    settings (row s from 1,300 reference steps, the AdamW part at 0.02); a row never measured
+    with Muon (m and up) is AdamW's choice, unchanged; still monotone."""
+    kw = dict(corpus_tokens=PYDOC, vocab_size=103, ref_steps_per_s=13.8)
+    for budget_s, row in ((45, "xs"), (75, "xs"), (161, "s"), (300, "s")):
+        auto = choose_lm_settings(budget_s=budget_s, **kw, optimizer="auto")
+        assert auto == choose_lm_settings(budget_s=budget_s, **kw, optimizer="muon")
+        assert (auto.row.name, auto.optimizer, auto.lr) == (row, "muon", 0.02)
+    big = dict(steps=10**5, corpus_tokens=10**9, vocab_size=103)
+    auto = choose_lm_settings(**big, optimizer="auto")
+    assert auto.row.lr_with_muon is None and auto.optimizer == "adamw"
+    assert auto == choose_lm_settings(**big)  # exactly AdamW's choice
+    sizes = [_params(choose_lm_settings(budget_s=b, **kw, optimizer="auto")) for b in BUDGETS]
+    assert sizes == sorted(sizes)
+
+
+def test_train_lm_keeps_a_typed_optimizer_and_fsdp_keeps_adamw(_cache):
+    """A typed optimizer is the user's: ``--set train.optimizer=adamw`` keeps AdamW and the row's
+    AdamW rate; under FSDP (Muon needs whole matrices) the rule does not pick Muon."""
+    flags = {"train.steps": 2, "task.max_chars": 20000}
+    typed = resolve(None, flags, ["train.optimizer=adamw"])
+    build_run(typed)
+    assert (typed.train.optimizer, typed.train.lr) == ("adamw", ROWS[0].lr)
+    sharded = resolve(None, {**flags, "train.strategy": "fsdp"}, [])
+    build_run(sharded)
+    assert (sharded.train.optimizer, sharded.train.lr) == ("adamw", ROWS[0].lr)
+    ruled = resolve(None, flags, [])
+    build_run(ruled)
+    assert (ruled.train.optimizer, ruled.train.lr) == ("muon", ROWS[0].lr_with_muon)
+    assert "Muon for the matrices, AdamW lr 0.02" in ruled.describe_choice()
 
 
 def test_train_lm_with_muon_takes_the_rows_muon_rate(tmp_path, capsys):
@@ -209,7 +244,9 @@ def test_train_lm_without_a_model_uses_the_rule_and_keeps_explicit_settings(
     assert main(["train", "lm", *common, "--steps", "2", "--out", str(run)]) == 0
     assert "budget rule (2 steps): row xs" in capsys.readouterr().err
     cfg = json.loads((run / "config.json").read_text())
-    expect = choose_lm_settings(steps=2, corpus_tokens=cfg["task"]["n_tokens"]["train"])
+    n_train = cfg["task"]["n_tokens"]["train"]
+    expect = choose_lm_settings(steps=2, corpus_tokens=n_train, optimizer="auto")
+    assert cfg["train"]["optimizer"] == expect.optimizer == "muon"  # the rule's, for row xs
     assert cfg["model"]["d_model"] == expect.row.d_model
     assert cfg["model"]["position"] == "rope"
     assert cfg["task"]["seq_len"] == cfg["model"]["max_seq_len"] == expect.seq_len

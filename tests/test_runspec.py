@@ -109,7 +109,7 @@ def test_build_run_reads_the_corpus_and_seeds_the_model():
 def test_build_run_applies_the_budget_rule_once_the_corpus_is_read():
     spec = resolve(None, {"train.steps": 3, "task.max_chars": 20000}, [])
     model, task = build_run(spec)
-    expect = choose_lm_settings(steps=3, corpus_tokens=task.n_tokens["train"])
+    expect = choose_lm_settings(steps=3, corpus_tokens=task.n_tokens["train"], optimizer="auto")
     assert spec.choice == expect and not spec.auto
     assert model.config.d_model == expect.row.d_model and spec.train.lr == expect.lr
     assert "budget rule (3 steps): row" in spec.describe_choice()

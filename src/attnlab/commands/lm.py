@@ -147,9 +147,10 @@ def register(groups) -> None:
         groups, "lm", _train_lm,
         help="train a language model (Transformer, Transformer-XL, LSTM or bigram) on a text corpus",
         description="Train a language model on a local corpus (nothing is downloaded). "
-        "Without a preset or model keys a Transformer's size, window, batch size, learning rate "
-        "and warm-up come from the budget rule (the budget, the corpus size and this machine's "
-        "measured speed; flags you give are kept; the choice is printed). "
+        "Without a preset or model keys a Transformer's size, window, batch size, learning rate, "
+        "warm-up and optimizer (Muon for the small rows' matrices) come from the budget rule "
+        "(the budget, the corpus size and this machine's measured speed; flags you give are "
+        "kept; the choice is printed). "
         "Examples: 'attnlab train lm --max-time 90 --out runs/auto'; "
         "'attnlab train lm --preset tiny --steps 200 --out runs/tiny'; "
         "'attnlab train lm --preset llama-mini --tokenizer bpe --max-time 300 --out runs/llama'; "

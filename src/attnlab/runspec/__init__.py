@@ -116,7 +116,13 @@ FAMILIES: dict[str, Family] = {
 #: model keys that leave the choice of the model to the budget rule
 _NOT_SIZE = {"model.backend", "model.backend_options", "model.activation_checkpointing"}
 #: settings the budget rule fills in when not given
-_RULE_KEYS = ("train.batch_size", "task.seq_len", "train.lr", "train.warmup_steps")
+_RULE_KEYS = (
+    "train.batch_size",
+    "task.seq_len",
+    "train.lr",
+    "train.warmup_steps",
+    "train.optimizer",
+)
 #: fields a run's config.json records although they follow from others
 _DERIVED = ("n_kv_heads", "head_dim", "ffn_hidden")
 _DERIVED_FROM = ("d_model", "n_heads", "ffn", "activation")
@@ -370,13 +376,17 @@ def _apply_budget_rule(spec: RunSpec, task: Any, ref_steps_per_s: float | None) 
         ref_steps_per_s = fastest_ref_steps_per_s(
             vocab_size=task.vocab_size, device=torch.device(device)
         )
+    # the rule picks the optimizer unless one is given (Muon: not with FSDP's shards)
+    optimizer = train.optimizer
+    if "train.optimizer" in spec.auto and train.strategy != "fsdp":
+        optimizer = "auto"
     choice = choose_lm_settings(
         budget_s=train.max_time,
         steps=None if train.timed else train.steps,
         corpus_tokens=task.n_tokens["train"],
         ref_steps_per_s=ref_steps_per_s,
         vocab_size=task.vocab_size,
-        optimizer=train.optimizer,
+        optimizer=optimizer,
     )
     auto = spec.auto
     seq_len = choice.seq_len if "task.seq_len" in auto else spec.task.seq_len
@@ -386,6 +396,7 @@ def _apply_budget_rule(spec: RunSpec, task: Any, ref_steps_per_s: float | None) 
             ("batch_size", choice.batch_size),
             ("lr", choice.lr),
             ("warmup_steps", choice.warmup_steps),
+            ("optimizer", choice.optimizer),
         )
         if f"train.{key}" in auto
     }

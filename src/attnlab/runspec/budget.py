@@ -187,6 +187,8 @@ class LMBudgetChoice:
         tokens: training tokens expected (``steps × batch_size × seq_len``).
         epochs: expected passes over the corpus's training tokens.
         reference_steps: the budget in reference steps.
+        optimizer: ``TrainConfig.optimizer`` (the given one, or the rule's: see
+            :func:`choose_lm_settings`).
     """
 
     row: BudgetRow
@@ -200,12 +202,14 @@ class LMBudgetChoice:
     tokens: int
     epochs: float
     reference_steps: float
+    optimizer: str = "adamw"
 
     def describe(self) -> str:
         """One line for the start of a run."""
         r = self.row
+        muon = ", Muon" if self.optimizer == "muon" else ""
         return (
-            f"row {r.name}: {r.n_layers} layers x {r.d_model} (RoPE), seq {self.seq_len}, "
+            f"row {r.name}: {r.n_layers} layers x {r.d_model} (RoPE{muon}), seq {self.seq_len}, "
             f"batch {self.batch_size}, lr {self.lr:g}, warm-up {self.warmup_steps}, dropout "
             f"{self.dropout:g}; about {self.steps:,} steps = {self.tokens / 1e6:.1f}M tokens "
             f"({self.epochs:.1f} epochs)"
@@ -243,7 +247,9 @@ def choose_lm_settings(
         rows: the table, smallest first.
         optimizer: ``TrainConfig.optimizer``; with ``"muon"`` a row's ``min_steps_with_muon``
             and ``lr_with_muon`` replace its ``min_steps`` and ``lr`` where it has them (the
-            latter is the rate of the AdamW part).
+            latter is the rate of the AdamW part). ``"auto"``: the rule's own choice, Muon
+            where the chosen row was measured with it (``lr_with_muon``: rows xs and s, where
+            ``benchmarks/speedrun.py`` measured it ahead of AdamW at 75-300 s), else AdamW.
 
     Returns:
         An :class:`LMBudgetChoice`.
@@ -263,6 +269,14 @@ def choose_lm_settings(
     if not speed > 0:
         raise ValueError(f"ref_steps_per_s must be > 0, got {ref_steps_per_s}")
     reference_steps = budget_s * speed if budget_s is not None else float(steps)
+    if optimizer == "auto":
+        muon = choose_lm_settings(
+            budget_s=budget_s, steps=steps, corpus_tokens=corpus_tokens,
+            ref_steps_per_s=ref_steps_per_s, vocab_size=vocab_size, rows=rows, optimizer="muon",
+        )  # fmt: skip
+        if muon.row.lr_with_muon is not None:
+            return muon
+        optimizer = "adamw"  # Muon unmeasured for the row chosen: AdamW's choice
 
     def steps_of(row: BudgetRow) -> int:
         if budget_s is None:
@@ -293,6 +307,7 @@ def choose_lm_settings(
         tokens=tokens,
         epochs=epochs,
         reference_steps=reference_steps,
+        optimizer=optimizer,
     )
 
 
