@@ -1,7 +1,8 @@
 """A CPU speedrun: which parts of the modern (modded-nanogpt) recipe pay at small scale (issue 33).
 
 Every row is ``attnlab train lm --max-time S`` run as a user would (a subprocess): the baseline
-with nothing else (today's budget rule chooses the model and recipe), then one technique added
+with AdamW (``BASELINE``: the budget rule's recipe before this table, which made the rule take
+Muon; the rule chooses the model and recipe for it), then one technique added
 with ``--set`` to the baseline's own recorded settings (``--config`` its config.json: naming a
 model field would otherwise turn the budget rule off and change more than the technique), then
 the best combination (every technique whose mean score beat the baseline at that budget), then
@@ -47,6 +48,9 @@ from attnlab.train.stopping import saved_progress
 sys.path.insert(0, str(Path(__file__).parent))
 from pydoc_score import pydoc_task, score  # noqa: E402
 
+#: the baseline's ``--set``: the budget rule with AdamW (its choice until this table moved it to Muon)
+BASELINE = ["train.optimizer=adamw"]
+
 #: technique -> its ``--set`` overrides (each alone on top of the baseline)
 TECHNIQUES: dict[str, list[str]] = {
     # with the AdamW part at the budget rule's lr_with_muon (rows xs and s: 0.02); the
@@ -67,7 +71,9 @@ TECHNIQUES: dict[str, list[str]] = {
 #: rows run without the baseline's config.json: the budget rule chooses again for the change
 #: (with Muon a larger row pays from fewer steps: BudgetRow.min_steps_with_muon)
 WITH_THE_RULE: dict[str, list[str]] = {
-    "muon+rule": ["train.optimizer=muon"],
+    "muon+rule": ["train.optimizer=muon"],  # = the rule's own choice now (no flag)
+    # the combination given to the rule: Muon (the rule's row and rates for it) and the schedule
+    "muon+wsd+rule": ["train.optimizer=muon", "train.schedule=wsd", "train.warmup_steps=0"],
 }
 
 #: nanoGPT's CPU recipe on the same split: its final nats/char (docs/performance.md)
@@ -192,7 +198,7 @@ def main() -> None:
     rows = []
     final = args.seeds + [s for s in args.final_seeds if s not in args.seeds]
     for budget in args.budgets:
-        base = measure("baseline", [], budget, final, args, val_ids)
+        base = measure("baseline", BASELINE, budget, final, args, val_ids)
         rows.append(base)
         # the baseline's own settings (a named model turns the budget rule off) plus one change
         frozen = Path(args.workdir) / f"baseline_{budget:g}s_seed{args.seeds[0]}"
