@@ -29,8 +29,9 @@ scale once. On the 2-core AVX2 EPYC, with bf16 activations, it runs 1.2× torch'
 the rows faster); torch's kernel has no vectorised AVX2 path for fp32 activations at all, this one
 does. An :class:`~attnlab.fast.quant.Int8Linear` takes it for at most :data:`ROWS_INT8` rows
 (:data:`ROWS_INT8_FP32` with fp32 activations) once :func:`use_matvec` has been applied, on CPUs
-without AVX-512 (:func:`int8_kernel_pays`: with AVX-512 torch's kernel, 512 bits wide and
-vectorised for every activation dtype, is kept; not measured against this one).
+without AVX-512 (:func:`int8_kernel_pays`: with AVX-512 torch's kernel is kept, level with
+this one for bf16 activations and faster for prompts; fp32 and fp16 activations take the
+portable form there).
 
 :class:`Linear` is ``nn.Linear`` (same parameters, same state-dict names) whose forward takes
 this path for one row or a few on a CPU when no gradient is needed, the weight is bf16 or fp32
@@ -473,6 +474,9 @@ def use_matvec(model: nn.Module) -> nn.Module:
 def int8_kernel_pays() -> bool:
     """Whether int8 layers take :func:`int8_matvec` for a few rows: on CPUs without AVX-512,
     where it was measured ahead of torch's ``_weight_int8pack_mm`` (which is vectorised there
-    for bf16 activations only). With AVX-512 torch's kernel runs 512-bit vectors for every
-    activation dtype; this 256-bit one was not measured against it, so it is kept."""
+    for bf16 activations only). With AVX-512 (an EPYC, torch 2.13, one thread, 512-2048 wide
+    weights) torch's kernel with bf16 activations is level with this one (0.9-1.1× from 1 to
+    33 rows) and ahead of MKL's product of the dequantised weights for a prompt (2.5× at 96
+    rows), so torch's is kept there; fp32 and fp16 activations take the portable form
+    (:func:`attnlab.fast.quant.kernel_dtypes`)."""
     return not torch.backends.cpu.get_cpu_capability().startswith("AVX512")
