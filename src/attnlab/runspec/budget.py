@@ -269,46 +269,46 @@ def choose_lm_settings(
     if not speed > 0:
         raise ValueError(f"ref_steps_per_s must be > 0, got {ref_steps_per_s}")
     reference_steps = budget_s * speed if budget_s is not None else float(steps)
-    if optimizer == "auto":
-        muon = choose_lm_settings(
-            budget_s=budget_s, steps=steps, corpus_tokens=corpus_tokens,
-            ref_steps_per_s=ref_steps_per_s, vocab_size=vocab_size, rows=rows, optimizer="muon",
-        )  # fmt: skip
-        if muon.row.lr_with_muon is not None:
-            return muon
-        optimizer = "adamw"  # Muon unmeasured for the row chosen: AdamW's choice
 
     def steps_of(row: BudgetRow) -> int:
         if budget_s is None:
             return int(steps)
         return max(1, int(reference_steps / row_cost(row, vocab_size)))
 
-    def with_muon(own, measured):  # a row's value, or its Muon value where it has one
-        return measured if optimizer == "muon" and measured is not None else own
+    def settings(optimizer: str) -> LMBudgetChoice:
+        """The rule's choice for one optimizer."""
 
-    chosen = rows[0]
-    for row in rows[1:]:
-        fits_corpus = row_params(row, vocab_size) <= MAX_PARAMS_PER_TOKEN * corpus_tokens
-        if fits_corpus and steps_of(row) >= with_muon(row.min_steps, row.min_steps_with_muon):
-            chosen = row
-    n_steps = steps_of(chosen)
-    tokens = n_steps * chosen.batch_size * chosen.seq_len
-    epochs = tokens / corpus_tokens
-    dropout = _dropout(epochs * min(1.0, row_params(chosen, vocab_size) / corpus_tokens))
-    return LMBudgetChoice(
-        row=chosen,
-        model={**chosen.model_fields(), "dropout": dropout},
-        seq_len=chosen.seq_len,
-        batch_size=chosen.batch_size,
-        lr=with_muon(chosen.lr, chosen.lr_with_muon),
-        warmup_steps=row_warmup(chosen, n_steps),
-        dropout=dropout,
-        steps=n_steps,
-        tokens=tokens,
-        epochs=epochs,
-        reference_steps=reference_steps,
-        optimizer=optimizer,
-    )
+        def with_muon(own, measured):  # a row's value, or its Muon value where it has one
+            return measured if optimizer == "muon" and measured is not None else own
+
+        chosen = rows[0]
+        for row in rows[1:]:
+            fits_corpus = row_params(row, vocab_size) <= MAX_PARAMS_PER_TOKEN * corpus_tokens
+            if fits_corpus and steps_of(row) >= with_muon(row.min_steps, row.min_steps_with_muon):
+                chosen = row
+        n_steps = steps_of(chosen)
+        tokens = n_steps * chosen.batch_size * chosen.seq_len
+        epochs = tokens / corpus_tokens
+        dropout = _dropout(epochs * min(1.0, row_params(chosen, vocab_size) / corpus_tokens))
+        return LMBudgetChoice(
+            row=chosen,
+            model={**chosen.model_fields(), "dropout": dropout},
+            seq_len=chosen.seq_len,
+            batch_size=chosen.batch_size,
+            lr=with_muon(chosen.lr, chosen.lr_with_muon),
+            warmup_steps=row_warmup(chosen, n_steps),
+            dropout=dropout,
+            steps=n_steps,
+            tokens=tokens,
+            epochs=epochs,
+            reference_steps=reference_steps,
+            optimizer=optimizer,
+        )
+
+    if optimizer != "auto":
+        return settings(optimizer)
+    muon = settings("muon")  # Muon where the row chosen was measured with it, else AdamW's choice
+    return muon if muon.row.lr_with_muon is not None else settings("adamw")
 
 
 def measure_ref_steps_per_s(

@@ -126,6 +126,6 @@ def completion(run_dir: str | Path, cfg: TrainConfig) -> str | None:
     val_text = "" if val is None else f", last validation loss {val:.4f}"
     return (
         f"{run_dir} is already complete: {length}{val_text}. Nothing to do; to train it further, "
-        f"resume with {longer} (a cosine schedule has decayed already: constant and "
+        f"resume with {longer} (a cosine or wsd schedule has decayed already: constant and "
         "inverse_sqrt schedules continue seamlessly)"
     )
