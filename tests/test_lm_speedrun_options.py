@@ -1,5 +1,5 @@
 """The speedrun options of the decoder LM: ReLU², zero-initialised projections, soft cap, value
-embeddings and U-Net skips across the stack.
+embeddings, U-Net skips across the stack and the token shift.
 
 Each option changes what it names and nothing else (same seed, same other weights)."""
 
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from attnlab.config import ModelConfig
 from attnlab.config.base import ConfigError
+from attnlab.decoding import generate
 from attnlab.errors import UserError
 from attnlab.interop import to_hf
 from attnlab.layers.block import MLP
@@ -194,7 +195,98 @@ def test_stack_option_errors_name_the_field(kw, field):
         ModelConfig(**kw)
 
 
-@pytest.mark.parametrize("kw", [dict(value_embeds=1), dict(unet_skips=True)])
+@pytest.mark.parametrize(
+    "kw", [dict(value_embeds=1), dict(unet_skips=True), dict(token_shift=True)]
+)
 def test_hf_export_refuses_the_stack_options_by_name(tmp_path, kw):
     with pytest.raises(UserError, match=next(iter(kw))):
         to_hf(_lm(**kw), tmp_path / "hf")
+
+
+# -- the token shift ------------------------------------------------------------------------------
+
+
+def _shifted(seed: int = 0, **kw) -> DecoderLM:
+    """A token-shift LM whose μ is not zero (random per channel)."""
+    model = _stack_lm(token_shift=True, **kw)
+    with torch.no_grad():
+        model.shift_mix.copy_(torch.randn(16, generator=torch.Generator().manual_seed(seed)))
+    return model
+
+
+def test_token_shift_adds_mu_times_the_previous_tokens_embedding_and_starts_as_the_plain_model():
+    plain, idx = _stack_lm(), _idx()
+    fresh = _stack_lm(token_shift=True)
+    torch.testing.assert_close(fresh.shift_mix, torch.zeros(16))  # μ = 0: the plain model
+    for name, p in plain.named_parameters():  # and every other weight as without it
+        torch.testing.assert_close(dict(fresh.named_parameters())[name], p, rtol=0, atol=0)
+    assert torch.equal(fresh(idx), plain(idx))
+    model = _shifted()
+    e = model.tok_emb(idx)  # (B, T, C)
+    mu = model.shift_mix
+    # by hand, position by position: e_0 alone, then e_t + μ ⊙ e_{t-1}
+    x = torch.stack([e[:, 0], *(e[:, t] + mu * e[:, t - 1] for t in range(1, 8))], dim=1)
+    x = model.pos_emb.embed(x * model.config.embed_scale, torch.arange(8))
+    for block in model.blocks:
+        x = block(x, is_causal=True, pos_emb=model.pos_emb)
+    torch.testing.assert_close(model(idx), model.lm_head(model.norm_f(x)), rtol=0, atol=1e-6)
+    # causal still: a token moves only its own logits and later ones, its successor's included
+    other = idx.clone()
+    other[:, 4] = (other[:, 4] + 1) % 23
+    diff = (model(other) - model(idx)).abs().amax(dim=(0, 2))  # (T,)
+    assert diff[:4].max() == 0 and diff[4:].min() > 0
+
+
+@pytest.mark.parametrize("static", [False, True])
+@torch.no_grad()
+def test_token_shift_decodes_padded_cropped_and_sliding_like_the_full_forward(static):
+    model, idx = _shifted(), _idx()
+    caches = model.make_caches(2, 8, static=static)
+    assert len(caches) == len(model.blocks) + 1  # one per block, then the embeddings
+    state, steps = model.start_decoding(2, 8, static=static), []
+    logits, state = model.decode_step(idx[:, :3], state)  # a prompt, then one at a time
+    steps.append(logits)
+    for t in range(3, 8):
+        logits, state = model.decode_step(idx[:, t : t + 1], state)
+        steps.append(logits)
+    torch.testing.assert_close(torch.stack(steps, 1), model(idx)[:, 2:], rtol=0, atol=1e-5)
+    # rolled back (speculative decoding's crop) and fed again: as a fresh run of the same tokens
+    for cache in state.caches:
+        cache.crop(5)
+    if static:
+        state.mask[:, 5:] = False
+    else:
+        state.mask = state.mask[:, :5]
+    nxt = torch.tensor([[4, 7], [1, 2]])
+    got, _ = model.decode_step(nxt, state)
+    want = model(torch.cat([idx[:, :5], nxt], dim=1))[:, -1]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    # a left-padded row: its first real token has no predecessor, as the row alone
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), idx[1:, :5]], dim=1)
+    mask = torch.arange(8)[None] >= 3
+    state = model.start_decoding(1, 8, static=static)
+    row, _ = model.decode_step(padded, state, attention_mask=mask)
+    torch.testing.assert_close(row, model(idx[1:, :5])[:, -1], rtol=0, atol=1e-5)
+    # past the context (8) the window slides: the cached run equals recomputing every window
+    out = generate(model, idx[:1, :4], 12, temperature=0)
+    assert torch.equal(out, generate(model, idx[:1, :4], 12, temperature=0, use_cache=False))
+
+
+def test_token_shift_trains_its_mu_with_adamw_and_beams_reorder_its_cache():
+    model, idx = _shifted(), _idx()
+    model.train()
+    model(idx, targets=idx).backward()
+    assert model.shift_mix.grad is not None and model.shift_mix.grad.abs().sum() > 0
+    muon, adamw = muon_split(param_groups(model, 1.0), 0.1)
+    undecayed = {n for g in adamw if g["weight_decay"] == 0 for n in g["names"]}
+    assert "shift_mix" in undecayed and "shift_mix" not in muon["names"]
+    model.eval()
+    with torch.no_grad():  # beam search's reorder takes every cache, the token shift's too
+        state = model.start_decoding(2, 8)
+        model.decode_step(idx[:, :4], state)
+        rows = torch.tensor([1, 0, 1])
+        state = state.reorder(rows)
+        nxt = torch.tensor([[3], [5], [9]])
+        got, _ = model.decode_step(nxt, state)
+        want = model(torch.cat([idx[rows, :4], nxt], dim=1))[:, -1]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)

@@ -49,6 +49,10 @@ def test_no_model_named_leaves_the_model_to_the_budget_rule():
     assert not resolve(None, {"train.steps": 10, "model.preset": "tiny"}, []).auto
     lstm = resolve(None, {"train.steps": 10, "kind": "lstm_lm"}, [])
     assert lstm.kind == "lstm_lm" and not lstm.auto  # the rule is for the Transformer
+    # the token shift is a wiring of the rule's rows, not a size: the rule still chooses
+    shift = resolve(None, {"train.steps": 10}, ["model.token_shift=false"])
+    assert "model" in shift.auto and shift.model["token_shift"] is False
+    assert not resolve(None, {"train.steps": 10}, ["model.qk_norm=rmsnorm"]).auto
 
 
 def test_mlm_adds_its_specials_and_starts_from_the_tiny_preset():

@@ -333,6 +333,23 @@ def test_acceptance_estimate_per_draft_position():
 # cache rollback, prompt lookup's index
 
 
+def test_greedy_speculation_with_a_token_shift(eager_static):
+    # the token shift keeps one more cache (the embeddings), rolled back with the others
+    target = _lm(position="rope", token_shift=True)
+    draft = _lm(d=16, layers=1, heads=2, seed=1, position="rope", token_shift=True)
+    for m in (target, draft):
+        with torch.no_grad():
+            m.shift_mix.normal_(generator=torch.Generator().manual_seed(4))
+    idx = torch.randint(0, 13, (1, 6), generator=torch.Generator().manual_seed(2))
+    plain = generate(target, idx, 50, temperature=0)
+    for kw in (
+        dict(draft=draft, speculate=4),
+        dict(draft=draft, speculate=3, compile=True),
+        dict(prompt_lookup=2, speculate=4),
+    ):
+        assert torch.equal(generate(target, idx, 50, temperature=0, **kw), plain), kw
+
+
 @pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("position", ["rope", "t5", "alibi", "learned"])
 @torch.no_grad()

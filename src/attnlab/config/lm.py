@@ -98,6 +98,11 @@ class ModelConfig(TextStackConfig):
             to 1, to the input of its mirror block L−1−i. Needs n_layers ≥ 2. The innermost
             pair's skip is the block's own input (with 2 layers, block 1 reads
             ``(1 + w) ·`` block 0's output), as in modded-nanogpt.
+        token_shift: each token's embedding adds ``μ ⊙`` the previous token's embedding,
+            ``e_t ← e_t + μ ⊙ e_{t−1}`` with one learned weight per channel μ initialised to 0
+            (RWKV's token shift; modded-nanogpt's "smear" is a gated form of it): the stack
+            starts from a bigram's view of the text. The first token of a sequence (and one
+            after padding) has no predecessor.
     """
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = PRESETS
@@ -108,6 +113,7 @@ class ModelConfig(TextStackConfig):
     zero_init_proj: bool = False
     value_embeds: int = 0
     unet_skips: bool = False
+    token_shift: bool = False
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:

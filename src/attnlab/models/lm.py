@@ -8,7 +8,8 @@
 Two options of modded-nanogpt change the stack's wiring (both off by default; blocks numbered
 0 … L−1 here): value embeddings (``value_embeds = k``) add ``λ_l · Eᵛ_i[idx]`` to the attention
 values of layers i and L−1−i for each table i < k; U-Net skips (``unet_skips``) add
-``w_i · (output of block i)`` to the input of block L−1−i for i < ⌊L/2⌋.
+``w_i · (output of block i)`` to the input of block L−1−i for i < ⌊L/2⌋. A token shift
+(``token_shift``, RWKV's) adds ``μ ⊙ E[idx_{t−1}]`` to each token's embedding before the stack.
 
 The causal mask is always on. Positions go through the one interface of
 :mod:`attnlab.layers.position`: the model owns one position module (``pos_emb``) whose ``embed``
@@ -95,6 +96,8 @@ class DecoderLM(nn.Module):
             0.5; None without tables.
         skip_weights: the U-Net skips' learned weights, one per pair (``⌊L/2⌋``), initialised to
             1; None without ``unet_skips``.
+        shift_mix: the token shift's per-channel weights μ ``(C,)``, initialised to 0; None
+            without ``token_shift``.
 
     MoE load-balancing losses are reported to :func:`attnlab.attention.collect_aux_losses`.
     """
@@ -127,22 +130,26 @@ class DecoderLM(nn.Module):
             nn.Parameter(torch.empty(len(self.value_embed_layers))) if c.value_embeds else None
         )
         self.skip_weights = nn.Parameter(torch.empty(L // 2)) if c.unet_skips else None
+        self.shift_mix = nn.Parameter(torch.empty(c.d_model)) if c.token_shift else None
         self.reset_parameters()
         if c.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
 
     def reset_parameters(self) -> None:
         """GPT-2 initialisation: N(0, init_std), residual projections scaled by 1/√(2L); the
-        value-embedding weights λ start at 0.5, the U-Net skip weights at 1."""
+        value-embedding weights λ start at 0.5, the U-Net skip weights at 1, the token shift's
+        μ at 0 (the plain model)."""
         std = self.config.init_std
         resid_std = std / math.sqrt(2 * self.config.n_layers)
         if self.value_embed_weights is not None:
             nn.init.constant_(self.value_embed_weights, 0.5)
         if self.skip_weights is not None:
             nn.init.ones_(self.skip_weights)
+        if self.shift_mix is not None:
+            nn.init.zeros_(self.shift_mix)
         for name, p in self.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
-            if name in ("value_embed_weights", "skip_weights"):
+            if name in ("value_embed_weights", "skip_weights", "shift_mix"):
                 continue  # set above
             if "norm" in name and p.dim() == 1:
                 continue  # norm weights stay 1, their biases 0 (as built)
@@ -164,7 +171,9 @@ class DecoderLM(nn.Module):
         dtype=None,
         static: bool = False,
     ) -> list[KVCache]:
-        """One empty KV cache per block, for ``batch_size`` rows and up to ``max_len`` tokens.
+        """One empty KV cache per block, for ``batch_size`` rows and up to ``max_len`` tokens;
+        with ``token_shift`` one more, last, that keeps each token's embedding ``(B, 1, max_len,
+        C)`` for the token after it (cropped and reordered with the others).
 
         Args:
             dtype: the caches' dtype (default: the embeddings', which stay floating point when
@@ -179,10 +188,17 @@ class DecoderLM(nn.Module):
             raise ValueError(f"max_len={max_len} exceeds max_seq_len={self.config.max_seq_len}")
         device = device or self.tok_emb.weight.device
         dtype = dtype or self.tok_emb.weight.dtype
-        return [
+        caches = [
             blk.attn.make_cache(batch_size, max_len, device=device, dtype=dtype, static=static)
             for blk in self.blocks
         ]
+        if self.shift_mix is not None:  # the embeddings, as the "keys" of one head; no values
+            C = self.config.d_model
+            shift = KVCache(
+                batch_size, 1, max_len, C, v_dim=0, device=device, dtype=dtype, static=static
+            )
+            caches.append(shift)
+        return caches
 
     def forward(
         self,
@@ -204,8 +220,9 @@ class DecoderLM(nn.Module):
             idx: token ids ``(B, T)``.
             attention_mask: ``(B, S)`` bool, True = real token, covering the cached tokens and
                 these ``T``; left padding is how batches of unequal prompts are formed.
-            caches: KV caches from :meth:`make_caches`; this call appends its T tokens. With
-                static caches ``attention_mask`` is ``(B, max_len)`` over every cache slot.
+            caches: KV caches from :meth:`make_caches` (one per block, then the token shift's);
+                this call appends its T tokens. With static caches ``attention_mask`` is
+                ``(B, max_len)`` over every cache slot.
             positions: absolute positions ``(T,)`` or ``(B, T)``; default: the count of earlier
                 real tokens in the row (``past + arange(T)`` without a mask).
             need_weights: also return each block's attention weights (the math attention path).
@@ -244,12 +261,18 @@ class DecoderLM(nn.Module):
         mask, positions, attn_positions, is_causal = self._masks(
             idx, caches, attention_mask, positions
         )
-        x = self.hook_embed(self.tok_emb(idx)) * self.config.embed_scale  # (B, T, C); √d: sinusoids
+        x = self.hook_embed(self.tok_emb(idx))  # (B, T, C)
+        block_caches = caches
+        if self.shift_mix is not None:
+            shift_cache = None if caches is None else caches[-1]
+            x = self._token_shift(x, shift_cache, attention_mask)
+            block_caches = None if caches is None else caches[:-1]
+        x = x * self.config.embed_scale  # √d for sinusoids
         x = self.drop(self.pos_emb.embed(x, positions))  # (B, T, C)
         x = self._run_stack(
             x,
             idx,
-            caches,
+            block_caches,
             mask=mask,
             is_causal=is_causal,
             positions=attn_positions,
@@ -300,6 +323,26 @@ class DecoderLM(nn.Module):
                 skips.append(x)
         return x
 
+    def _token_shift(
+        self, e: Tensor, cache: KVCache | None, attention_mask: Tensor | None
+    ) -> Tensor:
+        """``e_t + μ ⊙ e_{t−1}`` for the new tokens' embeddings ``e (B, T, C)``; the embeddings of
+        earlier tokens are read back from ``cache``. A token with no real predecessor (the
+        first of a sequence, or the first after left padding) is left as it is."""
+        T = e.shape[1]
+        if cache is None and attention_mask is None:  # training: the whole sequence at once
+            prev = nn.functional.pad(e[:, :-1], (0, 0, 1, 0))  # (B, T, C): zeros, then e_<T
+            return e + self.shift_mix * prev
+        past = 0 if cache is None else (cache.cursor if cache.static else cache.length)
+        before = past + torch.arange(T, device=e.device) - 1  # (T,): the predecessors' slots
+        seen = e if cache is None else cache.update(e[:, None], e[:, None, :, :0])[0][:, 0]
+        has = (before >= 0)[None, :]  # (1, T)
+        before = before.clamp(min=0)
+        if attention_mask is not None:  # (B, S): a padded predecessor is none
+            has = has & attention_mask.to(device=e.device, dtype=torch.bool).index_select(1, before)
+        prev = seen.index_select(1, before)  # (B, T, C)
+        return e + self.shift_mix * (prev * has[..., None])
+
     def _capped_head(self, h: Tensor) -> Tensor:
         """Soft-capped logits ``c · tanh(W_out h / c)`` (``config.logit_softcap = c``)."""
         cap = self.config.logit_softcap
@@ -314,8 +357,9 @@ class DecoderLM(nn.Module):
     ) -> None:
         if idx.dim() != 2:
             raise ValueError(f"idx must be (B, T) token ids, got shape {tuple(idx.shape)}")
-        if caches is not None and len(caches) != len(self.blocks):
-            raise ValueError(f"expected {len(self.blocks)} caches, got {len(caches)}")
+        expected = len(self.blocks) + (self.shift_mix is not None)  # the token shift's: one more
+        if caches is not None and len(caches) != expected:
+            raise ValueError(f"expected {expected} caches (from make_caches), got {len(caches)}")
         if targets is not None and logits_to_keep is not None:
             raise ValueError("targets (the loss) cannot be combined with logits_to_keep")
         if targets is not None and targets.shape != idx.shape:

@@ -113,8 +113,14 @@ FAMILIES: dict[str, Family] = {
     "t5-span": T5_SPAN,
 }
 
-#: model keys that leave the choice of the model to the budget rule
-_NOT_SIZE = {"model.backend", "model.backend_options", "model.activation_checkpointing"}
+#: model keys that leave the choice of the model to the budget rule: how it runs, and the token
+#: shift (a wiring of the rule's row xs, C weights, not a size: ``--set model.token_shift=false``)
+_NOT_SIZE = {
+    "model.backend",
+    "model.backend_options",
+    "model.activation_checkpointing",
+    "model.token_shift",
+}
 #: settings the budget rule fills in when not given
 _RULE_KEYS = (
     "train.batch_size",

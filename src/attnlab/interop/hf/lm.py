@@ -381,7 +381,8 @@ def lm_config_to_hf(c: ModelConfig, family: str) -> dict:
     """
     what = ARCHITECTURES[family]
     require(c, what, norm_position="pre", qk_norm=None, embed_scale=1.0, logit_softcap=None)
-    require(c, what, residual=True, value_embeds=0, unet_skips=False)  # wirings no HF family has
+    wirings = dict(value_embeds=0, unet_skips=False, token_shift=False)  # no HF family has them
+    require(c, what, residual=True, **wirings)
     if family == "gpt2":
         require_plain_heads(c, what)
         return {
