@@ -2,7 +2,7 @@
 speedrun techniques of issue 33 added to the Transformer.
 
 Every row trains with the demo's settings (``attnlab demo``: pydoc, character level, windows of
-64, batches of 12, seed 0) for ``--steps`` optimizer steps on one thread (steps, not a time
+64, batches of 12, seed 0 or ``--seeds``) for ``--steps`` optimizer steps on one thread (steps, not a time
 budget: the losses do not depend on how busy the machine is, and every model reads the same
 tokens). The Transformer is the budget rule's row ``xs`` (2 x 64, RoPE, lr 4e-3, warm-up 50)
 with a row's changes to its model or training config; the LSTM is the demo's (1 layer, 256,
@@ -12,6 +12,8 @@ back to back on an idle machine compare.
 
     python benchmarks/demo_recipes.py --steps 800
     python benchmarks/demo_recipes.py --steps 800 --only lstm base muon muon+value_embeds
+    python benchmarks/demo_recipes.py --steps 1611 --seeds 0 1 2 --only lstm muon+lr=0.02 \
+        muon+lr=0.02+token_shift
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ RECIPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "muon+value_embeds+lr=0.02+muon_lr=0.04": (_VE, {**_MUON, "lr": 0.02, "muon_lr": 0.04}),
     "muon+value_embeds+lr=0.02+min_lr=0": (_VE, {**_MUON, "lr": 0.02, "min_lr_ratio": 0.0}),
     "muon+lr=0.02": ({}, {**_MUON, "lr": 0.02}),
+    # the demo's Transformer since the speedrun table: Muon, AdamW part at 0.02, token shift
+    "muon+lr=0.02+token_shift": ({"token_shift": True}, {**_MUON, "lr": 0.02}),
     "adamw+lr=0.02": ({}, {"lr": 0.02}),
     "muon+lr=0.03": ({}, {**_MUON, "lr": 0.03}),
     "muon+lr=0.02+muon_lr=0.01": ({}, {**_MUON, "lr": 0.02, "muon_lr": 0.01}),
@@ -74,13 +78,18 @@ LSTM_PRESET, LSTM_LR, LSTM_WARMUP = "small", 1e-2, 20
 
 
 def train_row(
-    name: str, steps: int, task: LMTask, workdir: Path, max_time: float | None = None
+    name: str,
+    steps: int,
+    task: LMTask,
+    workdir: Path,
+    max_time: float | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
-    """Train one row from seed 0 (``steps`` steps, or for ``max_time`` seconds) and score it on
+    """Train one row from ``seed`` (``steps`` steps, or for ``max_time`` seconds) and score it on
     the whole held-out split."""
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     length: dict[str, Any] = dict(max_time=max_time) if max_time else dict(steps=steps)
-    common = dict(**length, batch_size=12, seed=0, device="cpu", progress=False)
+    common = dict(**length, batch_size=12, seed=seed, device="cpu", progress=False)
     common.update(eval_every=10**9, eval_batches=0)  # no validation during training
     if name == "lstm":
         config = LSTMConfig.preset(LSTM_PRESET, vocab_size=task.vocab_size, max_seq_len=64)
@@ -90,18 +99,21 @@ def train_row(
         model_changes, train_changes = RECIPES[name]
         model_changes = dict(model_changes)
         row = ROWS[1] if model_changes.pop("row", "xs") == "s" else ROWS[0]  # xs: the demo's
-        fields = {**row.model_fields(), "vocab_size": task.vocab_size, **model_changes}
+        # without the token shift the rule's rows have now, as these rows were measured
+        plain = {**row.model_fields(), "token_shift": False}
+        fields = {**plain, "vocab_size": task.vocab_size, **model_changes}
         model = DecoderLM(ModelConfig.from_dict(fields))
         cfg = TrainConfig(**{"lr": row.lr, "warmup_steps": row.warmup_steps, **common,
                              **train_changes})  # fmt: skip
     t0 = time.time()
     folder = "".join(ch if ch.isalnum() else "_" for ch in name)
-    tag = f"{max_time:g}s" if max_time else f"{steps}"
+    tag = (f"{max_time:g}s" if max_time else f"{steps}") + (f"_seed{seed}" if seed else "")
     result = train(model, task, cfg, workdir / f"{folder}_{tag}", overwrite=True)
     seconds = time.time() - t0
     loss = task.val_loss(model, batch_size=32)["loss"]
     n = result.steps
-    return {"name": name, "steps": n, "tokens": n * 12 * 64, "val_loss": loss, "s": seconds}
+    row = {"name": name, "steps": n, "tokens": n * 12 * 64, "val_loss": loss, "s": seconds}
+    return {**row, "seed": seed}
 
 
 def main() -> None:
@@ -112,23 +124,31 @@ def main() -> None:
     )
     names = ["lstm", *RECIPES]
     ap.add_argument("--only", nargs="+", choices=names, default=names, help="these rows only")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0], help="every row at these seeds")
     ap.add_argument("--workdir", default="runs/demo_recipes")
     ap.add_argument("--out", default=None, help="write the rows as JSON here")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as the demo's LSTM; and the losses then repeat exactly
     task = LMTask.build(LMTaskConfig(data="pydoc", tokenizer="char", seq_len=64, seed=0))
     rows = []
-    for name in args.only:
-        rows.append(train_row(name, args.steps, task, Path(args.workdir), args.max_time))
-        print(json.dumps(rows[-1]), flush=True)
+    for seed in args.seeds:
+        for name in args.only:
+            rows.append(train_row(name, args.steps, task, Path(args.workdir), args.max_time, seed))
+            print(json.dumps(rows[-1]), flush=True)
     length = f"{args.max_time:g} s" if args.max_time else f"{args.steps} steps"
     print(f"\nthe demo's settings, {length} each, 1 thread\n")
-    print("| row | steps | tokens | val loss (whole split) | training time |")
-    print("|---|---:|---:|---:|---:|")
+    print("| row | seed | steps | tokens | val loss (whole split) | training time |")
+    print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
-            f"| {r['name']} | {r['steps']} | {r['tokens']:,} | {r['val_loss']:.4f} | {r['s']:.0f} s |"
+            f"| {r['name']} | {r['seed']} | {r['steps']} | {r['tokens']:,} | {r['val_loss']:.4f} "
+            f"| {r['s']:.0f} s |"
         )
+    if len(args.seeds) > 1:
+        print("\nmean over the seeds:")
+        for name in args.only:
+            losses = [r["val_loss"] for r in rows if r["name"] == name]
+            print(f"  {name:<40}{sum(losses) / len(losses):.4f}")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
 

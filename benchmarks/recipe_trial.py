@@ -62,6 +62,7 @@ def main() -> None:
     task = pydoc_task(seq_len=args.seq_len)
     fields = {
         **ROWS[0].model_fields(),
+        "token_shift": False,  # as measured before the rule took it: --set token_shift=true
         "n_layers": args.layers,
         "d_model": args.d_model,
         "n_heads": args.heads,

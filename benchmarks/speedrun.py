@@ -42,14 +42,18 @@ from pathlib import Path
 import torch
 
 import attnlab
+from attnlab.config import ModelConfig
+from attnlab.config.overrides import parse_overrides
 from attnlab.runspec.budget import ROWS
+from attnlab.train import TrainConfig
 from attnlab.train.stopping import saved_progress
 
 sys.path.insert(0, str(Path(__file__).parent))
 from pydoc_score import pydoc_task, score  # noqa: E402
 
-#: the baseline's ``--set``: the budget rule with AdamW (its choice until this table moved it to Muon)
-BASELINE = ["train.optimizer=adamw"]
+#: the baseline's ``--set``: the budget rule with AdamW and no token shift (its choice until this
+#: table moved it to Muon and the token shift; ``model.token_shift`` leaves the rule on)
+BASELINE = ["train.optimizer=adamw", "model.token_shift=false"]
 
 #: technique -> its ``--set`` overrides (each alone on top of the baseline)
 TECHNIQUES: dict[str, list[str]] = {
@@ -66,14 +70,23 @@ TECHNIQUES: dict[str, list[str]] = {
     "unet_skips": ["model.unet_skips=true"],
     # warm-up free, the peak rate, then a linear cool-down over the last 40 % (TrainConfig "wsd")
     "wsd": ["train.schedule=wsd", "train.warmup_steps=0"],
+    # e_t + mu * e_{t-1} before the stack, mu learned per channel from 0 (ModelConfig.token_shift)
+    "token_shift": ["model.token_shift=true"],
 }
 
 #: rows run without the baseline's config.json: the budget rule chooses again for the change
 #: (with Muon a larger row pays from fewer steps: BudgetRow.min_steps_with_muon)
 WITH_THE_RULE: dict[str, list[str]] = {
-    "muon+rule": ["train.optimizer=muon"],  # = the rule's own choice now (no flag)
+    "muon+rule": ["train.optimizer=muon", "model.token_shift=false"],
     # the combination given to the rule: Muon (the rule's row and rates for it) and the schedule
-    "muon+wsd+rule": ["train.optimizer=muon", "train.schedule=wsd", "train.warmup_steps=0"],
+    "muon+wsd+rule": [
+        "train.optimizer=muon",
+        "train.schedule=wsd",
+        "train.warmup_steps=0",
+        "model.token_shift=false",
+    ],
+    # RWKV's token shift given to the rule with Muon (the rule's own choice on row xs now)
+    "token_shift+rule": ["model.token_shift=true"],
 }
 
 #: nanoGPT's CPU recipe on the same split: its final nats/char (docs/performance.md)
@@ -92,13 +105,26 @@ def command(budget: float, sets: list[str], seed: int, config: Path | None = Non
     return cmd + (["--set", f"train.seed={seed}"] if seed else [])
 
 
-def finished(out: Path, budget: float, seed: int) -> bool:
-    """Whether ``out`` holds a run of ``budget`` seconds and ``seed`` that ended on its budget."""
+def finished(out: Path, budget: float, seed: int, sets: list[str]) -> bool:
+    """Whether ``out`` holds a run of ``budget`` seconds and ``seed`` that ended on its budget and
+    has the row's ``--set`` values (a field its config.json lacks reads as the field's default:
+    the run predates it). A run left by an earlier recipe of the row is trained again."""
     progress = saved_progress(out)
     if not progress or not progress.get("finished") or not (out / "config.json").is_file():
         return False
-    train = json.loads((out / "config.json").read_text()).get("train", {})
-    return train.get("max_time") == budget and train.get("seed") == seed
+    recorded = json.loads((out / "config.json").read_text())
+    train = recorded.get("train", {})
+    if train.get("max_time") != budget or train.get("seed") != seed:
+        return False
+    configs = {
+        "model": ModelConfig.from_dict(recorded.get("model", {})),
+        "train": TrainConfig.from_dict(train),
+    }
+    for key, value in parse_overrides(sets).items():
+        section, name = key.split(".", 1)
+        if getattr(configs[section], name) != value:
+            return False
+    return True
 
 
 def run(cmd: list[str], out: Path, threads: int | None, max_chars: int | None) -> None:
@@ -134,7 +160,7 @@ def measure(name, sets, budget, seeds, args, val_ids, base: Path | None = None) 
     config = None if base is None else base / "config.json"
     for seed in seeds:
         out = Path(args.workdir) / f"{name}_{budget:g}s_seed{seed}"
-        if not (args.keep and finished(out, budget, seed)):
+        if not (args.keep and finished(out, budget, seed, sets)):
             run(command(budget, sets, seed, config), out, args.threads, args.max_chars)
         nats.append(score(attnlab.load(out, weights="last").model, val_ids))
         ttt.append(time_to_target(out, args.target))
@@ -173,6 +199,11 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=None, help="baseline and these techniques only")
     ap.add_argument("--no-combination", action="store_true", help="skip the best-combination row")
     ap.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the baseline (only the rule's rows: no technique needs its config.json)",
+    )
+    ap.add_argument(
         "--combine",
         nargs="+",
         default=None,
@@ -197,7 +228,12 @@ def main() -> None:
     val_ids = pydoc_task(max_chars=args.max_chars).splits["val"]
     rows = []
     final = args.seeds + [s for s in args.final_seeds if s not in args.seeds]
+    if args.no_baseline and techniques:
+        raise SystemExit(f"--no-baseline: {sorted(techniques)} start from the baseline's config")
     for budget in args.budgets:
+        if args.no_baseline:
+            rows += [measure(k, v, budget, final, args, val_ids) for k, v in ruled.items()]
+            continue
         base = measure("baseline", BASELINE, budget, final, args, val_ids)
         rows.append(base)
         # the baseline's own settings (a named model turns the budget rule off) plus one change
