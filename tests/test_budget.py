@@ -150,6 +150,29 @@ def test_train_lm_keeps_a_typed_optimizer_and_fsdp_keeps_adamw(_cache):
     assert "Muon for the matrices, AdamW lr 0.02" in ruled.describe_choice()
 
 
+def test_the_rows_measured_with_the_token_shift_take_it_and_a_set_turns_it_off(_cache):
+    """The speedrun table measured RWKV's token shift ahead on row xs (with Muon and with AdamW)
+    and not on row s at every budget: row xs's model carries it, the others do not; ``--set
+    model.token_shift=false`` keeps the rule's choice of size and recipe without it."""
+    assert [r.name for r in ROWS if r.token_shift] == ["xs"]
+    for row in ROWS:
+        assert row.model_fields()["token_shift"] is row.token_shift
+    kw = dict(corpus_tokens=PYDOC, vocab_size=103, ref_steps_per_s=13.8, optimizer="auto")
+    for budget_s, row, shift in ((45, "xs", True), (75, "xs", True), (300, "s", False)):
+        choice = choose_lm_settings(budget_s=budget_s, **kw)
+        assert (choice.row.name, choice.model["token_shift"]) == (row, shift)
+    assert choose_lm_settings(steps=10**5, corpus_tokens=10**9).model["token_shift"] is False
+    flags = {"train.steps": 2, "task.max_chars": 20000}
+    ruled = resolve(None, flags, [])
+    model, _ = build_run(ruled)
+    assert model.config.token_shift and model.shift_mix is not None
+    assert "(RoPE, token shift, dropout" in ruled.describe_choice()
+    plain = resolve(None, flags, ["model.token_shift=false"])
+    model, _ = build_run(plain)
+    assert not model.config.token_shift and plain.choice.row == ruled.choice.row
+    assert plain.train.lr == ruled.train.lr and plain.train.optimizer == "muon"
+
+
 def test_train_lm_with_muon_takes_the_rows_muon_rate(tmp_path, capsys):
     """No model named, ``--set train.optimizer=muon``: the run's config.json holds the row's Muon rate."""
     argv = ["train", "lm", "--data", "pydoc", "--max-chars", "20000", "--steps", "2",

@@ -307,7 +307,8 @@ def _run(settings: _DemoSettings, task, choice) -> dict[str, Any]:
     )
     V, seq_len, batch = task.vocab_size, choice.seq_len, choice.batch_size
     muon = ", Muon" if optimizer == "muon" else ""
-    name_t = f"Transformer ({choice.row.n_layers}x{choice.row.d_model}, RoPE{muon})"
+    shift = ", token shift" if choice.model.get("token_shift") else ""
+    name_t = f"Transformer ({choice.row.n_layers}x{choice.row.d_model}, RoPE{shift}{muon})"
     common = dict(
         batch_size=batch,
         seed=seed,
@@ -487,19 +488,20 @@ def format_report(report: dict[str, Any], seconds: float) -> str:
         if report["budget"] is not None
         else f"{report['models'][0]['steps']} steps each"
     )
+    w = max(32, *(len(row["name"]) + 2 for row in report["models"]))  # the name column
     lines = [
         "",
         f"Validation loss of the final models on the whole held-out pydoc split (the plot's "
         f"stars; its circles read 4 batches during training); {same}, the same batches of "
         f"{report['batch_size']} windows of {report['seq_len']} characters "
         f"({report['tokenizer']} tokenizer):",
-        f"  {'model':<32}{'params':>10}{'tokens':>12}{'val loss':>10}{'ppl':>9}{'time':>8}"
+        f"  {'model':<{w}}{'params':>10}{'tokens':>12}{'val loss':>10}{'ppl':>9}{'time':>8}"
         f"{'at equal tokens*':>18}",
     ]
     for row in report["models"]:
         at = f"{row['at_equal']['val_loss']:.4f}"
         lines.append(
-            f"  {row['name']:<32}{row['params']:>10,}{row['tokens']:>12,}{row['val_loss']:>10.4f}"
+            f"  {row['name']:<{w}}{row['params']:>10,}{row['tokens']:>12,}{row['val_loss']:>10.4f}"
             f"{math.exp(row['val_loss']):>9.2f}{row['time']:>7.0f}s{at:>18}"
         )
     lines.append(

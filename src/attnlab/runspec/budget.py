@@ -81,6 +81,12 @@ class BudgetRow:
             (``benchmarks/demo_recipes.py``); None: ``lr``.
         min_steps_with_muon: ``min_steps`` when the hidden matrices train with Muon, where
             measured (Muon makes a larger model pay from fewer steps); None: ``min_steps``.
+        token_shift: the model's token shift (:class:`~attnlab.config.ModelConfig`
+            ``token_shift``), where measured to pay: row xs (``benchmarks/speedrun.py``, 3
+            seeds: 0.010 nats/char at 75 s with Muon, 0.035 with AdamW; 0.018 per token at the
+            demo's 1.2M tokens). Row s, measured with Muon, was ahead with it at 150 s (0.009,
+            3 seeds) and behind at 300 s (0.007, 5 seeds), so it goes without. The crossings
+            ``min_steps*`` were measured without it.
     """
 
     name: str
@@ -95,9 +101,11 @@ class BudgetRow:
     source: str = ""
     lr_with_muon: float | None = None
     min_steps_with_muon: int | None = None
+    token_shift: bool = False
 
     def model_fields(self) -> dict[str, Any]:
-        """The :class:`attnlab.config.ModelConfig` fields (a ``gpt2-mini``-style model, RoPE)."""
+        """The :class:`attnlab.config.ModelConfig` fields (a ``gpt2-mini``-style model, RoPE,
+        the row's token shift)."""
         return {
             **PRESETS["gpt2-mini"],
             "n_layers": self.n_layers,
@@ -105,6 +113,7 @@ class BudgetRow:
             "n_heads": self.n_heads,
             "position": "rope",
             "max_seq_len": self.seq_len,
+            "token_shift": self.token_shift,
         }
 
 
@@ -123,6 +132,7 @@ ROWS: tuple[BudgetRow, ...] = (
         "sweep: best at 30-150 s (1.263 at 150 s); with Muon, 880 steps: lr 0.02 1.316, "
         "0.03 1.318, 4e-3 1.380 nats/char",
         lr_with_muon=0.02,
+        token_shift=True,
     ),
     BudgetRow(
         "s",
@@ -208,8 +218,9 @@ class LMBudgetChoice:
         """One line for the start of a run."""
         r = self.row
         muon = ", Muon" if self.optimizer == "muon" else ""
+        shift = ", token shift" if self.model.get("token_shift") else ""
         return (
-            f"row {r.name}: {r.n_layers} layers x {r.d_model} (RoPE{muon}), seq {self.seq_len}, "
+            f"row {r.name}: {r.n_layers} layers x {r.d_model} (RoPE{shift}{muon}), seq {self.seq_len}, "
             f"batch {self.batch_size}, lr {self.lr:g}, warm-up {self.warmup_steps}, dropout "
             f"{self.dropout:g}; about {self.steps:,} steps = {self.tokens / 1e6:.1f}M tokens "
             f"({self.epochs:.1f} epochs)"

@@ -151,9 +151,10 @@ class RunSpec:
             else f"{train.steps} steps"
         )
         optimizer = "Muon for the matrices, AdamW lr" if train.optimizer == "muon" else "lr"
+        shift = ", token shift" if self.model.get("token_shift") else ""
         return (
             f"budget rule ({budget}): row {row.name}, {row.n_layers} layers x {row.d_model} "
-            f"(RoPE, dropout {choice.dropout:g}); seq {self.task.seq_len}, batch "
+            f"(RoPE{shift}, dropout {choice.dropout:g}); seq {self.task.seq_len}, batch "
             f"{train.batch_size}, {optimizer} {train.lr:g}, warm-up {train.warmup_steps}; about "
             f"{choice.steps:,} steps, {choice.epochs:.1f} passes over the corpus"
         )
