@@ -14,8 +14,9 @@ pydoc for training, last 10 % scored in non-overlapping 64-character windows).
 
 Seeds: every row at ``--seeds``; the baseline, the combination and the rule's rows (the final
 rows) also at ``--final-seeds``. ``--keep`` scores a row's run directory again instead of
-training it when it holds a finished run of that budget and seed, so a table can be split over
-several invocations (one per core, into one ``--workdir``) and an interrupted one continued.
+training it when it holds a finished run of that budget, seed and ``--set`` values, so a table
+can be split over several invocations (one per core, into one ``--workdir``) and an interrupted
+one continued. ``--no-baseline`` runs the rule's rows alone.
 
 Columns: nats/char of the final weights (mean ± spread over the row's seeds) and the time to
 target: the first elapsed time at which the run's own validation estimate (``val_loss`` in
@@ -193,7 +194,8 @@ def main() -> None:
     ap.add_argument(
         "--keep",
         action="store_true",
-        help="score finished runs of a row's budget and seed in --workdir again, not retrain them",
+        help="score finished runs of a row's budget, seed and --set values in --workdir again, "
+        "not retrain them",
     )
     ap.add_argument("--target", type=float, default=NANOGPT_LOSS, help="loss for time-to-target")
     ap.add_argument("--only", nargs="*", default=None, help="baseline and these techniques only")
