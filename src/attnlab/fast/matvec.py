@@ -31,7 +31,7 @@ does. An :class:`~attnlab.fast.quant.Int8Linear` takes it for at most :data:`ROW
 (:data:`ROWS_INT8_FP32` with fp32 activations) once :func:`use_matvec` has been applied, on CPUs
 without AVX-512 (:func:`int8_kernel_pays`: with AVX-512 torch's kernel is kept, level with
 this one for bf16 activations and faster for prompts; fp32 and fp16 activations take the
-portable form there).
+portable form there; with AVX-512 BF16, bf16 activations take :mod:`attnlab.fast.int8_bf16`).
 
 :class:`Linear` is ``nn.Linear`` (same parameters, same state-dict names) whose forward takes
 this path for one row or a few on a CPU when no gradient is needed, the weight is bf16 or fp32
@@ -461,14 +461,26 @@ class Linear(nn.Linear):
 def use_matvec(model: nn.Module) -> nn.Module:
     """Turn every plain ``nn.Linear`` of ``model`` into a :class:`Linear` (in place: the class
     of each layer changes, its parameters, ties, hooks and state-dict names stay) and let every
-    :class:`~attnlab.fast.quant.Int8Linear` take :func:`int8_matvec` for a few rows; returns
-    ``model``. Nothing is built here: the kernel is built at the first one-row product."""
+    :class:`~attnlab.fast.quant.Int8Linear` take :func:`int8_matvec` for a few rows (CPUs
+    without AVX-512, :func:`int8_kernel_pays`) or, with bf16 activations on CPUs with AVX-512
+    BF16, :mod:`attnlab.fast.int8_bf16` (:func:`int8_bf16_pays`); returns ``model``. Nothing is
+    built here: a kernel is built at the first product that takes it."""
     for mod in model.modules():
         if type(mod) is nn.Linear:
             mod.__class__ = Linear
         elif hasattr(mod, "few_rows_kernel"):  # an Int8Linear (quant imports this module)
             mod.few_rows_kernel = int8_kernel_pays()
+            mod.bf16_kernel = int8_bf16_pays()
     return model
+
+
+def int8_bf16_pays() -> bool:
+    """Whether int8 layers with bf16 activations take :mod:`attnlab.fast.int8_bf16` (its
+    AVX-512 BF16 kernel for a few rows, oneDNN's bf16 product for a prompt): on CPUs with
+    AVX-512 BF16, unless ``ATTNLAB_MATVEC=0``. Nothing is built here."""
+    from attnlab.fast.int8_bf16 import cpu_has_avx512_bf16
+
+    return os.environ.get("ATTNLAB_MATVEC", "1") != "0" and cpu_has_avx512_bf16()
 
 
 def int8_kernel_pays() -> bool:

@@ -36,8 +36,12 @@ Prepared for decoding (:func:`attnlab.fast.for_decoding`, which applies
 speculative verification) to attnlab's own AVX2 kernel instead on CPUs without AVX-512
 (:func:`attnlab.fast.matvec.int8_matvec`): 1.2–2× torch's with bf16 activations, and vectorised
 for fp32 and fp16 ones too; more rows (a prompt) take MKL's fp32 product of the dequantised
-weights, 1.6–2× torch's int8 kernel with bf16 activations there. A layer built alone, and every
-layer on an AVX-512 CPU, keeps torch's product (bf16 activations) or the portable form.
+weights, 1.6–2× torch's int8 kernel with bf16 activations there. On CPUs with AVX-512 BF16 a
+prepared layer with bf16 activations takes :mod:`attnlab.fast.int8_bf16` instead: a few rows
+through its kernel (the CPU's bf16 pair products: level with torch's for one row, 1.4–1.8× it
+at 5–33 rows, where torch's cost grows with every row), a prompt through oneDNN's bf16 product
+of the weights converted to bf16 (2.4× torch's at 96 rows). A layer built alone, and on other
+AVX-512 CPUs, keeps torch's product (bf16 activations) or the portable form.
 
 Shape legend: N output features, K input features, ``...`` leading dimensions of x.
 """
@@ -51,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.fast import int8_bf16
 from attnlab.fast.matvec import ROWS_INT8, int8_rows_path
 
 __all__ = ["Int8Linear", "quantize_int8", "int8_error_bound", "kernel_dtypes"]
@@ -111,6 +116,10 @@ class Int8Linear(nn.Module):
         #: kernel (:func:`attnlab.fast.matvec.int8_matvec`); set by
         #: :func:`attnlab.fast.matvec.use_matvec` (``for_decoding``), off for a layer built alone
         self.few_rows_kernel = False
+        #: bf16 activations take :mod:`attnlab.fast.int8_bf16` (a few rows: its AVX-512 BF16
+        #: kernel; more: oneDNN's bf16 product of the converted weights); set by
+        #: :func:`attnlab.fast.matvec.use_matvec` on CPUs with AVX-512 BF16
+        self.bf16_kernel = False
         self.register_buffer(
             "weight", torch.zeros(out_features, in_features, dtype=torch.int8, device=device)
         )
@@ -152,8 +161,22 @@ class Int8Linear(nn.Module):
         """``x (..., K) -> (..., N)`` in x's dtype."""
         if self.few_rows_kernel and int8_rows_path(x):
             return torch.ops.attnlab.int8_matvec(x, self.weight, self.scale, self.bias)
+        if self.bf16_kernel and int8_bf16.takes_kernel(x, self.weight):
+            return torch.ops.attnlab_bf16.int8_rows(x, self.weight, self.scale, self.bias)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
+        if (
+            self.bf16_kernel
+            and x.device.type == "cpu"
+            and x.dtype == torch.bfloat16
+            and x2.shape[0] > int8_bf16.ROWS_INT8_BF16
+        ):
+            # a prompt on a CPU with AVX-512 BF16: oneDNN's bf16 product of the weights
+            # converted to bf16 (exact), 2.4x torch's int8 kernel at 96 rows (2048 x 512)
+            y = F.linear(x2, self.weight.to(torch.bfloat16)) * self.scale.to(torch.bfloat16)
+            if self.bias is not None:
+                y = y + self.bias.to(torch.bfloat16)
+            return y.reshape(*lead, self.out_features)
         if self.few_rows_kernel and x.device.type == "cpu" and x2.shape[0] > ROWS_INT8:
             # a prompt on a CPU without AVX-512: MKL's fp32 product of the dequantised weights,
             # 1.6-2x torch's int8 kernel with bf16 activations at 64-512 rows (2048 x 512)
