@@ -31,6 +31,7 @@ from attnlab.decoding.speculative import (
     verify_width,
 )
 from attnlab.errors import UserError
+from attnlab.fast.quant import quantize_int8
 from attnlab.models.lm import DecoderLM
 from attnlab.runs import save_model
 
@@ -102,6 +103,34 @@ def test_greedy_speculation_over_static_caches_and_other_dtypes(eager_static, mo
     assert torch.equal(out, plain)
 
 
+def test_prompts_and_window_slides_are_plain_decodings_forwards(monkeypatch):
+    """Every target forward over more tokens than a verification (the prompt, the window
+    re-encoded after a slide) is one plain greedy decoding makes, with the same tokens: the
+    drafts are never verified in it (a prompt's product may round otherwise than a step's on a
+    CPU: more rows than the few-row kernels take)."""
+    target = _lm(position="rope")  # a context of 40: 50 new tokens slide the window
+    draft = _lm(d=16, layers=1, heads=2, seed=1)
+    idx = torch.tensor([[1, 2, 3, 4, 5, 1, 2, 3, 6, 7, 1, 2]])
+    seen: list[tuple[int, ...]] = []
+    forward = DecoderLM.forward
+
+    def recording(self, x, *args, **kwargs):
+        if self is target:
+            seen.append(tuple(x[0].tolist()))
+        return forward(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(DecoderLM, "forward", recording)
+    plain = generate(target, idx, 50, temperature=0)
+    long_plain = {t for t in seen if len(t) > 1}
+    assert len(long_plain) >= 2  # the prompt and at least one slide
+    for kw in (dict(draft=draft, speculate=4), dict(prompt_lookup=2, speculate=4)):
+        seen.clear()
+        assert torch.equal(generate(target, idx, 50, temperature=0, **kw), plain)
+        assert seen[0] == tuple(idx[0].tolist())  # the prompt alone
+        long_spec = {t for t in seen if len(t) > 4 + 1}
+        assert long_spec and long_spec <= long_plain, kw
+
+
 def test_compiled_verifications_take_a_handful_of_widths(monkeypatch):
     """Over static caches every verifying forward is padded to a width of verify_width (2, 3, 5,
     7 for K = 6), the tokens still plain greedy decoding's."""
@@ -122,10 +151,12 @@ def test_compiled_verifications_take_a_handful_of_widths(monkeypatch):
     out = generate(target, idx, 20, temperature=0, compile=True, prompt_lookup=2, speculate=6,
                    stats=stats)  # fmt: skip
     assert torch.equal(out, plain)
-    # every round but the first (the prompt's prefill: eager) is one compiled forward (12 + 20
-    # tokens and K + 1 of room fit the context of 40: the window never slides)
+    # every round but the first (the prompt's prefill alone, as plain decoding's: eager) is one
+    # compiled forward (12 + 20 tokens and K + 1 of room fit the context of 40: the window
+    # never slides)
     assert stats.rounds < 20 and len(widths) == stats.rounds - 1
-    assert 1 in widths and set(widths) <= {1, 2, 3, 5, 7}, widths
+    assert stats.k_used[0] >= 1  # the prefill: a round without drafts
+    assert set(widths) <= {1, 2, 3, 5, 7}, widths
     # adapting k used widths below K + 1 (a round of a few drafts does not pay for K + 1)
     assert {w for w in widths if 1 < w < 7}, widths
 
@@ -294,6 +325,23 @@ def test_acceptance_rule_and_k_choice_by_hand():
     assert best_k(0.7, 4, 0.0, 0.2, 0.0) == 3 and best_k(0.7, 4, 0.0, 0.2, 0.0, padded=True) == 2
     # a survival S (S[i-1] = P(drafts 1..i all accepted)) in place of α
     assert expected_tokens([0.5, 0.5, 0.25], 3) == 2.25 == expected_tokens(0.5, 2) + 0.5
+
+
+def test_step_cost_counts_weight_bytes_and_a_fixed_cost_per_block():
+    """The bytes of weights read (parameters, and an int8 layer's weight buffer, once each)
+    plus a fixed cost per block and once for the embedding and head, smaller for a compiled
+    step (one graph: no Python per layer)."""
+    model = _lm(vocab=13, d=32, layers=2, heads=4, ctx=40)  # fp32, tied head
+    params = sum(p.numel() for p in model.parameters())
+    eager = draft_length.LAYER_OVERHEAD_BYTES
+    compiled = draft_length.COMPILED_LAYER_OVERHEAD_BYTES
+    assert draft_length.step_cost(model) == 4 * params + 3 * eager
+    assert draft_length.step_cost(model, compiled=True) == 4 * params + 3 * compiled
+    assert compiled < eager
+    q = quantize_int8(_lm(vocab=13, d=32, layers=2, heads=4, ctx=40))
+    int8 = sum(b.numel() for n, b in q.named_buffers() if n.endswith("weight"))
+    floats = sum(p.numel() for p in q.parameters())
+    assert int8 > 0 and draft_length.step_cost(q, compiled=True) == int8 + 4 * floats + 3 * compiled
 
 
 def test_acceptance_estimate_per_draft_position():

@@ -19,6 +19,7 @@ __all__ = [
     "verify_width",
     "step_cost",
     "LAYER_OVERHEAD_BYTES",
+    "COMPILED_LAYER_OVERHEAD_BYTES",
     "PROBE_EVERY",
     "PROBE_MAX",
     "ROUND_COST",
@@ -100,16 +101,23 @@ def best_k(
 #: kernel launches, in bytes of weights read in the same time (eager, ~0.2 ms on a CPU reading
 #: ~12 GB/s; fitted so that a 1 x 128 draft of a 4 x 512 bf16 target costs the measured 15 %)
 LAYER_OVERHEAD_BYTES = 2_500_000
+#: ... for a compiled step (one graph, no Python per layer): fitted so that a compiled 1 x 128
+#: fp32 draft of a compiled 4 x 512 int8 target costs the measured 0.08-0.12 of its step (a
+#: 2-core AVX-512 EPYC, and 0.12 on an AVX2 one; the eager figure above made it 0.24, so the
+#: rule drafted fewer tokens than paid)
+COMPILED_LAYER_OVERHEAD_BYTES = 200_000
 
 
-def step_cost(model: nn.Module) -> float:
+def step_cost(model: nn.Module, *, compiled: bool = False) -> float:
     """A model's cost per decoding step, in bytes: the weights it reads plus
-    :data:`LAYER_OVERHEAD_BYTES` per block and once for the embedding and head (what makes a
-    small draft dearer than its size)."""
+    :data:`LAYER_OVERHEAD_BYTES` (:data:`COMPILED_LAYER_OVERHEAD_BYTES` for a ``compiled`` step)
+    per block and once for the embedding and head (what makes a small draft dearer than its
+    size)."""
     seen = {id(p): p for p in model.parameters()}
     seen.update({id(b): b for name, b in model.named_buffers() if "weight" in name})
     weights = sum(t.numel() * t.element_size() for t in seen.values())
-    return float(weights + LAYER_OVERHEAD_BYTES * (len(getattr(model, "blocks", ())) + 1))
+    overhead = COMPILED_LAYER_OVERHEAD_BYTES if compiled else LAYER_OVERHEAD_BYTES
+    return float(weights + overhead * (len(getattr(model, "blocks", ())) + 1))
 
 
 class Acceptance:

@@ -18,6 +18,9 @@ target's (the papers' theorem: P(x) = min(p, q)(x) + (1 − Σ min(p, q)) · nor
 target's processed distribution. Greedy decoding accepts xᵢ when it is the target's argmax and
 then emits the target's argmax: the tokens of plain greedy decoding (the logits of a k + 1 token
 forward equal those of k + 1 single steps up to float rounding, so only a near-tie can differ).
+The prompt, and the window re-encoded after a slide, go through the target alone, as plain
+decoding sends them, before any draft is verified: a prompt's product may round otherwise than a
+step's (on a CPU it takes other kernels than a few rows do).
 After a round both KV caches are cropped (:meth:`attnlab.attention.cache.KVCache.crop`) to the
 accepted tokens; the rejected positions are overwritten by the next round.
 
@@ -25,9 +28,10 @@ How many tokens to draft (``speculate`` = K, the most): a round of k drafts yiel
 ``E(k) = 1 + S₁ + … + S_k`` tokens, S_i the probability that the first i drafts are all accepted
 (with independent acceptance α, ``(1 − α^(k+1)) / (1 − α)``), and costs ``1 + k·c + v·β + r``
 target steps: r = :data:`ROUND_COST` when k > 0, c the draft's cost per token relative to the
-target's (:func:`step_cost`: the bytes of weights each reads plus a fixed cost per block; 0 for
-prompt lookup), β what each extra verified token adds to a forward (:data:`VERIFY_COST`), v = k,
-or the drafts of the padded width when the verification is compiled (:func:`verify_width`).
+target's (:func:`step_cost`: the bytes of weights each reads plus a fixed cost per block, less
+for a compiled step; 0 for prompt lookup), β what each extra verified token adds to a forward
+(:data:`VERIFY_COST`), v = k, or the drafts of the padded width when the verification is
+compiled (:func:`verify_width`).
 With ``adapt=True`` every round takes the k in 0 … K maximising ``E(k) / cost(k)``, S estimated
 from the recent rounds: per draft position, the rounds that reached it and the rejections there,
 decayed by every round (a plain one too) and shrunk towards the pooled rate (prior α = 0.6,
@@ -317,7 +321,11 @@ class _Row:
             None if draft is None else _Stream(draft, compile=draft_compile, compiled_widths={1})
         )
         self.index = NgramIndex(ngram, prompt) if draft is None else None
-        self.draft_cost = 0.0 if draft is None else step_cost(draft) / step_cost(model)
+        self.draft_cost = (
+            0.0
+            if draft is None
+            else step_cost(draft, compiled=draft_compile) / step_cost(model, compiled=compile)
+        )
         self.acceptance = Acceptance()
         self.rounds_without, self.probe_gap = 0, PROBE_EVERY
 
@@ -374,6 +382,8 @@ class _Row:
         """One round: the tokens it emits (1 … k + 1, at most the tokens still wanted)."""
         L = len(self.tokens)
         limit = min(self._target_window(), self.remaining - 1)
+        if L - self.target.cached > 1:
+            return self._prefill()
         key = 0
         qs: list[Tensor] | None = None
         if self.draft is not None:
@@ -417,6 +427,22 @@ class _Row:
             self.index.extend(new)
         self.remaining -= len(new)
         return new
+
+    def _prefill(self) -> list[int]:
+        """A round without drafts over the window's uncached tokens (the prompt, or the window
+        after a slide): the same forward as plain decoding's, so the tokens that follow are
+        computed from the same cache. Verifying drafts in that forward instead would give the
+        drafts' positions a prompt's product (on a CPU, more rows than the few-row kernels
+        take), whose rounding can differ from a one-token step's."""
+        t, L = self.target, len(self.tokens)
+        logits = t.feed(self.tokens[t.cached : L], keep=1)  # (1, V)
+        _, last = self._verify(logits, [], None)
+        self._record(0, 0, 0)
+        self.tokens.append(last)
+        if self.index is not None:
+            self.index.extend([last])
+        self.remaining -= 1
+        return [last]
 
     def _verify(
         self, logits: Tensor, drafts: list[int], qs: list[Tensor | None] | None
