@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from attnlab.fast import kernel_build
 from attnlab.fast import matvec as mv
 from attnlab.fast.matvec import Linear, int8_matvec, matvec, matvec_available, use_matvec
 from attnlab.fast.quant import Int8Linear
@@ -201,13 +202,13 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     forever; an old lock is removed, a recent one (a build in progress) is left alone."""
     lock = tmp_path / "lock"
     lock.write_text("")
-    mv._clear_stale_lock(str(lock))
+    kernel_build.clear_stale_lock(str(lock))
     assert lock.exists()  # seconds old: another process may be building
-    old = time.time() - 2 * mv._STALE_LOCK_S
+    old = time.time() - 2 * kernel_build.STALE_LOCK_S
     os.utime(lock, (old, old))
-    mv._clear_stale_lock(str(lock))
+    kernel_build.clear_stale_lock(str(lock))
     assert not lock.exists()
-    mv._clear_stale_lock(str(lock))  # no lock: nothing to do
+    kernel_build.clear_stale_lock(str(lock))  # no lock: nothing to do
 
 
 def _int8(N: int, K: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

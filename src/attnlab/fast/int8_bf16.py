@@ -37,6 +37,8 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
+from attnlab.fast.kernel_build import clear_stale_lock, put_ninja_on_path
+
 __all__ = ["ROWS_INT8_BF16", "cpu_has_avx512_bf16", "int8_bf16_available", "int8_bf16_rows"]
 
 log = logging.getLogger(__name__)
@@ -223,11 +225,9 @@ def _extension():
         # lazy: the build (torch's extension loader) runs only when a fast path asks
         from torch.utils.cpp_extension import _get_build_directory, load_inline
 
-        from attnlab.fast.matvec import _clear_stale_lock, _put_ninja_on_path
-
-        _put_ninja_on_path()
+        put_ninja_on_path()
         build_dir = _get_build_directory(_EXT_NAME, verbose=False)
-        _clear_stale_lock(os.path.join(build_dir, "lock"))
+        clear_stale_lock(os.path.join(build_dir, "lock"))
         if not os.path.exists(os.path.join(build_dir, f"{_EXT_NAME}.so")):
             print(
                 "attnlab: building the int8 x bf16 CPU kernel (once, some seconds)",

@@ -48,18 +48,18 @@ Shape legend: N output features, K input features, M rows of x.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
-import shutil
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.flop_counter import register_flop_formula
+
+from attnlab.fast.int8_bf16 import cpu_has_avx512_bf16
+from attnlab.fast.kernel_build import clear_stale_lock, put_ninja_on_path
 
 __all__ = [
     "Linear",
@@ -283,34 +283,6 @@ def _cpu_has_avx2_fma() -> bool:
     return "avx2" in flags and "fma" in flags
 
 
-def _put_ninja_on_path() -> None:
-    # torch runs `ninja` from PATH; the ninja package (a dependency) lives beside the
-    # interpreter of a virtual environment that is used without being activated
-    if shutil.which("ninja") is None:
-        try:
-            import ninja  # the kernel build's tool: imported only when the kernel is built
-
-            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-        except ImportError:
-            pass
-
-
-_STALE_LOCK_S = 600.0  # a build takes seconds (a minute on a busy machine); a lock this old was left by a killed build
-
-
-def _clear_stale_lock(lock: str) -> None:
-    """Remove the build lock a killed process left behind: torch's loader waits for it forever
-    (every later test run or generation would hang in ``FileBaton.wait``)."""
-    try:
-        age = time.time() - os.path.getmtime(lock)
-    except OSError:
-        return  # no lock: nobody is building
-    if age > _STALE_LOCK_S:
-        log.warning("attnlab: removing a stale kernel build lock (%.0f s old): %s", age, lock)
-        with contextlib.suppress(OSError):
-            os.remove(lock)
-
-
 @functools.cache
 def _extension():
     """The kernel's operator (``torch.ops.attnlab.matvec``), or None where it cannot be built
@@ -323,9 +295,9 @@ def _extension():
         # lazy: the C++ kernel build (torch's extension loader) runs only when a fast path asks
         from torch.utils.cpp_extension import _get_build_directory, load_inline
 
-        _put_ninja_on_path()
+        put_ninja_on_path()
         build_dir = _get_build_directory(_EXT_NAME, verbose=False)
-        _clear_stale_lock(os.path.join(build_dir, "lock"))
+        clear_stale_lock(os.path.join(build_dir, "lock"))
         built = os.path.join(build_dir, f"{_EXT_NAME}.so")
         if not os.path.exists(built):
             print(
@@ -478,8 +450,6 @@ def int8_bf16_pays() -> bool:
     """Whether int8 layers with bf16 activations take :mod:`attnlab.fast.int8_bf16` (its
     AVX-512 BF16 kernel for a few rows, oneDNN's bf16 product for a prompt): on CPUs with
     AVX-512 BF16, unless ``ATTNLAB_MATVEC=0``. Nothing is built here."""
-    from attnlab.fast.int8_bf16 import cpu_has_avx512_bf16
-
     return os.environ.get("ATTNLAB_MATVEC", "1") != "0" and cpu_has_avx512_bf16()
 
 
