@@ -6,8 +6,11 @@ torch 2.13, one thread, a 2048 × 512 layer: 0.06 ms for one row, 0.51 ms for 17
 verification gains little over k + 1 plain steps. This kernel converts each 32 int8 weights
 to bf16 once (exact: ``|q| ≤ 127`` has at most seven significant bits) and multiplies them by
 every row of x with the CPU's bf16 pair product (``vdpbf16ps``: pairs of bf16 products
-added into fp32 lanes): level with torch's kernel for one row, 1.4–1.8× it from 5 to 33 rows
-on that machine (benchmarks/speculative.py gives the model-level figures).
+added into fp32 lanes): level with torch's kernel for one row with the weights in cache, 1.4–1.8×
+it from 5 to 33 rows on that machine. Inside a decoding step the weights stream from memory; a
+prefetch of the rows two groups ahead keeps a one-row product there at 65–80 µs a call (the
+4 × 512 int8 benchmark model of benchmarks/speculative.py, averaged over its layers) against
+torch's 87–117 µs, where without it the kernel took 116 µs.
 
 Every (row of x, weight row) sum is one chain over K in steps of 32 and the same reduction,
 whatever rows are computed beside it, so a verification gives each token bit for bit what a
@@ -82,6 +85,12 @@ inline void tile(const __m512bh* wb, const int8_t* wq, int64_t K, const uint16_t
     for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
   const int64_t C = K / 32;
   for (int64_t c = 0; c < C; ++c) {
+    if (!wb && (c & 1) == 0) {
+      // the weights stream from memory once: ask for the rows two groups ahead (harmless past
+      // the end: a prefetch does not fault)
+      for (int g = 0; g < G; ++g)
+        _mm_prefetch(reinterpret_cast<const char*>(wq + (2 * G + g) * K + c * 32), _MM_HINT_T0);
+    }
     __m512bh w[G];
     for (int g = 0; g < G; ++g) w[g] = wb ? wb[g * C + c] : widen32(wq + g * K + c * 32);
     for (int r = 0; r < R; ++r) {
@@ -133,7 +142,11 @@ void group(const int8_t* w, const uint16_t* x, const Vec& s, const Vec& b, at::B
     const int64_t C = K / 32;
     buf.resize(G * C);
     for (int g = 0; g < G; ++g)
-      for (int64_t c = 0; c < C; ++c) buf[g * C + c] = widen32(wq + g * K + c * 32);
+      for (int64_t c = 0; c < C; ++c) {
+        if ((c & 1) == 0)  // as in tile: the rows two groups ahead
+          _mm_prefetch(reinterpret_cast<const char*>(wq + (2 * G + g) * K + c * 32), _MM_HINT_T0);
+        buf[g * C + c] = widen32(wq + g * K + c * 32);
+      }
     wb = buf.data();
   }
   int64_t m = 0;
@@ -201,7 +214,7 @@ TORCH_LIBRARY_IMPL(attnlab_bf16, CPU, m) { m.impl("int8_rows", &int8_rows_bf16);
 """
 
 #: bump when the C++ source changes (the build is cached on disk under this name)
-_EXT_NAME = "attnlab_int8_bf16_v2"
+_EXT_NAME = "attnlab_int8_bf16_v4"
 
 
 @functools.cache
