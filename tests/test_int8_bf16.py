@@ -22,6 +22,7 @@ from attnlab.fast import int8_bf16 as kb
 from attnlab.fast import matvec as mv
 from attnlab.fast.quant import Int8Linear, quantize_int8
 from attnlab.models.lm import DecoderLM
+from kernel_checks import assert_compiled_calls, ops_called
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +34,6 @@ def kernel() -> None:
         pytest.skip("the int8 x bf16 kernel needs a C++ compiler (c++/g++ on PATH)")
     if not kb.int8_bf16_available():
         pytest.skip("the int8 x bf16 kernel could not be built (see the logged warning)")
-
-
-def _ops_called(fn) -> set[str]:
-    with torch.profiler.profile() as prof:
-        fn()
-    return {e.name for e in prof.events()}
 
 
 def _int8(N: int, K: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -105,27 +100,27 @@ def test_an_int8_layer_prepared_for_decoding_takes_the_kernel_for_a_few_bf16_row
     many = torch.randn(1, kb.ROWS_INT8_BF16 + 1, 64).bfloat16()
     exact = lambda x: F.linear(x.double(), layer.dequantized().double(), layer.bias.double())  # noqa: E731
     with torch.no_grad():
-        assert "attnlab_bf16::int8_rows" not in _ops_called(lambda: layer(few))  # not asked for
+        assert "attnlab_bf16::int8_rows" not in ops_called(lambda: layer(few))  # not asked for
         mv.use_matvec(nn.Sequential(layer))
         assert layer.bf16_kernel and not layer.few_rows_kernel
-        assert "attnlab_bf16::int8_rows" in _ops_called(lambda: layer(few))
+        assert "attnlab_bf16::int8_rows" in ops_called(lambda: layer(few))
         torch.testing.assert_close(layer(few).double(), exact(few), rtol=2**-7, atol=2**-7)
         # a prompt: oneDNN's bf16 product of the converted weights, not torch's int8 kernel
-        called = _ops_called(lambda: layer(many))
+        called = ops_called(lambda: layer(many))
         assert "attnlab_bf16::int8_rows" not in called
         assert "aten::_weight_int8pack_mm" not in called
         torch.testing.assert_close(layer(many).double(), exact(many), rtol=2**-6, atol=2**-6)
         # fp32 activations are not this kernel's
         layer32 = mv.use_matvec(nn.Sequential(Int8Linear.from_linear(nn.Linear(64, 48))))[0]
-        assert "attnlab_bf16::int8_rows" not in _ops_called(lambda: layer32(few.float()))
+        assert "attnlab_bf16::int8_rows" not in ops_called(lambda: layer32(few.float()))
         # K not a multiple of 32: torch's kernel
         odd = mv.use_matvec(nn.Sequential(Int8Linear.from_linear(nn.Linear(40, 8).bfloat16())))[0]
-        assert "attnlab_bf16::int8_rows" not in _ops_called(
+        assert "attnlab_bf16::int8_rows" not in ops_called(
             lambda: odd(torch.randn(3, 40).bfloat16())
         )
     # with a gradient wanted: not the kernel
     x = few.clone().requires_grad_()
-    assert "attnlab_bf16::int8_rows" not in _ops_called(lambda: layer(x))
+    assert "attnlab_bf16::int8_rows" not in ops_called(lambda: layer(x))
     monkeypatch.setenv("ATTNLAB_MATVEC", "0")
     mv.use_matvec(nn.Sequential(layer))
     assert not layer.bf16_kernel
@@ -147,11 +142,7 @@ def test_compiled_rows_call_the_kernel_without_a_graph_break():
     plain = nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 32)).bfloat16()
     model = mv.use_matvec(quantize_int8(plain)).eval()
     x = torch.randn(1, 5, 64).bfloat16()  # five rows (a verification of four drafts)
-    with torch.no_grad():
-        assert torch._dynamo.explain(model)(x).graph_break_count == 0
-        compiled = torch.compile(model, dynamic=False)
-        torch.testing.assert_close(compiled(x), model(x))
-        assert "attnlab_bf16::int8_rows" in _ops_called(lambda: compiled(x))
+    assert_compiled_calls(model, x, "attnlab_bf16::int8_rows")
 
 
 @pytest.mark.usefixtures("kernel")
@@ -167,7 +158,7 @@ def test_greedy_speculation_of_an_int8_bf16_lm_is_plain_greedy_decoding(position
     torch.manual_seed(1)
     draft = DecoderLM(ModelConfig.from_dict({**cfg, "n_layers": 1})).eval()
     idx = torch.randint(0, 37, (1, kb.ROWS_INT8_BF16 + 8))  # a prompt past the kernel's rows
-    called = _ops_called(lambda: generate(target, idx, 3, temperature=0))
+    called = ops_called(lambda: generate(target, idx, 3, temperature=0))
     assert "attnlab_bf16::int8_rows" in called
     plain = generate(target, idx, 40, temperature=0)
     for kw in (dict(draft=draft, speculate=4), dict(prompt_lookup=2, speculate=6)):

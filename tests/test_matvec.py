@@ -23,6 +23,7 @@ from attnlab.fast import kernel_build
 from attnlab.fast import matvec as mv
 from attnlab.fast.matvec import Linear, int8_matvec, matvec, matvec_available, use_matvec
 from attnlab.fast.quant import Int8Linear
+from kernel_checks import assert_compiled_calls, ops_called
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +35,6 @@ def kernel() -> None:
         pytest.skip("the one-row kernel needs a C++ compiler (c++/g++ on PATH)")
     if not matvec_available():
         pytest.skip("the one-row kernel could not be built (see the logged warning)")
-
-
-def _ops_called(fn) -> set[str]:
-    with torch.profiler.profile() as prof:
-        fn()
-    return {e.name for e in prof.events()}
 
 
 @pytest.mark.usefixtures("kernel")
@@ -127,19 +122,19 @@ def test_linear_takes_the_kernel_for_a_few_rows_without_gradients_only():
     x1, xf = torch.randn(1, 1, 64), torch.randn(2, mv.ROWS_FP32 // 2, 64)
     xb = torch.randn(2, mv.ROWS_FP32 // 2 + 1, 64)  # more rows than the kernel takes in fp32
     with torch.no_grad():
-        assert "attnlab::matvec" in _ops_called(lambda: layer(x1))
-        assert "attnlab::matvec" in _ops_called(lambda: layer(xf))  # a few rows
-        assert "attnlab::matvec" not in _ops_called(lambda: layer(xb))  # a batch: F.linear
+        assert "attnlab::matvec" in ops_called(lambda: layer(x1))
+        assert "attnlab::matvec" in ops_called(lambda: layer(xf))  # a few rows
+        assert "attnlab::matvec" not in ops_called(lambda: layer(xb))  # a batch: F.linear
         torch.testing.assert_close(layer(x1), plain(x1), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(layer(xf), plain(xf), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(layer(xb), plain(xb))
         bf16 = Linear(64, 48).bfloat16()  # bf16: the kernel up to ROWS_BF16 rows
         xs = torch.randn(1, mv.ROWS_BF16, 64).bfloat16()
-        assert "attnlab::matvec" in _ops_called(lambda: bf16(xs))
-        assert "attnlab::matvec" not in _ops_called(lambda: bf16(torch.cat([xs, xs], 1)))
+        assert "attnlab::matvec" in ops_called(lambda: bf16(xs))
+        assert "attnlab::matvec" not in ops_called(lambda: bf16(torch.cat([xs, xs], 1)))
     # with gradients: F.linear, and the gradients are nn.Linear's
     x = torch.randn(1, 64, requires_grad=True)
-    assert "attnlab::matvec" not in _ops_called(lambda: layer(x))
+    assert "attnlab::matvec" not in ops_called(lambda: layer(x))
     layer(x).sum().backward()
     assert layer.weight.grad is not None and x.grad is not None
 
@@ -155,7 +150,7 @@ def test_compiled_few_rows_linear_calls_the_kernel_without_a_graph_break():
         assert explained.graph_break_count == 0
         compiled = torch.compile(model, dynamic=False)
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
-        assert "attnlab::matvec" in _ops_called(lambda: compiled(x))
+        assert "attnlab::matvec" in ops_called(lambda: compiled(x))
 
 
 def test_without_the_kernel_every_product_is_f_linears(monkeypatch):
@@ -275,15 +270,15 @@ def test_int8_linear_takes_the_kernel_after_use_matvec_for_a_few_rows_only(monke
     few, many = torch.randn(1, limit, 64).to(dtype), torch.randn(1, limit + 1, 64).to(dtype)
     with torch.no_grad():
         before = layer(few)
-        assert "attnlab::int8_matvec" not in _ops_called(lambda: layer(few))  # not asked for
+        assert "attnlab::int8_matvec" not in ops_called(lambda: layer(few))  # not asked for
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
         use_matvec(nn.Sequential(layer))
         assert not layer.few_rows_kernel  # AVX-512: torch's kernel is kept
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
         use_matvec(nn.Sequential(layer))
         assert layer.few_rows_kernel
-        assert "attnlab::int8_matvec" in _ops_called(lambda: layer(few))
-        called = _ops_called(lambda: layer(many))
+        assert "attnlab::int8_matvec" in ops_called(lambda: layer(few))
+        called = ops_called(lambda: layer(many))
         assert "attnlab::int8_matvec" not in called
         if dtype == torch.bfloat16:  # more than ROWS_INT8 rows (a prompt): MKL's fp32 product
             # of the dequantised weights, not torch's int8 kernel (slower without AVX-512)
@@ -309,11 +304,7 @@ def test_compiled_int8_rows_call_the_kernel_without_a_graph_break(monkeypatch):
         )
     ).eval()
     x = torch.randn(1, 5, 32).bfloat16()  # five rows (a verification of four drafts)
-    with torch.no_grad():
-        assert torch._dynamo.explain(model)(x).graph_break_count == 0
-        compiled = torch.compile(model, dynamic=False)
-        torch.testing.assert_close(compiled(x), model(x))
-        assert "attnlab::int8_matvec" in _ops_called(lambda: compiled(x))
+    assert_compiled_calls(model, x, "attnlab::int8_matvec")
 
 
 @pytest.mark.usefixtures("kernel")

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 from torch.utils.flop_counter import register_flop_formula
 
-from attnlab.fast.kernel_build import clear_stale_lock, put_ninja_on_path
+from attnlab.fast.kernel_build import clear_stale_lock, cpu_flags, put_ninja_on_path
 
 __all__ = ["ROWS_INT8_BF16", "cpu_has_avx512_bf16", "int8_bf16_available", "int8_bf16_rows"]
 
@@ -220,12 +220,7 @@ _EXT_NAME = "attnlab_int8_bf16_v4"
 @functools.cache
 def cpu_has_avx512_bf16() -> bool:
     """Whether this CPU's flags (``/proc/cpuinfo``) include AVX-512 F, BW and BF16."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(next((line for line in f if line.startswith("flags")), "").split())
-    except OSError:
-        return False
-    return {"avx512f", "avx512bw", "avx512_bf16"} <= flags
+    return {"avx512f", "avx512bw", "avx512_bf16"} <= cpu_flags()
 
 
 @functools.cache
@@ -294,7 +289,7 @@ def _register_fake() -> None:
         return 2 * rows * w_shape[0] * w_shape[1]
 
 
-def takes_kernel(x: Tensor, weight: Tensor) -> bool:
+def takes_kernel(x: Tensor) -> bool:
     """Whether an int8 layer's product of ``x`` goes to the kernel: a CPU, bf16 activations,
     K a multiple of 32, at most :data:`ROWS_INT8_BF16` rows, no gradient, the kernel built."""
     K = x.shape[-1]

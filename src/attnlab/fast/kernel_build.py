@@ -4,17 +4,28 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
 import time
 
-__all__ = ["STALE_LOCK_S", "clear_stale_lock", "put_ninja_on_path"]
+__all__ = ["STALE_LOCK_S", "clear_stale_lock", "cpu_flags", "put_ninja_on_path"]
 
 log = logging.getLogger(__name__)
 
 #: a build takes seconds (a minute on a busy machine); a lock this old was left by a killed build
 STALE_LOCK_S = 600.0
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags (``/proc/cpuinfo``; empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return frozenset(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return frozenset()
 
 
 def put_ninja_on_path() -> None:

@@ -59,7 +59,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import register_flop_formula
 
 from attnlab.fast.int8_bf16 import cpu_has_avx512_bf16
-from attnlab.fast.kernel_build import clear_stale_lock, put_ninja_on_path
+from attnlab.fast.kernel_build import clear_stale_lock, cpu_flags, put_ninja_on_path
 
 __all__ = [
     "Linear",
@@ -275,12 +275,7 @@ _EXT_NAME = "attnlab_matvec_v15"
 
 
 def _cpu_has_avx2_fma() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx2" in flags and "fma" in flags
+    return {"avx2", "fma"} <= cpu_flags()
 
 
 @functools.cache

@@ -161,22 +161,10 @@ class Int8Linear(nn.Module):
         """``x (..., K) -> (..., N)`` in x's dtype."""
         if self.few_rows_kernel and int8_rows_path(x):
             return torch.ops.attnlab.int8_matvec(x, self.weight, self.scale, self.bias)
-        if self.bf16_kernel and int8_bf16.takes_kernel(x, self.weight):
+        if self.bf16_kernel and int8_bf16.takes_kernel(x):
             return torch.ops.attnlab_bf16.int8_rows(x, self.weight, self.scale, self.bias)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)  # (M, K)
-        if (
-            self.bf16_kernel
-            and x.device.type == "cpu"
-            and x.dtype == torch.bfloat16
-            and x2.shape[0] > int8_bf16.ROWS_INT8_BF16
-        ):
-            # a prompt on a CPU with AVX-512 BF16: oneDNN's bf16 product of the weights
-            # converted to bf16 (exact), 2.4x torch's int8 kernel at 96 rows (2048 x 512)
-            y = F.linear(x2, self.weight.to(torch.bfloat16)) * self.scale.to(torch.bfloat16)
-            if self.bias is not None:
-                y = y + self.bias.to(torch.bfloat16)
-            return y.reshape(*lead, self.out_features)
         if self.few_rows_kernel and x.device.type == "cpu" and x2.shape[0] > ROWS_INT8:
             # a prompt on a CPU without AVX-512: MKL's fp32 product of the dequantised weights,
             # 1.6-2x torch's int8 kernel with bf16 activations at 64-512 rows (2048 x 512)
@@ -185,10 +173,15 @@ class Int8Linear(nn.Module):
                 y = y + self.bias.float()
             return y.to(x.dtype).reshape(*lead, self.out_features)
         scale = self.scale if self.scale.dtype == x.dtype else self.scale.to(x.dtype)
+        # a prompt of bf16 rows on a CPU with AVX-512 BF16 takes the portable form: oneDNN's bf16
+        # product of the weights converted to bf16 (exact), 2.4x torch's int8 kernel at 96 rows
+        # (2048 x 512)
+        bf16_prompt = self.bf16_kernel and x2.shape[0] > int8_bf16.ROWS_INT8_BF16
         use_kernel = (
             x.device.type == "cpu"
             and x.dtype in self.kernel_dtypes
             and self.in_features % _KERNEL_K_MULTIPLE == 0
+            and not bf16_prompt
         )
         if use_kernel:
             y = torch._weight_int8pack_mm(x2.contiguous(), self.weight, scale)  # (M, N)
