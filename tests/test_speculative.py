@@ -4,6 +4,7 @@ target's distribution (exhaustive enumeration of the procedure on a tiny vocabul
 chi-square test of seeded samples); cache rollback equals recomputation; a draft with another
 tokenizer or vocabulary is refused."""
 
+import copy
 import itertools
 import json
 
@@ -13,6 +14,7 @@ from scipy.stats import chi2
 
 import attnlab.decoding.draft_length as draft_length
 import attnlab.decoding.speculative as speculative_mod
+import attnlab.decoding.stream as stream_mod
 import attnlab.fast.compiled as compiled_mod
 from attnlab.cli import main
 from attnlab.config import ModelConfig
@@ -52,6 +54,7 @@ def eager_static(monkeypatch):
         return lambda idx, **kwargs: model(idx, **kwargs)
 
     monkeypatch.setattr(compiled_mod, "compiled_forward", eager)
+    monkeypatch.setattr(compiled_mod, "_compile_step", lambda fn: fn)  # the chained drafts
 
 
 # ----------------------------------------------------------------------------------------------
@@ -86,13 +89,13 @@ def test_greedy_speculation_over_static_caches_and_other_dtypes(eager_static, mo
         assert torch.equal(generate(target, idx, 30, temperature=0, compile=True, **kw), plain)
     # the draft compiled apart from the target (draft_compile), either way round
     static_for = []
-    real_start = speculative_mod.start_static
+    real_start = stream_mod.start_static
 
     def spy(model, *args, **kwargs):
         static_for.append(model)
         return real_start(model, *args, **kwargs)
 
-    monkeypatch.setattr(speculative_mod, "start_static", spy)
+    monkeypatch.setattr(stream_mod, "start_static", spy)
     for compile, draft_compile in ((False, True), (True, False)):
         static_for.clear()
         kw = dict(draft=draft, speculate=3, compile=compile, draft_compile=draft_compile)
@@ -101,6 +104,71 @@ def test_greedy_speculation_over_static_caches_and_other_dtypes(eager_static, mo
     # a bf16 draft for an fp32 target: other proposals, the target's tokens all the same
     out = generate(target, idx, 30, temperature=0, draft=draft.to(torch.bfloat16), speculate=3)
     assert torch.equal(out, plain)
+
+
+def test_chained_greedy_drafts_are_the_steps_greedy_tokens(monkeypatch):
+    """compiled_greedy_draft (inductor, no mocking): k greedy tokens in chunks of at most
+    DRAFT_CHUNK compiled steps are the tokens of k single decoding steps, and the caches end
+    as after those steps (the cursors k further on, the same keys and values)."""
+    monkeypatch.setattr(compiled_mod, "DRAFT_CHUNK", 2)  # 3 = 2 + 1: two graphs, a chain
+    draft = _lm(d=16, layers=1, heads=2, seed=1, position="rope", init_std=1.0)  # no loop
+    prompt = torch.tensor([[9, 2, 6, 5, 3]])  # then 1, 4, 7: no token repeats
+    with torch.no_grad():
+        ref = draft.start_decoding(1, 16, static=True)
+        logits, _ = draft.decode_step(prompt, ref)
+        steps = []
+        for _ in range(3):
+            steps.append(int(logits.argmax()))
+            logits, _ = draft.decode_step(torch.tensor([[steps[-1]]]), ref)
+        state = draft.start_decoding(1, 16, static=True)
+        draft.decode_step(prompt[:, :-1], state)
+        chained = compiled_mod.compiled_greedy_draft(draft)(prompt[:, -1:], state.caches, 3)
+    assert chained.tolist() == [steps] and len(set(steps)) == 3
+    for a, b in zip(state.caches, ref.caches):
+        # the reference also fed its third token: compare the slots both wrote
+        assert int(a.cursor) == 5 - 1 + 3 == int(b.cursor) - 1
+        torch.testing.assert_close(a.k[..., :7, :], b.k[..., :7, :])
+        torch.testing.assert_close(a.v[..., :7, :], b.v[..., :7, :])
+
+
+def test_greedy_drafts_of_a_compiled_draft_are_chained(eager_static, monkeypatch):
+    """Greedy speculation with a compiled draft on a CPU drafts through compiled_greedy_draft
+    (several steps per call) and proposes what the draft's single steps propose: the same
+    acceptance, round by round; sampling keeps the single steps (its drafts are sampled)."""
+    target = _lm(position="rope", n_kv_heads=2, init_std=1.0)  # greedy text that does not loop
+    draft = copy.deepcopy(target)  # a near copy: some drafts accepted, some not
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(5)
+        for w in draft.parameters():
+            w.add_(0.03 * torch.randn(w.shape, generator=g))
+    idx = torch.tensor([[1, 2, 3, 1, 2, 3, 1]])
+    chained: list[int] = []
+    real = stream_mod.compiled_greedy_draft
+
+    def spy(model):
+        steps = real(model)
+
+        def counted(x, caches, k):
+            chained.append(k)
+            return steps(x, caches, k)
+
+        return counted
+
+    monkeypatch.setattr(stream_mod, "compiled_greedy_draft", spy)
+    plain = generate(target, idx, 40, temperature=0)
+    stats = {}
+    for draft_compile in (True, False):
+        stats[draft_compile] = SpeculativeStats()
+        out = generate(target, idx, 40, temperature=0, draft=draft, speculate=4, adapt=False,
+                       compile=True, draft_compile=draft_compile, stats=stats[draft_compile])  # fmt: skip
+        assert torch.equal(out, plain)
+    assert sum(chained) == stats[True].drafted
+    assert 0 < stats[True].accepted < stats[True].drafted and len(stats[True].k_used) > 2
+    assert stats[True] == stats[False]
+    chained.clear()
+    generate(target, idx, 20, temperature=0.8, draft=draft, speculate=4, compile=True,
+             generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert chained == []
 
 
 def test_prompts_and_window_slides_are_plain_decodings_forwards(monkeypatch):

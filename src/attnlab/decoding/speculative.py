@@ -52,7 +52,10 @@ cropped with the rejected positions: adapting k compiles a handful of graphs, an
 does not pay for K + 1 tokens.
 ``draft_compile`` sets the draft's apart: a small draft's eager step is mostly Python and
 kernel launches, which its compiled step removes, while a large target's eager int8 or bf16 step
-may be the faster of its two.
+may be the faster of its two. Greedy drafts of a compiled draft on a CPU run up to
+:data:`~attnlab.fast.compiled.DRAFT_CHUNK` steps per compiled call
+(:func:`~attnlab.fast.compiled.compiled_greedy_draft`: the argmax fed back inside the graph, no
+call or sync per token); sampled drafts keep single steps.
 
 Rows of a batch are decoded one after another (their accepted lengths differ).
 
@@ -81,8 +84,8 @@ from attnlab.decoding.draft_length import (
 )
 from attnlab.decoding.lookup import NgramIndex
 from attnlab.decoding.probs import next_token_probs
+from attnlab.decoding.stream import RowStream
 from attnlab.errors import UserError
-from attnlab.fast.compiled import capacity_bucket, start_static
 from attnlab.layers import evaluating
 
 __all__ = [
@@ -215,79 +218,6 @@ def check_tokenizers(target_tokenizer, draft_tokenizer) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# one model's KV-cached view of one row
-
-
-class _Stream:
-    """The window ``tokens[start:cached]`` of one row in a model's KV cache (see the module
-    docstring); ``compile``: static caches, feeds of the ``compiled_widths`` compiled (any other
-    length runs eagerly over the same caches)."""
-
-    def __init__(self, model: nn.Module, *, compile: bool, compiled_widths: set[int]) -> None:
-        self.model = model
-        self.ctx = model.config.max_seq_len
-        self.compile = compile
-        self.compiled_widths = compiled_widths
-        self.device = model.tok_emb.weight.device
-        self.state = None
-        self.start = self.cached = self.capacity = 0
-
-    def open(self, start: int, needed: int) -> None:
-        """Start a new window at ``start`` with room for ``needed`` tokens."""
-        cap = min(self.ctx, needed)
-        if self.compile:
-            cap = capacity_bucket(cap, self.ctx)
-            self.state = start_static(self.model, 1, cap, compile=True)
-        else:
-            self.state = self.model.start_decoding(1, cap)
-        self.start = self.cached = start
-        self.capacity = cap
-
-    @property
-    def room(self) -> int:
-        """Slots left in the cache."""
-        return self.start + self.capacity - self.cached
-
-    def feed(self, ids: Sequence[int], keep: int = 1) -> Tensor:
-        """Append ``ids`` after the cached tokens; the logits ``(keep, V)`` of the last ``keep``
-        positions."""
-        if self.compile and 1 < len(ids) <= 4 and keep == 1:
-            for i in ids[:-1]:  # a short catch-up: single compiled steps, not a new graph
-                self._forward([i], 1)
-            ids = ids[-1:]
-        return self._forward(ids, keep)
-
-    def _forward(self, ids: Sequence[int], keep: int) -> Tensor:
-        # LMDecodeState.decode_step, keeping the logits of several positions
-        state = self.state
-        x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)  # (1, T)
-        T = x.shape[1]
-        new = torch.ones(1, T, dtype=torch.bool, device=self.device)
-        forward = self.model
-        if state.static:
-            slots = state.caches[0].cursor + torch.arange(T, device=self.device)
-            state.mask.index_copy_(1, slots, new)
-            if state.step_forward is not None and T in self.compiled_widths:
-                forward = state.step_forward
-        else:
-            state.mask = torch.cat([state.mask, new], dim=1)
-        logits = forward(x, caches=state.caches, attention_mask=None, logits_to_keep=keep)
-        self.cached += T
-        return logits[0]  # (keep, V)
-
-    def crop(self, upto: int) -> None:
-        """Keep ``tokens[start:upto]`` in the caches (roll back the rest)."""
-        n = upto - self.start
-        for cache in self.state.caches:
-            cache.crop(n)
-        if self.state.static:
-            self.state.mask[:, n:] = False
-        else:
-            self.state.mask = self.state.mask[:, :n]
-        self.cached = upto
-
-
-# ----------------------------------------------------------------------------------------------
 # decoding
 
 
@@ -316,9 +246,16 @@ class _Row:
         self.greedy = sampling["temperature"] == 0
         self.generator, self.stats = generator, stats
         widths = {verify_width(n, k_max) for n in range(1, k_max + 2)}
-        self.target = _Stream(model, compile=compile, compiled_widths=widths)
+        self.target = RowStream(model, compile=compile, compiled_widths=widths)
         self.draft = (
-            None if draft is None else _Stream(draft, compile=draft_compile, compiled_widths={1})
+            None if draft is None else RowStream(draft, compile=draft_compile, compiled_widths={1})
+        )
+        # greedy drafts from a compiled draft on a CPU: several steps per compiled call
+        self.chained_drafts = (
+            self.draft is not None
+            and draft_compile
+            and self.greedy
+            and self.draft.device.type == "cpu"
         )
         self.index = NgramIndex(ngram, prompt) if draft is None else None
         self.draft_cost = (
@@ -391,7 +328,10 @@ class _Row:
             k = self._draft_window(k) if k > 0 else 0
             drafts: list[int] = []
             qs = []
-            if k > 0:
+            if k > 0 and self.chained_drafts:
+                drafts = self.draft.greedy_drafts(self.tokens[self.draft.cached : L], k)
+                qs = [None] * k
+            elif k > 0:
                 d = self.draft
                 logits = d.feed(self.tokens[d.cached : L])[-1]
                 for i in range(k):

@@ -27,6 +27,7 @@ from attnlab.fast.compiled import (
     CompiledDecoder,
     capacity_bucket,
     compiled_forward,
+    compiled_greedy_draft,
     start_static,
     supports_static,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "LinearCEBuffer",
     "capacity_bucket",
     "compiled_forward",
+    "compiled_greedy_draft",
     "decode_attention",
     "int8_error_bound",
     "linear_cross_entropy",

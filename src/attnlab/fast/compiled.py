@@ -46,6 +46,8 @@ __all__ = [
     "compiled_forward",
     "start_static",
     "CompiledDecoder",
+    "compiled_greedy_draft",
+    "DRAFT_CHUNK",
 ]
 
 _MIN_BUCKET = 64
@@ -104,14 +106,32 @@ def _structure(model: nn.Module) -> tuple:
     )
 
 
-def _own_step_function() -> Callable[..., Tensor]:
-    """``step(model, idx, kwargs) = model(idx, **kwargs)`` with a code object of its own. Dynamo
-    keeps compiled graphs and their guards per code object, so a function per model keeps each
+def _own_function(source: str, name: str) -> Callable[..., Tensor]:
+    """The function ``name`` defined by ``source``, with a code object of its own. Dynamo keeps
+    compiled graphs and their guards per code object, so a function per model keeps each
     model's graphs its own."""
     namespace: dict = {}
-    source = "def step(model, idx, kwargs):\n    return model(idx, **kwargs)\n"
-    exec(compile(source, f"<attnlab decoding step {next(_STEP_IDS)}>", "exec"), namespace)
-    return namespace["step"]
+    exec(compile(source, f"<attnlab decoding {name} {next(_STEP_IDS)}>", "exec"), namespace)
+    return namespace[name]
+
+
+def _own_step_function() -> Callable[..., Tensor]:
+    """``step(model, idx, kwargs) = model(idx, **kwargs)`` (:func:`_own_function`)."""
+    return _own_function("def step(model, idx, kwargs):\n    return model(idx, **kwargs)\n", "step")
+
+
+# k greedy steps in one graph: each feeds the token before and keeps the argmax of its logits
+_DRAFT_SOURCE = """\
+import torch
+
+def drafts(model, idx, caches, k):
+    out = []
+    for _ in range(k):
+        logits = model(idx, caches=caches, attention_mask=None, logits_to_keep=1)
+        idx = logits[:, -1].argmax(dim=-1, keepdim=True)
+        out.append(idx)
+    return torch.cat(out, dim=1)
+"""
 
 
 def _guards_not_on_the_model(entries) -> list[bool]:
@@ -128,6 +148,13 @@ def _on_the_model_or_global(source: str) -> bool:
     # Dynamo names a guard by the source it reads: model, model._modules['blocks'], ...,
     # dict(type(model)...) for the class dictionaries it consults, G['...'] for globals
     return source == "model" or source.startswith(("model.", "model[", "dict(type(model", "G["))
+
+
+def _compile_step(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+    """``fn`` (a function of its own per model) compiled for a CPU, without the guards on the
+    model's attributes (:func:`_guards_not_on_the_model`)."""
+    options = {"guard_filter_fn": _guards_not_on_the_model}
+    return torch.compile(fn, dynamic=False, options=options)
 
 
 def compiled_forward(model: nn.Module, *, mode: str | None = "auto") -> Callable[..., Tensor]:
@@ -155,8 +182,7 @@ def compiled_forward(model: nn.Module, *, mode: str | None = "auto") -> Callable
         key = _structure(model)
         kept = _CPU_STEPS.get(model)
         if kept is None or kept[0] != key:
-            options = {"guard_filter_fn": _guards_not_on_the_model}
-            kept = (key, torch.compile(_own_step_function(), dynamic=False, options=options))
+            kept = (key, _compile_step(_own_step_function()))
             _CPU_STEPS[model] = kept
         own_step = kept[1]
 
@@ -177,6 +203,55 @@ def compiled_forward(model: nn.Module, *, mode: str | None = "auto") -> Callable
         return compiled(idx, **kwargs).clone()  # the next replay overwrites the graph's output
 
     return step
+
+
+#: the most greedy draft steps one compiled graph unrolls (k = 8 + 4 + 1 takes three calls). A
+#: graph's first compile grows with its steps (a 1 x 128 draft on a CPU, cold: 2, 8, 14, 28, 60 s
+#: for 1, 2, 4, 8, 16 steps), its call overhead does not (about 0.1 ms of a 0.15 ms step)
+DRAFT_CHUNK = 8
+
+#: per model: (its structure, the compiled k-step function)
+_CPU_DRAFTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compiled_greedy_draft(model: nn.Module) -> Callable[[Tensor, list, int], Tensor]:
+    """``drafts(idx, caches, k)``: ``k`` greedy tokens from ``model`` over its static caches,
+    several single-token steps per compiled call.
+
+    Each step feeds the token before (``idx (1, 1)`` first, then each argmax) and keeps the
+    argmax of its logits: the steps of :func:`compiled_forward`, without a call, a device
+    sync and Python's work per token (a 1 x 128 draft on a CPU: 0.05 ms a token against 0.15).
+    ``k`` is split into powers of two of at most :data:`DRAFT_CHUNK` steps, one graph each;
+    the caches' cursors advance by ``k``. The graphs are kept per model as
+    :func:`compiled_forward` keeps its CPU step (the model's structure is compared here, once,
+    instead of Dynamo's guards on it before every call); for a CPU (on a GPU
+    :func:`compiled_forward`'s CUDA graphs take the steps one by one).
+
+    Args:
+        model: a :class:`~attnlab.DecoderLM` (eval mode) without padding in its caches.
+
+    Returns:
+        ``drafts(idx (1, 1), caches, k) -> (1, k)`` token ids.
+    """
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
+    key = _structure(model)
+    kept = _CPU_DRAFTS.get(model)
+    if kept is None or kept[0] != key:
+        kept = (key, _compile_step(_own_function(_DRAFT_SOURCE, "drafts")))
+        _CPU_DRAFTS[model] = kept
+    chunked = kept[1]
+
+    def drafts(idx: Tensor, caches: list, k: int) -> Tensor:
+        idx = idx.clone(memory_format=torch.contiguous_format)
+        out = []
+        while k > 0:
+            n = min(DRAFT_CHUNK, 1 << (k.bit_length() - 1))  # the largest power of two <= k
+            out.append(chunked(model, idx, caches, n))
+            idx, k = out[-1][:, -1:], k - n
+        return torch.cat(out, dim=1)
+
+    return drafts
 
 
 def start_static(
