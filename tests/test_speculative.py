@@ -565,6 +565,32 @@ def test_cli_speculates_and_refuses_a_draft_with_another_tokenizer(tmp_path, cap
         assert len(err) == 1 and err[0].startswith("attnlab: error:") and message in err[0], err
 
 
+def test_sampled_drafts_start_from_a_lower_prior():
+    """A sampled draft is kept with probability min(1, p/q), less often than a greedy one is the
+    argmax: its estimate starts (and relaxes back) to PRIOR_SAMPLING, below PRIOR_GREEDY."""
+    assert draft_length.PRIOR_SAMPLING < draft_length.PRIOR_GREEDY
+    assert draft_length.Acceptance(0.3).survival(0, 2) == pytest.approx([0.3, 0.09])
+    for bad in (0.0, 1.0):
+        with pytest.raises(ValueError, match="prior"):
+            draft_length.Acceptance(bad)
+
+    def row(temperature):
+        return speculative_mod._Row(
+            _lm(), [1, 2, 3], 10, draft=None, k_max=4, adapt=True, ngram=2,
+            sampling=dict(temperature=temperature, top_k=None, top_p=None), generator=None,
+            compile=False, draft_compile=False, stats=SpeculativeStats(),
+        )  # fmt: skip
+
+    assert row(0.0).acceptance.alpha() == pytest.approx(draft_length.PRIOR_GREEDY)
+    assert row(0.8).acceptance.alpha() == pytest.approx(draft_length.PRIOR_SAMPLING)
+    # at the sampling prior a lookup round does not pay (r = 0.2, β = 0.15): only probes draft
+    assert (
+        best_k(row(0.8).acceptance.survival(1, 4), 4, 0.0)
+        == 0
+        < best_k(row(0.0).acceptance.survival(1, 4), 4, 0.0)
+    )
+
+
 def test_probes_grow_rarer_while_they_find_nothing():
     target = _lm()
     row = speculative_mod._Row(

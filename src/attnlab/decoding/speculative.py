@@ -34,13 +34,14 @@ for a compiled step; 0 for prompt lookup), β what each extra verified token add
 compiled (:func:`verify_width`).
 With ``adapt=True`` every round takes the k in 0 … K maximising ``E(k) / cost(k)``, S estimated
 from the recent rounds: per draft position, the rounds that reached it and the rejections there,
-decayed by every round (a plain one too) and shrunk towards the pooled rate (prior α = 0.6,
-weight 2). Per position, because acceptance is not independent: where the text repeats a round
+decayed by every round (a plain one too) and shrunk towards the pooled rate (prior α = 0.6
+for greedy drafts, 0.3 for sampled ones, which are kept less often; weight 2). Per position, because acceptance is not independent: where the text repeats a round
 is accepted whole, elsewhere the first draft fails, and a single α would draft too few in the
 one case. Prompt lookup keeps one estimate per n-gram size. k = 0 is a plain step; after 8 of
 those a round drafts one token, so the estimate can recover, and while such probes find nothing
 to gain they come twice as rarely each time, up to one in 64 rounds; meanwhile the plain rounds
-age the estimate towards the prior, so drafting also resumes by itself. The choice depends only
+age the estimate towards the prior, so greedy drafting also resumes by itself (at the
+sampling prior a round does not pay: sampling resumes through the probes). The choice depends only
 on the tokens, not on timings: seeded sampling stays reproducible. ``adapt=False`` drafts K
 every round.
 
@@ -72,6 +73,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.decoding.draft_length import (
+    PRIOR_GREEDY,
+    PRIOR_SAMPLING,
     PROBE_EVERY,
     PROBE_MAX,
     ROUND_COST,
@@ -263,7 +266,7 @@ class _Row:
             if draft is None
             else step_cost(draft, compiled=draft_compile) / step_cost(model, compiled=compile)
         )
-        self.acceptance = Acceptance()
+        self.acceptance = Acceptance(PRIOR_GREEDY if self.greedy else PRIOR_SAMPLING)
         self.rounds_without, self.probe_gap = 0, PROBE_EVERY
 
     # -- windows --------------------------------------------------------------------------------
