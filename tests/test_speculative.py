@@ -398,14 +398,17 @@ def test_acceptance_rule_and_k_choice_by_hand():
 def test_step_cost_counts_weight_bytes_and_a_fixed_cost_per_block():
     """The bytes of weights read (parameters, and an int8 layer's weight buffer, once each)
     plus a fixed cost per block and once for the embedding and head, smaller for a compiled
-    step (one graph: no Python per layer)."""
+    step (one graph: no Python per layer), smaller again for greedy steps chained in one graph
+    (no call per token)."""
     model = _lm(vocab=13, d=32, layers=2, heads=4, ctx=40)  # fp32, tied head
     params = sum(p.numel() for p in model.parameters())
     eager = draft_length.LAYER_OVERHEAD_BYTES
     compiled = draft_length.COMPILED_LAYER_OVERHEAD_BYTES
+    chained = draft_length.CHAINED_LAYER_OVERHEAD_BYTES
     assert draft_length.step_cost(model) == 4 * params + 3 * eager
     assert draft_length.step_cost(model, compiled=True) == 4 * params + 3 * compiled
-    assert compiled < eager
+    assert draft_length.step_cost(model, compiled=True, chained=True) == 4 * params + 3 * chained
+    assert chained < compiled < eager
     q = quantize_int8(_lm(vocab=13, d=32, layers=2, heads=4, ctx=40))
     int8 = sum(b.numel() for n, b in q.named_buffers() if n.endswith("weight"))
     floats = sum(p.numel() for p in q.parameters())
@@ -589,6 +592,27 @@ def test_sampled_drafts_start_from_a_lower_prior():
         == 0
         < best_k(row(0.0).acceptance.survival(1, 4), 4, 0.0)
     )
+
+
+def test_a_chained_greedy_draft_is_priced_as_chained():
+    """The draft's cost per token in the rule: chained greedy steps (compiled draft, CPU) at
+    CHAINED_LAYER_OVERHEAD_BYTES a block, a sampled draft's single compiled steps at
+    COMPILED_LAYER_OVERHEAD_BYTES, over the target's compiled step."""
+    target, draft = _lm(), _lm(d=16, layers=1, heads=2, seed=1)
+
+    def row(temperature):
+        return speculative_mod._Row(
+            target, [1, 2, 3], 10, draft=draft, k_max=4, adapt=True, ngram=1,
+            sampling=dict(temperature=temperature, top_k=None, top_p=None), generator=None,
+            compile=True, draft_compile=True, stats=SpeculativeStats(),
+        )  # fmt: skip
+
+    step = draft_length.step_cost(target, compiled=True)
+    greedy, sampled = row(0.0), row(0.8)
+    assert greedy.chained_drafts and not sampled.chained_drafts
+    cost = draft_length.step_cost
+    assert greedy.draft_cost == cost(draft, compiled=True, chained=True) / step
+    assert sampled.draft_cost == cost(draft, compiled=True) / step > greedy.draft_cost
 
 
 def test_probes_grow_rarer_while_they_find_nothing():

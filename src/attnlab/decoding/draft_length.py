@@ -20,6 +20,7 @@ __all__ = [
     "step_cost",
     "LAYER_OVERHEAD_BYTES",
     "COMPILED_LAYER_OVERHEAD_BYTES",
+    "CHAINED_LAYER_OVERHEAD_BYTES",
     "PRIOR_GREEDY",
     "PRIOR_SAMPLING",
     "PROBE_EVERY",
@@ -110,22 +111,32 @@ def best_k(
 #: kernel launches, in bytes of weights read in the same time (eager, ~0.2 ms on a CPU reading
 #: ~12 GB/s; fitted so that a 1 x 128 draft of a 4 x 512 bf16 target costs the measured 15 %)
 LAYER_OVERHEAD_BYTES = 2_500_000
-#: ... for a compiled step (one graph, no Python per layer): fitted so that a compiled 1 x 128
-#: fp32 draft of a compiled 4 x 512 int8 target costs the measured 0.08-0.12 of its step (a
-#: 2-core AVX-512 EPYC, and 0.12 on an AVX2 one; the eager figure above made it 0.24, so the
-#: rule drafted fewer tokens than paid)
-COMPILED_LAYER_OVERHEAD_BYTES = 200_000
+#: ... for a compiled single-token step (one graph, no Python per layer, but a call, Dynamo's
+#: checks and a device sync per token): a compiled 1 x 128 int8 draft step takes 0.15 ms, 0.10
+#: of a compiled 4 x 512 int8 target's step (2-core AVX-512 EPYC, 2026-12-07), which this gives
+#: (0.095). Until then it was 200_000, fitted to the same ratio for an fp32 draft (0.08-0.12)
+#: but giving an int8 one 0.05: sampled drafts, taken one step at a time, looked cheaper than
+#: they were
+COMPILED_LAYER_OVERHEAD_BYTES = 600_000
+#: ... for greedy steps chained in one compiled graph (:func:`attnlab.fast.compiled_greedy_draft`:
+#: no call or sync per token): the same int8 draft 0.053 ms a token, 0.037 of the target's step;
+#: this gives 0.045
+CHAINED_LAYER_OVERHEAD_BYTES = 200_000
 
 
-def step_cost(model: nn.Module, *, compiled: bool = False) -> float:
-    """A model's cost per decoding step, in bytes: the weights it reads plus
-    :data:`LAYER_OVERHEAD_BYTES` (:data:`COMPILED_LAYER_OVERHEAD_BYTES` for a ``compiled`` step)
-    per block and once for the embedding and head (what makes a small draft dearer than its
-    size)."""
+def step_cost(model: nn.Module, *, compiled: bool = False, chained: bool = False) -> float:
+    """A model's cost per decoding step, in bytes: the weights it reads plus a fixed cost per
+    block and once for the embedding and head (what makes a small draft dearer than its size):
+    :data:`LAYER_OVERHEAD_BYTES` for an eager step, :data:`COMPILED_LAYER_OVERHEAD_BYTES` for a
+    ``compiled`` one, :data:`CHAINED_LAYER_OVERHEAD_BYTES` for compiled greedy steps
+    ``chained`` in one graph."""
     seen = {id(p): p for p in model.parameters()}
     seen.update({id(b): b for name, b in model.named_buffers() if "weight" in name})
     weights = sum(t.numel() * t.element_size() for t in seen.values())
-    overhead = COMPILED_LAYER_OVERHEAD_BYTES if compiled else LAYER_OVERHEAD_BYTES
+    if chained:
+        overhead = CHAINED_LAYER_OVERHEAD_BYTES
+    else:
+        overhead = COMPILED_LAYER_OVERHEAD_BYTES if compiled else LAYER_OVERHEAD_BYTES
     return float(weights + overhead * (len(getattr(model, "blocks", ())) + 1))
 
 

@@ -264,7 +264,8 @@ class _Row:
         self.draft_cost = (
             0.0
             if draft is None
-            else step_cost(draft, compiled=draft_compile) / step_cost(model, compiled=compile)
+            else step_cost(draft, compiled=draft_compile, chained=self.chained_drafts)
+            / step_cost(model, compiled=compile)
         )
         self.acceptance = Acceptance(PRIOR_GREEDY if self.greedy else PRIOR_SAMPLING)
         self.rounds_without, self.probe_gap = 0, PROBE_EVERY
