@@ -62,12 +62,22 @@ DRAFT = {"d_model": 128, "n_layers": 1, "n_heads": 4}
 # the pair
 
 
-def train_run(out: Path, model: dict, seconds: float, seq_len: int, seed: int) -> Path:
-    """Train (or reuse) a GPT-2 style char LM on pydoc for ``seconds``."""
+def train_run(
+    out: Path, model: dict, seconds: float, seq_len: int, seed: int, threads: int | None = None
+) -> Path:
+    """Train (or reuse) a GPT-2 style char LM on pydoc for ``seconds`` (on ``threads`` torch
+    threads, the measurement's when None)."""
     settings = {"model": model, "seconds": seconds, "seq_len": seq_len, "seed": seed}
     marker = out / "bench_settings.json"
     if marker.exists() and json.loads(marker.read_text()) == settings:
         return out
+    if threads:
+        measuring = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return train_run(out, model, seconds, seq_len, seed)
+        finally:
+            torch.set_num_threads(measuring)
     argv = ["train", "lm", "--preset", "gpt2-tiny", "--seq-len", str(seq_len)]
     for key, value in model.items():
         argv += ["--set", f"{key}={value}"]
@@ -191,6 +201,13 @@ def main() -> None:
     ap.add_argument("--target-time", type=float, default=480.0, help="target training, seconds")
     ap.add_argument("--draft-time", type=float, default=150.0, help="draft training, seconds")
     ap.add_argument("--seq-len", type=int, default=256)
+    shape = {"nargs": 3, "type": int, "metavar": ("D_MODEL", "LAYERS", "HEADS")}
+    ap.add_argument("--target-shape", default=list(TARGET.values()), help="the target", **shape)
+    ap.add_argument("--draft-shape", default=list(DRAFT.values()), help="the draft", **shape)
+    ap.add_argument(
+        "--train-threads", type=int, default=None, help="torch threads of the pair's training "
+        "(default: --threads); the trained pair is reused whatever threads trained it",
+    )  # fmt: skip
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=96)
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -206,8 +223,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     runs = Path(args.runs)
-    t_run = train_run(runs / "target", TARGET, args.target_time, args.seq_len, 0)
-    d_run = train_run(runs / "draft", DRAFT, args.draft_time, args.seq_len, 0)
+    target_model = dict(zip(TARGET, args.target_shape))
+    draft_model = dict(zip(DRAFT, args.draft_shape))
+    t_run = train_run(runs / "target", target_model, args.target_time, args.seq_len, 0,
+                      args.train_threads)  # fmt: skip
+    d_run = train_run(runs / "draft", draft_model, args.draft_time, args.seq_len, 0,
+                      args.train_threads)  # fmt: skip
     target32, draft32 = load(t_run, "fp32"), load(d_run, "fp32")
     check_tokenizers(target32.tokenizer, draft32.tokenizer)
     nt, nd = target32.model.num_parameters(), draft32.model.num_parameters()
@@ -216,8 +237,9 @@ def main() -> None:
     rand = random_prompts(target32.model.config.vocab_size, P, args.prompt_len)
     total = n * P
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; target {TARGET} "
-        f"{nt / 1e6:.2f}M parameters, draft {DRAFT} {nd / 1e6:.2f}M ({nt / nd:.1f}x fewer); "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads; target {target_model} "
+        f"{nt / 1e6:.2f}M parameters, draft {draft_model} {nd / 1e6:.2f}M ({nt / nd:.1f}x "
+        "fewer); "
         f"{P} held-out prompts of {args.prompt_len} characters, {n} new tokens each, greedy; "
         f"best of {args.reps}"
     )
