@@ -62,12 +62,23 @@ DRAFT = {"d_model": 128, "n_layers": 1, "n_heads": 4}
 # the pair
 
 
+LR = 3e-3  # the pair's peak learning rate (AdamW, 5 warm-up steps, cosine)
+
+
 def train_run(
-    out: Path, model: dict, seconds: float, seq_len: int, seed: int, threads: int | None = None
+    out: Path,
+    model: dict,
+    seconds: float,
+    seq_len: int,
+    seed: int,
+    threads: int | None = None,
+    lr: float = LR,
 ) -> Path:
     """Train (or reuse) a GPT-2 style char LM on pydoc for ``seconds`` (on ``threads`` torch
     threads, the measurement's when None)."""
     settings = {"model": model, "seconds": seconds, "seq_len": seq_len, "seed": seed}
+    if lr != LR:
+        settings["lr"] = lr  # (a pair trained at the default rate keeps its marker)
     marker = out / "bench_settings.json"
     if marker.exists() and json.loads(marker.read_text()) == settings:
         return out
@@ -75,13 +86,13 @@ def train_run(
         measuring = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
-            return train_run(out, model, seconds, seq_len, seed)
+            return train_run(out, model, seconds, seq_len, seed, lr=lr)
         finally:
             torch.set_num_threads(measuring)
     argv = ["train", "lm", "--preset", "gpt2-tiny", "--seq-len", str(seq_len)]
     for key, value in model.items():
         argv += ["--set", f"{key}={value}"]
-    argv += ["--max-time", str(seconds), "--batch-size", "8", "--lr", "3e-3", "--warmup", "5"]
+    argv += ["--max-time", str(seconds), "--batch-size", "8", "--lr", str(lr), "--warmup", "5"]
     argv += ["--seed", str(seed), "--no-progress", "--out", str(out), "--overwrite"]
     print(f"training {out.name}: {model}, {seconds:g} s ...", flush=True)
     if cli.main(argv) != 0:
@@ -205,6 +216,10 @@ def main() -> None:
     ap.add_argument("--target-shape", default=list(TARGET.values()), help="the target", **shape)
     ap.add_argument("--draft-shape", default=list(DRAFT.values()), help="the draft", **shape)
     ap.add_argument(
+        "--target-lr", type=float, default=LR, help="the target's training rate (a larger "
+        "target may need less than the draft's)",
+    )  # fmt: skip
+    ap.add_argument(
         "--train-threads", type=int, default=None, help="torch threads of the pair's training "
         "(default: --threads); the trained pair is reused whatever threads trained it",
     )  # fmt: skip
@@ -226,7 +241,7 @@ def main() -> None:
     target_model = dict(zip(TARGET, args.target_shape))
     draft_model = dict(zip(DRAFT, args.draft_shape))
     t_run = train_run(runs / "target", target_model, args.target_time, args.seq_len, 0,
-                      args.train_threads)  # fmt: skip
+                      args.train_threads, args.target_lr)  # fmt: skip
     d_run = train_run(runs / "draft", draft_model, args.draft_time, args.seq_len, 0,
                       args.train_threads)  # fmt: skip
     target32, draft32 = load(t_run, "fp32"), load(d_run, "fp32")
