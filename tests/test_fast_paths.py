@@ -25,8 +25,9 @@ from attnlab.cli import main
 from attnlab.config import LMTaskConfig, ModelConfig
 from attnlab.data.tokenizers import CharTokenizer
 from attnlab.decoding import generate
+from attnlab.fast import for_decoding
 from attnlab.fast.attention import FP32_QUERIES, ONE_QUERY_FP32_FROM
-from attnlab.fast.compiled import capacity_bucket
+from attnlab.fast.compiled import capacity_bucket, start_static
 from attnlab.fast.quant import Int8Linear, int8_error_bound, quantize_int8
 from attnlab.models.lm import DecoderLM
 from attnlab.tasks.lm import LMTask
@@ -125,6 +126,27 @@ def test_each_model_keeps_its_compiled_step_and_a_changed_model_compiles_anew():
     assert torch.equal(
         generate(a, idx, 6, temperature=0, attention_mask=mask, compile=True), eager64
     )
+
+
+@torch.no_grad()
+def test_a_compiled_verification_rounds_each_row_as_a_compiled_step():
+    """Over static caches the compiled forward of several tokens (a speculative verification)
+    gives each row bit for bit the compiled one-token step's logits with bf16 activations
+    (inductor, no mocking): the graphs round every bf16 intermediate as eager code does
+    (emulate_precision_casts), where fusing element-wise chains in fp32 by the number of tokens
+    had made every row differ by a unit or two and flipped greedy near-ties."""
+    torch.manual_seed(0)
+    model = for_decoding(_model("rope", n_layers=2, init_std=0.5).to(torch.bfloat16))
+    ids = torch.randint(0, 256, (1, 16))
+    state = start_static(model, 1, 32, compile=True)
+    model.decode_step(ids[:, :8], state)
+    start = int(state.caches[0].cursor)
+    steps = torch.stack([model.decode_step(ids[:, i : i + 1], state)[0][0] for i in range(8, 13)])
+    for cache in state.caches:
+        cache.crop(start)
+    rows = state.step_forward(ids[:, 8:13], caches=state.caches, attention_mask=None,
+                              logits_to_keep=5)[0]  # fmt: skip
+    assert torch.equal(rows, steps)
 
 
 def test_capacity_buckets_cover_the_need_with_few_graphs_and_little_waste():

@@ -152,8 +152,12 @@ def _on_the_model_or_global(source: str) -> bool:
 
 def _compile_step(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """``fn`` (a function of its own per model) compiled for a CPU, without the guards on the
-    model's attributes (:func:`_guards_not_on_the_model`)."""
-    options = {"guard_filter_fn": _guards_not_on_the_model}
+    model's attributes (:func:`_guards_not_on_the_model`), rounding every bf16/fp16
+    intermediate as eager code does (``emulate_precision_casts``): inductor otherwise keeps a
+    fused chain of element-wise ops in fp32, and how it fuses depends on the number of tokens,
+    so a verification's rows and a one-token step rounded apart (1-2 bf16 units in every logit
+    of a 4 x 256 bf16 LM, which flipped greedy near-ties)."""
+    options = {"guard_filter_fn": _guards_not_on_the_model, "emulate_precision_casts": True}
     return torch.compile(fn, dynamic=False, options=options)
 
 
