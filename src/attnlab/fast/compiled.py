@@ -228,8 +228,8 @@ def compiled_greedy_draft(model: nn.Module) -> Callable[[Tensor, list, int], Ten
     ``k`` is split into powers of two of at most :data:`DRAFT_CHUNK` steps, one graph each;
     the caches' cursors advance by ``k``. The graphs are kept per model as
     :func:`compiled_forward` keeps its CPU step (the model's structure is compared here, once,
-    instead of Dynamo's guards on it before every call); for a CPU (on a GPU
-    :func:`compiled_forward`'s CUDA graphs take the steps one by one).
+    instead of Dynamo's guards on it before every call). Made for a CPU: on a GPU speculative
+    decoding takes :func:`compiled_forward`'s CUDA-graph steps one by one.
 
     Args:
         model: a :class:`~attnlab.DecoderLM` (eval mode) without padding in its caches.
