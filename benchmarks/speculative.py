@@ -82,20 +82,19 @@ def train_run(
     marker = out / "bench_settings.json"
     if marker.exists() and json.loads(marker.read_text()) == settings:
         return out
-    if threads:
-        measuring = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            return train_run(out, model, seconds, seq_len, seed, lr=lr)
-        finally:
-            torch.set_num_threads(measuring)
     argv = ["train", "lm", "--preset", "gpt2-tiny", "--seq-len", str(seq_len)]
     for key, value in model.items():
         argv += ["--set", f"{key}={value}"]
     argv += ["--max-time", str(seconds), "--batch-size", "8", "--lr", str(lr), "--warmup", "5"]
     argv += ["--seed", str(seed), "--no-progress", "--out", str(out), "--overwrite"]
     print(f"training {out.name}: {model}, {seconds:g} s ...", flush=True)
-    if cli.main(argv) != 0:
+    measuring = torch.get_num_threads()
+    torch.set_num_threads(threads or measuring)
+    try:
+        failed = cli.main(argv) != 0
+    finally:
+        torch.set_num_threads(measuring)
+    if failed:
         raise SystemExit(f"training {out} failed")
     marker.write_text(json.dumps(settings))
     return out

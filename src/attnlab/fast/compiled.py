@@ -115,9 +115,8 @@ def _own_function(source: str, name: str) -> Callable[..., Tensor]:
     return namespace[name]
 
 
-def _own_step_function() -> Callable[..., Tensor]:
-    """``step(model, idx, kwargs) = model(idx, **kwargs)`` (:func:`_own_function`)."""
-    return _own_function("def step(model, idx, kwargs):\n    return model(idx, **kwargs)\n", "step")
+# the compiled single-token step
+_STEP_SOURCE = "def step(model, idx, kwargs):\n    return model(idx, **kwargs)\n"
 
 
 # k greedy steps in one graph: each feeds the token before and keeps the argmax of its logits
@@ -150,6 +149,23 @@ def _on_the_model_or_global(source: str) -> bool:
     return source == "model" or source.startswith(("model.", "model[", "dict(type(model", "G["))
 
 
+def _raise_recompile_limit() -> None:
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
+
+
+def _kept(kept: weakref.WeakKeyDictionary, model: nn.Module, source: str, name: str):
+    """``model``'s compiled function ``name`` (from ``source``) in ``kept``: compiled anew when
+    the model's structure changed (:func:`_structure`, compared here once instead of Dynamo's
+    guards on the model before every call)."""
+    key = _structure(model)
+    entry = kept.get(model)
+    if entry is None or entry[0] != key:
+        entry = (key, _compile_step(_own_function(source, name)))
+        kept[model] = entry
+    return entry[1]
+
+
 def _compile_step(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """``fn`` (a function of its own per model) compiled for a CPU, without the guards on the
     model's attributes (:func:`_guards_not_on_the_model`), rounding every bf16/fp16
@@ -179,16 +195,10 @@ def compiled_forward(model: nn.Module, *, mode: str | None = "auto") -> Callable
     """
     if mode == "auto":
         mode = "reduce-overhead" if _device_type(model) == "cuda" else None
-    limit = torch._dynamo.config.recompile_limit
-    torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
+    _raise_recompile_limit()
     graphs = mode == "reduce-overhead"
     if mode is None and _device_type(model) == "cpu":
-        key = _structure(model)
-        kept = _CPU_STEPS.get(model)
-        if kept is None or kept[0] != key:
-            kept = (key, _compile_step(_own_step_function()))
-            _CPU_STEPS[model] = kept
-        own_step = kept[1]
+        own_step = _kept(_CPU_STEPS, model, _STEP_SOURCE, "step")
 
         def compiled(idx: Tensor, **kwargs) -> Tensor:
             return own_step(model, idx, kwargs)
@@ -237,14 +247,8 @@ def compiled_greedy_draft(model: nn.Module) -> Callable[[Tensor, list, int], Ten
     Returns:
         ``drafts(idx (1, 1), caches, k) -> (1, k)`` token ids.
     """
-    limit = torch._dynamo.config.recompile_limit
-    torch._dynamo.config.recompile_limit = max(limit, RECOMPILE_LIMIT)
-    key = _structure(model)
-    kept = _CPU_DRAFTS.get(model)
-    if kept is None or kept[0] != key:
-        kept = (key, _compile_step(_own_function(_DRAFT_SOURCE, "drafts")))
-        _CPU_DRAFTS[model] = kept
-    chunked = kept[1]
+    _raise_recompile_limit()
+    chunked = _kept(_CPU_DRAFTS, model, _DRAFT_SOURCE, "drafts")
 
     def drafts(idx: Tensor, caches: list, k: int) -> Tensor:
         idx = idx.clone(memory_format=torch.contiguous_format)
