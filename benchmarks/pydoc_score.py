@@ -6,21 +6,27 @@ characters predicted from the window alone:
 
     nats/char = mean over windows w and positions t of −log p(x_{w,t+1} | x_{w,≤t})
 
-Any model that maps ``(B, 64)`` ids to ``(B, 64, V)`` logits is scored the same way.
+Any model that maps ``(B, 64)`` ids to ``(B, 64, V)`` logits is scored the same way. Run
+directories of ``attnlab train lm`` on pydoc are scored from the command line (their last
+weights)::
+
+    python benchmarks/pydoc_score.py runs/a runs/b
 """
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+import attnlab
 from attnlab.config import LMTaskConfig
 from attnlab.tasks.lm import LMTask
 
-__all__ = ["WINDOW", "pydoc_task", "windows", "score"]
+__all__ = ["WINDOW", "pydoc_task", "windows", "score", "score_run"]
 
 WINDOW = 64
 
@@ -61,3 +67,25 @@ def score(
         total += float(F.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="sum"))
         count += yb.numel()
     return total / count
+
+
+def score_run(run: str, device: str = "cpu") -> float:
+    """nats/char of a pydoc run directory's last weights (``attnlab.load``)."""
+    loaded = attnlab.load(run, weights="last", map_location=device)
+    config = loaded.config.get("task", {})
+    if config.get("data") != "pydoc" or config.get("tokenizer") != "char":
+        raise SystemExit(f"{run}: not a character-level pydoc run (task {config})")
+    if config.get("val_fraction", 0.1) != 0.1:
+        raise SystemExit(f"{run}: held out {config['val_fraction']} of pydoc, not the last 10 %")
+    task = pydoc_task(max_chars=config.get("max_chars"))
+    if task.vocab_size != loaded.model.config.vocab_size:
+        raise SystemExit(f"{run}: a vocabulary of {loaded.model.config.vocab_size}, not pydoc's "
+                         f"{task.vocab_size} characters")  # fmt: skip
+    return score(loaded.model.eval(), task.splits["val"], device=device)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description="nats/char of pydoc runs' last weights")
+    ap.add_argument("runs", nargs="+", metavar="RUN", help="attnlab train lm run directories")
+    for run in ap.parse_args().runs:
+        print(f"{run}\t{score_run(run):.4f}")
