@@ -26,7 +26,7 @@ from attnlab.config import LMTaskConfig, ModelConfig
 from attnlab.data.tokenizers import CharTokenizer
 from attnlab.decoding import generate
 from attnlab.fast import for_decoding
-from attnlab.fast.attention import FP32_QUERIES, ONE_QUERY_FP32_FROM
+from attnlab.fast.attention import FP32_QUERIES, ONE_QUERY_FP32_FROM, rows_as_steps
 from attnlab.fast.compiled import capacity_bucket, start_static
 from attnlab.fast.quant import Int8Linear, int8_error_bound, quantize_int8
 from attnlab.models.lm import DecoderLM
@@ -147,6 +147,35 @@ def test_a_compiled_verification_rounds_each_row_as_a_compiled_step():
     rows = state.step_forward(ids[:, 8:13], caches=state.caches, attention_mask=None,
                               logits_to_keep=5)[0]  # fmt: skip
     assert torch.equal(rows, steps)
+
+
+@pytest.mark.parametrize("position", ["rope", "alibi", "learned"])
+@torch.no_grad()
+def test_an_eager_verification_over_a_growing_cache_rounds_each_row_as_a_step(position):
+    """Over dynamic caches in eager mode (no --compile), a forward of several tokens (a
+    speculative verification) inside rows_as_steps() gives each row bit for bit the one-token
+    step's logits with bf16 activations: the decode backend attends each query over exactly the
+    keys its step saw, where attention over the whole window (the later keys masked) summed
+    otherwise and flipped greedy near-ties (without the split the 17-token rows differ for RoPE
+    and learned positions here). ALiBi's bias rows are cut to the same keys (a wrong cut
+    changes them)."""
+    torch.manual_seed(1)
+    cfg = ModelConfig.preset("tiny", position=position, max_seq_len=256, n_kv_heads=2,
+                             init_std=0.5)  # fmt: skip
+    model = for_decoding(DecoderLM(cfg).eval().to(torch.bfloat16))
+    ids = torch.randint(0, 256, (1, 140))
+    for start, width in [(100, 2), (111, 5), (120, 17)]:
+        state = model.start_decoding(1, 256)
+        model.decode_step(ids[:, :start], state)
+        steps = [
+            model.decode_step(ids[:, t : t + 1], state)[0][0] for t in range(start, start + width)
+        ]
+        for cache in state.caches:
+            cache.crop(start)
+        with rows_as_steps():  # as greedy speculative decoding verifies
+            rows = model(ids[:, start : start + width], caches=state.caches,
+                         logits_to_keep=width)[0]  # fmt: skip
+        assert torch.equal(rows, torch.stack(steps)), (start, width)
 
 
 def test_capacity_buckets_cover_the_need_with_few_graphs_and_little_waste():
@@ -395,6 +424,35 @@ def test_load_and_generate_with_dtype_and_int8(tmp_path, capsys, monkeypatch):
         attnlab.load(run, quantize="int4")
 
 
+@pytest.mark.parametrize("bias_heads", [None, 1, 4])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_one_unmasked_half_precision_query_is_the_formula_in_fp32(monkeypatch, dtype, bias_heads):
+    """A decoding step over a growing cache in eager mode (one bf16/fp16 query, no mask) takes
+    one_query_fp32 with the decode backend: no fused kernel, the float64 formula rounded once
+    to the dtype, with GQA (2 query heads a key/value head) and an additive bias per head or
+    shared by the heads."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 37, 16), torch.randn(2, 2, 37, 16)
+    bias = None if bias_heads is None else torch.randn(1, bias_heads, 1, 37)
+    fused = []
+    real_sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F, "scaled_dot_product_attention", lambda *a, **kw: fused.append(1) or real_sdpa(*a, **kw)
+    )
+    half = None if bias is None else bias.to(dtype)
+    got = scaled_dot_product_attention(
+        q.to(dtype), k.to(dtype), v.to(dtype), bias=half, is_causal=True, backend="decode"
+    )
+    assert got.dtype == dtype and got.shape == (2, 4, 1, 16) and not fused
+    qd, kd, vd = (t.to(dtype).double() for t in (q, k, v))
+    kd, vd = kd.repeat_interleave(2, dim=1), vd.repeat_interleave(2, dim=1)
+    scores = (qd @ kd.transpose(-2, -1)) / 4.0
+    if bias is not None:
+        scores = scores + bias.to(dtype).double()
+    want = (scores.softmax(-1) @ vd).to(dtype)
+    assert (got.double() - want.double()).abs().max() <= 2 * want.double().abs().max() * 2**-8
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("Tq", [1, 5, FP32_QUERIES])
 def test_one_half_precision_query_over_many_keys_is_the_formula_in_fp32(monkeypatch, dtype, Tq):
@@ -429,12 +487,13 @@ def test_one_half_precision_query_over_many_keys_is_the_formula_in_fp32(monkeypa
     torch.testing.assert_close(got.double(), want, atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(plain.double(), want, atol=2e-2, rtol=2e-2)
     assert torch.equal(got[2], torch.zeros_like(got[2]))
-    # fewer keys, or fp32: torch's fused kernel
+    # fp32, or fewer keys: torch's fused kernel (one unmasked half-precision query excepted:
+    # one_query_fp32, tests/test_fast_paths.py::test_one_unmasked_half_precision_query_...)
     scaled_dot_product_attention(q, k, v, mask=mask, backend="decode")
     short = scaled_dot_product_attention(
         q.to(dtype), k[:, :, :64].to(dtype), v[:, :, :64].to(dtype), backend="decode"
     )
-    assert len(fused) == 3 and short.dtype == dtype
+    assert len(fused) == (2 if Tq == 1 else 3) and short.dtype == dtype
     many = torch.randn(3, 4, FP32_QUERIES + 1, 16).to(dtype)
     scaled_dot_product_attention(many, k.to(dtype), v.to(dtype), backend="decode")
-    assert len(fused) == 4  # more queries than a verification: the fused kernel
+    assert len(fused) == (3 if Tq == 1 else 4)  # more queries than a verification: fused

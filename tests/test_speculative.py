@@ -4,6 +4,7 @@ target's distribution (exhaustive enumeration of the procedure on a tiny vocabul
 chi-square test of seeded samples); cache rollback equals recomputation; a draft with another
 tokenizer or vocabulary is refused."""
 
+import contextlib
 import copy
 import itertools
 import json
@@ -33,6 +34,7 @@ from attnlab.decoding.speculative import (
     verify_width,
 )
 from attnlab.errors import UserError
+from attnlab.fast import for_decoding
 from attnlab.fast.quant import quantize_int8
 from attnlab.models.lm import DecoderLM
 from attnlab.runs import save_model
@@ -247,6 +249,32 @@ def test_batches_stops_and_padding_follow_plain_decoding():
 # sampling: exactly the target's distribution
 
 SETTINGS = [dict(temperature=1.0), dict(temperature=0.7, top_k=2), dict(temperature=1.3, top_p=0.7)]
+
+
+def test_greedy_verifications_ask_for_rows_as_steps_and_sampling_ones_do_not(monkeypatch):
+    """Greedy speculation verifies inside attnlab.fast.attention.rows_as_steps (each row
+    attends as its one-token step did, tests/test_fast_paths.py); sampling, which needs no
+    bit-for-bit rows, keeps the whole-window attention. Both give the plain results."""
+    target = for_decoding(_lm(position="rope", n_kv_heads=2).to(torch.bfloat16))
+    draft = _lm(d=16, layers=1, heads=2, seed=1, position="rope")
+    idx = torch.tensor([[1, 2, 3, 1, 2, 3, 1]])
+    entered = []
+    real = speculative_mod.rows_as_steps
+
+    @contextlib.contextmanager
+    def spy():
+        entered.append(1)
+        with real():
+            yield
+
+    monkeypatch.setattr(speculative_mod, "rows_as_steps", spy)
+    plain = generate(target, idx, 20, temperature=0)
+    assert torch.equal(generate(target, idx, 20, temperature=0, draft=draft, speculate=3), plain)
+    greedy_rounds = len(entered)
+    assert greedy_rounds > 0
+    generate(target, idx, 20, temperature=0.8, draft=draft, speculate=3,
+             generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert len(entered) == greedy_rounds
 
 
 def _probs(model, ctx, settings):

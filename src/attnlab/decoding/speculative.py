@@ -17,7 +17,9 @@ target's (the papers' theorem: P(x) = min(p, q)(x) + (1 − Σ min(p, q)) · nor
 :func:`~attnlab.decoding.probs.next_token_probs`), so sampling with those settings keeps the
 target's processed distribution. Greedy decoding accepts xᵢ when it is the target's argmax and
 then emits the target's argmax: the tokens of plain greedy decoding (the logits of a k + 1 token
-forward equal those of k + 1 single steps up to float rounding, so only a near-tie can differ).
+forward equal those of k + 1 single steps up to float rounding, so only a near-tie can differ;
+greedy verifications run inside :func:`~attnlab.fast.attention.rows_as_steps`, and for a target
+prepared by :func:`attnlab.fast.for_decoding` every row is then its step's bit for bit).
 The prompt, and the window re-encoded after a slide, go through the target alone, as plain
 decoding sends them, before any draft is verified: a prompt's product may round otherwise than a
 step's (on a CPU it takes other kernels than a few rows do).
@@ -67,6 +69,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -89,6 +92,7 @@ from attnlab.decoding.lookup import NgramIndex
 from attnlab.decoding.probs import next_token_probs
 from attnlab.decoding.stream import RowStream
 from attnlab.errors import UserError
+from attnlab.fast.attention import rows_as_steps
 from attnlab.layers import evaluating
 
 __all__ = [
@@ -357,7 +361,10 @@ class _Row:
             pad = verify_width(len(fed), self.k_max) - len(fed)
             if pad > t.room - len(fed):
                 pad = 0
-        logits = t.feed(fed + [fed[-1]] * pad, keep=k + 1 + pad)[: k + 1]  # (k + 1, V)
+        # greedy: every row as the one-token step at its position computes it (eager decoding
+        # over a growing cache would otherwise attend over the whole window: attnlab.fast)
+        with rows_as_steps() if self.greedy else nullcontext():
+            logits = t.feed(fed + [fed[-1]] * pad, keep=k + 1 + pad)[: k + 1]  # (k + 1, V)
         n, last = self._verify(logits, drafts, qs)
         new = drafts[:n] + [last]
         # roll back: the target keeps the prefix and the accepted drafts (the new last token is
