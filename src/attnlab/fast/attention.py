@@ -105,8 +105,10 @@ def one_query_fp32(
 
 
 def _eager_cpu(q: Tensor, args: dict[str, Any]) -> bool:
+    """An unmasked (B, H, Tq, D) attention without dropout, on a CPU, outside torch.compile."""
     return (
-        q.device.type == "cpu"
+        q.dim() == 4
+        and q.device.type == "cpu"
         and args["mask"] is None
         and args["dropout_p"] == 0
         and not torch.compiler.is_compiling()
