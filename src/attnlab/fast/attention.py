@@ -107,11 +107,11 @@ def one_query_fp32(
 def _eager_cpu(q: Tensor, args: dict[str, Any]) -> bool:
     """An unmasked (B, H, Tq, D) attention without dropout, on a CPU, outside torch.compile."""
     return (
-        q.dim() == 4
+        not torch.compiler.is_compiling()
+        and q.dim() == 4
         and q.device.type == "cpu"
         and args["mask"] is None
         and args["dropout_p"] == 0
-        and not torch.compiler.is_compiling()
     )
 
 
@@ -122,7 +122,7 @@ def _decode_backend(q: Tensor, k: Tensor, v: Tensor, **args: Any) -> tuple[Tenso
         return math_attention(q, k, v, **args)
     n_q, n_k = q.shape[-2], k.shape[-2]
     verification = 1 < n_q <= FP32_QUERIES and n_k > n_q and args["is_causal"]
-    if verification and getattr(_split, "on", False) and _eager_cpu(q, args):
+    if verification and _eager_cpu(q, args) and getattr(_split, "on", False):
         # a verification: query i of the newest n_q sees keys [0, n_k - n_q + i]; attend over
         # exactly those, as the one-token step at its position did (a bias row cut to them)
         bias, outs = args["bias"], []
