@@ -16,6 +16,7 @@ weights)::
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -77,11 +78,18 @@ def score_run(run: str, device: str = "cpu") -> float:
         raise SystemExit(f"{run}: not a character-level pydoc run (task {config})")
     if config.get("val_fraction", 0.1) != 0.1:
         raise SystemExit(f"{run}: held out {config['val_fraction']} of pydoc, not the last 10 %")
-    task = pydoc_task(max_chars=config.get("max_chars"))
-    if task.vocab_size != loaded.model.config.vocab_size:
+    vocab_size, val_ids = _held_out(config.get("max_chars"))
+    if vocab_size != loaded.model.config.vocab_size:
         raise SystemExit(f"{run}: a vocabulary of {loaded.model.config.vocab_size}, not pydoc's "
-                         f"{task.vocab_size} characters")  # fmt: skip
-    return score(loaded.model.eval(), task.splits["val"], device=device)
+                         f"{vocab_size} characters")  # fmt: skip
+    return score(loaded.model.eval(), val_ids, device=device)
+
+
+@functools.cache
+def _held_out(max_chars: int | None) -> tuple[int, np.ndarray]:
+    """pydoc's vocabulary size and held-out ids (built once for every run scored)."""
+    task = pydoc_task(max_chars=max_chars)
+    return task.vocab_size, task.splits["val"]
 
 
 if __name__ == "__main__":

@@ -424,9 +424,20 @@ def test_load_and_generate_with_dtype_and_int8(tmp_path, capsys, monkeypatch):
         attnlab.load(run, quantize="int4")
 
 
+@pytest.fixture
+def fused(monkeypatch) -> list[int]:
+    """A call record of torch's fused attention kernel (F.scaled_dot_product_attention)."""
+    calls: list[int] = []
+    real_sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or real_sdpa(*a, **kw)
+    )
+    return calls
+
+
 @pytest.mark.parametrize("bias_heads", [None, 1, 4])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_one_unmasked_half_precision_query_is_the_formula_in_fp32(monkeypatch, dtype, bias_heads):
+def test_one_unmasked_half_precision_query_is_the_formula_in_fp32(fused, dtype, bias_heads):
     """A decoding step over a growing cache in eager mode (one bf16/fp16 query, no mask) takes
     one_query_fp32 with the decode backend: no fused kernel, the float64 formula rounded once
     to the dtype, with GQA (2 query heads a key/value head) and an additive bias per head or
@@ -434,11 +445,6 @@ def test_one_unmasked_half_precision_query_is_the_formula_in_fp32(monkeypatch, d
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 37, 16), torch.randn(2, 2, 37, 16)
     bias = None if bias_heads is None else torch.randn(1, bias_heads, 1, 37)
-    fused = []
-    real_sdpa = F.scaled_dot_product_attention
-    monkeypatch.setattr(
-        F, "scaled_dot_product_attention", lambda *a, **kw: fused.append(1) or real_sdpa(*a, **kw)
-    )
     half = None if bias is None else bias.to(dtype)
     got = scaled_dot_product_attention(
         q.to(dtype), k.to(dtype), v.to(dtype), bias=half, is_causal=True, backend="decode"
@@ -455,7 +461,7 @@ def test_one_unmasked_half_precision_query_is_the_formula_in_fp32(monkeypatch, d
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("Tq", [1, 5, FP32_QUERIES])
-def test_one_half_precision_query_over_many_keys_is_the_formula_in_fp32(monkeypatch, dtype, Tq):
+def test_one_half_precision_query_over_many_keys_is_the_formula_in_fp32(fused, dtype, Tq):
     """With the ``decode`` backend (attnlab.fast), a decoding step in bf16/fp16 over
     ≥ ONE_QUERY_FP32_FROM keys, or a verification of a few queries, runs the products in fp32 on
     a CPU (faster there): the outputs are the float64 formula's rounded once to the dtype, with
@@ -468,11 +474,6 @@ def test_one_half_precision_query_over_many_keys_is_the_formula_in_fp32(monkeypa
     mask = torch.rand(3, 1, 1, S) > 0.3
     mask[2] = False  # no key allowed: zeros, not NaN
     bias = torch.randn(1, 4, Tq, S)
-    fused = []
-    real_sdpa = F.scaled_dot_product_attention
-    monkeypatch.setattr(
-        F, "scaled_dot_product_attention", lambda *a, **kw: fused.append(1) or real_sdpa(*a, **kw)
-    )
     half = {"mask": mask, "bias": bias.to(dtype)}
     plain = scaled_dot_product_attention(q.to(dtype), k.to(dtype), v.to(dtype), **half)
     assert len(fused) == 1  # the default path: torch's fused kernel, in the dtype

@@ -76,7 +76,8 @@ def one_query_in_fp32(q: Tensor, k: Tensor, dropout_p: float) -> bool:
     """Whether a single query ``(B, H, 1, D)`` on a CPU (or up to :data:`FP32_QUERIES`, a
     verification's) attends as fp32 products rather than through torch's fused kernel: always
     inside ``torch.compile``; in eager mode for bf16/fp16 over ``ONE_QUERY_FP32_FROM`` keys or
-    more; never with dropout (training)."""
+    more; never with dropout (training). (In eager mode one unmasked bf16/fp16 query takes
+    :func:`one_query_fp32` before this is asked.)"""
     few = 1 <= q.shape[-2] <= FP32_QUERIES
     if not few or q.device.type != "cpu" or dropout_p > 0 or not q.is_floating_point():
         return False
